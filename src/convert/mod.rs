@@ -1,0 +1,364 @@
+//! The converter: Kaggle Parquet in, pre-shuffled DOM-packed shards out, in bounded memory.
+//!
+//! Four phases, each made of independent, idempotent units whose results are files in the
+//! work directory (`OUT/.work`), so a killed run restarts where it stopped and a cluster can
+//! run the units of one phase as a job array:
+//! 1. **plan**: read footers and geometry, choose the bucket count (`plan.json`);
+//! 2. **scatter** (one unit per batch file): validate and spill each event to its bucket;
+//! 3. **gather** (one unit per bucket): sort the bucket by shuffle key, pack, write a shard;
+//! 4. **finalize**: write `manifest.json` (last), remove the work directory.
+//!
+//! Same inputs, seed and parameters give byte-identical shards and manifest, whatever the
+//! thread count or task split.
+
+pub mod gather;
+pub mod plan;
+pub mod scatter;
+pub mod spill;
+pub mod work;
+
+use std::path::Path;
+use std::sync::{Condvar, Mutex};
+use std::time::Instant;
+
+use rayon::prelude::*;
+
+use crate::error::{Error, Result};
+use crate::format::manifest::{Schema, Totals, FORMAT, FORMAT_VERSION};
+use crate::format::Manifest;
+use crate::source::InputSet;
+use gather::{bucket_spill_bytes, storage_types, BucketRecord};
+use plan::{Plan, GATHER_MEMORY_FACTOR};
+use spill::SpillIndex;
+use work::WorkDir;
+
+/// Options of a conversion.
+#[derive(Debug, Clone)]
+pub struct ConvertOptions {
+    /// Seed of the global shuffle.
+    pub seed: u64,
+    /// Worker threads (does not change the output).
+    pub threads: usize,
+    /// Bound on the converter's memory use, in bytes (can lower the shard size).
+    pub memory_limit_bytes: u64,
+    /// Target shard size in bytes.
+    pub shard_target_bytes: u64,
+    /// Allow narrowing charge and positions to `f32` even where values change.
+    pub lossy: bool,
+}
+
+impl Default for ConvertOptions {
+    fn default() -> Self {
+        ConvertOptions {
+            seed: 0,
+            threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            memory_limit_bytes: 4 << 30,
+            shard_target_bytes: 256 << 20,
+            lossy: false,
+        }
+    }
+}
+
+/// The smallest memory limit accepted, in bytes.
+pub const MIN_MEMORY_LIMIT: u64 = 32 << 20;
+
+impl ConvertOptions {
+    /// Rejects options that cannot work.
+    pub fn validate(&self) -> Result<()> {
+        if self.threads == 0 {
+            return Err(Error::Config("--threads must be at least 1".into()));
+        }
+        if self.memory_limit_bytes < MIN_MEMORY_LIMIT {
+            return Err(Error::Config(format!(
+                "--memory-limit must be at least {} MiB",
+                MIN_MEMORY_LIMIT >> 20
+            )));
+        }
+        if self.shard_target_bytes < 4096 {
+            return Err(Error::Config("--shard-size must be at least 4 KiB".into()));
+        }
+        Ok(())
+    }
+
+    /// Bytes each scatter worker may buffer: half the limit, shared by the workers; the
+    /// other half covers Parquet decoding.
+    fn scatter_budget(&self) -> usize {
+        (self.memory_limit_bytes / (2 * self.threads as u64)).max(1 << 20) as usize
+    }
+}
+
+/// Which phase(s) to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Every phase, on this machine.
+    All,
+    /// Only the plan.
+    Plan,
+    /// Scatter units (of this task's slice).
+    Scatter,
+    /// Gather units (of this task's slice).
+    Gather,
+    /// The manifest.
+    Finalize,
+}
+
+/// The units one task of a job array takes: those whose number is `index` modulo `count`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TaskSlice {
+    /// This task, `0..count`.
+    pub index: u64,
+    /// Tasks in the array.
+    pub count: u64,
+}
+
+impl Default for TaskSlice {
+    fn default() -> Self {
+        TaskSlice { index: 0, count: 1 }
+    }
+}
+
+impl TaskSlice {
+    fn takes(&self, unit: u64) -> bool {
+        unit % self.count == self.index
+    }
+}
+
+/// Receives progress; implemented by the binary (progress bars or log lines).
+pub trait Progress: Sync {
+    /// A phase starts with `units` units to do.
+    fn begin(&self, phase: &'static str, units: u64);
+    /// A unit finished, having handled `pulses` pulses.
+    fn advance(&self, pulses: u64);
+    /// The phase ended.
+    fn end(&self);
+}
+
+/// Progress that goes nowhere.
+pub struct Silent;
+
+impl Progress for Silent {
+    fn begin(&self, _: &'static str, _: u64) {}
+    fn advance(&self, _: u64) {}
+    fn end(&self) {}
+}
+
+/// What a call to [`convert`] did.
+#[derive(Debug, Clone, Default)]
+pub struct Summary {
+    /// The manifest, when the dataset is complete.
+    pub manifest: Option<Manifest>,
+    /// Whether the dataset was already complete before this call.
+    pub already_complete: bool,
+    /// Units run by this call, per phase.
+    pub units_run: Vec<(&'static str, u64)>,
+    /// Units skipped because an earlier run finished them.
+    pub units_skipped: u64,
+    /// Input pulses this call scattered.
+    pub pulses_scattered: u64,
+    /// Seconds per phase run.
+    pub seconds: Vec<(&'static str, f64)>,
+}
+
+/// Runs `phase` of the conversion of `inputs` into `out` (see the module docs).
+pub fn convert(
+    inputs: &InputSet,
+    out: &Path,
+    options: &ConvertOptions,
+    phase: Phase,
+    slice: TaskSlice,
+    progress: &dyn Progress,
+) -> Result<Summary> {
+    options.validate()?;
+    if slice.count == 0 || slice.index >= slice.count {
+        return Err(Error::Config(format!("task index {} is not below task count {}", slice.index, slice.count)));
+    }
+    if slice.count > 1 && !matches!(phase, Phase::Scatter | Phase::Gather) {
+        return Err(Error::Config("a task index/count applies to the scatter and gather phases only".into()));
+    }
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(options.threads)
+        .build()
+        .map_err(|e| Error::Config(format!("cannot start {} threads: {e}", options.threads)))?;
+    pool.install(|| run_phases(inputs, out, options, phase, slice, progress))
+}
+
+fn run_phases(
+    inputs: &InputSet,
+    out: &Path,
+    options: &ConvertOptions,
+    phase: Phase,
+    slice: TaskSlice,
+    progress: &dyn Progress,
+) -> Result<Summary> {
+    let work = WorkDir::new(out);
+    let mut summary = Summary::default();
+    let started = Instant::now();
+    let (plan, geometry) = Plan::build(inputs, options)?;
+    summary.seconds.push(("plan", started.elapsed().as_secs_f64()));
+    if work.is_finished() {
+        let manifest = Manifest::read(out)?;
+        if manifest.parameters != plan.parameters || manifest.sources != plan.sources {
+            return Err(Error::Layout {
+                path: out.to_path_buf(),
+                problem: "holds a finished dataset made from other inputs or parameters; refusing to overwrite it".into(),
+            });
+        }
+        summary.already_complete = true;
+        summary.manifest = Some(manifest);
+        return Ok(summary);
+    }
+    work.prepare()?;
+    plan.store_or_check(&work)?;
+    if matches!(phase, Phase::All | Phase::Scatter) {
+        let started = Instant::now();
+        let todo = inputs
+            .batches
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| slice.takes(*i as u64))
+            .map(|(_, b)| Ok((b, scatter::is_done(&work, b.batch_id)?)))
+            .collect::<Result<Vec<_>>>()?;
+        summary.units_skipped += todo.iter().filter(|(_, done)| *done).count() as u64;
+        let todo: Vec<_> = todo.into_iter().filter(|(_, done)| !done).map(|(b, _)| b).collect();
+        progress.begin("scatter", todo.len() as u64);
+        let budget = options.scatter_budget();
+        let pulses = todo
+            .par_iter()
+            .map(|batch| {
+                let index = scatter::scatter_batch(&plan, inputs, batch, &geometry, &work, budget)?;
+                progress.advance(index.pulses);
+                Ok(index.pulses)
+            })
+            .collect::<Result<Vec<u64>>>()?;
+        progress.end();
+        summary.pulses_scattered = pulses.iter().sum();
+        summary.units_run.push(("scatter", todo.len() as u64));
+        summary.seconds.push(("scatter", started.elapsed().as_secs_f64()));
+    }
+    if matches!(phase, Phase::All | Phase::Gather) {
+        let started = Instant::now();
+        let indexes = load_spill_indexes(&plan, &work)?;
+        let types = storage_types(&plan, &indexes);
+        let buckets = plan.parameters.bucket_count;
+        let todo = (0..buckets)
+            .filter(|b| slice.takes(*b))
+            .map(|b| Ok((b, gather::is_done(&work, b)?)))
+            .collect::<Result<Vec<_>>>()?;
+        summary.units_skipped += todo.iter().filter(|(_, done)| *done).count() as u64;
+        let todo: Vec<u64> = todo.into_iter().filter(|(_, done)| !done).map(|(b, _)| b).collect();
+        progress.begin("gather", todo.len() as u64);
+        let bank = MemoryBank::new(options.memory_limit_bytes);
+        todo.par_iter()
+            .map(|&bucket| {
+                let _lease = bank.acquire(bucket_spill_bytes(&indexes, bucket) * GATHER_MEMORY_FACTOR);
+                let record = gather::gather_bucket(&plan, bucket, &indexes, &geometry, types, &work)?;
+                progress.advance(record.shard.as_ref().map_or(0, |s| s.pulses));
+                Ok(())
+            })
+            .collect::<Result<Vec<()>>>()?;
+        progress.end();
+        summary.units_run.push(("gather", todo.len() as u64));
+        summary.seconds.push(("gather", started.elapsed().as_secs_f64()));
+    }
+    if matches!(phase, Phase::All | Phase::Finalize) {
+        let started = Instant::now();
+        summary.manifest = Some(finalize(&plan, &work)?);
+        summary.units_run.push(("finalize", 1));
+        summary.seconds.push(("finalize", started.elapsed().as_secs_f64()));
+    }
+    Ok(summary)
+}
+
+fn load_spill_indexes(plan: &Plan, work: &WorkDir) -> Result<Vec<SpillIndex>> {
+    plan.sources
+        .batches
+        .iter()
+        .map(|b| {
+            let batch_id = b.batch_id.expect("batch sources carry their id");
+            if !scatter::is_done(work, batch_id)? {
+                return Err(Error::Config(format!(
+                    "the scatter phase has not finished {} (batch {batch_id}): run it first",
+                    b.path
+                )));
+            }
+            work.read_json(&work.spill_index(batch_id))
+        })
+        .collect()
+}
+
+fn finalize(plan: &Plan, work: &WorkDir) -> Result<Manifest> {
+    let indexes = load_spill_indexes(plan, work)?;
+    let mut shards = Vec::new();
+    for bucket in 0..plan.parameters.bucket_count {
+        if !gather::is_done(work, bucket)? {
+            return Err(Error::Config(format!("the gather phase has not finished bucket {bucket}: run it first")));
+        }
+        let record: BucketRecord = work.read_json(&work.bucket_record(bucket))?;
+        shards.extend(record.shard);
+    }
+    let totals = Totals {
+        events: shards.iter().map(|s| s.events).sum(),
+        doms: shards.iter().map(|s| s.doms).sum(),
+        pulses: shards.iter().map(|s| s.pulses).sum(),
+        bytes: shards.iter().map(|s| s.bytes).sum(),
+    };
+    let scattered: u64 = indexes.iter().map(|i| i.events).sum();
+    if totals.events != scattered {
+        return Err(Error::manifest(
+            work.root(),
+            format!("shards hold {} events but the scatter phase read {scattered}", totals.events),
+        ));
+    }
+    let manifest = Manifest {
+        format: FORMAT.into(),
+        format_version: FORMAT_VERSION,
+        parameters: plan.parameters.clone(),
+        schema: Schema::current(storage_types(plan, &indexes)),
+        totals,
+        shards,
+        sources: plan.sources.clone(),
+    };
+    manifest.write(work.out())?;
+    work.clean_up()?;
+    Ok(manifest)
+}
+
+/// Admits gather units while their estimated memory fits the limit (one at a time when a
+/// single unit is larger than the limit).
+struct MemoryBank {
+    free: Mutex<u64>,
+    freed: Condvar,
+    total: u64,
+}
+
+struct Lease<'a> {
+    bank: &'a MemoryBank,
+    amount: u64,
+}
+
+impl MemoryBank {
+    fn new(total: u64) -> Self {
+        MemoryBank {
+            free: Mutex::new(total),
+            freed: Condvar::new(),
+            total,
+        }
+    }
+
+    fn acquire(&self, amount: u64) -> Lease<'_> {
+        let amount = amount.min(self.total);
+        let mut free = self.free.lock().expect("memory bank lock");
+        while *free < amount {
+            free = self.freed.wait(free).expect("memory bank lock");
+        }
+        *free -= amount;
+        Lease { bank: self, amount }
+    }
+}
+
+impl Drop for Lease<'_> {
+    fn drop(&mut self) {
+        *self.bank.free.lock().expect("memory bank lock") += self.amount;
+        self.bank.freed.notify_all();
+    }
+}

@@ -1,0 +1,155 @@
+//! The plan of a conversion: parameters, the identity of every input file, and the
+//! decisions that follow from them. Computed identically by every task of a distributed
+//! conversion, stored once in the work directory, and checked by every later task.
+
+use std::io::{Read, Seek, SeekFrom};
+use std::path::Path;
+
+use rayon::prelude::*;
+use serde::{Deserialize, Serialize};
+
+use super::work::WorkDir;
+use super::ConvertOptions;
+use crate::error::{Error, IoContext, Result};
+use crate::format::checksum;
+use crate::format::manifest::{Parameters, SourceFile, Sources, FORMAT_VERSION};
+use crate::source::columns::ParquetSource;
+use crate::source::{has_labels, Geometry, InputSet};
+
+/// Estimated shard bytes per pulse before narrowing (time, charge, auxiliary and the
+/// DOM level's share); used only to choose the bucket count.
+const SHARD_BYTES_PER_PULSE: u64 = 24;
+/// Peak memory of gathering one bucket, as a multiple of its shard size.
+pub const GATHER_MEMORY_FACTOR: u64 = 4;
+
+/// Everything decided before the first event is read.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Plan {
+    /// Layout version of the writer.
+    pub format_version: u32,
+    /// Parameters, as recorded in the manifest.
+    pub parameters: Parameters,
+    /// Input files.
+    pub sources: Sources,
+    /// Whether the meta carries labels.
+    pub labels: bool,
+    /// Whether every coordinate of the geometry is exact in `f32`.
+    pub geometry_fits_f32: bool,
+    /// Whether every sensor id of the geometry fits `i16`.
+    pub sensor_fits_i16: bool,
+    /// Pulses in all batch files (rows).
+    pub total_pulses: u64,
+}
+
+fn file_size(path: &Path) -> Result<u64> {
+    Ok(std::fs::metadata(path).at(path)?.len())
+}
+
+/// XXH3 of a Parquet file's footer (metadata + length + magic): a cheap content identity.
+fn footer_fingerprint(path: &Path) -> Result<String> {
+    let mut file = std::fs::File::open(path).at(path)?;
+    let size = file.metadata().at(path)?.len();
+    if size < 8 {
+        return Err(Error::parquet(path, parquet::errors::ParquetError::EOF("file shorter than a Parquet footer".into())));
+    }
+    let mut tail = [0u8; 8];
+    file.seek(SeekFrom::Start(size - 8)).at(path)?;
+    file.read_exact(&mut tail).at(path)?;
+    let footer_len = u32::from_le_bytes(tail[..4].try_into().expect("4 bytes")) as u64 + 8;
+    let footer_len = footer_len.min(size);
+    let mut footer = vec![0u8; footer_len as usize];
+    file.seek(SeekFrom::Start(size - footer_len)).at(path)?;
+    file.read_exact(&mut footer).at(path)?;
+    Ok(checksum::of_bytes(&footer))
+}
+
+fn parquet_source(path: &Path, batch_id: Option<i64>) -> Result<SourceFile> {
+    let rows = ParquetSource::open(path)?.num_rows();
+    Ok(SourceFile {
+        path: path.display().to_string(),
+        bytes: file_size(path)?,
+        rows: Some(rows),
+        batch_id,
+        fingerprint: footer_fingerprint(path)?,
+    })
+}
+
+impl Plan {
+    /// Reads the footers of every input and the geometry, and decides the bucket count.
+    pub fn build(inputs: &InputSet, options: &ConvertOptions) -> Result<(Plan, Geometry)> {
+        options.validate()?;
+        let geometry = Geometry::read(&inputs.geometry)?;
+        let batches = inputs
+            .batches
+            .par_iter()
+            .map(|b| parquet_source(&b.path, Some(b.batch_id)))
+            .collect::<Result<Vec<_>>>()?;
+        let meta = inputs
+            .meta
+            .iter()
+            .map(|m| parquet_source(m, None))
+            .collect::<Result<Vec<_>>>()?;
+        let labels = has_labels(&inputs.meta)?;
+        let total_pulses: u64 = batches.iter().filter_map(|b| b.rows).sum();
+        let bucket_bytes = options
+            .shard_target_bytes
+            .min(options.memory_limit_bytes / GATHER_MEMORY_FACTOR)
+            .max(1);
+        let bucket_count = (total_pulses * SHARD_BYTES_PER_PULSE).div_ceil(bucket_bytes).max(1);
+        let plan = Plan {
+            format_version: FORMAT_VERSION,
+            parameters: Parameters {
+                seed: options.seed,
+                bucket_count,
+                shard_target_bytes: options.shard_target_bytes,
+                memory_limit_bytes: options.memory_limit_bytes,
+                lossy: options.lossy,
+            },
+            sources: Sources {
+                batches,
+                meta,
+                geometry: SourceFile {
+                    path: inputs.geometry.display().to_string(),
+                    bytes: file_size(&inputs.geometry)?,
+                    rows: None,
+                    batch_id: None,
+                    fingerprint: checksum::of_file(&inputs.geometry)?,
+                },
+            },
+            labels,
+            geometry_fits_f32: geometry.fits_f32(),
+            sensor_fits_i16: geometry.max_sensor_id() <= i16::MAX as usize,
+            total_pulses,
+        };
+        Ok((plan, geometry))
+    }
+
+    /// Stores the plan in `work`, or checks it against the one stored by an earlier task.
+    pub fn store_or_check(&self, work: &WorkDir) -> Result<()> {
+        let path = work.plan_file();
+        if path.exists() {
+            let stored: Plan = work.read_json(&path)?;
+            if stored != *self {
+                return Err(Error::manifest(
+                    &path,
+                    format!(
+                        "an unfinished conversion with other inputs or parameters is in {}: \
+                         rerun with the same ones, or remove that directory",
+                        work.out().display()
+                    ),
+                ));
+            }
+            return Ok(());
+        }
+        work.write_json(&path, self)
+    }
+
+    /// The path of batch `batch_id` as given.
+    pub fn batch_path(&self, batch_id: i64) -> &str {
+        self.sources
+            .batches
+            .iter()
+            .find(|b| b.batch_id == Some(batch_id))
+            .map_or("?", |b| b.path.as_str())
+    }
+}

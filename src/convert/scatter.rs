@@ -1,0 +1,62 @@
+//! Pass 1: one batch file -> one spill file of events tagged with their shuffle key,
+//! grouped in chunks by bucket.
+
+use super::plan::Plan;
+use super::spill::{SpillIndex, SpillWriter};
+use super::work::WorkDir;
+use crate::error::{Error, Result};
+use crate::event::ValueRange;
+use crate::format::atomic::write_atomic;
+use crate::format::order::{bucket_of, shuffle_key};
+use crate::source::{read_batch_meta, scan_batch, BatchInput, Geometry, InputSet};
+
+/// Whether the scatter unit of `batch_id` has finished in an earlier run.
+pub fn is_done(work: &WorkDir, batch_id: i64) -> Result<bool> {
+    let index_path = work.spill_index(batch_id);
+    if !index_path.exists() {
+        return Ok(false);
+    }
+    let index: SpillIndex = work.read_json(&index_path)?;
+    let spill = work.spill_file(batch_id);
+    Ok(std::fs::metadata(&spill).is_ok_and(|m| m.len() == index.spill_bytes))
+}
+
+/// Scatters one batch file; `budget` bounds the bytes buffered in memory.
+pub fn scatter_batch(
+    plan: &Plan,
+    inputs: &InputSet,
+    input: &BatchInput,
+    geometry: &Geometry,
+    work: &WorkDir,
+    budget: usize,
+) -> Result<SpillIndex> {
+    let meta = read_batch_meta(&inputs.meta, input.batch_id, plan.labels)?;
+    let buckets = plan.parameters.bucket_count;
+    let seed = plan.parameters.seed;
+    let spill_path = work.spill_file(input.batch_id);
+    let mut range = ValueRange::default();
+    let (mut events, mut pulses) = (0u64, 0u64);
+    let (chunks, spill_bytes) = write_atomic(&spill_path, |out| {
+        let mut writer = SpillWriter::new(out, buckets as usize, budget);
+        scan_batch(input, &meta, geometry, |event| {
+            let key = shuffle_key(seed, event.header().event_id);
+            range.observe(event);
+            events += 1;
+            pulses += event.len() as u64;
+            writer
+                .push(bucket_of(key, buckets) as usize, key, event)
+                .map_err(|e| Error::io(&spill_path, e))
+        })?;
+        writer.finish().map_err(|e| Error::io(&spill_path, e))
+    })?;
+    let index = SpillIndex {
+        batch_id: input.batch_id,
+        events,
+        pulses,
+        spill_bytes,
+        range,
+        chunks,
+    };
+    work.write_json(&work.spill_index(input.batch_id), &index)?;
+    Ok(index)
+}

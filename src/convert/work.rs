@@ -1,0 +1,112 @@
+//! The work directory of an unfinished conversion (`OUT/.work`) and the output directory's
+//! file names. Every file here is written atomically; its existence marks a finished unit.
+
+use std::path::{Path, PathBuf};
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::error::{Error, IoContext, Result};
+use crate::format::atomic::{is_temp_name, write_bytes_atomic};
+use crate::format::MANIFEST_FILE;
+
+/// Paths of one conversion's output and work files.
+#[derive(Debug, Clone)]
+pub struct WorkDir {
+    out: PathBuf,
+}
+
+impl WorkDir {
+    /// The work layout under output directory `out`.
+    pub fn new(out: &Path) -> WorkDir {
+        WorkDir { out: out.to_path_buf() }
+    }
+
+    /// The output (dataset) directory.
+    pub fn out(&self) -> &Path {
+        &self.out
+    }
+
+    /// `OUT/.work`.
+    pub fn root(&self) -> PathBuf {
+        self.out.join(".work")
+    }
+
+    /// The stored plan.
+    pub fn plan_file(&self) -> PathBuf {
+        self.root().join("plan.json")
+    }
+
+    /// The spill file of a batch.
+    pub fn spill_file(&self, batch_id: i64) -> PathBuf {
+        self.root().join("spill").join(format!("batch_{batch_id}.spill"))
+    }
+
+    /// The index of a batch's spill file; its existence marks the scatter unit done.
+    pub fn spill_index(&self, batch_id: i64) -> PathBuf {
+        self.root().join("spill").join(format!("batch_{batch_id}.json"))
+    }
+
+    /// The record of a gathered bucket; its existence marks the gather unit done.
+    pub fn bucket_record(&self, bucket: u64) -> PathBuf {
+        self.root().join("buckets").join(format!("bucket_{bucket:05}.json"))
+    }
+
+    /// The shard file name of a bucket.
+    pub fn shard_name(bucket: u64) -> String {
+        format!("shard_{bucket:05}.safetensors")
+    }
+
+    /// Creates the directories, refusing an output directory that holds anything else.
+    pub fn prepare(&self) -> Result<()> {
+        if self.out.exists() && !self.plan_file().exists() {
+            let foreign = std::fs::read_dir(&self.out)
+                .at(&self.out)?
+                .filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .find(|name| name != ".work" && !is_temp_name(name));
+            if let Some(name) = foreign {
+                return Err(Error::Layout {
+                    path: self.out.clone(),
+                    problem: format!("output directory is not empty (holds {name}); refusing to write into it"),
+                });
+            }
+        }
+        for dir in [self.root().join("spill"), self.root().join("buckets")] {
+            std::fs::create_dir_all(&dir).at(&dir)?;
+        }
+        Ok(())
+    }
+
+    /// Whether `OUT/manifest.json` exists.
+    pub fn is_finished(&self) -> bool {
+        self.out.join(MANIFEST_FILE).exists()
+    }
+
+    /// Reads a JSON work file.
+    pub fn read_json<T: DeserializeOwned>(&self, path: &Path) -> Result<T> {
+        let bytes = std::fs::read(path).at(path)?;
+        serde_json::from_slice(&bytes).map_err(|e| Error::manifest(path, format!("damaged work file: {e}")))
+    }
+
+    /// Writes a JSON work file atomically.
+    pub fn write_json<T: Serialize>(&self, path: &Path, value: &T) -> Result<()> {
+        write_bytes_atomic(path, &serde_json::to_vec_pretty(value).expect("work file serialises"))
+    }
+
+    /// Removes the work directory and any temp file left in the output directory.
+    pub fn clean_up(&self) -> Result<()> {
+        let root = self.root();
+        if root.exists() {
+            std::fs::remove_dir_all(&root).at(&root)?;
+        }
+        for entry in std::fs::read_dir(&self.out).at(&self.out)? {
+            let entry = entry.at(&self.out)?;
+            if is_temp_name(&entry.file_name().to_string_lossy()) {
+                let path = entry.path();
+                std::fs::remove_file(&path).at(&path)?;
+            }
+        }
+        Ok(())
+    }
+}

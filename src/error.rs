@@ -1,0 +1,187 @@
+//! The one error type of the library: every variant names the file and, where it
+//! applies, the row, event or field that is wrong.
+
+use std::path::{Path, PathBuf};
+
+/// A library result.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong while reading input, converting or reading shards.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// An operating-system error on a named file or directory.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// A Parquet file could not be decoded (truncated, corrupt, unsupported codec).
+    #[error("{path}: not a readable Parquet file: {source}")]
+    Parquet {
+        /// The Parquet file.
+        path: PathBuf,
+        /// The decoder's error.
+        source: parquet::errors::ParquetError,
+    },
+    /// A required column is missing from a file.
+    #[error("{path}: missing column `{column}`")]
+    MissingColumn {
+        /// The file.
+        path: PathBuf,
+        /// The column that was expected.
+        column: &'static str,
+    },
+    /// A column has a type that cannot hold what the schema requires.
+    #[error("{path}: column `{column}` has type {found}, expected {expected}")]
+    ColumnType {
+        /// The file.
+        path: PathBuf,
+        /// The column.
+        column: &'static str,
+        /// The Arrow type found.
+        found: String,
+        /// What is accepted.
+        expected: &'static str,
+    },
+    /// A value in a file breaks a rule of the input schema.
+    #[error("{path}: row {row}, column `{column}`: {problem}")]
+    BadValue {
+        /// The file.
+        path: PathBuf,
+        /// Zero-based row within the file.
+        row: u64,
+        /// The column.
+        column: &'static str,
+        /// What is wrong, with the value.
+        problem: String,
+    },
+    /// The meta table and a batch file disagree.
+    #[error("{meta}: batch {batch_id} ({batch_file}): {problem}")]
+    Meta {
+        /// The meta file (or files) consulted.
+        meta: PathBuf,
+        /// The batch file it describes.
+        batch_file: PathBuf,
+        /// The batch id.
+        batch_id: i64,
+        /// What is wrong, naming the event and rows.
+        problem: String,
+    },
+    /// The same event id appears twice in the input.
+    #[error("event {event_id} appears twice: in {first} (row {first_row}) and in {second} (row {second_row})")]
+    DuplicateEvent {
+        /// The event id.
+        event_id: i64,
+        /// One file holding it.
+        first: PathBuf,
+        /// Its first row there.
+        first_row: u64,
+        /// The other file holding it.
+        second: PathBuf,
+        /// Its first row there.
+        second_row: u64,
+    },
+    /// The sensor geometry file is malformed.
+    #[error("{path}: line {line}: {problem}")]
+    Geometry {
+        /// The CSV file.
+        path: PathBuf,
+        /// One-based line number.
+        line: usize,
+        /// What is wrong.
+        problem: String,
+    },
+    /// The input directory does not have the expected layout.
+    #[error("{path}: {problem}")]
+    Layout {
+        /// The directory or file.
+        path: PathBuf,
+        /// What is missing or ambiguous.
+        problem: String,
+    },
+    /// A shard file is malformed.
+    #[error("shard {path}: {problem}")]
+    Shard {
+        /// The shard file.
+        path: PathBuf,
+        /// What is wrong.
+        problem: String,
+    },
+    /// A manifest, plan or work file is malformed or does not match.
+    #[error("{path}: {problem}")]
+    Manifest {
+        /// The JSON file.
+        path: PathBuf,
+        /// What is wrong.
+        problem: String,
+    },
+    /// A file's contents do not match its recorded checksum.
+    #[error("{path}: checksum mismatch (manifest says {expected}, file has {found})")]
+    Checksum {
+        /// The file.
+        path: PathBuf,
+        /// The recorded checksum.
+        expected: String,
+        /// The checksum computed now.
+        found: String,
+    },
+    /// A spill file of an unfinished conversion is damaged.
+    #[error("spill file {path}: {problem}")]
+    Spill {
+        /// The spill file.
+        path: PathBuf,
+        /// What is wrong.
+        problem: String,
+    },
+    /// The parameters given do not make sense.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+}
+
+impl Error {
+    /// Wraps an I/O error with the path it concerns.
+    pub fn io(path: impl AsRef<Path>, source: std::io::Error) -> Self {
+        Error::Io {
+            path: path.as_ref().to_path_buf(),
+            source,
+        }
+    }
+
+    /// Wraps a Parquet error with the file it concerns.
+    pub fn parquet(path: impl AsRef<Path>, source: parquet::errors::ParquetError) -> Self {
+        Error::Parquet {
+            path: path.as_ref().to_path_buf(),
+            source,
+        }
+    }
+
+    /// A malformed shard.
+    pub fn shard(path: impl AsRef<Path>, problem: impl Into<String>) -> Self {
+        Error::Shard {
+            path: path.as_ref().to_path_buf(),
+            problem: problem.into(),
+        }
+    }
+
+    /// A malformed or mismatching manifest/plan/work file.
+    pub fn manifest(path: impl AsRef<Path>, problem: impl Into<String>) -> Self {
+        Error::Manifest {
+            path: path.as_ref().to_path_buf(),
+            problem: problem.into(),
+        }
+    }
+}
+
+/// Adds the path to an `std::io::Result`.
+pub(crate) trait IoContext<T> {
+    /// Attaches `path` to the error.
+    fn at(self, path: &Path) -> Result<T>;
+}
+
+impl<T> IoContext<T> for std::io::Result<T> {
+    fn at(self, path: &Path) -> Result<T> {
+        self.map_err(|e| Error::io(path, e))
+    }
+}

@@ -1,0 +1,148 @@
+//! The dataset manifest (`manifest.json`): what a dataset directory holds, how it was made
+//! and from what. Written last, atomically: a directory without one is not a dataset.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use super::shard::{ShardEntry, StorageTypes};
+use crate::error::{Error, IoContext, Result};
+
+/// The manifest's file name inside a dataset directory.
+pub const MANIFEST_FILE: &str = "manifest.json";
+/// The value of `format`.
+pub const FORMAT: &str = "shardify";
+/// The version of the shard layout and manifest written by this crate.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// Conversion parameters that decide the output bytes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Parameters {
+    /// Seed of the global shuffle.
+    pub seed: u64,
+    /// Number of shuffle buckets; each non-empty bucket becomes one shard.
+    pub bucket_count: u64,
+    /// Target shard size in bytes, as asked for.
+    pub shard_target_bytes: u64,
+    /// Memory limit in bytes, as asked for (it can lower the shard size).
+    pub memory_limit_bytes: u64,
+    /// Whether narrowing that loses precision was allowed.
+    pub lossy: bool,
+}
+
+/// One input file, identified by content rather than by time stamps.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SourceFile {
+    /// The path as given to the converter.
+    pub path: String,
+    /// File size in bytes.
+    pub bytes: u64,
+    /// Rows (Parquet files only).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub rows: Option<u64>,
+    /// Batch id (batch files only).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub batch_id: Option<i64>,
+    /// XXH3-64 of the Parquet footer, or of the whole file for the geometry CSV.
+    pub fingerprint: String,
+}
+
+/// Lineage: every file the dataset was made from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Sources {
+    /// `batch_N.parquet` files, by batch id.
+    pub batches: Vec<SourceFile>,
+    /// Meta files.
+    pub meta: Vec<SourceFile>,
+    /// The sensor geometry CSV.
+    pub geometry: SourceFile,
+}
+
+/// How the data is laid out, in words and types.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Schema {
+    /// Column widths chosen for this dataset.
+    pub types: StorageTypes,
+    /// The global event order.
+    pub event_order: String,
+    /// DOM order within an event.
+    pub dom_order: String,
+    /// Pulse order within a DOM.
+    pub pulse_order: String,
+}
+
+impl Schema {
+    /// The schema of datasets written by this version, with the given column widths.
+    pub fn current(types: StorageTypes) -> Schema {
+        Schema {
+            types,
+            event_order: "ascending xxh3_64(event_id as 8 LE bytes, seed); shards in bucket order".into(),
+            dom_order: "first hit time ascending, ties by sensor_id ascending".into(),
+            pulse_order: "time ascending, ties in source row order".into(),
+        }
+    }
+}
+
+/// Counts over the whole dataset.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Totals {
+    /// Events.
+    pub events: u64,
+    /// DOMs.
+    pub doms: u64,
+    /// Pulses.
+    pub pulses: u64,
+    /// Bytes of all shards.
+    pub bytes: u64,
+}
+
+/// The manifest.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Manifest {
+    /// Always [`FORMAT`].
+    pub format: String,
+    /// [`FORMAT_VERSION`] of the writer.
+    pub format_version: u32,
+    /// Parameters of the conversion.
+    pub parameters: Parameters,
+    /// Layout and types.
+    pub schema: Schema,
+    /// Totals.
+    pub totals: Totals,
+    /// Shards in global order.
+    pub shards: Vec<ShardEntry>,
+    /// Lineage.
+    pub sources: Sources,
+}
+
+impl Manifest {
+    /// Reads and checks `dir/manifest.json`.
+    pub fn read(dir: &Path) -> Result<Manifest> {
+        let path = dir.join(MANIFEST_FILE);
+        let text = std::fs::read(&path).at(&path)?;
+        let manifest: Manifest =
+            serde_json::from_slice(&text).map_err(|e| Error::manifest(&path, format!("not a shardify manifest: {e}")))?;
+        if manifest.format != FORMAT || manifest.format_version != FORMAT_VERSION {
+            return Err(Error::manifest(
+                &path,
+                format!(
+                    "format {} version {} is not {FORMAT} version {FORMAT_VERSION}",
+                    manifest.format, manifest.format_version
+                ),
+            ));
+        }
+        for shard in &manifest.shards {
+            if shard.file.contains('/') || shard.file.contains('\\') || shard.file.starts_with('.') {
+                return Err(Error::manifest(&path, format!("shard file name {:?} is not a plain file name", shard.file)));
+            }
+        }
+        Ok(manifest)
+    }
+
+    /// Writes `dir/manifest.json` atomically.
+    pub fn write(&self, dir: &Path) -> Result<()> {
+        let mut text = serde_json::to_vec_pretty(self).expect("manifest serialises");
+        text.push(b'\n');
+        super::atomic::write_bytes_atomic(&dir.join(MANIFEST_FILE), &text)
+    }
+}

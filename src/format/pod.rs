@@ -1,0 +1,51 @@
+//! Plain numeric element types and their byte views (little-endian hosts only, like the
+//! safetensors format itself).
+
+#[cfg(not(target_endian = "little"))]
+compile_error!("shardify reads and writes little-endian tensors in place: big-endian hosts are not supported");
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// A numeric type with no padding and no invalid bit patterns.
+pub trait Pod: sealed::Sealed + Copy + Send + Sync + 'static {}
+
+macro_rules! pod {
+    ($($t:ty),*) => {$(impl sealed::Sealed for $t {} impl Pod for $t {})*};
+}
+pod!(u8, i16, u16, i32, u32, i64, u64, f32, f64);
+
+/// The bytes of a slice of numbers.
+pub fn as_bytes<T: Pod>(values: &[T]) -> &[u8] {
+    // SAFETY: `Pod` types have no padding, so every byte of the slice is initialised, and
+    // the length in bytes is exactly `len * size_of::<T>()`; u8 has alignment 1.
+    unsafe { std::slice::from_raw_parts(values.as_ptr().cast::<u8>(), std::mem::size_of_val(values)) }
+}
+
+/// Reinterprets bytes as numbers; `None` when misaligned or of a length that is not a
+/// multiple of the element size.
+pub fn try_cast<T: Pod>(bytes: &[u8]) -> Option<&[T]> {
+    let size = std::mem::size_of::<T>();
+    if bytes.len() % size != 0 || (bytes.as_ptr() as usize) % std::mem::align_of::<T>() != 0 {
+        return None;
+    }
+    // SAFETY: alignment and length were checked above; every bit pattern is a valid `Pod`
+    // value; the returned slice borrows `bytes`, so it cannot outlive the memory.
+    Some(unsafe { std::slice::from_raw_parts(bytes.as_ptr().cast::<T>(), bytes.len() / size) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips_and_rejects_misalignment() {
+        let v: Vec<i64> = vec![1, -2, 3];
+        let b = as_bytes(&v);
+        assert_eq!(b.len(), 24);
+        assert_eq!(try_cast::<i64>(b).unwrap(), &v[..]);
+        assert!(try_cast::<i64>(&b[1..9]).is_none());
+        assert!(try_cast::<i32>(&b[..6]).is_none());
+    }
+}

@@ -1,0 +1,263 @@
+//! The safetensors container: `u64` LE header length, JSON header, contiguous tensors.
+//!
+//! Our writer orders tensors by descending element size (then name) and pads the header
+//! with spaces so the data section starts at a multiple of [`DATA_ALIGN`]: every tensor is
+//! then naturally aligned in a memory map. The reader validates every offset, size and
+//! shape before anything trusts it, as the reference implementation does.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+
+use serde_json::{json, Map, Value};
+
+/// Where the data section starts: a multiple of this many bytes from the file start.
+pub const DATA_ALIGN: usize = 4096;
+/// The largest header accepted, as in the reference implementation.
+pub const MAX_HEADER_BYTES: usize = 100_000_000;
+
+/// Element types used by shardify.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+pub enum Dtype {
+    /// One byte, 0 or 1.
+    BOOL,
+    /// Unsigned byte.
+    U8,
+    /// Signed 16-bit integer.
+    I16,
+    /// Signed 32-bit integer.
+    I32,
+    /// Signed 64-bit integer.
+    I64,
+    /// IEEE single.
+    F32,
+    /// IEEE double.
+    F64,
+}
+
+impl Dtype {
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            Dtype::BOOL | Dtype::U8 => 1,
+            Dtype::I16 => 2,
+            Dtype::I32 | Dtype::F32 => 4,
+            Dtype::I64 | Dtype::F64 => 8,
+        }
+    }
+
+    /// The name in the header.
+    pub fn name(self) -> &'static str {
+        match self {
+            Dtype::BOOL => "BOOL",
+            Dtype::U8 => "U8",
+            Dtype::I16 => "I16",
+            Dtype::I32 => "I32",
+            Dtype::I64 => "I64",
+            Dtype::F32 => "F32",
+            Dtype::F64 => "F64",
+        }
+    }
+
+    fn parse(name: &str) -> Option<Dtype> {
+        [Dtype::BOOL, Dtype::U8, Dtype::I16, Dtype::I32, Dtype::I64, Dtype::F32, Dtype::F64]
+            .into_iter()
+            .find(|d| d.name() == name)
+    }
+}
+
+/// A tensor to write.
+#[derive(Debug, Clone)]
+pub struct TensorOut<'a> {
+    /// Its name.
+    pub name: String,
+    /// Element type.
+    pub dtype: Dtype,
+    /// Shape (row-major).
+    pub shape: Vec<usize>,
+    /// Raw little-endian bytes; length is the product of `shape` times the element size.
+    pub data: &'a [u8],
+}
+
+/// Writes a safetensors file; returns the bytes written.
+pub fn write(out: &mut impl Write, metadata: &BTreeMap<String, String>, tensors: &[TensorOut]) -> std::io::Result<u64> {
+    let mut order: Vec<&TensorOut> = tensors.iter().collect();
+    order.sort_by(|a, b| b.dtype.size().cmp(&a.dtype.size()).then_with(|| a.name.cmp(&b.name)));
+    let mut header = Map::new();
+    header.insert("__metadata__".into(), json!(metadata));
+    let mut offset = 0usize;
+    for t in &order {
+        debug_assert_eq!(t.data.len(), t.shape.iter().product::<usize>() * t.dtype.size(), "{}", t.name);
+        header.insert(
+            t.name.clone(),
+            json!({"dtype": t.dtype.name(), "shape": t.shape, "data_offsets": [offset, offset + t.data.len()]}),
+        );
+        offset += t.data.len();
+    }
+    let mut text = serde_json::to_vec(&Value::Object(header)).expect("header serialises");
+    let padded = (8 + text.len()).div_ceil(DATA_ALIGN) * DATA_ALIGN - 8;
+    text.resize(padded, b' ');
+    out.write_all(&(text.len() as u64).to_le_bytes())?;
+    out.write_all(&text)?;
+    for t in &order {
+        out.write_all(t.data)?;
+    }
+    Ok((8 + text.len() + offset) as u64)
+}
+
+/// Where a tensor lies, validated against the file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorInfo {
+    /// Element type.
+    pub dtype: Dtype,
+    /// Shape.
+    pub shape: Vec<usize>,
+    /// Byte range within the whole file.
+    pub range: std::ops::Range<usize>,
+}
+
+/// A parsed, validated header.
+#[derive(Debug, Clone)]
+pub struct Header {
+    /// The `__metadata__` map (empty when absent).
+    pub metadata: BTreeMap<String, String>,
+    /// Tensors by name.
+    pub tensors: BTreeMap<String, TensorInfo>,
+}
+
+/// Parses and validates the header of a whole safetensors file held in `bytes`.
+pub fn parse(bytes: &[u8]) -> Result<Header, String> {
+    let len_bytes: [u8; 8] = bytes
+        .get(..8)
+        .ok_or_else(|| format!("{} bytes is too short for a safetensors file", bytes.len()))?
+        .try_into()
+        .expect("8 bytes");
+    let n = u64::from_le_bytes(len_bytes);
+    if n > MAX_HEADER_BYTES as u64 {
+        return Err(format!("header length {n} exceeds {MAX_HEADER_BYTES}"));
+    }
+    let data_start = 8 + n as usize;
+    let text = bytes
+        .get(8..data_start)
+        .ok_or_else(|| format!("header length {n} runs past the end of the {}-byte file", bytes.len()))?;
+    let value: Value = serde_json::from_slice(text).map_err(|e| format!("header is not valid JSON: {e}"))?;
+    let Value::Object(entries) = value else {
+        return Err("header is not a JSON object".into());
+    };
+    let data_len = bytes.len() - data_start;
+    let mut header = Header {
+        metadata: BTreeMap::new(),
+        tensors: BTreeMap::new(),
+    };
+    let mut spans = Vec::new();
+    for (name, entry) in entries {
+        if name == "__metadata__" {
+            header.metadata = serde_json::from_value(entry).map_err(|e| format!("__metadata__ is not a string map: {e}"))?;
+            continue;
+        }
+        let info = parse_entry(&name, &entry, data_len)?;
+        spans.push((info.range.start, info.range.end, name.clone()));
+        header.tensors.insert(
+            name,
+            TensorInfo {
+                range: data_start + info.range.start..data_start + info.range.end,
+                ..info
+            },
+        );
+    }
+    spans.sort();
+    let mut expected = 0;
+    for (start, end, name) in &spans {
+        if *start != expected {
+            return Err(format!("tensor `{name}` starts at data offset {start}, expected {expected} (gap or overlap)"));
+        }
+        expected = *end;
+    }
+    if expected != data_len {
+        return Err(format!("tensors end at data offset {expected} but the data section has {data_len} bytes"));
+    }
+    Ok(header)
+}
+
+fn parse_entry(name: &str, entry: &Value, data_len: usize) -> Result<TensorInfo, String> {
+    let field = |key: &str| entry.get(key).ok_or_else(|| format!("tensor `{name}` lacks `{key}`"));
+    let dtype_name = field("dtype")?.as_str().ok_or_else(|| format!("tensor `{name}`: dtype is not a string"))?;
+    let dtype = Dtype::parse(dtype_name).ok_or_else(|| format!("tensor `{name}`: unsupported dtype {dtype_name}"))?;
+    let numbers = |key: &str| -> Result<Vec<usize>, String> {
+        field(key)?
+            .as_array()
+            .ok_or_else(|| format!("tensor `{name}`: {key} is not an array"))?
+            .iter()
+            .map(|v| v.as_u64().map(|x| x as usize).ok_or_else(|| format!("tensor `{name}`: {key} holds a non-integer")))
+            .collect()
+    };
+    let shape = numbers("shape")?;
+    let offsets = numbers("data_offsets")?;
+    let [start, end] = offsets[..] else {
+        return Err(format!("tensor `{name}`: data_offsets must have two entries"));
+    };
+    if start > end || end > data_len {
+        return Err(format!("tensor `{name}`: data_offsets [{start}, {end}] outside the {data_len}-byte data section"));
+    }
+    let elements = shape
+        .iter()
+        .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+        .ok_or_else(|| format!("tensor `{name}`: shape {shape:?} overflows"))?;
+    if elements.checked_mul(dtype.size()) != Some(end - start) {
+        return Err(format!(
+            "tensor `{name}`: shape {shape:?} of {dtype_name} needs {} bytes, data_offsets span {}",
+            elements.saturating_mul(dtype.size()),
+            end - start
+        ));
+    }
+    Ok(TensorInfo {
+        dtype,
+        shape,
+        range: start..end,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::pod::as_bytes;
+
+    fn sample() -> Vec<u8> {
+        let a: Vec<i64> = vec![1, 2, 3];
+        let b: Vec<u8> = vec![1, 0];
+        let c: Vec<f32> = vec![0.5; 4];
+        let tensors = [
+            TensorOut { name: "b".into(), dtype: Dtype::BOOL, shape: vec![2], data: &b },
+            TensorOut { name: "a".into(), dtype: Dtype::I64, shape: vec![3], data: as_bytes(&a) },
+            TensorOut { name: "c".into(), dtype: Dtype::F32, shape: vec![2, 2], data: as_bytes(&c) },
+        ];
+        let meta = BTreeMap::from([("k".to_string(), "v".to_string())]);
+        let mut out = Vec::new();
+        write(&mut out, &meta, &tensors).unwrap();
+        out
+    }
+
+    #[test]
+    fn writes_aligned_and_parses_back() {
+        let bytes = sample();
+        let h = parse(&bytes).unwrap();
+        assert_eq!(h.metadata["k"], "v");
+        let a = &h.tensors["a"];
+        assert_eq!(a.range.start % DATA_ALIGN, 0, "data section page-aligned");
+        assert_eq!(&bytes[a.range.clone()], as_bytes(&[1i64, 2, 3]));
+        assert_eq!(h.tensors["c"].shape, vec![2, 2]);
+        assert_eq!(h.tensors["b"].range.end, bytes.len(), "no trailer");
+    }
+
+    #[test]
+    fn rejects_damage() {
+        let bytes = sample();
+        assert!(parse(&bytes[..bytes.len() - 1]).unwrap_err().contains("outside"));
+        let mut long = bytes.clone();
+        long.push(0);
+        assert!(parse(&long).unwrap_err().contains("data section has"));
+        let mut huge = bytes.clone();
+        huge[..8].copy_from_slice(&(u64::MAX).to_le_bytes());
+        assert!(parse(&huge).unwrap_err().contains("exceeds"));
+        assert!(parse(&bytes[..5]).unwrap_err().contains("too short"));
+    }
+}

@@ -1,0 +1,29 @@
+//! # shardify
+//!
+//! Rewrites IceCube Kaggle Parquet files (`batch_N.parquet`, meta, `sensor_geometry.csv`)
+//! into pre-shuffled, DOM-packed safetensors shards with a checksummed manifest, and reads
+//! them back.
+//!
+//! The modules follow the data: [`source`] (input) -> [`pack`] (DOM packing) ->
+//! [`format`] (shards, manifest) -> [`convert`] (the two-pass external shuffle) ->
+//! [`dataset`] (reading shards back: inspect, dump, verify).
+//!
+//! ```no_run
+//! use shardify::convert::{convert, ConvertOptions, Phase, Silent, TaskSlice};
+//! use shardify::source::InputSet;
+//! # fn main() -> shardify::Result<()> {
+//! let inputs = InputSet::discover("fixtures/kaggle-mini".as_ref(), Some("train"))?;
+//! let options = ConvertOptions { seed: 7, ..ConvertOptions::default() };
+//! convert(&inputs, "out".as_ref(), &options, Phase::All, TaskSlice::default(), &Silent)?;
+//! # Ok(()) }
+//! ```
+
+pub mod convert;
+pub mod dataset;
+pub mod error;
+pub mod event;
+pub mod format;
+pub mod pack;
+pub mod source;
+
+pub use error::{Error, Result};
