@@ -24,6 +24,8 @@ pub mod error;
 pub mod event;
 pub mod format;
 pub mod pack;
+pub mod rng;
 pub mod source;
+pub mod synth;
 
 pub use error::{Error, Result};

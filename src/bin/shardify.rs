@@ -1,1 +1,314 @@
-fn main(){}
+//! `shardify`: convert Kaggle IceCube Parquet into pre-shuffled DOM-packed shards, and
+//! inspect, dump or verify the result.
+
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::sync::Mutex;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use indicatif::{ProgressBar, ProgressStyle};
+use shardify::convert::{convert, ConvertOptions, Phase, Progress, TaskSlice};
+use shardify::dataset::{dump::dump, inspect::inspect, verify::verify, ChecksumPolicy, Dataset};
+use shardify::source::InputSet;
+
+#[derive(Parser)]
+#[command(version, about = "Pre-shuffled, DOM-packed tensor shards from IceCube Kaggle Parquet files")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Convert a Kaggle-layout directory (or explicit files) into a dataset directory.
+    Convert(ConvertArgs),
+    /// Print counts, distributions, sizes, seed and schema of a dataset.
+    Inspect {
+        /// Dataset directory.
+        dataset: PathBuf,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print every event as one JSON line, in stored order.
+    Dump {
+        /// Dataset directory.
+        dataset: PathBuf,
+        /// Only this event.
+        #[arg(long)]
+        event: Option<i64>,
+    },
+    /// Check checksums and every invariant; with --against, compare with the source.
+    Verify {
+        /// Dataset directory.
+        dataset: PathBuf,
+        /// Kaggle-layout source directory to compare every pulse with.
+        #[arg(long)]
+        against: Option<PathBuf>,
+        /// Split of the source directory, when it holds both.
+        #[arg(long)]
+        split: Option<String>,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum PhaseArg {
+    All,
+    Plan,
+    Scatter,
+    Gather,
+    Finalize,
+}
+
+#[derive(Args)]
+struct ConvertArgs {
+    /// Kaggle-layout input directory (train/ or test/, *_meta.parquet, sensor_geometry.csv).
+    input: Option<PathBuf>,
+    /// Output dataset directory (created; must be empty or an unfinished conversion).
+    out: PathBuf,
+    /// Split to convert when the input holds both train/ and test/.
+    #[arg(long)]
+    split: Option<String>,
+    /// Explicit batch files (batch_N.parquet), instead of an input directory.
+    #[arg(long = "batch", num_args = 1..)]
+    batches: Vec<PathBuf>,
+    /// Explicit meta files, with --batch.
+    #[arg(long = "meta", num_args = 1..)]
+    meta: Vec<PathBuf>,
+    /// Explicit sensor_geometry.csv, with --batch.
+    #[arg(long)]
+    geometry: Option<PathBuf>,
+    /// Shuffle seed.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Worker threads (the output does not depend on it).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Memory bound, e.g. 2GiB, 512MiB (it can lower the shard size).
+    #[arg(long, default_value = "4GiB", value_parser = parse_size)]
+    memory_limit: u64,
+    /// Target shard size, e.g. 256MiB.
+    #[arg(long, default_value = "256MiB", value_parser = parse_size)]
+    shard_size: u64,
+    /// Narrow charge and positions to f32 even where values change.
+    #[arg(long)]
+    lossy: bool,
+    /// Phase to run (for job arrays); all by default.
+    #[arg(long, value_enum, default_value = "all")]
+    phase: PhaseArg,
+    /// This task's index in a job array (scatter and gather phases).
+    #[arg(long, default_value_t = 0)]
+    task_index: u64,
+    /// Number of tasks in the job array.
+    #[arg(long, default_value_t = 1)]
+    task_count: u64,
+}
+
+/// Parses `123`, `64KiB`, `512MiB`, `4GiB`, `1TiB` (also KB/MB/GB/K/M/G as powers of 1024).
+fn parse_size(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(t.len());
+    let (number, unit) = t.split_at(split);
+    let number: f64 = number.parse().map_err(|_| format!("{text:?} is not a size like 512MiB"))?;
+    let scale = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1u64,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        "t" | "tb" | "tib" => 1 << 40,
+        other => return Err(format!("unknown size unit {other:?} in {text:?}")),
+    };
+    Ok((number * scale as f64) as u64)
+}
+
+/// Progress bars on a terminal, log lines otherwise.
+struct Reporter {
+    bar: Mutex<Option<ProgressBar>>,
+    terminal: bool,
+    state: Mutex<(&'static str, u64, u64, Instant)>,
+}
+
+impl Progress for Reporter {
+    fn begin(&self, phase: &'static str, units: u64) {
+        *self.state.lock().unwrap() = (phase, units, 0, Instant::now());
+        if self.terminal {
+            let bar = ProgressBar::new(units);
+            bar.set_style(
+                ProgressStyle::with_template("{prefix:>8} [{bar:40}] {pos}/{len} {msg} ({elapsed}, eta {eta})")
+                    .expect("valid template")
+                    .progress_chars("=> "),
+            );
+            bar.set_prefix(phase);
+            *self.bar.lock().unwrap() = Some(bar);
+        } else {
+            eprintln!("{phase}: {units} units to do");
+        }
+    }
+
+    fn advance(&self, pulses: u64) {
+        let mut state = self.state.lock().unwrap();
+        state.2 += 1;
+        let (phase, units, done, started) = *state;
+        drop(state);
+        if let Some(bar) = self.bar.lock().unwrap().as_ref() {
+            bar.inc(1);
+            bar.set_message(format!("{pulses} pulses"));
+        } else {
+            eprintln!("{phase}: {done}/{units} done ({:.1} s)", started.elapsed().as_secs_f64());
+        }
+    }
+
+    fn end(&self) {
+        if let Some(bar) = self.bar.lock().unwrap().take() {
+            bar.finish();
+        }
+    }
+}
+
+fn run_convert(args: ConvertArgs) -> Result<()> {
+    let inputs = match (&args.input, args.batches.is_empty()) {
+        (Some(dir), true) => InputSet::discover(dir, args.split.as_deref())?,
+        (None, false) => InputSet::from_paths(
+            args.batches.clone(),
+            args.meta.clone(),
+            args.geometry.clone().context("--geometry is required with --batch")?,
+        )?,
+        (Some(_), false) => bail!("give an input directory or --batch files, not both"),
+        (None, true) => bail!("give an input directory, or --batch, --meta and --geometry"),
+    };
+    let mut options = ConvertOptions {
+        seed: args.seed,
+        memory_limit_bytes: args.memory_limit,
+        shard_target_bytes: args.shard_size,
+        lossy: args.lossy,
+        ..ConvertOptions::default()
+    };
+    if let Some(threads) = args.threads {
+        options.threads = threads;
+    }
+    let phase = match args.phase {
+        PhaseArg::All => Phase::All,
+        PhaseArg::Plan => Phase::Plan,
+        PhaseArg::Scatter => Phase::Scatter,
+        PhaseArg::Gather => Phase::Gather,
+        PhaseArg::Finalize => Phase::Finalize,
+    };
+    let slice = TaskSlice {
+        index: args.task_index,
+        count: args.task_count,
+    };
+    let reporter = Reporter {
+        bar: Mutex::new(None),
+        terminal: std::io::stderr().is_terminal(),
+        state: Mutex::new(("", 0, 0, Instant::now())),
+    };
+    let started = Instant::now();
+    let summary = convert(&inputs, &args.out, &options, phase, slice, &reporter)
+        .with_context(|| format!("converting into {}", args.out.display()))?;
+    let elapsed = started.elapsed().as_secs_f64();
+    for (phase, units) in &summary.units_run {
+        eprintln!("{phase}: ran {units} units");
+    }
+    if summary.units_skipped > 0 {
+        eprintln!("skipped {} units finished by an earlier run", summary.units_skipped);
+    }
+    match &summary.manifest {
+        Some(m) if summary.already_complete => {
+            println!("{} is already complete: {} events in {} shards", args.out.display(), m.totals.events, m.shards.len());
+        }
+        Some(m) => println!(
+            "converted {} events, {} DOMs, {} pulses into {} shards, {:.1} MiB, in {:.2} s ({:.2} M input pulses/s)",
+            m.totals.events,
+            m.totals.doms,
+            m.totals.pulses,
+            m.shards.len(),
+            m.totals.bytes as f64 / (1 << 20) as f64,
+            elapsed,
+            summary.pulses_scattered as f64 / elapsed / 1e6
+        ),
+        None => println!("phase done in {elapsed:.2} s"),
+    }
+    Ok(())
+}
+
+fn run_inspect(dir: PathBuf, json: bool) -> Result<()> {
+    let dataset = Dataset::open(&dir, ChecksumPolicy::Lazy)?;
+    let report = inspect(&dataset)?;
+    let m = dataset.manifest();
+    if json {
+        let value = serde_json::json!({"inspection": report, "parameters": m.parameters, "schema": m.schema});
+        println!("{}", serde_json::to_string_pretty(&value)?);
+        return Ok(());
+    }
+    println!("dataset      {}", dir.display());
+    println!("events       {}", report.events);
+    println!("DOMs         {}", report.doms);
+    println!("pulses       {}", report.pulses);
+    println!("shards       {} ({:.2} MiB)", report.shards, report.bytes as f64 / (1 << 20) as f64);
+    println!("seed         {}", m.parameters.seed);
+    println!("sources      {} batch files", m.sources.batches.len());
+    println!("               min   median      mean      p99      max");
+    for (name, d) in [
+        ("pulses/event", report.pulses_per_event),
+        ("DOMs/event", report.doms_per_event),
+        ("pulses/DOM", report.pulses_per_dom),
+    ] {
+        println!("{name:<12} {:>5} {:>8} {:>9.2} {:>8} {:>8}", d.min, d.median, d.mean, d.p99, d.max);
+    }
+    println!("single-pulse DOMs {:.1}%", 100.0 * report.single_pulse_dom_fraction);
+    let t = &m.schema.types;
+    println!(
+        "types        sensor_id {:?}, position {:?}, time {:?}, charge {:?}, labels {}",
+        t.sensor_id, t.position, t.time, t.charge, t.labels
+    );
+    println!("DOM order    {}", m.schema.dom_order);
+    println!("pulse order  {}", m.schema.pulse_order);
+    for shard in &m.shards {
+        println!("  {}  {} events  {} pulses  {} bytes  xxh3 {}", shard.file, shard.events, shard.pulses, shard.bytes, shard.xxh3);
+    }
+    Ok(())
+}
+
+fn run_verify(dir: PathBuf, against: Option<PathBuf>, split: Option<String>) -> Result<()> {
+    let source = against.map(|a| InputSet::discover(&a, split.as_deref())).transpose()?;
+    let report = verify(&dir, source.as_ref())?;
+    for problem in &report.problems {
+        eprintln!("problem: {problem}");
+    }
+    if report.problem_count > report.problems.len() as u64 {
+        eprintln!("... and {} more problems", report.problem_count - report.problems.len() as u64);
+    }
+    let compared = report
+        .source_events
+        .map_or(String::new(), |n| format!(", {n} source events compared"));
+    if !report.ok() {
+        bail!("{}: {} problems ({} shards, {} events checked{compared})", dir.display(), report.problem_count, report.shards, report.events);
+    }
+    println!("{}: OK ({} shards, {} events, {} pulses{compared})", dir.display(), report.shards, report.events, report.pulses);
+    Ok(())
+}
+
+fn main() -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .init();
+    match Cli::parse().command {
+        Command::Convert(args) => run_convert(args),
+        Command::Inspect { dataset, json } => run_inspect(dataset, json),
+        Command::Dump { dataset, event } => {
+            let dataset = Dataset::open(&dataset, ChecksumPolicy::Lazy)?;
+            let stdout = std::io::stdout();
+            let mut out = std::io::BufWriter::new(stdout.lock());
+            let written = dump(&dataset, event, &mut out)?;
+            out.flush()?;
+            if let (Some(id), 0) = (event, written) {
+                bail!("event {id} is not in the dataset");
+            }
+            Ok(())
+        }
+        Command::Verify { dataset, against, split } => run_verify(dataset, against, split),
+    }
+}

@@ -1,0 +1,281 @@
+//! `shardify verify`: checksums and every structural invariant of a dataset, and with a
+//! source directory, that every source pulse is in the dataset exactly once, unchanged.
+//!
+//! Problems are collected, not fatal: the report names each (up to [`MAX_LISTED`]).
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use xxhash_rust::xxh3::xxh3_64;
+
+use super::{ChecksumPolicy, Dataset};
+use crate::error::Result;
+use crate::format::order::{bucket_of, shuffle_key};
+use crate::format::safetensors::Dtype;
+use crate::format::shard::names;
+use crate::format::ShardView;
+use crate::source::{has_labels, read_batch_meta, scan_batch, Geometry, InputSet};
+
+/// The most problems listed in a report (all are counted).
+pub const MAX_LISTED: usize = 50;
+
+/// The outcome of a verification.
+#[derive(Debug, Default, Clone)]
+pub struct VerifyReport {
+    /// Shards checked.
+    pub shards: usize,
+    /// Events checked.
+    pub events: u64,
+    /// Pulses checked.
+    pub pulses: u64,
+    /// Source events compared, when a source was given.
+    pub source_events: Option<u64>,
+    /// The first [`MAX_LISTED`] problems.
+    pub problems: Vec<String>,
+    /// All problems found.
+    pub problem_count: u64,
+}
+
+impl VerifyReport {
+    fn problem(&mut self, text: String) {
+        self.problem_count += 1;
+        if self.problems.len() < MAX_LISTED {
+            self.problems.push(text);
+        }
+    }
+
+    /// Whether nothing is wrong.
+    pub fn ok(&self) -> bool {
+        self.problem_count == 0
+    }
+}
+
+/// Order-independent fingerprint of an event's pulses: their count and the wrapping sum
+/// of one hash per pulse, so that it does not depend on the packing order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+struct PulsePrint {
+    count: u64,
+    sum: u64,
+}
+
+impl PulsePrint {
+    fn add(&mut self, sensor: i64, time: i64, charge: f64, aux: bool) {
+        let mut bytes = [0u8; 25];
+        bytes[..8].copy_from_slice(&sensor.to_le_bytes());
+        bytes[8..16].copy_from_slice(&time.to_le_bytes());
+        bytes[16..24].copy_from_slice(&charge.to_bits().to_le_bytes());
+        bytes[24] = aux as u8;
+        self.count += 1;
+        self.sum = self.sum.wrapping_add(xxh3_64(&bytes));
+    }
+}
+
+/// What the dataset says of one event, for comparison with the source.
+struct StoredEvent {
+    batch_id: i64,
+    first_row: u64,
+    labels: (u64, u64),
+    print: PulsePrint,
+    seen: bool,
+}
+
+/// Verifies the dataset in `dir`, and against `source` when given.
+pub fn verify(dir: &Path, source: Option<&InputSet>) -> Result<VerifyReport> {
+    let dataset = Dataset::open(dir, ChecksumPolicy::Lazy)?;
+    let manifest = dataset.manifest();
+    let mut report = VerifyReport::default();
+    let geometry = source.map(|s| Geometry::read(&s.geometry)).transpose()?;
+    let mut stored: HashMap<i64, StoredEvent> = HashMap::new();
+    let mut previous_key: Option<(u64, i64)> = None;
+    let mut positions: HashMap<i64, [u64; 3]> = HashMap::new();
+    for i in 0..dataset.shard_count() {
+        let shard = match dataset.shard(i) {
+            Ok(shard) => shard,
+            Err(e) => {
+                report.problem(e.to_string());
+                continue;
+            }
+        };
+        let view = match shard.view() {
+            Ok(view) => view,
+            Err(e) => {
+                report.problem(e.to_string());
+                continue;
+            }
+        };
+        report.shards += 1;
+        let file = &manifest.shards[i].file;
+        let mut problem = |text: String| report.problem(format!("{file}: {text}"));
+        let types = manifest.schema.types;
+        for (name, want) in [
+            (names::DOM_SENSOR_ID, types.sensor_id),
+            (names::DOM_POSITION, types.position),
+            (names::PULSE_TIME, types.time),
+            (names::PULSE_CHARGE, types.charge),
+        ] {
+            let found = shard.header().tensors[name].dtype;
+            if found != want {
+                problem(format!("tensor {name} is {found:?}, the manifest schema says {want:?}"));
+            }
+        }
+        if view.event_azimuth.is_some() != types.labels {
+            problem(format!("labels present: {}, manifest says {}", view.event_azimuth.is_some(), types.labels));
+        }
+        let mut shard_pulses = 0u64;
+        let bucket: Option<u64> = shard.header().metadata.get("shard").and_then(|s| s.parse().ok());
+        for e in 0..view.events() {
+            let id = view.event_id[e];
+            let key = shuffle_key(manifest.parameters.seed, id);
+            if previous_key.is_some_and(|p| p >= (key, id)) {
+                problem(format!("event {id} (index {e}) breaks the global shuffle order or repeats an event id"));
+            }
+            previous_key = Some((key, id));
+            if bucket != Some(bucket_of(key, manifest.parameters.bucket_count)) {
+                problem(format!("event {id} does not belong to shard bucket {bucket:?}"));
+            }
+            check_event(&view, e, &mut problem);
+            let mut print = PulsePrint::default();
+            for d in view.dom_range(e) {
+                let sensor = view.dom_sensor_id.get(d);
+                let pos = [0, 1, 2].map(|k| view.dom_position.get(3 * d + k).to_bits());
+                if *positions.entry(sensor).or_insert(pos) != pos {
+                    problem(format!("event {id}: sensor {sensor} has a position different from its other DOMs"));
+                }
+                if let Some(g) = &geometry {
+                    check_position(&view, d, g, types.position, id, &mut problem);
+                }
+                for p in view.pulse_range(d) {
+                    print.add(sensor, view.pulse_time.get(p), view.pulse_charge.get(p), view.pulse_auxiliary[p] != 0);
+                }
+            }
+            shard_pulses += print.count;
+            if source.is_some() {
+                let h = view.header(e);
+                stored.insert(
+                    id,
+                    StoredEvent {
+                        batch_id: h.batch_id,
+                        first_row: h.first_row,
+                        labels: (h.azimuth.to_bits(), h.zenith.to_bits()),
+                        print,
+                        seen: false,
+                    },
+                );
+            }
+        }
+        report.pulses += shard_pulses;
+        report.events += view.events() as u64;
+    }
+    if report.events != manifest.totals.events || report.pulses != manifest.totals.pulses {
+        report.problem(format!(
+            "shards hold {} events and {} pulses, the manifest totals say {} and {}",
+            report.events, report.pulses, manifest.totals.events, manifest.totals.pulses
+        ));
+    }
+    if let (Some(source), Some(geometry)) = (source, &geometry) {
+        compare_with_source(source, geometry, types_charge_narrowed(&dataset), &mut stored, &mut report)?;
+    }
+    Ok(report)
+}
+
+fn types_charge_narrowed(dataset: &Dataset) -> bool {
+    dataset.manifest().schema.types.charge == Dtype::F32
+}
+
+/// Checks the packing rules inside event `e`.
+fn check_event(view: &ShardView, e: usize, problem: &mut impl FnMut(String)) {
+    let id = view.event_id[e];
+    let doms = view.dom_range(e);
+    let mut sensors: Vec<i64> = doms.clone().map(|d| view.dom_sensor_id.get(d)).collect();
+    let mut previous: Option<(i64, i64)> = None;
+    for d in doms {
+        let sensor = view.dom_sensor_id.get(d);
+        let pulses = view.pulse_range(d);
+        let first = (view.pulse_time.get(pulses.start), sensor);
+        if previous.is_some_and(|p| p >= first) {
+            problem(format!("event {id}: DOM of sensor {sensor} is out of first-hit order"));
+        }
+        previous = Some(first);
+        for p in pulses.start + 1..pulses.end {
+            if view.pulse_time.get(p) < view.pulse_time.get(p - 1) {
+                problem(format!("event {id}: pulses of sensor {sensor} are out of time order"));
+            }
+        }
+        if let Some(p) = pulses.clone().find(|&p| view.pulse_auxiliary[p] > 1) {
+            problem(format!("event {id}: auxiliary value {} is not 0 or 1", view.pulse_auxiliary[p]));
+        }
+    }
+    sensors.sort_unstable();
+    if let Some(w) = sensors.windows(2).find(|w| w[0] == w[1]) {
+        problem(format!("event {id}: sensor {} appears as two DOMs", w[0]));
+    }
+}
+
+fn check_position(view: &ShardView, d: usize, g: &Geometry, dtype: Dtype, id: i64, problem: &mut impl FnMut(String)) {
+    let sensor = view.dom_sensor_id.get(d);
+    if !g.contains(sensor) {
+        problem(format!("event {id}: sensor {sensor} is not in the geometry"));
+        return;
+    }
+    let s = sensor as usize;
+    let narrow = |v: f64| if dtype == Dtype::F32 { v as f32 as f64 } else { v };
+    let want = [g.x[s], g.y[s], g.z[s]].map(narrow);
+    let found = [0, 1, 2].map(|k| view.dom_position.get(3 * d + k));
+    if want != found {
+        problem(format!("event {id}: sensor {sensor} is at {found:?}, the geometry says {want:?}"));
+    }
+}
+
+fn compare_with_source(
+    source: &InputSet,
+    geometry: &Geometry,
+    charge_narrowed: bool,
+    stored: &mut HashMap<i64, StoredEvent>,
+    report: &mut VerifyReport,
+) -> Result<()> {
+    let labels = has_labels(&source.meta)?;
+    let mut compared = 0u64;
+    for batch in &source.batches {
+        let meta = read_batch_meta(&source.meta, batch.batch_id, labels)?;
+        let mut problems = Vec::new();
+        scan_batch(batch, &meta, geometry, |event| {
+            compared += 1;
+            let h = event.header();
+            let mut print = PulsePrint::default();
+            for i in 0..event.len() {
+                let charge = if charge_narrowed { event.charge[i] as f32 as f64 } else { event.charge[i] };
+                print.add(event.sensor_id[i] as i64, event.time[i], charge, event.auxiliary[i] != 0);
+            }
+            let place = format!("event {} ({} row {})", h.event_id, batch.path.display(), h.first_row);
+            match stored.get_mut(&h.event_id) {
+                None => problems.push(format!("{place} is missing from the dataset")),
+                Some(s) => {
+                    s.seen = true;
+                    if (s.batch_id, s.first_row) != (h.batch_id, h.first_row) {
+                        problems.push(format!("{place}: lineage says batch {} row {}", s.batch_id, s.first_row));
+                    }
+                    if s.labels != (h.azimuth.to_bits(), h.zenith.to_bits()) {
+                        problems.push(format!("{place}: labels differ"));
+                    }
+                    if s.print != print {
+                        problems.push(format!(
+                            "{place}: pulses differ (source {} pulses, dataset {})",
+                            print.count, s.print.count
+                        ));
+                    }
+                }
+            }
+            Ok(())
+        })?;
+        for p in problems {
+            report.problem(p);
+        }
+    }
+    let mut unseen: Vec<i64> = stored.iter().filter(|(_, s)| !s.seen).map(|(&id, _)| id).collect();
+    unseen.sort_unstable();
+    for id in unseen {
+        report.problem(format!("event {id} is in the dataset but not in the source"));
+    }
+    report.source_events = Some(compared);
+    Ok(())
+}
