@@ -140,6 +140,7 @@ impl ValueRange {
 
     /// Whether every time fits `i32`.
     pub fn time_fits_i32(&self) -> bool {
-        self.time_min > self.time_max || (self.time_min >= i32::MIN as i64 && self.time_max <= i32::MAX as i64)
+        self.time_min > self.time_max
+            || (self.time_min >= i32::MIN as i64 && self.time_max <= i32::MAX as i64)
     }
 }

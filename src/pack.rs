@@ -96,7 +96,8 @@ impl Packer {
             });
             start = end;
         }
-        self.doms.sort_unstable_by_key(|d| (d.first_time, d.sensor_id));
+        self.doms
+            .sort_unstable_by_key(|d| (d.first_time, d.sensor_id));
         for dom in &self.doms {
             out.dom_sensor_id.push(dom.sensor_id);
             for &i in &self.order[dom.start as usize..dom.end as usize] {

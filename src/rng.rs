@@ -57,8 +57,18 @@ mod tests {
 
     #[test]
     fn deterministic_and_in_range() {
-        let a: Vec<u64> = (0..5).map({ let mut r = Rng::new(1); move |_| r.next_u64() }).collect();
-        let b: Vec<u64> = (0..5).map({ let mut r = Rng::new(1); move |_| r.next_u64() }).collect();
+        let a: Vec<u64> = (0..5)
+            .map({
+                let mut r = Rng::new(1);
+                move |_| r.next_u64()
+            })
+            .collect();
+        let b: Vec<u64> = (0..5)
+            .map({
+                let mut r = Rng::new(1);
+                move |_| r.next_u64()
+            })
+            .collect();
         assert_eq!(a, b);
         let mut r = Rng::new(2);
         assert!((0..1000).all(|_| r.below(7) < 7 && (0.0..1.0).contains(&r.uniform())));

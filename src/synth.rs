@@ -159,9 +159,18 @@ fn generate_event(rng: &mut Rng, event_id: i64, table: &mut PulseTable) {
 }
 
 /// Generates one batch of `events` events starting after `next_event_id`.
-pub fn generate_batch(rng: &mut Rng, batch_id: i64, events: u64, next_event_id: &mut i64, labels: bool) -> (PulseTable, MetaTable) {
+pub fn generate_batch(
+    rng: &mut Rng,
+    batch_id: i64,
+    events: u64,
+    next_event_id: &mut i64,
+    labels: bool,
+) -> (PulseTable, MetaTable) {
     let mut table = PulseTable::default();
-    let mut meta = MetaTable { labels, ..MetaTable::default() };
+    let mut meta = MetaTable {
+        labels,
+        ..MetaTable::default()
+    };
     for _ in 0..events {
         *next_event_id += 1 + rng.below(5) as i64;
         let first = table.time.len() as i64;
@@ -185,17 +194,38 @@ fn column(name: &str, data_type: DataType, array: ArrayRef) -> (Field, ArrayRef)
 /// The record batch of a pulse table, columns in Kaggle order (`event_id` last).
 pub fn pulse_batch(table: &PulseTable) -> RecordBatch {
     record_batch(vec![
-        column("sensor_id", DataType::Int16, Arc::new(Int16Array::from(table.sensor_id.clone()))),
-        column("time", DataType::Int64, Arc::new(Int64Array::from(table.time.clone()))),
-        column("charge", DataType::Float64, Arc::new(Float64Array::from(table.charge.clone()))),
-        column("auxiliary", DataType::Boolean, Arc::new(BooleanArray::from(table.auxiliary.clone()))),
-        column("event_id", DataType::Int64, Arc::new(Int64Array::from(table.event_id.clone()))),
+        column(
+            "sensor_id",
+            DataType::Int16,
+            Arc::new(Int16Array::from(table.sensor_id.clone())),
+        ),
+        column(
+            "time",
+            DataType::Int64,
+            Arc::new(Int64Array::from(table.time.clone())),
+        ),
+        column(
+            "charge",
+            DataType::Float64,
+            Arc::new(Float64Array::from(table.charge.clone())),
+        ),
+        column(
+            "auxiliary",
+            DataType::Boolean,
+            Arc::new(BooleanArray::from(table.auxiliary.clone())),
+        ),
+        column(
+            "event_id",
+            DataType::Int64,
+            Arc::new(Int64Array::from(table.event_id.clone())),
+        ),
     ])
 }
 
 /// The record batch of a meta table (labels only when present).
 pub fn meta_batch(meta: &MetaTable) -> RecordBatch {
-    let int = |name, v: &Vec<i64>| column(name, DataType::Int64, Arc::new(Int64Array::from(v.clone())));
+    let int =
+        |name, v: &Vec<i64>| column(name, DataType::Int64, Arc::new(Int64Array::from(v.clone())));
     let mut columns = vec![
         int("batch_id", &meta.batch_id),
         int("event_id", &meta.event_id),
@@ -203,8 +233,16 @@ pub fn meta_batch(meta: &MetaTable) -> RecordBatch {
         int("last_pulse_index", &meta.last_pulse_index),
     ];
     if meta.labels {
-        columns.push(column("azimuth", DataType::Float64, Arc::new(Float64Array::from(meta.azimuth.clone()))));
-        columns.push(column("zenith", DataType::Float64, Arc::new(Float64Array::from(meta.zenith.clone()))));
+        columns.push(column(
+            "azimuth",
+            DataType::Float64,
+            Arc::new(Float64Array::from(meta.azimuth.clone())),
+        ));
+        columns.push(column(
+            "zenith",
+            DataType::Float64,
+            Arc::new(Float64Array::from(meta.zenith.clone())),
+        ));
     }
     record_batch(columns)
 }
@@ -215,7 +253,12 @@ fn record_batch(columns: Vec<(Field, ArrayRef)>) -> RecordBatch {
 }
 
 /// Writes `batch` as a Parquet file.
-pub fn write_parquet(path: &Path, batch: &RecordBatch, codec: Codec, row_group_rows: Option<usize>) -> Result<()> {
+pub fn write_parquet(
+    path: &Path,
+    batch: &RecordBatch,
+    codec: Codec,
+    row_group_rows: Option<usize>,
+) -> Result<()> {
     let compression = match codec {
         Codec::Snappy => Compression::SNAPPY,
         Codec::Zstd => Compression::ZSTD(ZstdLevel::default()),
@@ -226,7 +269,8 @@ pub fn write_parquet(path: &Path, batch: &RecordBatch, codec: Codec, row_group_r
         .set_max_row_group_row_count(Some(row_group_rows.unwrap_or(usize::MAX).max(1)))
         .build();
     let file = File::create(path).at(path)?;
-    let mut writer = ArrowWriter::try_new(file, batch.schema(), Some(properties)).map_err(|e| Error::parquet(path, e))?;
+    let mut writer = ArrowWriter::try_new(file, batch.schema(), Some(properties))
+        .map_err(|e| Error::parquet(path, e))?;
     writer.write(batch).map_err(|e| Error::parquet(path, e))?;
     writer.close().map_err(|e| Error::parquet(path, e))?;
     Ok(())
@@ -267,20 +311,38 @@ pub fn write_dataset(root: &Path, options: &SynthOptions) -> Result<SynthSummary
     let split_dir = root.join(&options.split);
     std::fs::create_dir_all(&split_dir).at(&split_dir)?;
     write_geometry(&root.join("sensor_geometry.csv"))?;
-    let mut all_meta = MetaTable { labels, ..MetaTable::default() };
-    let mut summary = SynthSummary { batch_files: Vec::new(), events: 0, pulses: 0 };
+    let mut all_meta = MetaTable {
+        labels,
+        ..MetaTable::default()
+    };
+    let mut summary = SynthSummary {
+        batch_files: Vec::new(),
+        events: 0,
+        pulses: 0,
+    };
     let mut next_event_id = 0i64;
     for f in 0..options.files as u64 {
-        let events = options.events / options.files as u64 + u64::from(f < options.events % options.files as u64);
+        let events = options.events / options.files as u64
+            + u64::from(f < options.events % options.files as u64);
         let batch_id = options.first_batch_id + f as i64;
         let mut rng = Rng::stream(options.seed, f);
         let (table, meta) = generate_batch(&mut rng, batch_id, events, &mut next_event_id, labels);
         let path = split_dir.join(format!("batch_{batch_id}.parquet"));
-        write_parquet(&path, &pulse_batch(&table), options.codec, options.row_group_rows)?;
+        write_parquet(
+            &path,
+            &pulse_batch(&table),
+            options.codec,
+            options.row_group_rows,
+        )?;
         if options.meta_per_batch {
             let dir = root.join(format!("{}_meta", options.split));
             std::fs::create_dir_all(&dir).at(&dir)?;
-            write_parquet(&dir.join(format!("batch_{batch_id}.parquet")), &meta_batch(&meta), options.codec, None)?;
+            write_parquet(
+                &dir.join(format!("batch_{batch_id}.parquet")),
+                &meta_batch(&meta),
+                options.codec,
+                None,
+            )?;
         }
         all_meta.extend(&meta);
         summary.events += events;
@@ -289,7 +351,12 @@ pub fn write_dataset(root: &Path, options: &SynthOptions) -> Result<SynthSummary
     }
     if !options.meta_per_batch {
         let path = root.join(format!("{}_meta.parquet", options.split));
-        write_parquet(&path, &meta_batch(&all_meta), options.codec, Some(options.events.div_ceil(options.files as u64).max(1) as usize))?;
+        write_parquet(
+            &path,
+            &meta_batch(&all_meta),
+            options.codec,
+            Some(options.events.div_ceil(options.files as u64).max(1) as usize),
+        )?;
     }
     Ok(summary)
 }

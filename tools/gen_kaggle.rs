@@ -66,7 +66,8 @@ fn main() -> anyhow::Result<()> {
         seed: args.seed,
     };
     let started = std::time::Instant::now();
-    let summary = write_dataset(&args.out, &options).with_context(|| format!("writing {}", args.out.display()))?;
+    let summary = write_dataset(&args.out, &options)
+        .with_context(|| format!("writing {}", args.out.display()))?;
     println!(
         "wrote {} events, {} pulses in {} files to {} ({:.1} s)",
         summary.events,

@@ -14,7 +14,10 @@ use shardify::dataset::{dump::dump, inspect::inspect, verify::verify, ChecksumPo
 use shardify::source::InputSet;
 
 #[derive(Parser)]
-#[command(version, about = "Pre-shuffled, DOM-packed tensor shards from IceCube Kaggle Parquet files")]
+#[command(
+    version,
+    about = "Pre-shuffled, DOM-packed tensor shards from IceCube Kaggle Parquet files"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -109,9 +112,13 @@ struct ConvertArgs {
 /// Parses `123`, `64KiB`, `512MiB`, `4GiB`, `1TiB` (also KB/MB/GB/K/M/G as powers of 1024).
 fn parse_size(text: &str) -> Result<u64, String> {
     let t = text.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(t.len());
+    let split = t
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(t.len());
     let (number, unit) = t.split_at(split);
-    let number: f64 = number.parse().map_err(|_| format!("{text:?} is not a size like 512MiB"))?;
+    let number: f64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a size like 512MiB"))?;
     let scale = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1u64,
         "k" | "kb" | "kib" => 1 << 10,
@@ -136,9 +143,11 @@ impl Progress for Reporter {
         if self.terminal {
             let bar = ProgressBar::new(units);
             bar.set_style(
-                ProgressStyle::with_template("{prefix:>8} [{bar:40}] {pos}/{len} {msg} ({elapsed}, eta {eta})")
-                    .expect("valid template")
-                    .progress_chars("=> "),
+                ProgressStyle::with_template(
+                    "{prefix:>8} [{bar:40}] {pos}/{len} {msg} ({elapsed}, eta {eta})",
+                )
+                .expect("valid template")
+                .progress_chars("=> "),
             );
             bar.set_prefix(phase);
             *self.bar.lock().unwrap() = Some(bar);
@@ -156,7 +165,10 @@ impl Progress for Reporter {
             bar.inc(1);
             bar.set_message(format!("{pulses} pulses"));
         } else {
-            eprintln!("{phase}: {done}/{units} done ({:.1} s)", started.elapsed().as_secs_f64());
+            eprintln!(
+                "{phase}: {done}/{units} done ({:.1} s)",
+                started.elapsed().as_secs_f64()
+            );
         }
     }
 
@@ -173,7 +185,9 @@ fn run_convert(args: ConvertArgs) -> Result<()> {
         (None, false) => InputSet::from_paths(
             args.batches.clone(),
             args.meta.clone(),
-            args.geometry.clone().context("--geometry is required with --batch")?,
+            args.geometry
+                .clone()
+                .context("--geometry is required with --batch")?,
         )?,
         (Some(_), false) => bail!("give an input directory or --batch files, not both"),
         (None, true) => bail!("give an input directory, or --batch, --meta and --geometry"),
@@ -212,7 +226,10 @@ fn run_convert(args: ConvertArgs) -> Result<()> {
         eprintln!("{phase}: ran {units} units");
     }
     if summary.units_skipped > 0 {
-        eprintln!("skipped {} units finished by an earlier run", summary.units_skipped);
+        eprintln!(
+            "skipped {} units finished by an earlier run",
+            summary.units_skipped
+        );
     }
     match &summary.manifest {
         Some(m) if summary.already_complete => {
@@ -246,7 +263,11 @@ fn run_inspect(dir: PathBuf, json: bool) -> Result<()> {
     println!("events       {}", report.events);
     println!("DOMs         {}", report.doms);
     println!("pulses       {}", report.pulses);
-    println!("shards       {} ({:.2} MiB)", report.shards, report.bytes as f64 / (1 << 20) as f64);
+    println!(
+        "shards       {} ({:.2} MiB)",
+        report.shards,
+        report.bytes as f64 / (1 << 20) as f64
+    );
     println!("seed         {}", m.parameters.seed);
     println!("sources      {} batch files", m.sources.batches.len());
     println!("               min   median      mean      p99      max");
@@ -255,9 +276,15 @@ fn run_inspect(dir: PathBuf, json: bool) -> Result<()> {
         ("DOMs/event", report.doms_per_event),
         ("pulses/DOM", report.pulses_per_dom),
     ] {
-        println!("{name:<12} {:>5} {:>8} {:>9.2} {:>8} {:>8}", d.min, d.median, d.mean, d.p99, d.max);
+        println!(
+            "{name:<12} {:>5} {:>8} {:>9.2} {:>8} {:>8}",
+            d.min, d.median, d.mean, d.p99, d.max
+        );
     }
-    println!("single-pulse DOMs {:.1}%", 100.0 * report.single_pulse_dom_fraction);
+    println!(
+        "single-pulse DOMs {:.1}%",
+        100.0 * report.single_pulse_dom_fraction
+    );
     let t = &m.schema.types;
     println!(
         "types        sensor_id {:?}, position {:?}, time {:?}, charge {:?}, labels {}",
@@ -266,36 +293,66 @@ fn run_inspect(dir: PathBuf, json: bool) -> Result<()> {
     println!("DOM order    {}", m.schema.dom_order);
     println!("pulse order  {}", m.schema.pulse_order);
     for shard in &m.shards {
-        println!("  {}  {} events  {} pulses  {} bytes  xxh3 {}", shard.file, shard.events, shard.pulses, shard.bytes, shard.xxh3);
+        println!(
+            "  {}  {} events  {} pulses  {} bytes  xxh3 {}",
+            shard.file, shard.events, shard.pulses, shard.bytes, shard.xxh3
+        );
     }
     Ok(())
 }
 
 fn run_verify(dir: PathBuf, against: Option<PathBuf>, split: Option<String>) -> Result<()> {
-    let source = against.map(|a| InputSet::discover(&a, split.as_deref())).transpose()?;
+    let source = against
+        .map(|a| InputSet::discover(&a, split.as_deref()))
+        .transpose()?;
     let report = verify(&dir, source.as_ref())?;
     for problem in &report.problems {
         eprintln!("problem: {problem}");
     }
     if report.problem_count > report.problems.len() as u64 {
-        eprintln!("... and {} more problems", report.problem_count - report.problems.len() as u64);
+        eprintln!(
+            "... and {} more problems",
+            report.problem_count - report.problems.len() as u64
+        );
     }
     let compared = report
         .source_events
         .map_or(String::new(), |n| format!(", {n} source events compared"));
     if !report.ok() {
-        bail!("{}: {} problems ({} shards, {} events checked{compared})", dir.display(), report.problem_count, report.shards, report.events);
+        bail!(
+            "{}: {} problems ({} shards, {} events checked{compared})",
+            dir.display(),
+            report.problem_count,
+            report.shards,
+            report.events
+        );
     }
-    println!("{}: OK ({} shards, {} events, {} pulses{compared})", dir.display(), report.shards, report.events, report.pulses);
+    println!(
+        "{}: OK ({} shards, {} events, {} pulses{compared})",
+        dir.display(),
+        report.shards,
+        report.events,
+        report.pulses
+    );
     Ok(())
 }
 
-fn main() -> Result<()> {
+fn main() -> std::process::ExitCode {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .init();
-    match Cli::parse().command {
+    match run(Cli::parse().command) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(command: Command) -> Result<()> {
+    match command {
         Command::Convert(args) => run_convert(args),
         Command::Inspect { dataset, json } => run_inspect(dataset, json),
         Command::Dump { dataset, event } => {
@@ -309,6 +366,10 @@ fn main() -> Result<()> {
             }
             Ok(())
         }
-        Command::Verify { dataset, against, split } => run_verify(dataset, against, split),
+        Command::Verify {
+            dataset,
+            against,
+            split,
+        } => run_verify(dataset, against, split),
     }
 }

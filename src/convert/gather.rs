@@ -30,13 +30,32 @@ pub struct BucketRecord {
 
 /// Column widths for the whole dataset, from the plan and every batch's value ranges.
 pub fn storage_types(plan: &Plan, indexes: &[SpillIndex]) -> StorageTypes {
-    let range = indexes.iter().map(|i| i.range).fold(ValueRange::default(), ValueRange::merge);
+    let range = indexes
+        .iter()
+        .map(|i| i.range)
+        .fold(ValueRange::default(), ValueRange::merge);
     let lossy = plan.parameters.lossy;
     StorageTypes {
-        sensor_id: if plan.sensor_fits_i16 { Dtype::I16 } else { Dtype::I32 },
-        position: if plan.geometry_fits_f32 || lossy { Dtype::F32 } else { Dtype::F64 },
-        time: if range.time_fits_i32() { Dtype::I32 } else { Dtype::I64 },
-        charge: if range.charge_fits_f32 || lossy { Dtype::F32 } else { Dtype::F64 },
+        sensor_id: if plan.sensor_fits_i16 {
+            Dtype::I16
+        } else {
+            Dtype::I32
+        },
+        position: if plan.geometry_fits_f32 || lossy {
+            Dtype::F32
+        } else {
+            Dtype::F64
+        },
+        time: if range.time_fits_i32() {
+            Dtype::I32
+        } else {
+            Dtype::I64
+        },
+        charge: if range.charge_fits_f32 || lossy {
+            Dtype::F32
+        } else {
+            Dtype::F64
+        },
         labels: plan.labels,
     }
 }
@@ -50,7 +69,9 @@ pub fn is_done(work: &WorkDir, bucket: u64) -> Result<bool> {
     let record: BucketRecord = work.read_json(&path)?;
     Ok(match record.shard {
         None => true,
-        Some(shard) => std::fs::metadata(work.out().join(&shard.file)).is_ok_and(|m| m.len() == shard.bytes),
+        Some(shard) => {
+            std::fs::metadata(work.out().join(&shard.file)).is_ok_and(|m| m.len() == shard.bytes)
+        }
     })
 }
 
@@ -76,7 +97,11 @@ pub fn gather_bucket(
     let mut events = BucketEvents::default();
     let mut scratch = Vec::new();
     for index in indexes {
-        let mut chunks = index.chunks.iter().filter(|c| c.bucket == bucket).peekable();
+        let mut chunks = index
+            .chunks
+            .iter()
+            .filter(|c| c.bucket == bucket)
+            .peekable();
         if chunks.peek().is_none() {
             continue;
         }
@@ -88,11 +113,16 @@ pub fn gather_bucket(
     }
     drop(scratch);
     let record = if events.records.is_empty() {
-        BucketRecord { bucket, shard: None }
+        BucketRecord {
+            bucket,
+            shard: None,
+        }
     } else {
         BucketRecord {
             bucket,
-            shard: Some(write_bucket_shard(plan, bucket, &events, geometry, types, work)?),
+            shard: Some(write_bucket_shard(
+                plan, bucket, &events, geometry, types, work,
+            )?),
         }
     };
     work.write_json(&work.bucket_record(bucket), &record)?;
@@ -109,7 +139,14 @@ fn write_bucket_shard(
 ) -> Result<ShardEntry> {
     let records = &events.records;
     let mut order: Vec<usize> = (0..records.len()).collect();
-    order.sort_unstable_by_key(|&i| (records[i].0, records[i].1.event_id, records[i].1.batch_id, records[i].1.first_row));
+    order.sort_unstable_by_key(|&i| {
+        (
+            records[i].0,
+            records[i].1.event_id,
+            records[i].1.batch_id,
+            records[i].1.first_row,
+        )
+    });
     for pair in order.windows(2) {
         let (a, b) = (&records[pair[0]].1, &records[pair[1]].1);
         if a.event_id == b.event_id {

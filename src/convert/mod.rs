@@ -170,10 +170,15 @@ pub fn convert(
 ) -> Result<Summary> {
     options.validate()?;
     if slice.count == 0 || slice.index >= slice.count {
-        return Err(Error::Config(format!("task index {} is not below task count {}", slice.index, slice.count)));
+        return Err(Error::Config(format!(
+            "task index {} is not below task count {}",
+            slice.index, slice.count
+        )));
     }
     if slice.count > 1 && !matches!(phase, Phase::Scatter | Phase::Gather) {
-        return Err(Error::Config("a task index/count applies to the scatter and gather phases only".into()));
+        return Err(Error::Config(
+            "a task index/count applies to the scatter and gather phases only".into(),
+        ));
     }
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(options.threads)
@@ -194,7 +199,9 @@ fn run_phases(
     let mut summary = Summary::default();
     let started = Instant::now();
     let (plan, geometry) = Plan::build(inputs, options)?;
-    summary.seconds.push(("plan", started.elapsed().as_secs_f64()));
+    summary
+        .seconds
+        .push(("plan", started.elapsed().as_secs_f64()));
     if work.is_finished() {
         let manifest = Manifest::read(out)?;
         if manifest.parameters != plan.parameters || manifest.sources != plan.sources {
@@ -219,7 +226,11 @@ fn run_phases(
             .map(|(_, b)| Ok((b, scatter::is_done(&work, b.batch_id)?)))
             .collect::<Result<Vec<_>>>()?;
         summary.units_skipped += todo.iter().filter(|(_, done)| *done).count() as u64;
-        let todo: Vec<_> = todo.into_iter().filter(|(_, done)| !done).map(|(b, _)| b).collect();
+        let todo: Vec<_> = todo
+            .into_iter()
+            .filter(|(_, done)| !done)
+            .map(|(b, _)| b)
+            .collect();
         progress.begin("scatter", todo.len() as u64);
         let budget = options.scatter_budget();
         let pulses = todo
@@ -233,7 +244,9 @@ fn run_phases(
         progress.end();
         summary.pulses_scattered = pulses.iter().sum();
         summary.units_run.push(("scatter", todo.len() as u64));
-        summary.seconds.push(("scatter", started.elapsed().as_secs_f64()));
+        summary
+            .seconds
+            .push(("scatter", started.elapsed().as_secs_f64()));
     }
     if matches!(phase, Phase::All | Phase::Gather) {
         let started = Instant::now();
@@ -245,26 +258,36 @@ fn run_phases(
             .map(|b| Ok((b, gather::is_done(&work, b)?)))
             .collect::<Result<Vec<_>>>()?;
         summary.units_skipped += todo.iter().filter(|(_, done)| *done).count() as u64;
-        let todo: Vec<u64> = todo.into_iter().filter(|(_, done)| !done).map(|(b, _)| b).collect();
+        let todo: Vec<u64> = todo
+            .into_iter()
+            .filter(|(_, done)| !done)
+            .map(|(b, _)| b)
+            .collect();
         progress.begin("gather", todo.len() as u64);
         let bank = MemoryBank::new(options.memory_limit_bytes);
         todo.par_iter()
             .map(|&bucket| {
-                let _lease = bank.acquire(bucket_spill_bytes(&indexes, bucket) * GATHER_MEMORY_FACTOR);
-                let record = gather::gather_bucket(&plan, bucket, &indexes, &geometry, types, &work)?;
+                let _lease =
+                    bank.acquire(bucket_spill_bytes(&indexes, bucket) * GATHER_MEMORY_FACTOR);
+                let record =
+                    gather::gather_bucket(&plan, bucket, &indexes, &geometry, types, &work)?;
                 progress.advance(record.shard.as_ref().map_or(0, |s| s.pulses));
                 Ok(())
             })
             .collect::<Result<Vec<()>>>()?;
         progress.end();
         summary.units_run.push(("gather", todo.len() as u64));
-        summary.seconds.push(("gather", started.elapsed().as_secs_f64()));
+        summary
+            .seconds
+            .push(("gather", started.elapsed().as_secs_f64()));
     }
     if matches!(phase, Phase::All | Phase::Finalize) {
         let started = Instant::now();
         summary.manifest = Some(finalize(&plan, &work)?);
         summary.units_run.push(("finalize", 1));
-        summary.seconds.push(("finalize", started.elapsed().as_secs_f64()));
+        summary
+            .seconds
+            .push(("finalize", started.elapsed().as_secs_f64()));
     }
     Ok(summary)
 }
@@ -291,7 +314,9 @@ fn finalize(plan: &Plan, work: &WorkDir) -> Result<Manifest> {
     let mut shards = Vec::new();
     for bucket in 0..plan.parameters.bucket_count {
         if !gather::is_done(work, bucket)? {
-            return Err(Error::Config(format!("the gather phase has not finished bucket {bucket}: run it first")));
+            return Err(Error::Config(format!(
+                "the gather phase has not finished bucket {bucket}: run it first"
+            )));
         }
         let record: BucketRecord = work.read_json(&work.bucket_record(bucket))?;
         shards.extend(record.shard);
@@ -306,7 +331,10 @@ fn finalize(plan: &Plan, work: &WorkDir) -> Result<Manifest> {
     if totals.events != scattered {
         return Err(Error::manifest(
             work.root(),
-            format!("shards hold {} events but the scatter phase read {scattered}", totals.events),
+            format!(
+                "shards hold {} events but the scatter phase read {scattered}",
+                totals.events
+            ),
         ));
     }
     let manifest = Manifest {

@@ -50,7 +50,10 @@ fn footer_fingerprint(path: &Path) -> Result<String> {
     let mut file = std::fs::File::open(path).at(path)?;
     let size = file.metadata().at(path)?.len();
     if size < 8 {
-        return Err(Error::parquet(path, parquet::errors::ParquetError::EOF("file shorter than a Parquet footer".into())));
+        return Err(Error::parquet(
+            path,
+            parquet::errors::ParquetError::EOF("file shorter than a Parquet footer".into()),
+        ));
     }
     let mut tail = [0u8; 8];
     file.seek(SeekFrom::Start(size - 8)).at(path)?;
@@ -95,7 +98,9 @@ impl Plan {
             .shard_target_bytes
             .min(options.memory_limit_bytes / GATHER_MEMORY_FACTOR)
             .max(1);
-        let bucket_count = (total_pulses * SHARD_BYTES_PER_PULSE).div_ceil(bucket_bytes).max(1);
+        let bucket_count = (total_pulses * SHARD_BYTES_PER_PULSE)
+            .div_ceil(bucket_bytes)
+            .max(1);
         let plan = Plan {
             format_version: FORMAT_VERSION,
             parameters: Parameters {

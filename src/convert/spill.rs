@@ -162,13 +162,20 @@ impl Cursor<'_> {
     }
 
     fn u64(&mut self) -> Option<u64> {
-        self.take(8).map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
+        self.take(8)
+            .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
     }
 }
 
 impl BucketEvents {
     /// Reads and decodes one chunk of `file`, checking its checksum.
-    pub fn read_chunk(&mut self, path: &Path, file: &File, chunk: &SpillChunk, scratch: &mut Vec<u8>) -> Result<()> {
+    pub fn read_chunk(
+        &mut self,
+        path: &Path,
+        file: &File,
+        chunk: &SpillChunk,
+        scratch: &mut Vec<u8>,
+    ) -> Result<()> {
         scratch.resize(chunk.len as usize, 0);
         file.read_exact_at(scratch, chunk.offset).at(path)?;
         let damaged = |problem: String| Error::Spill {
@@ -203,9 +210,21 @@ impl BucketEvents {
             }
             let start = self.pulses.len();
             let p = &mut self.pulses;
-            p.sensor_id.extend(c.take(4 * n)?.chunks_exact(4).map(|b| i32::from_le_bytes(b.try_into().unwrap())));
-            p.time.extend(c.take(8 * n)?.chunks_exact(8).map(|b| i64::from_le_bytes(b.try_into().unwrap())));
-            p.charge.extend(c.take(8 * n)?.chunks_exact(8).map(|b| f64::from_le_bytes(b.try_into().unwrap())));
+            p.sensor_id.extend(
+                c.take(4 * n)?
+                    .chunks_exact(4)
+                    .map(|b| i32::from_le_bytes(b.try_into().unwrap())),
+            );
+            p.time.extend(
+                c.take(8 * n)?
+                    .chunks_exact(8)
+                    .map(|b| i64::from_le_bytes(b.try_into().unwrap())),
+            );
+            p.charge.extend(
+                c.take(8 * n)?
+                    .chunks_exact(8)
+                    .map(|b| f64::from_le_bytes(b.try_into().unwrap())),
+            );
             p.auxiliary.extend_from_slice(c.take(n)?);
             self.records.push((key, header, start..start + n));
         }
@@ -220,7 +239,13 @@ mod tests {
     #[test]
     fn records_round_trip_through_chunks() {
         let event = RawEvent {
-            header: Some(EventHeader { event_id: 42, batch_id: 3, first_row: 7, azimuth: 1.5, zenith: f64::NAN }),
+            header: Some(EventHeader {
+                event_id: 42,
+                batch_id: 3,
+                first_row: 7,
+                azimuth: 1.5,
+                zenith: f64::NAN,
+            }),
             sensor_id: vec![1, 2],
             time: vec![-5, 9],
             charge: vec![0.25, 3.0],
@@ -234,15 +259,22 @@ mod tests {
         assert_eq!(chunks.len(), 2);
         assert_eq!(bytes, 2 * (56 + 21 * 2));
         let mut bucket = BucketEvents::default();
-        bucket.read_chunk(Path::new("x"), &file, &chunks[0], &mut Vec::new()).unwrap();
+        bucket
+            .read_chunk(Path::new("x"), &file, &chunks[0], &mut Vec::new())
+            .unwrap();
         assert_eq!(bucket.records.len(), 1);
         let (key, header, range) = bucket.records[0].clone();
-        assert_eq!((key, header.event_id, header.first_row, range), (99, 42, 7, 0..2));
+        assert_eq!(
+            (key, header.event_id, header.first_row, range),
+            (99, 42, 7, 0..2)
+        );
         assert!(header.zenith.is_nan());
         assert_eq!(bucket.pulses.time, vec![-5, 9]);
         let mut bad = chunks[1].clone();
         bad.xxh3 = "0000000000000000".into();
-        let e = bucket.read_chunk(Path::new("x"), &file, &bad, &mut Vec::new()).unwrap_err();
+        let e = bucket
+            .read_chunk(Path::new("x"), &file, &bad, &mut Vec::new())
+            .unwrap_err();
         assert!(e.to_string().contains("checksum"), "{e}");
     }
 }

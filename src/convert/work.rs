@@ -19,7 +19,9 @@ pub struct WorkDir {
 impl WorkDir {
     /// The work layout under output directory `out`.
     pub fn new(out: &Path) -> WorkDir {
-        WorkDir { out: out.to_path_buf() }
+        WorkDir {
+            out: out.to_path_buf(),
+        }
     }
 
     /// The output (dataset) directory.
@@ -39,17 +41,23 @@ impl WorkDir {
 
     /// The spill file of a batch.
     pub fn spill_file(&self, batch_id: i64) -> PathBuf {
-        self.root().join("spill").join(format!("batch_{batch_id}.spill"))
+        self.root()
+            .join("spill")
+            .join(format!("batch_{batch_id}.spill"))
     }
 
     /// The index of a batch's spill file; its existence marks the scatter unit done.
     pub fn spill_index(&self, batch_id: i64) -> PathBuf {
-        self.root().join("spill").join(format!("batch_{batch_id}.json"))
+        self.root()
+            .join("spill")
+            .join(format!("batch_{batch_id}.json"))
     }
 
     /// The record of a gathered bucket; its existence marks the gather unit done.
     pub fn bucket_record(&self, bucket: u64) -> PathBuf {
-        self.root().join("buckets").join(format!("bucket_{bucket:05}.json"))
+        self.root()
+            .join("buckets")
+            .join(format!("bucket_{bucket:05}.json"))
     }
 
     /// The shard file name of a bucket.
@@ -68,7 +76,9 @@ impl WorkDir {
             if let Some(name) = foreign {
                 return Err(Error::Layout {
                     path: self.out.clone(),
-                    problem: format!("output directory is not empty (holds {name}); refusing to write into it"),
+                    problem: format!(
+                        "output directory is not empty (holds {name}); refusing to write into it"
+                    ),
                 });
             }
         }
@@ -86,12 +96,16 @@ impl WorkDir {
     /// Reads a JSON work file.
     pub fn read_json<T: DeserializeOwned>(&self, path: &Path) -> Result<T> {
         let bytes = std::fs::read(path).at(path)?;
-        serde_json::from_slice(&bytes).map_err(|e| Error::manifest(path, format!("damaged work file: {e}")))
+        serde_json::from_slice(&bytes)
+            .map_err(|e| Error::manifest(path, format!("damaged work file: {e}")))
     }
 
     /// Writes a JSON work file atomically.
     pub fn write_json<T: Serialize>(&self, path: &Path, value: &T) -> Result<()> {
-        write_bytes_atomic(path, &serde_json::to_vec_pretty(value).expect("work file serialises"))
+        write_bytes_atomic(
+            path,
+            &serde_json::to_vec_pretty(value).expect("work file serialises"),
+        )
     }
 
     /// Removes the work directory and any temp file left in the output directory.

@@ -24,7 +24,13 @@ impl Distribution {
     /// The statistics of `values` (sorted in place); zeros when empty.
     pub fn of(values: &mut [u32]) -> Distribution {
         if values.is_empty() {
-            return Distribution { min: 0, median: 0, mean: 0.0, p99: 0, max: 0 };
+            return Distribution {
+                min: 0,
+                median: 0,
+                mean: 0.0,
+                p99: 0,
+                max: 0,
+            };
         }
         values.sort_unstable();
         let n = values.len();
@@ -64,7 +70,8 @@ pub struct Inspection {
 
 /// Reads every shard and summarises the dataset.
 pub fn inspect(dataset: &Dataset) -> Result<Inspection> {
-    let (mut pulses_per_event, mut doms_per_event, mut pulses_per_dom) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut pulses_per_event, mut doms_per_event, mut pulses_per_dom) =
+        (Vec::new(), Vec::new(), Vec::new());
     for i in 0..dataset.shard_count() {
         let view = dataset.shard(i)?.view()?;
         for e in 0..view.events() {
@@ -73,7 +80,11 @@ pub fn inspect(dataset: &Dataset) -> Result<Inspection> {
             let pulses = view.dom_pulse_offsets[doms.end] - view.dom_pulse_offsets[doms.start];
             pulses_per_event.push(pulses as u32);
         }
-        pulses_per_dom.extend(view.dom_pulse_offsets.windows(2).map(|w| (w[1] - w[0]) as u32));
+        pulses_per_dom.extend(
+            view.dom_pulse_offsets
+                .windows(2)
+                .map(|w| (w[1] - w[0]) as u32),
+        );
     }
     let single = pulses_per_dom.iter().filter(|&&p| p == 1).count();
     let m = dataset.manifest();

@@ -54,7 +54,10 @@ impl Shard {
         let file = File::open(path).at(path)?;
         let len = file.metadata().at(path)?.len();
         if len != entry.bytes {
-            return Err(Error::shard(path, format!("is {len} bytes, the manifest says {}", entry.bytes)));
+            return Err(Error::shard(
+                path,
+                format!("is {len} bytes, the manifest says {}", entry.bytes),
+            ));
         }
         // SAFETY: the map is read-only and shards are immutable once renamed into place (the
         // converter never rewrites one); a file truncated by someone else while mapped would
@@ -62,7 +65,10 @@ impl Shard {
         let bytes = match unsafe { memmap2::Mmap::map(&file) } {
             Ok(map) => ShardBytes::Mapped(map),
             Err(e) => {
-                tracing::warn!("{}: cannot memory-map ({e}); reading it into memory instead", path.display());
+                tracing::warn!(
+                    "{}: cannot memory-map ({e}); reading it into memory instead",
+                    path.display()
+                );
                 ShardBytes::Read(std::fs::read(path).at(path)?)
             }
         };
@@ -76,14 +82,19 @@ impl Shard {
                 });
             }
         }
-        let header = safetensors::parse(bytes.as_slice()).map_err(|problem| Error::shard(path, problem))?;
+        let header =
+            safetensors::parse(bytes.as_slice()).map_err(|problem| Error::shard(path, problem))?;
         let shard = Shard {
             path: path.to_path_buf(),
             bytes,
             header,
         };
         let view = shard.view()?;
-        let counts = (view.events() as u64, view.doms() as u64, view.pulses() as u64);
+        let counts = (
+            view.events() as u64,
+            view.doms() as u64,
+            view.pulses() as u64,
+        );
         if counts != (entry.events, entry.doms, entry.pulses) {
             return Err(Error::shard(
                 path,
@@ -129,7 +140,9 @@ impl Dataset {
     /// Opens `dir`; with [`ChecksumPolicy::Full`] every shard is opened and checked now.
     pub fn open(dir: &Path, policy: ChecksumPolicy) -> Result<Dataset> {
         let manifest = Manifest::read(dir)?;
-        let shards = (0..manifest.shards.len()).map(|_| OnceLock::new()).collect();
+        let shards = (0..manifest.shards.len())
+            .map(|_| OnceLock::new())
+            .collect();
         let dataset = Dataset {
             dir: dir.to_path_buf(),
             manifest,
@@ -165,7 +178,11 @@ impl Dataset {
             return Ok(shard);
         }
         let entry = &self.manifest.shards[i];
-        let shard = Shard::open(&self.dir.join(&entry.file), entry, self.policy != ChecksumPolicy::Off)?;
+        let shard = Shard::open(
+            &self.dir.join(&entry.file),
+            entry,
+            self.policy != ChecksumPolicy::Off,
+        )?;
         Ok(self.shards[i].get_or_init(|| shard))
     }
 }

@@ -115,23 +115,37 @@ pub fn verify(dir: &Path, source: Option<&InputSet>) -> Result<VerifyReport> {
         ] {
             let found = shard.header().tensors[name].dtype;
             if found != want {
-                problem(format!("tensor {name} is {found:?}, the manifest schema says {want:?}"));
+                problem(format!(
+                    "tensor {name} is {found:?}, the manifest schema says {want:?}"
+                ));
             }
         }
         if view.event_azimuth.is_some() != types.labels {
-            problem(format!("labels present: {}, manifest says {}", view.event_azimuth.is_some(), types.labels));
+            problem(format!(
+                "labels present: {}, manifest says {}",
+                view.event_azimuth.is_some(),
+                types.labels
+            ));
         }
         let mut shard_pulses = 0u64;
-        let bucket: Option<u64> = shard.header().metadata.get("shard").and_then(|s| s.parse().ok());
+        let bucket: Option<u64> = shard
+            .header()
+            .metadata
+            .get("shard")
+            .and_then(|s| s.parse().ok());
         for e in 0..view.events() {
             let id = view.event_id[e];
             let key = shuffle_key(manifest.parameters.seed, id);
             if previous_key.is_some_and(|p| p >= (key, id)) {
-                problem(format!("event {id} (index {e}) breaks the global shuffle order or repeats an event id"));
+                problem(format!(
+                    "event {id} (index {e}) breaks the global shuffle order or repeats an event id"
+                ));
             }
             previous_key = Some((key, id));
             if bucket != Some(bucket_of(key, manifest.parameters.bucket_count)) {
-                problem(format!("event {id} does not belong to shard bucket {bucket:?}"));
+                problem(format!(
+                    "event {id} does not belong to shard bucket {bucket:?}"
+                ));
             }
             check_event(&view, e, &mut problem);
             let mut print = PulsePrint::default();
@@ -139,13 +153,20 @@ pub fn verify(dir: &Path, source: Option<&InputSet>) -> Result<VerifyReport> {
                 let sensor = view.dom_sensor_id.get(d);
                 let pos = [0, 1, 2].map(|k| view.dom_position.get(3 * d + k).to_bits());
                 if *positions.entry(sensor).or_insert(pos) != pos {
-                    problem(format!("event {id}: sensor {sensor} has a position different from its other DOMs"));
+                    problem(format!(
+                        "event {id}: sensor {sensor} has a position different from its other DOMs"
+                    ));
                 }
                 if let Some(g) = &geometry {
                     check_position(&view, d, g, types.position, id, &mut problem);
                 }
                 for p in view.pulse_range(d) {
-                    print.add(sensor, view.pulse_time.get(p), view.pulse_charge.get(p), view.pulse_auxiliary[p] != 0);
+                    print.add(
+                        sensor,
+                        view.pulse_time.get(p),
+                        view.pulse_charge.get(p),
+                        view.pulse_auxiliary[p] != 0,
+                    );
                 }
             }
             shard_pulses += print.count;
@@ -173,7 +194,13 @@ pub fn verify(dir: &Path, source: Option<&InputSet>) -> Result<VerifyReport> {
         ));
     }
     if let (Some(source), Some(geometry)) = (source, &geometry) {
-        compare_with_source(source, geometry, types_charge_narrowed(&dataset), &mut stored, &mut report)?;
+        compare_with_source(
+            source,
+            geometry,
+            types_charge_narrowed(&dataset),
+            &mut stored,
+            &mut report,
+        )?;
     }
     Ok(report)
 }
@@ -193,16 +220,23 @@ fn check_event(view: &ShardView, e: usize, problem: &mut impl FnMut(String)) {
         let pulses = view.pulse_range(d);
         let first = (view.pulse_time.get(pulses.start), sensor);
         if previous.is_some_and(|p| p >= first) {
-            problem(format!("event {id}: DOM of sensor {sensor} is out of first-hit order"));
+            problem(format!(
+                "event {id}: DOM of sensor {sensor} is out of first-hit order"
+            ));
         }
         previous = Some(first);
         for p in pulses.start + 1..pulses.end {
             if view.pulse_time.get(p) < view.pulse_time.get(p - 1) {
-                problem(format!("event {id}: pulses of sensor {sensor} are out of time order"));
+                problem(format!(
+                    "event {id}: pulses of sensor {sensor} are out of time order"
+                ));
             }
         }
         if let Some(p) = pulses.clone().find(|&p| view.pulse_auxiliary[p] > 1) {
-            problem(format!("event {id}: auxiliary value {} is not 0 or 1", view.pulse_auxiliary[p]));
+            problem(format!(
+                "event {id}: auxiliary value {} is not 0 or 1",
+                view.pulse_auxiliary[p]
+            ));
         }
     }
     sensors.sort_unstable();
@@ -211,18 +245,35 @@ fn check_event(view: &ShardView, e: usize, problem: &mut impl FnMut(String)) {
     }
 }
 
-fn check_position(view: &ShardView, d: usize, g: &Geometry, dtype: Dtype, id: i64, problem: &mut impl FnMut(String)) {
+fn check_position(
+    view: &ShardView,
+    d: usize,
+    g: &Geometry,
+    dtype: Dtype,
+    id: i64,
+    problem: &mut impl FnMut(String),
+) {
     let sensor = view.dom_sensor_id.get(d);
     if !g.contains(sensor) {
-        problem(format!("event {id}: sensor {sensor} is not in the geometry"));
+        problem(format!(
+            "event {id}: sensor {sensor} is not in the geometry"
+        ));
         return;
     }
     let s = sensor as usize;
-    let narrow = |v: f64| if dtype == Dtype::F32 { v as f32 as f64 } else { v };
+    let narrow = |v: f64| {
+        if dtype == Dtype::F32 {
+            v as f32 as f64
+        } else {
+            v
+        }
+    };
     let want = [g.x[s], g.y[s], g.z[s]].map(narrow);
     let found = [0, 1, 2].map(|k| view.dom_position.get(3 * d + k));
     if want != found {
-        problem(format!("event {id}: sensor {sensor} is at {found:?}, the geometry says {want:?}"));
+        problem(format!(
+            "event {id}: sensor {sensor} is at {found:?}, the geometry says {want:?}"
+        ));
     }
 }
 
@@ -243,16 +294,33 @@ fn compare_with_source(
             let h = event.header();
             let mut print = PulsePrint::default();
             for i in 0..event.len() {
-                let charge = if charge_narrowed { event.charge[i] as f32 as f64 } else { event.charge[i] };
-                print.add(event.sensor_id[i] as i64, event.time[i], charge, event.auxiliary[i] != 0);
+                let charge = if charge_narrowed {
+                    event.charge[i] as f32 as f64
+                } else {
+                    event.charge[i]
+                };
+                print.add(
+                    event.sensor_id[i] as i64,
+                    event.time[i],
+                    charge,
+                    event.auxiliary[i] != 0,
+                );
             }
-            let place = format!("event {} ({} row {})", h.event_id, batch.path.display(), h.first_row);
+            let place = format!(
+                "event {} ({} row {})",
+                h.event_id,
+                batch.path.display(),
+                h.first_row
+            );
             match stored.get_mut(&h.event_id) {
                 None => problems.push(format!("{place} is missing from the dataset")),
                 Some(s) => {
                     s.seen = true;
                     if (s.batch_id, s.first_row) != (h.batch_id, h.first_row) {
-                        problems.push(format!("{place}: lineage says batch {} row {}", s.batch_id, s.first_row));
+                        problems.push(format!(
+                            "{place}: lineage says batch {} row {}",
+                            s.batch_id, s.first_row
+                        ));
                     }
                     if s.labels != (h.azimuth.to_bits(), h.zenith.to_bits()) {
                         problems.push(format!("{place}: labels differ"));
@@ -271,10 +339,16 @@ fn compare_with_source(
             report.problem(p);
         }
     }
-    let mut unseen: Vec<i64> = stored.iter().filter(|(_, s)| !s.seen).map(|(&id, _)| id).collect();
+    let mut unseen: Vec<i64> = stored
+        .iter()
+        .filter(|(_, s)| !s.seen)
+        .map(|(&id, _)| id)
+        .collect();
     unseen.sort_unstable();
     for id in unseen {
-        report.problem(format!("event {id} is in the dataset but not in the source"));
+        report.problem(format!(
+            "event {id} is in the dataset but not in the source"
+        ));
     }
     report.source_events = Some(compared);
     Ok(())

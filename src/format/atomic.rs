@@ -19,7 +19,10 @@ pub fn is_temp_name(name: &str) -> bool {
 
 fn temp_path_for(target: &Path) -> PathBuf {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let name = target.file_name().and_then(|n| n.to_str()).unwrap_or("file");
+    let name = target
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or("file");
     let unique = format!(
         "{TEMP_PREFIX}{name}.{}.{}",
         std::process::id(),
@@ -29,7 +32,10 @@ fn temp_path_for(target: &Path) -> PathBuf {
 }
 
 /// Creates `target` atomically from what `write` puts into the writer it is given.
-pub fn write_atomic<T>(target: &Path, write: impl FnOnce(&mut BufWriter<File>) -> Result<T>) -> Result<T> {
+pub fn write_atomic<T>(
+    target: &Path,
+    write: impl FnOnce(&mut BufWriter<File>) -> Result<T>,
+) -> Result<T> {
     let temp = temp_path_for(target);
     let result = (|| {
         let file = File::create(&temp).at(&temp)?;

@@ -76,7 +76,8 @@ impl Schema {
     pub fn current(types: StorageTypes) -> Schema {
         Schema {
             types,
-            event_order: "ascending xxh3_64(event_id as 8 LE bytes, seed); shards in bucket order".into(),
+            event_order: "ascending xxh3_64(event_id as 8 LE bytes, seed); shards in bucket order"
+                .into(),
             dom_order: "first hit time ascending, ties by sensor_id ascending".into(),
             pulse_order: "time ascending, ties in source row order".into(),
         }
@@ -120,8 +121,8 @@ impl Manifest {
     pub fn read(dir: &Path) -> Result<Manifest> {
         let path = dir.join(MANIFEST_FILE);
         let text = std::fs::read(&path).at(&path)?;
-        let manifest: Manifest =
-            serde_json::from_slice(&text).map_err(|e| Error::manifest(&path, format!("not a shardify manifest: {e}")))?;
+        let manifest: Manifest = serde_json::from_slice(&text)
+            .map_err(|e| Error::manifest(&path, format!("not a shardify manifest: {e}")))?;
         if manifest.format != FORMAT || manifest.format_version != FORMAT_VERSION {
             return Err(Error::manifest(
                 &path,
@@ -132,8 +133,12 @@ impl Manifest {
             ));
         }
         for shard in &manifest.shards {
-            if shard.file.contains('/') || shard.file.contains('\\') || shard.file.starts_with('.') {
-                return Err(Error::manifest(&path, format!("shard file name {:?} is not a plain file name", shard.file)));
+            if shard.file.contains('/') || shard.file.contains('\\') || shard.file.starts_with('.')
+            {
+                return Err(Error::manifest(
+                    &path,
+                    format!("shard file name {:?} is not a plain file name", shard.file),
+                ));
             }
         }
         Ok(manifest)

@@ -2,7 +2,9 @@
 //! safetensors format itself).
 
 #[cfg(not(target_endian = "little"))]
-compile_error!("shardify reads and writes little-endian tensors in place: big-endian hosts are not supported");
+compile_error!(
+    "shardify reads and writes little-endian tensors in place: big-endian hosts are not supported"
+);
 
 mod sealed {
     pub trait Sealed {}
@@ -20,7 +22,9 @@ pod!(u8, i16, u16, i32, u32, i64, u64, f32, f64);
 pub fn as_bytes<T: Pod>(values: &[T]) -> &[u8] {
     // SAFETY: `Pod` types have no padding, so every byte of the slice is initialised, and
     // the length in bytes is exactly `len * size_of::<T>()`; u8 has alignment 1.
-    unsafe { std::slice::from_raw_parts(values.as_ptr().cast::<u8>(), std::mem::size_of_val(values)) }
+    unsafe {
+        std::slice::from_raw_parts(values.as_ptr().cast::<u8>(), std::mem::size_of_val(values))
+    }
 }
 
 /// Reinterprets bytes as numbers; `None` when misaligned or of a length that is not a

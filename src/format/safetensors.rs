@@ -16,7 +16,9 @@ pub const DATA_ALIGN: usize = 4096;
 pub const MAX_HEADER_BYTES: usize = 100_000_000;
 
 /// Element types used by shardify.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 pub enum Dtype {
     /// One byte, 0 or 1.
     BOOL,
@@ -59,9 +61,17 @@ impl Dtype {
     }
 
     fn parse(name: &str) -> Option<Dtype> {
-        [Dtype::BOOL, Dtype::U8, Dtype::I16, Dtype::I32, Dtype::I64, Dtype::F32, Dtype::F64]
-            .into_iter()
-            .find(|d| d.name() == name)
+        [
+            Dtype::BOOL,
+            Dtype::U8,
+            Dtype::I16,
+            Dtype::I32,
+            Dtype::I64,
+            Dtype::F32,
+            Dtype::F64,
+        ]
+        .into_iter()
+        .find(|d| d.name() == name)
     }
 }
 
@@ -79,14 +89,28 @@ pub struct TensorOut<'a> {
 }
 
 /// Writes a safetensors file; returns the bytes written.
-pub fn write(out: &mut impl Write, metadata: &BTreeMap<String, String>, tensors: &[TensorOut]) -> std::io::Result<u64> {
+pub fn write(
+    out: &mut impl Write,
+    metadata: &BTreeMap<String, String>,
+    tensors: &[TensorOut],
+) -> std::io::Result<u64> {
     let mut order: Vec<&TensorOut> = tensors.iter().collect();
-    order.sort_by(|a, b| b.dtype.size().cmp(&a.dtype.size()).then_with(|| a.name.cmp(&b.name)));
+    order.sort_by(|a, b| {
+        b.dtype
+            .size()
+            .cmp(&a.dtype.size())
+            .then_with(|| a.name.cmp(&b.name))
+    });
     let mut header = Map::new();
     header.insert("__metadata__".into(), json!(metadata));
     let mut offset = 0usize;
     for t in &order {
-        debug_assert_eq!(t.data.len(), t.shape.iter().product::<usize>() * t.dtype.size(), "{}", t.name);
+        debug_assert_eq!(
+            t.data.len(),
+            t.shape.iter().product::<usize>() * t.dtype.size(),
+            "{}",
+            t.name
+        );
         header.insert(
             t.name.clone(),
             json!({"dtype": t.dtype.name(), "shape": t.shape, "data_offsets": [offset, offset + t.data.len()]}),
@@ -136,10 +160,14 @@ pub fn parse(bytes: &[u8]) -> Result<Header, String> {
         return Err(format!("header length {n} exceeds {MAX_HEADER_BYTES}"));
     }
     let data_start = 8 + n as usize;
-    let text = bytes
-        .get(8..data_start)
-        .ok_or_else(|| format!("header length {n} runs past the end of the {}-byte file", bytes.len()))?;
-    let value: Value = serde_json::from_slice(text).map_err(|e| format!("header is not valid JSON: {e}"))?;
+    let text = bytes.get(8..data_start).ok_or_else(|| {
+        format!(
+            "header length {n} runs past the end of the {}-byte file",
+            bytes.len()
+        )
+    })?;
+    let value: Value =
+        serde_json::from_slice(text).map_err(|e| format!("header is not valid JSON: {e}"))?;
     let Value::Object(entries) = value else {
         return Err("header is not a JSON object".into());
     };
@@ -151,7 +179,8 @@ pub fn parse(bytes: &[u8]) -> Result<Header, String> {
     let mut spans = Vec::new();
     for (name, entry) in entries {
         if name == "__metadata__" {
-            header.metadata = serde_json::from_value(entry).map_err(|e| format!("__metadata__ is not a string map: {e}"))?;
+            header.metadata = serde_json::from_value(entry)
+                .map_err(|e| format!("__metadata__ is not a string map: {e}"))?;
             continue;
         }
         let info = parse_entry(&name, &entry, data_len)?;
@@ -173,27 +202,42 @@ pub fn parse(bytes: &[u8]) -> Result<Header, String> {
         expected = *end;
     }
     if expected != data_len {
-        return Err(format!("tensors end at data offset {expected} but the data section has {data_len} bytes"));
+        return Err(format!(
+            "tensors end at data offset {expected} but the data section has {data_len} bytes"
+        ));
     }
     Ok(header)
 }
 
 fn parse_entry(name: &str, entry: &Value, data_len: usize) -> Result<TensorInfo, String> {
-    let field = |key: &str| entry.get(key).ok_or_else(|| format!("tensor `{name}` lacks `{key}`"));
-    let dtype_name = field("dtype")?.as_str().ok_or_else(|| format!("tensor `{name}`: dtype is not a string"))?;
-    let dtype = Dtype::parse(dtype_name).ok_or_else(|| format!("tensor `{name}`: unsupported dtype {dtype_name}"))?;
+    let field = |key: &str| {
+        entry
+            .get(key)
+            .ok_or_else(|| format!("tensor `{name}` lacks `{key}`"))
+    };
+    let dtype_name = field("dtype")?
+        .as_str()
+        .ok_or_else(|| format!("tensor `{name}`: dtype is not a string"))?;
+    let dtype = Dtype::parse(dtype_name)
+        .ok_or_else(|| format!("tensor `{name}`: unsupported dtype {dtype_name}"))?;
     let numbers = |key: &str| -> Result<Vec<usize>, String> {
         field(key)?
             .as_array()
             .ok_or_else(|| format!("tensor `{name}`: {key} is not an array"))?
             .iter()
-            .map(|v| v.as_u64().map(|x| x as usize).ok_or_else(|| format!("tensor `{name}`: {key} holds a non-integer")))
+            .map(|v| {
+                v.as_u64()
+                    .map(|x| x as usize)
+                    .ok_or_else(|| format!("tensor `{name}`: {key} holds a non-integer"))
+            })
             .collect()
     };
     let shape = numbers("shape")?;
     let offsets = numbers("data_offsets")?;
     let [start, end] = offsets[..] else {
-        return Err(format!("tensor `{name}`: data_offsets must have two entries"));
+        return Err(format!(
+            "tensor `{name}`: data_offsets must have two entries"
+        ));
     };
     if start > end || end > data_len {
         return Err(format!("tensor `{name}`: data_offsets [{start}, {end}] outside the {data_len}-byte data section"));
@@ -226,9 +270,24 @@ mod tests {
         let b: Vec<u8> = vec![1, 0];
         let c: Vec<f32> = vec![0.5; 4];
         let tensors = [
-            TensorOut { name: "b".into(), dtype: Dtype::BOOL, shape: vec![2], data: &b },
-            TensorOut { name: "a".into(), dtype: Dtype::I64, shape: vec![3], data: as_bytes(&a) },
-            TensorOut { name: "c".into(), dtype: Dtype::F32, shape: vec![2, 2], data: as_bytes(&c) },
+            TensorOut {
+                name: "b".into(),
+                dtype: Dtype::BOOL,
+                shape: vec![2],
+                data: &b,
+            },
+            TensorOut {
+                name: "a".into(),
+                dtype: Dtype::I64,
+                shape: vec![3],
+                data: as_bytes(&a),
+            },
+            TensorOut {
+                name: "c".into(),
+                dtype: Dtype::F32,
+                shape: vec![2, 2],
+                data: as_bytes(&c),
+            },
         ];
         let meta = BTreeMap::from([("k".to_string(), "v".to_string())]);
         let mut out = Vec::new();
@@ -251,7 +310,9 @@ mod tests {
     #[test]
     fn rejects_damage() {
         let bytes = sample();
-        assert!(parse(&bytes[..bytes.len() - 1]).unwrap_err().contains("outside"));
+        assert!(parse(&bytes[..bytes.len() - 1])
+            .unwrap_err()
+            .contains("outside"));
         let mut long = bytes.clone();
         long.push(0);
         assert!(parse(&long).unwrap_err().contains("data section has"));

@@ -136,7 +136,13 @@ impl<W: Write> Write for HashingWriter<'_, W> {
 
 /// Writes `contents` atomically to `path`; returns its manifest entry.
 pub fn write_shard(path: &Path, contents: &ShardContents) -> Result<ShardEntry> {
-    let ShardContents { headers, packed, geometry, types, .. } = contents;
+    let ShardContents {
+        headers,
+        packed,
+        geometry,
+        types,
+        ..
+    } = contents;
     let (e, d, p) = (packed.events(), packed.doms(), packed.pulses());
     assert_eq!(headers.len(), e, "one header per packed event");
     let column = |f: fn(&EventHeader) -> i64| headers.iter().map(f).collect::<Vec<i64>>();
@@ -163,30 +169,80 @@ pub fn write_shard(path: &Path, contents: &ShardContents) -> Result<ShardEntry> 
     };
     let mut tensors = vec![
         t(names::EVENT_ID, Dtype::I64, vec![e], as_bytes(&event_id)),
-        t(names::EVENT_BATCH_ID, Dtype::I64, vec![e], as_bytes(&batch_id)),
-        t(names::EVENT_FIRST_ROW, Dtype::I64, vec![e], as_bytes(&first_row)),
-        t(names::EVENT_DOM_OFFSETS, Dtype::I64, vec![e + 1], as_bytes(&packed.event_dom_offsets)),
-        t(names::DOM_SENSOR_ID, types.sensor_id, vec![d], &sensor_bytes),
-        t(names::DOM_POSITION, types.position, vec![d, 3], &position_bytes),
-        t(names::DOM_PULSE_OFFSETS, Dtype::I64, vec![d + 1], as_bytes(&packed.dom_pulse_offsets)),
+        t(
+            names::EVENT_BATCH_ID,
+            Dtype::I64,
+            vec![e],
+            as_bytes(&batch_id),
+        ),
+        t(
+            names::EVENT_FIRST_ROW,
+            Dtype::I64,
+            vec![e],
+            as_bytes(&first_row),
+        ),
+        t(
+            names::EVENT_DOM_OFFSETS,
+            Dtype::I64,
+            vec![e + 1],
+            as_bytes(&packed.event_dom_offsets),
+        ),
+        t(
+            names::DOM_SENSOR_ID,
+            types.sensor_id,
+            vec![d],
+            &sensor_bytes,
+        ),
+        t(
+            names::DOM_POSITION,
+            types.position,
+            vec![d, 3],
+            &position_bytes,
+        ),
+        t(
+            names::DOM_PULSE_OFFSETS,
+            Dtype::I64,
+            vec![d + 1],
+            as_bytes(&packed.dom_pulse_offsets),
+        ),
         t(names::PULSE_TIME, types.time, vec![p], &time_bytes),
         t(names::PULSE_CHARGE, types.charge, vec![p], &charge_bytes),
-        t(names::PULSE_AUXILIARY, Dtype::BOOL, vec![p], &packed.auxiliary),
+        t(
+            names::PULSE_AUXILIARY,
+            Dtype::BOOL,
+            vec![p],
+            &packed.auxiliary,
+        ),
     ];
     if types.labels {
-        tensors.push(t(names::EVENT_AZIMUTH, Dtype::F64, vec![e], as_bytes(&azimuth)));
-        tensors.push(t(names::EVENT_ZENITH, Dtype::F64, vec![e], as_bytes(&zenith)));
+        tensors.push(t(
+            names::EVENT_AZIMUTH,
+            Dtype::F64,
+            vec![e],
+            as_bytes(&azimuth),
+        ));
+        tensors.push(t(
+            names::EVENT_ZENITH,
+            Dtype::F64,
+            vec![e],
+            as_bytes(&zenith),
+        ));
     }
     let (bytes, xxh3) = super::atomic::write_atomic(path, |w| {
         let mut hashing = HashingWriter {
             inner: w,
             hasher: super::checksum::Checksum::new(),
         };
-        let bytes = safetensors::write(&mut hashing, &contents.metadata, &tensors).map_err(|err| Error::io(path, err))?;
+        let bytes = safetensors::write(&mut hashing, &contents.metadata, &tensors)
+            .map_err(|err| Error::io(path, err))?;
         Ok((bytes, hashing.hasher.hex()))
     })?;
     Ok(ShardEntry {
-        file: path.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_string(),
+        file: path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default()
+            .to_string(),
         events: e as u64,
         doms: d as u64,
         pulses: p as u64,
@@ -310,13 +366,26 @@ impl<'a> Tensors<'a> {
     fn typed<T: Pod>(&self, name: &str, dtype: Dtype, len: Option<usize>) -> Result<&'a [T]> {
         let info = self.info(name)?;
         if info.dtype != dtype {
-            return Err(Error::shard(self.path, format!("tensor `{name}` is {:?}, expected {dtype:?}", info.dtype)));
+            return Err(Error::shard(
+                self.path,
+                format!("tensor `{name}` is {:?}, expected {dtype:?}", info.dtype),
+            ));
         }
-        let values = try_cast::<T>(&self.bytes[info.range.clone()])
-            .ok_or_else(|| Error::shard(self.path, format!("tensor `{name}` is not aligned to its element size")))?;
+        let values = try_cast::<T>(&self.bytes[info.range.clone()]).ok_or_else(|| {
+            Error::shard(
+                self.path,
+                format!("tensor `{name}` is not aligned to its element size"),
+            )
+        })?;
         if let Some(len) = len {
             if values.len() != len {
-                return Err(Error::shard(self.path, format!("tensor `{name}` has {} elements, expected {len}", values.len())));
+                return Err(Error::shard(
+                    self.path,
+                    format!(
+                        "tensor `{name}` has {} elements, expected {len}",
+                        values.len()
+                    ),
+                ));
             }
         }
         Ok(values)
@@ -344,10 +413,19 @@ fn check_offsets(path: &Path, name: &str, offsets: &[i64], total: usize) -> Resu
         return Err(Error::shard(path, format!("`{name}` does not start at 0")));
     }
     if let Some(i) = offsets.windows(2).position(|w| w[1] <= w[0]) {
-        return Err(Error::shard(path, format!("`{name}` is not increasing at index {i} (empty entry or decreasing)")));
+        return Err(Error::shard(
+            path,
+            format!("`{name}` is not increasing at index {i} (empty entry or decreasing)"),
+        ));
     }
     if *offsets.last().expect("non-empty") != total as i64 {
-        return Err(Error::shard(path, format!("`{name}` ends at {}, expected {total}", offsets.last().unwrap())));
+        return Err(Error::shard(
+            path,
+            format!(
+                "`{name}` ends at {}, expected {total}",
+                offsets.last().unwrap()
+            ),
+        ));
     }
     Ok(())
 }
@@ -355,17 +433,37 @@ fn check_offsets(path: &Path, name: &str, offsets: &[i64], total: usize) -> Resu
 impl<'a> ShardView<'a> {
     /// Validates `bytes` (a whole shard file) and returns typed views into it.
     pub fn parse(path: &'a Path, bytes: &'a [u8], header: &'a Header) -> Result<ShardView<'a>> {
-        let t = Tensors { path, bytes, header };
+        let t = Tensors {
+            path,
+            bytes,
+            header,
+        };
         let event_id: &[i64] = t.typed(names::EVENT_ID, Dtype::I64, None)?;
         let e = event_id.len();
         let event_dom_offsets = t.typed(names::EVENT_DOM_OFFSETS, Dtype::I64, Some(e + 1))?;
-        let d = t.info(names::DOM_SENSOR_ID)?.shape.first().copied().unwrap_or(0);
+        let d = t
+            .info(names::DOM_SENSOR_ID)?
+            .shape
+            .first()
+            .copied()
+            .unwrap_or(0);
         let dom_pulse_offsets = t.typed(names::DOM_PULSE_OFFSETS, Dtype::I64, Some(d + 1))?;
-        let p = t.info(names::PULSE_TIME)?.shape.first().copied().unwrap_or(0);
+        let p = t
+            .info(names::PULSE_TIME)?
+            .shape
+            .first()
+            .copied()
+            .unwrap_or(0);
         check_offsets(path, names::EVENT_DOM_OFFSETS, event_dom_offsets, d)?;
         check_offsets(path, names::DOM_PULSE_OFFSETS, dom_pulse_offsets, p)?;
         let labels = header.tensors.contains_key(names::EVENT_AZIMUTH);
-        let label = |name| if labels { t.typed(name, Dtype::F64, Some(e)).map(Some) } else { Ok(None) };
+        let label = |name| {
+            if labels {
+                t.typed(name, Dtype::F64, Some(e)).map(Some)
+            } else {
+                Ok(None)
+            }
+        };
         Ok(ShardView {
             event_id,
             event_batch_id: t.typed(names::EVENT_BATCH_ID, Dtype::I64, Some(e))?,

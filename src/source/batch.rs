@@ -9,11 +9,26 @@ use super::meta::BatchMeta;
 use crate::error::{Error, Result};
 use crate::event::{EventHeader, RawEvent};
 
-const SENSOR_ID: ColumnSpec = ColumnSpec { name: "sensor_id", kind: Kind::Int };
-const TIME: ColumnSpec = ColumnSpec { name: "time", kind: Kind::Int };
-const CHARGE: ColumnSpec = ColumnSpec { name: "charge", kind: Kind::Float };
-const AUXILIARY: ColumnSpec = ColumnSpec { name: "auxiliary", kind: Kind::Bool };
-const EVENT_ID: ColumnSpec = ColumnSpec { name: "event_id", kind: Kind::Int };
+const SENSOR_ID: ColumnSpec = ColumnSpec {
+    name: "sensor_id",
+    kind: Kind::Int,
+};
+const TIME: ColumnSpec = ColumnSpec {
+    name: "time",
+    kind: Kind::Int,
+};
+const CHARGE: ColumnSpec = ColumnSpec {
+    name: "charge",
+    kind: Kind::Float,
+};
+const AUXILIARY: ColumnSpec = ColumnSpec {
+    name: "auxiliary",
+    kind: Kind::Bool,
+};
+const EVENT_ID: ColumnSpec = ColumnSpec {
+    name: "event_id",
+    kind: Kind::Int,
+};
 
 /// The pulse columns, in the order [`scan_batch`] reads them.
 pub const PULSE_COLUMNS: [ColumnSpec; 5] = [SENSOR_ID, TIME, CHARGE, AUXILIARY, EVENT_ID];
@@ -141,7 +156,9 @@ pub fn scan_batch(
                     zenith: m.zenith,
                 });
             }
-            event.sensor_id.extend(sensor[i..end].iter().map(|&s| s as i32));
+            event
+                .sensor_id
+                .extend(sensor[i..end].iter().map(|&s| s as i32));
             event.time.extend_from_slice(&time[i..end]);
             event.charge.extend_from_slice(&charge[i..end]);
             event.auxiliary.extend((i..end).map(|j| aux.value(j) as u8));

@@ -76,7 +76,8 @@ impl ParquetSource {
     /// Opens `path` and decodes its footer.
     pub fn open(path: &Path) -> Result<ParquetSource> {
         let file = File::open(path).at(path)?;
-        let builder = ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| Error::parquet(path, e))?;
+        let builder =
+            ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| Error::parquet(path, e))?;
         Ok(ParquetSource {
             path: path.to_path_buf(),
             builder,
@@ -110,13 +111,20 @@ impl ParquetSource {
 
     /// Reads `columns` (in that order) from the chosen row groups (all when `None`),
     /// `batch_rows` rows at a time. Fails at once on a missing or mistyped column.
-    pub fn read(self, columns: &[ColumnSpec], row_groups: Option<Vec<usize>>, batch_rows: usize) -> Result<ColumnReader> {
+    pub fn read(
+        self,
+        columns: &[ColumnSpec],
+        row_groups: Option<Vec<usize>>,
+        batch_rows: usize,
+    ) -> Result<ColumnReader> {
         let schema = self.schema();
         for spec in columns {
-            let field = schema.field_with_name(spec.name).map_err(|_| Error::MissingColumn {
-                path: self.path.clone(),
-                column: spec.name,
-            })?;
+            let field = schema
+                .field_with_name(spec.name)
+                .map_err(|_| Error::MissingColumn {
+                    path: self.path.clone(),
+                    column: spec.name,
+                })?;
             if !spec.kind.accepts(field.data_type()) {
                 return Err(Error::ColumnType {
                     path: self.path.clone(),
@@ -126,12 +134,20 @@ impl ParquetSource {
                 });
             }
         }
-        let mask = ProjectionMask::columns(self.builder.parquet_schema(), columns.iter().map(|c| c.name));
+        let mask = ProjectionMask::columns(
+            self.builder.parquet_schema(),
+            columns.iter().map(|c| c.name),
+        );
         let first_row = match &row_groups {
-            Some(groups) => groups.first().map_or(0, |&g| row_group_start(self.metadata(), g)),
+            Some(groups) => groups
+                .first()
+                .map_or(0, |&g| row_group_start(self.metadata(), g)),
             None => 0,
         };
-        let mut builder = self.builder.with_projection(mask).with_batch_size(batch_rows.max(1));
+        let mut builder = self
+            .builder
+            .with_projection(mask)
+            .with_batch_size(batch_rows.max(1));
         if let Some(groups) = row_groups {
             builder = builder.with_row_groups(groups);
         }
@@ -147,7 +163,10 @@ impl ParquetSource {
 
 /// The row index (within the file) at which row group `group` starts.
 pub fn row_group_start(metadata: &ParquetMetaData, group: usize) -> u64 {
-    metadata.row_groups()[..group].iter().map(|g| g.num_rows().max(0) as u64).sum()
+    metadata.row_groups()[..group]
+        .iter()
+        .map(|g| g.num_rows().max(0) as u64)
+        .sum()
 }
 
 /// A decoded slice of rows, one canonical array per requested column.
@@ -162,17 +181,28 @@ pub struct Columns {
 impl Columns {
     /// Column `i` (in request order) as `Int64`.
     pub fn int(&self, i: usize) -> &[i64] {
-        self.arrays[i].as_any().downcast_ref::<Int64Array>().expect("read as Int64").values()
+        self.arrays[i]
+            .as_any()
+            .downcast_ref::<Int64Array>()
+            .expect("read as Int64")
+            .values()
     }
 
     /// Column `i` (in request order) as `Float64`.
     pub fn float(&self, i: usize) -> &[f64] {
-        self.arrays[i].as_any().downcast_ref::<Float64Array>().expect("read as Float64").values()
+        self.arrays[i]
+            .as_any()
+            .downcast_ref::<Float64Array>()
+            .expect("read as Float64")
+            .values()
     }
 
     /// Column `i` (in request order) as `Boolean`.
     pub fn bool(&self, i: usize) -> &BooleanArray {
-        self.arrays[i].as_any().downcast_ref::<BooleanArray>().expect("read as Boolean")
+        self.arrays[i]
+            .as_any()
+            .downcast_ref::<BooleanArray>()
+            .expect("read as Boolean")
     }
 }
 
@@ -189,7 +219,9 @@ impl ColumnReader {
         let first_row = self.next_row;
         let mut arrays = Vec::with_capacity(self.specs.len());
         for spec in &self.specs {
-            let raw = batch.column_by_name(spec.name).expect("projected column present");
+            let raw = batch
+                .column_by_name(spec.name)
+                .expect("projected column present");
             if raw.null_count() > 0 {
                 let row = (0..raw.len()).find(|&i| raw.is_null(i)).unwrap_or(0);
                 return Err(Error::BadValue {
@@ -203,8 +235,9 @@ impl ColumnReader {
             let array = if raw.data_type() == &target {
                 raw.clone()
             } else {
-                arrow_cast::cast(raw, &target)
-                    .map_err(|e| Error::parquet(&self.path, ParquetError::ArrowError(e.to_string())))?
+                arrow_cast::cast(raw, &target).map_err(|e| {
+                    Error::parquet(&self.path, ParquetError::ArrowError(e.to_string()))
+                })?
             };
             arrays.push(array);
         }
@@ -222,7 +255,12 @@ impl Iterator for ColumnReader {
     fn next(&mut self) -> Option<Self::Item> {
         let batch = match self.inner.next()? {
             Ok(batch) => batch,
-            Err(e) => return Some(Err(Error::parquet(&self.path, ParquetError::ArrowError(e.to_string())))),
+            Err(e) => {
+                return Some(Err(Error::parquet(
+                    &self.path,
+                    ParquetError::ArrowError(e.to_string()),
+                )))
+            }
         };
         let columns = self.canonical(&batch);
         self.next_row += batch.num_rows() as u64;

@@ -44,10 +44,12 @@ impl Geometry {
             .ok_or_else(|| err(1, "empty file, expected header sensor_id,x,y,z".into()))?;
         let names: Vec<&str> = header.split(',').map(str::trim).collect();
         let find = |name: &str| {
-            names
-                .iter()
-                .position(|n| *n == name)
-                .ok_or_else(|| err(1, format!("header lacks column `{name}` (found {header:?})")))
+            names.iter().position(|n| *n == name).ok_or_else(|| {
+                err(
+                    1,
+                    format!("header lacks column `{name}` (found {header:?})"),
+                )
+            })
         };
         let cols = [find("sensor_id")?, find("x")?, find("y")?, find("z")?];
         let mut geometry = Geometry {
@@ -65,16 +67,24 @@ impl Geometry {
             }
             let fields: Vec<&str> = line.split(',').map(str::trim).collect();
             let field = |c: usize| {
-                fields
-                    .get(c)
-                    .copied()
-                    .ok_or_else(|| err(line_no, format!("expected {} fields, found {}", names.len(), fields.len())))
+                fields.get(c).copied().ok_or_else(|| {
+                    err(
+                        line_no,
+                        format!("expected {} fields, found {}", names.len(), fields.len()),
+                    )
+                })
             };
-            let id: i64 = field(cols[0])?
-                .parse()
-                .map_err(|_| err(line_no, format!("sensor_id {:?} is not an integer", fields[cols[0]])))?;
+            let id: i64 = field(cols[0])?.parse().map_err(|_| {
+                err(
+                    line_no,
+                    format!("sensor_id {:?} is not an integer", fields[cols[0]]),
+                )
+            })?;
             if !(0..=MAX_SENSOR_ID).contains(&id) {
-                return Err(err(line_no, format!("sensor_id {id} out of range 0..={MAX_SENSOR_ID}")));
+                return Err(err(
+                    line_no,
+                    format!("sensor_id {id} out of range 0..={MAX_SENSOR_ID}"),
+                ));
             }
             let mut xyz = [0.0f64; 3];
             for (k, name) in ["x", "y", "z"].iter().enumerate() {
@@ -137,7 +147,11 @@ mod tests {
 
     #[test]
     fn parses_columns_in_any_order() {
-        let g = Geometry::parse(Path::new("g.csv"), "z,sensor_id,x,y\n3.5,2,1.0,2.0\n-1,0,4,5\n").unwrap();
+        let g = Geometry::parse(
+            Path::new("g.csv"),
+            "z,sensor_id,x,y\n3.5,2,1.0,2.0\n-1,0,4,5\n",
+        )
+        .unwrap();
         assert_eq!(g.count, 2);
         assert!(g.contains(0) && g.contains(2) && !g.contains(1) && !g.contains(-1));
         assert_eq!((g.x[2], g.y[2], g.z[2]), (1.0, 2.0, 3.5));
@@ -146,15 +160,21 @@ mod tests {
 
     #[test]
     fn names_the_bad_line() {
-        let e = Geometry::parse(Path::new("g.csv"), "sensor_id,x,y,z\n0,1,2,3\n1,1,oops,3\n").unwrap_err();
+        let e = Geometry::parse(Path::new("g.csv"), "sensor_id,x,y,z\n0,1,2,3\n1,1,oops,3\n")
+            .unwrap_err();
         assert_eq!(e.to_string(), "g.csv: line 3: y \"oops\" is not a number");
-        let e = Geometry::parse(Path::new("g.csv"), "sensor_id,x,y,z\n0,1,2,3\n0,1,2,3\n").unwrap_err();
+        let e =
+            Geometry::parse(Path::new("g.csv"), "sensor_id,x,y,z\n0,1,2,3\n0,1,2,3\n").unwrap_err();
         assert_eq!(e.to_string(), "g.csv: line 3: sensor_id 0 listed twice");
     }
 
     #[test]
     fn decimal_coordinates_do_not_fit_f32() {
-        let g = Geometry::parse(Path::new("g.csv"), "sensor_id,x,y,z\n0,-256.14,-521.08,496.03\n").unwrap();
+        let g = Geometry::parse(
+            Path::new("g.csv"),
+            "sensor_id,x,y,z\n0,-256.14,-521.08,496.03\n",
+        )
+        .unwrap();
         assert!(!g.fits_f32());
     }
 }

@@ -54,8 +54,16 @@ impl InputSet {
                     .collect();
                 match present.as_slice() {
                     [one] => one.to_string(),
-                    [] => return Err(layout_err("no train/ or test/ directory of batch_N.parquet files".into())),
-                    _ => return Err(layout_err("holds both train/ and test/: choose one with --split".into())),
+                    [] => {
+                        return Err(layout_err(
+                            "no train/ or test/ directory of batch_N.parquet files".into(),
+                        ))
+                    }
+                    _ => {
+                        return Err(layout_err(
+                            "holds both train/ and test/: choose one with --split".into(),
+                        ))
+                    }
                 }
             }
         };
@@ -89,16 +97,25 @@ impl InputSet {
                 "no meta file: expected {split}_meta.parquet or {split}_meta/*.parquet"
             )));
         }
-        Self::from_paths(batches.into_iter().map(|b| b.path).collect(), meta, root.join("sensor_geometry.csv"))
+        Self::from_paths(
+            batches.into_iter().map(|b| b.path).collect(),
+            meta,
+            root.join("sensor_geometry.csv"),
+        )
     }
 
     /// Takes explicit paths; batch ids come from the `batch_N.parquet` file names.
-    pub fn from_paths(batch_paths: Vec<PathBuf>, meta: Vec<PathBuf>, geometry: PathBuf) -> Result<InputSet> {
+    pub fn from_paths(
+        batch_paths: Vec<PathBuf>,
+        meta: Vec<PathBuf>,
+        geometry: PathBuf,
+    ) -> Result<InputSet> {
         let mut batches = Vec::with_capacity(batch_paths.len());
         for path in batch_paths {
             let batch_id = batch_id_of(&path).ok_or_else(|| Error::Layout {
                 path: path.clone(),
-                problem: "batch file name must be batch_N.parquet (N is the meta's batch_id)".into(),
+                problem: "batch file name must be batch_N.parquet (N is the meta's batch_id)"
+                    .into(),
             })?;
             batches.push(BatchInput { batch_id, path });
         }
@@ -106,7 +123,11 @@ impl InputSet {
         if let Some(w) = batches.windows(2).find(|w| w[0].batch_id == w[1].batch_id) {
             return Err(Error::Layout {
                 path: w[1].path.clone(),
-                problem: format!("batch id {} also given as {}", w[1].batch_id, w[0].path.display()),
+                problem: format!(
+                    "batch id {} also given as {}",
+                    w[1].batch_id,
+                    w[0].path.display()
+                ),
             });
         }
         if batches.is_empty() {
@@ -123,7 +144,11 @@ impl InputSet {
                 });
             }
         }
-        Ok(InputSet { batches, meta, geometry })
+        Ok(InputSet {
+            batches,
+            meta,
+            geometry,
+        })
     }
 }
 

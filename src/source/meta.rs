@@ -33,12 +33,30 @@ pub struct BatchMeta {
     pub rows: Vec<MetaRow>,
 }
 
-const BATCH_ID: ColumnSpec = ColumnSpec { name: "batch_id", kind: Kind::Int };
-const EVENT_ID: ColumnSpec = ColumnSpec { name: "event_id", kind: Kind::Int };
-const FIRST: ColumnSpec = ColumnSpec { name: "first_pulse_index", kind: Kind::Int };
-const LAST: ColumnSpec = ColumnSpec { name: "last_pulse_index", kind: Kind::Int };
-const AZIMUTH: ColumnSpec = ColumnSpec { name: "azimuth", kind: Kind::Float };
-const ZENITH: ColumnSpec = ColumnSpec { name: "zenith", kind: Kind::Float };
+const BATCH_ID: ColumnSpec = ColumnSpec {
+    name: "batch_id",
+    kind: Kind::Int,
+};
+const EVENT_ID: ColumnSpec = ColumnSpec {
+    name: "event_id",
+    kind: Kind::Int,
+};
+const FIRST: ColumnSpec = ColumnSpec {
+    name: "first_pulse_index",
+    kind: Kind::Int,
+};
+const LAST: ColumnSpec = ColumnSpec {
+    name: "last_pulse_index",
+    kind: Kind::Int,
+};
+const AZIMUTH: ColumnSpec = ColumnSpec {
+    name: "azimuth",
+    kind: Kind::Float,
+};
+const ZENITH: ColumnSpec = ColumnSpec {
+    name: "zenith",
+    kind: Kind::Float,
+};
 
 /// Whether the meta files carry labels (`azimuth` and `zenith`); all must agree.
 pub fn has_labels(meta_files: &[PathBuf]) -> Result<bool> {
@@ -82,7 +100,12 @@ pub fn read_batch_meta(meta_files: &[PathBuf], batch_id: i64, labels: bool) -> R
         let before = rows.len();
         for columns in source.read(&specs, Some(groups), 64 * 1024)? {
             let columns = columns?;
-            let (batch, event, first, last) = (columns.int(0), columns.int(1), columns.int(2), columns.int(3));
+            let (batch, event, first, last) = (
+                columns.int(0),
+                columns.int(1),
+                columns.int(2),
+                columns.int(3),
+            );
             for i in 0..columns.len {
                 if batch[i] != batch_id {
                     continue;
@@ -96,7 +119,12 @@ pub fn read_batch_meta(meta_files: &[PathBuf], batch_id: i64, labels: bool) -> R
                 if labels {
                     for (name, v) in [(AZIMUTH.name, azimuth), (ZENITH.name, zenith)] {
                         if !v.is_finite() {
-                            return Err(bad_value(path, row, name, format!("label {v} of event {} is not finite", event[i])));
+                            return Err(bad_value(
+                                path,
+                                row,
+                                name,
+                                format!("label {v} of event {} is not finite", event[i]),
+                            ));
                         }
                     }
                 }
@@ -105,7 +133,10 @@ pub fn read_batch_meta(meta_files: &[PathBuf], batch_id: i64, labels: bool) -> R
                         path,
                         row,
                         FIRST.name,
-                        format!("event {}: pulse range {}..={} is empty or negative", event[i], first[i], last[i]),
+                        format!(
+                            "event {}: pulse range {}..={} is empty or negative",
+                            event[i], first[i], last[i]
+                        ),
                     ));
                 }
                 rows.push(MetaRow {
@@ -148,11 +179,15 @@ fn candidate_row_groups(metadata: &ParquetMetaData, batch_id: i64) -> Vec<usize>
         .position(|c| c.name() == BATCH_ID.name);
     (0..metadata.num_row_groups())
         .filter(|&g| {
-            let Some(stats) = column.and_then(|c| metadata.row_group(g).column(c).statistics()) else {
+            let Some(stats) = column.and_then(|c| metadata.row_group(g).column(c).statistics())
+            else {
                 return true;
             };
             let range = match stats {
-                Statistics::Int32(s) => s.min_opt().zip(s.max_opt()).map(|(a, b)| (*a as i64, *b as i64)),
+                Statistics::Int32(s) => s
+                    .min_opt()
+                    .zip(s.max_opt())
+                    .map(|(a, b)| (*a as i64, *b as i64)),
                 Statistics::Int64(s) => s.min_opt().zip(s.max_opt()).map(|(a, b)| (*a, *b)),
                 _ => None,
             };

@@ -1,0 +1,370 @@
+//! Every kind of bad input stops the conversion with an error that names the file and the
+//! row, event or field; no manifest is ever written. What real writers produce is accepted.
+
+mod common;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use arrow_array::types::Int32Type;
+use arrow_array::{
+    ArrayRef, DictionaryArray, Float64Array, Int16Array, Int32Array, Int64Array, RecordBatch,
+    StringArray,
+};
+use common::*;
+use shardify::synth::{self, meta_batch, pulse_batch, Codec, MetaTable, PulseTable};
+
+struct Case {
+    dir: tempfile::TempDir,
+}
+
+impl Case {
+    /// A layout with batches 1 and 2 of generated data, after `edit` changed the tables.
+    fn new(
+        edit: impl FnOnce(&mut PulseTable, &mut MetaTable, &mut PulseTable, &mut MetaTable),
+    ) -> Case {
+        let dir = tempfile::tempdir().unwrap();
+        let mut next = 0;
+        let (mut t1, mut m1) = generated_batch(1, 1, 40, &mut next, true);
+        let (mut t2, mut m2) = generated_batch(2, 2, 40, &mut next, true);
+        edit(&mut t1, &mut m1, &mut t2, &mut m2);
+        Self::write(
+            dir,
+            vec![(1, pulse_batch(&t1)), (2, pulse_batch(&t2))],
+            &[&m1, &m2],
+        )
+    }
+
+    fn write(
+        dir: tempfile::TempDir,
+        batches: Vec<(i64, RecordBatch)>,
+        metas: &[&MetaTable],
+    ) -> Case {
+        let mut meta = MetaTable {
+            labels: true,
+            ..MetaTable::default()
+        };
+        for m in metas {
+            meta.batch_id.extend(&m.batch_id);
+            meta.event_id.extend(&m.event_id);
+            meta.first_pulse_index.extend(&m.first_pulse_index);
+            meta.last_pulse_index.extend(&m.last_pulse_index);
+            meta.azimuth.extend(&m.azimuth);
+            meta.zenith.extend(&m.zenith);
+        }
+        write_layout(&dir.path().join("src"), &batches, &meta_batch(&meta));
+        Case { dir }
+    }
+
+    fn batch(&self, id: i64) -> String {
+        self.dir
+            .path()
+            .join(format!("src/train/batch_{id}.parquet"))
+            .display()
+            .to_string()
+    }
+
+    fn convert(&self) -> shardify::Result<()> {
+        let out = self.dir.path().join("out");
+        let result =
+            convert_all(&self.dir.path().join("src"), "train", &out, &options(1, 2)).map(|_| ());
+        if result.is_err() {
+            assert!(
+                !out.join("manifest.json").exists(),
+                "no manifest after an error"
+            );
+        }
+        result
+    }
+
+    fn error(&self) -> String {
+        self.convert()
+            .expect_err("conversion must fail")
+            .to_string()
+    }
+}
+
+fn assert_contains(text: &str, parts: &[&str]) {
+    for part in parts {
+        assert!(text.contains(part), "{text:?} lacks {part:?}");
+    }
+}
+
+#[test]
+fn baseline_converts() {
+    Case::new(|_, _, _, _| {}).convert().unwrap();
+}
+
+#[test]
+fn missing_and_mistyped_columns() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut next = 0;
+    let (t, m) = generated_batch(1, 1, 10, &mut next, true);
+    let without_charge = replace_column(&pulse_batch(&t), "charge", None);
+    let case = Case::write(dir, vec![(1, without_charge)], &[&m]);
+    assert_contains(&case.error(), &[&case.batch(1), "missing column `charge`"]);
+
+    let dir = tempfile::tempdir().unwrap();
+    let text: ArrayRef = Arc::new(StringArray::from(vec!["1.0"; t.time.len()]));
+    let case = Case::write(
+        dir,
+        vec![(1, replace_column(&pulse_batch(&t), "charge", Some(text)))],
+        &[&m],
+    );
+    assert_contains(
+        &case.error(),
+        &[
+            &case.batch(1),
+            "column `charge` has type Utf8, expected a floating-point type",
+        ],
+    );
+}
+
+#[test]
+fn null_value_names_row_and_column() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut next = 0;
+    let (t, m) = generated_batch(1, 1, 10, &mut next, true);
+    let mut times: Vec<Option<i64>> = t.time.iter().map(|&v| Some(v)).collect();
+    times[17] = None;
+    let batch = replace_column(
+        &pulse_batch(&t),
+        "time",
+        Some(Arc::new(Int64Array::from(times))),
+    );
+    let case = Case::write(dir, vec![(1, batch)], &[&m]);
+    assert_contains(
+        &case.error(),
+        &[&case.batch(1), "row 17, column `time`: null value"],
+    );
+}
+
+#[test]
+fn non_finite_charge() {
+    let mut event = 0;
+    let case = Case::new(|t, m, _, _| {
+        t.charge[25] = f64::INFINITY;
+        event = m.event_id[(0..m.event_id.len())
+            .find(|&i| m.last_pulse_index[i] >= 25)
+            .unwrap()];
+    });
+    assert_contains(
+        &case.error(),
+        &[
+            &case.batch(1),
+            "row 25, column `charge`",
+            &format!("charge inf of event {event} is not finite"),
+        ],
+    );
+}
+
+#[test]
+fn meta_out_of_bounds() {
+    let case = Case::new(|t, m, _, _| {
+        let last = m.event_id.len() - 1;
+        m.last_pulse_index[last] = t.time.len() as i64 + 4;
+    });
+    assert_contains(
+        &case.error(),
+        &[&case.batch(1), "batch 1", "but the file has"],
+    );
+}
+
+#[test]
+fn meta_event_absent_from_its_batch() {
+    let case = Case::new(|t, m, _, _| {
+        let n = t.time.len() as i64;
+        m.batch_id.push(1);
+        m.event_id.push(999_999);
+        m.first_pulse_index.push(n);
+        m.last_pulse_index.push(n + 9);
+        m.azimuth.push(1.0);
+        m.zenith.push(1.0);
+    });
+    assert_contains(
+        &case.error(),
+        &[&case.batch(1), "event 999999 has rows", "but the file has"],
+    );
+}
+
+#[test]
+fn meta_overlapping_ranges() {
+    let case = Case::new(|_, m, _, _| m.first_pulse_index[3] -= 1);
+    let e = case.error();
+    assert_contains(&e, &[&case.batch(1), "overlaps event"]);
+}
+
+#[test]
+fn meta_disagreeing_with_rows() {
+    let case = Case::new(|t, m, _, _| {
+        let r = m.first_pulse_index[5] as usize;
+        t.event_id[r] = 424_242;
+    });
+    assert_contains(&case.error(), &[&case.batch(1), "holds event 424242"]);
+}
+
+#[test]
+fn rows_not_covered_by_meta() {
+    let mut rows = (0, 0);
+    let case = Case::new(|_, m, _, _| {
+        rows = (m.first_pulse_index[4], m.last_pulse_index[4]);
+        for col in [
+            &mut m.batch_id,
+            &mut m.event_id,
+            &mut m.first_pulse_index,
+            &mut m.last_pulse_index,
+        ] {
+            col.remove(4);
+        }
+        m.azimuth.remove(4);
+        m.zenith.remove(4);
+    });
+    assert_contains(
+        &case.error(),
+        &[
+            &case.batch(1),
+            &format!("rows {}..={} are not covered", rows.0, rows.1),
+        ],
+    );
+}
+
+#[test]
+fn unknown_sensor() {
+    let case = Case::new(|_, _, t2, _| t2.sensor_id[30] = 6000);
+    assert_contains(
+        &case.error(),
+        &[
+            &case.batch(2),
+            "row 30, column `sensor_id`: sensor_id 6000",
+            "sensor_geometry.csv",
+        ],
+    );
+}
+
+#[test]
+fn duplicate_event_across_files() {
+    let mut id = 0;
+    let case = Case::new(|_, m1, t2, m2| {
+        id = m1.event_id[7];
+        let old = m2.event_id[2];
+        m2.event_id[2] = id;
+        for e in t2.event_id.iter_mut().filter(|e| **e == old) {
+            *e = id;
+        }
+    });
+    assert_contains(
+        &case.error(),
+        &[
+            &format!("event {id} appears twice"),
+            &case.batch(1),
+            &case.batch(2),
+        ],
+    );
+}
+
+#[test]
+fn truncated_and_corrupt_parquet() {
+    let case = Case::new(|_, _, _, _| {});
+    let path = case.batch(2);
+    let bytes = std::fs::read(&path).unwrap();
+    std::fs::write(&path, &bytes[..bytes.len() / 2]).unwrap();
+    assert_contains(&case.error(), &[&path, "not a readable Parquet file"]);
+    let mut corrupt = bytes.clone();
+    let n = corrupt.len();
+    for b in &mut corrupt[n - 60..n - 8] {
+        *b = 0xA5;
+    }
+    std::fs::write(&path, &corrupt).unwrap();
+    assert_contains(&case.error(), &[&path, "not a readable Parquet file"]);
+}
+
+#[test]
+fn empty_batch_file_is_zero_events() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut next = 0;
+    let (t, m) = generated_batch(1, 1, 12, &mut next, true);
+    let empty = pulse_batch(&PulseTable::default());
+    let case = Case::write(dir, vec![(1, pulse_batch(&t)), (2, empty)], &[&m]);
+    case.convert().unwrap();
+    assert_eq!(dump_lines(&case.dir.path().join("out")).len(), 12);
+}
+
+/// What real writers produce converts to the same dataset as the Kaggle-style original.
+#[test]
+fn accepted_variants_give_identical_events() {
+    let mut next = 0;
+    let (t, m) = generated_batch(4, 1, 60, &mut next, true);
+    let base = pulse_batch(&t);
+    let reference = Case::write(tempfile::tempdir().unwrap(), vec![(1, base.clone())], &[&m]);
+    reference.convert().unwrap();
+    let expected = dump_lines(&reference.dir.path().join("out"));
+
+    let int32: ArrayRef = Arc::new(Int32Array::from(
+        t.sensor_id.iter().map(|&s| s as i32).collect::<Vec<_>>(),
+    ));
+    let dict: ArrayRef = Arc::new(DictionaryArray::<Int32Type>::new(
+        Int32Array::from((0..t.sensor_id.len() as i32).collect::<Vec<_>>()),
+        Arc::new(Int16Array::from(t.sensor_id.clone())),
+    ));
+    let f32_charge: ArrayRef = Arc::new(arrow_array::Float32Array::from(
+        t.charge.iter().map(|&c| c as f32).collect::<Vec<_>>(),
+    ));
+    let reordered = {
+        let schema = base.schema();
+        let order = [4, 2, 0, 3, 1];
+        let fields: Vec<_> = order.iter().map(|&i| schema.field(i).clone()).collect();
+        let cols: Vec<_> = order.iter().map(|&i| base.column(i).clone()).collect();
+        RecordBatch::try_new(Arc::new(arrow_schema::Schema::new(fields)), cols).unwrap()
+    };
+    let extra = {
+        let mut fields: Vec<_> = base
+            .schema()
+            .fields()
+            .iter()
+            .map(|f| f.as_ref().clone())
+            .collect();
+        let mut cols = base.columns().to_vec();
+        fields.push(arrow_schema::Field::new(
+            "dom_x",
+            arrow_schema::DataType::Float64,
+            true,
+        ));
+        cols.push(Arc::new(Float64Array::from(vec![0.5; t.time.len()])));
+        RecordBatch::try_new(Arc::new(arrow_schema::Schema::new(fields)), cols).unwrap()
+    };
+    let variants: Vec<(&str, RecordBatch, Codec, Option<usize>)> = vec![
+        (
+            "sensor_id int32",
+            replace_column(&base, "sensor_id", Some(int32)),
+            Codec::Snappy,
+            None,
+        ),
+        (
+            "dictionary sensor_id",
+            replace_column(&base, "sensor_id", Some(dict)),
+            Codec::Snappy,
+            None,
+        ),
+        (
+            "float32 charge",
+            replace_column(&base, "charge", Some(f32_charge)),
+            Codec::Snappy,
+            None,
+        ),
+        ("columns reordered", reordered, Codec::Snappy, None),
+        ("extra column", extra, Codec::Snappy, None),
+        ("zstd, many row groups", base.clone(), Codec::Zstd, Some(97)),
+        (
+            "uncompressed",
+            base.clone(),
+            Codec::Uncompressed,
+            Some(1000),
+        ),
+    ];
+    for (name, batch, codec, row_groups) in variants {
+        let case = Case::write(tempfile::tempdir().unwrap(), vec![(1, base.clone())], &[&m]);
+        synth::write_parquet(Path::new(&case.batch(1)), &batch, codec, row_groups).unwrap();
+        case.convert().unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(dump_lines(&case.dir.path().join("out")), expected, "{name}");
+    }
+}

@@ -1,0 +1,150 @@
+//! The `shardify` command: convert, inspect, dump, verify, and their exit codes.
+
+mod common;
+
+use std::process::{Command, Output};
+
+use common::*;
+use serde_json::Value;
+
+fn shardify(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_shardify"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[test]
+fn convert_inspect_dump_verify() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("ds");
+    let (fx, o) = (fixture().display().to_string(), out.display().to_string());
+    let run = shardify(&[
+        "convert",
+        &fx,
+        &o,
+        "--split",
+        "train",
+        "--seed",
+        "3",
+        "--shard-size",
+        "64KiB",
+        "--threads",
+        "2",
+    ]);
+    assert!(run.status.success(), "{}", text(&run.stderr));
+    assert!(
+        text(&run.stdout).contains("converted 300 events"),
+        "{}",
+        text(&run.stdout)
+    );
+
+    let inspect = shardify(&["inspect", &o, "--json"]);
+    assert!(inspect.status.success());
+    let v: Value = serde_json::from_slice(&inspect.stdout).unwrap();
+    assert_eq!(v["inspection"]["events"], 300);
+    assert_eq!(v["parameters"]["seed"], 3);
+    let ppe = &v["inspection"]["pulses_per_event"];
+    assert!(ppe["min"].as_u64().unwrap() >= 5 && ppe["median"].as_u64() <= ppe["max"].as_u64());
+
+    let dump = shardify(&["dump", &o]);
+    assert!(dump.status.success());
+    let lines: Vec<Value> = text(&dump.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 300);
+    let id = lines[17]["event_id"].as_i64().unwrap();
+    let one = shardify(&["dump", &o, "--event", &id.to_string()]);
+    assert_eq!(
+        serde_json::from_slice::<Value>(&one.stdout).unwrap(),
+        lines[17]
+    );
+    let missing = shardify(&["dump", &o, "--event=-5"]);
+    assert!(!missing.status.success());
+    assert!(text(&missing.stderr).contains("event -5 is not in the dataset"));
+
+    let verify = shardify(&["verify", &o, "--against", &fx, "--split", "train"]);
+    assert!(verify.status.success(), "{}", text(&verify.stderr));
+    assert!(text(&verify.stdout).contains("OK"));
+    assert!(text(&verify.stdout).contains("300 source events compared"));
+}
+
+#[test]
+fn verify_names_a_damaged_shard_and_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("ds");
+    convert_all(&fixture(), "train", &out, &options(1, 1)).unwrap();
+    let shard = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|e| e == "safetensors"))
+        .unwrap();
+    let mut bytes = std::fs::read(&shard).unwrap();
+    let n = bytes.len();
+    bytes[n - 3] ^= 1;
+    std::fs::write(&shard, &bytes).unwrap();
+    let verify = shardify(&["verify", &out.display().to_string()]);
+    assert!(!verify.status.success());
+    let err = text(&verify.stderr);
+    assert!(
+        err.contains(&shard.display().to_string()) && err.contains("checksum mismatch"),
+        "{err}"
+    );
+}
+
+#[test]
+fn verify_against_other_source_reports_mismatches() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("ds");
+    convert_all(&fixture(), "test", &out, &options(1, 1)).unwrap();
+    let src = dir.path().join("src");
+    shardify::synth::write_dataset(
+        &src,
+        &shardify::synth::SynthOptions {
+            events: 120,
+            files: 2,
+            split: "test".into(),
+            first_batch_id: 661,
+            seed: 99,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let verify = shardify(&[
+        "verify",
+        &out.display().to_string(),
+        "--against",
+        &src.display().to_string(),
+    ]);
+    assert!(!verify.status.success());
+    assert!(
+        text(&verify.stderr).contains("problem: event"),
+        "{}",
+        text(&verify.stderr)
+    );
+}
+
+#[test]
+fn bad_arguments_are_explained() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = dir.path().join("x").display().to_string();
+    let both = shardify(&["convert", &fixture().display().to_string(), &o]);
+    assert!(!both.status.success());
+    assert!(text(&both.stderr).contains("choose one with --split"));
+    let size = shardify(&[
+        "convert",
+        &fixture().display().to_string(),
+        &o,
+        "--split",
+        "train",
+        "--memory-limit",
+        "12 furlongs",
+    ]);
+    assert!(!size.status.success());
+    assert!(text(&size.stderr).contains("unknown size unit"));
+}

@@ -1,0 +1,129 @@
+//! Helpers shared by the integration tests.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use arrow_array::{ArrayRef, RecordBatch};
+use arrow_schema::{Field, Schema};
+use shardify::convert::{convert, ConvertOptions, Phase, Silent, Summary, TaskSlice};
+use shardify::dataset::{dump::dump, ChecksumPolicy, Dataset};
+use shardify::rng::Rng;
+use shardify::source::InputSet;
+use shardify::synth::{self, Codec, MetaTable, PulseTable};
+
+/// The committed fixture directory.
+pub fn fixture() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/kaggle-mini")
+}
+
+/// The real Kaggle sample beside the checkout, when present.
+pub fn kaggle_sample() -> Option<PathBuf> {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/data/kaggle-sample");
+    p.is_dir().then_some(p)
+}
+
+/// Small shards and a small memory limit, so tests exercise many buckets.
+pub fn options(seed: u64, threads: usize) -> ConvertOptions {
+    ConvertOptions {
+        seed,
+        threads,
+        memory_limit_bytes: 64 << 20,
+        shard_target_bytes: 64 << 10,
+        lossy: false,
+    }
+}
+
+/// Converts split `split` of `input` into `out` with every phase.
+pub fn convert_all(
+    input: &Path,
+    split: &str,
+    out: &Path,
+    options: &ConvertOptions,
+) -> shardify::Result<Summary> {
+    let inputs = InputSet::discover(input, Some(split))?;
+    convert(
+        &inputs,
+        out,
+        options,
+        Phase::All,
+        TaskSlice::default(),
+        &Silent,
+    )
+}
+
+/// Every file below `dir` (relative name -> bytes).
+pub fn dir_files(dir: &Path) -> BTreeMap<String, Vec<u8>> {
+    let mut files = BTreeMap::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                stack.push(path);
+            } else {
+                let name = path.strip_prefix(dir).unwrap().display().to_string();
+                files.insert(name, std::fs::read(&path).unwrap());
+            }
+        }
+    }
+    files
+}
+
+/// The dump of a dataset, one string per event.
+pub fn dump_lines(dir: &Path) -> Vec<String> {
+    let dataset = Dataset::open(dir, ChecksumPolicy::Full).unwrap();
+    let mut out = Vec::new();
+    dump(&dataset, None, &mut out).unwrap();
+    String::from_utf8(out)
+        .unwrap()
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+/// A generated batch: its pulse and meta tables.
+pub fn generated_batch(
+    seed: u64,
+    batch_id: i64,
+    events: u64,
+    next_event_id: &mut i64,
+    labels: bool,
+) -> (PulseTable, MetaTable) {
+    synth::generate_batch(&mut Rng::new(seed), batch_id, events, next_event_id, labels)
+}
+
+/// Writes a Kaggle-layout train directory from record batches: `batches` as
+/// `train/batch_N.parquet`, `meta` as `train_meta.parquet`, and the synthetic geometry.
+pub fn write_layout(root: &Path, batches: &[(i64, RecordBatch)], meta: &RecordBatch) {
+    std::fs::create_dir_all(root.join("train")).unwrap();
+    for (id, batch) in batches {
+        synth::write_parquet(
+            &root.join(format!("train/batch_{id}.parquet")),
+            batch,
+            Codec::Snappy,
+            None,
+        )
+        .unwrap();
+    }
+    synth::write_parquet(&root.join("train_meta.parquet"), meta, Codec::Snappy, None).unwrap();
+    synth::write_geometry(&root.join("sensor_geometry.csv")).unwrap();
+}
+
+/// `batch` with column `name` replaced by `array` (typed as `array`'s type), or removed
+/// when `array` is `None`.
+pub fn replace_column(batch: &RecordBatch, name: &str, array: Option<ArrayRef>) -> RecordBatch {
+    let mut fields = Vec::new();
+    let mut arrays = Vec::new();
+    for (field, column) in batch.schema().fields().iter().zip(batch.columns()) {
+        if field.name() != name {
+            fields.push(field.as_ref().clone());
+            arrays.push(column.clone());
+        } else if let Some(a) = &array {
+            fields.push(Field::new(name, a.data_type().clone(), true));
+            arrays.push(a.clone());
+        }
+    }
+    RecordBatch::try_new(Arc::new(Schema::new(fields)), arrays).unwrap()
+}

@@ -1,0 +1,244 @@
+//! Byte-identical output whatever the thread count, task split or interruptions; safety of
+//! the output directory.
+
+mod common;
+
+use std::process::Command;
+use std::time::Duration;
+
+use common::*;
+use shardify::convert::{convert, Phase, Silent, TaskSlice};
+use shardify::source::InputSet;
+use shardify::synth::{write_dataset, SynthOptions};
+
+#[test]
+fn same_seed_same_bytes_whatever_the_threads() {
+    let dir = tempfile::tempdir().unwrap();
+    let reference = dir.path().join("t1");
+    convert_all(&fixture(), "train", &reference, &options(3, 1)).unwrap();
+    let expected = dir_files(&reference);
+    assert!(
+        expected.len() > 4,
+        "several shards and a manifest: {:?}",
+        expected.keys()
+    );
+    for threads in [2, 3, 5] {
+        let out = dir.path().join(format!("t{threads}"));
+        convert_all(&fixture(), "train", &out, &options(3, threads)).unwrap();
+        assert!(
+            dir_files(&out) == expected,
+            "{threads} threads differ from 1 thread"
+        );
+    }
+    let other = dir.path().join("seed4");
+    convert_all(&fixture(), "train", &other, &options(4, 2)).unwrap();
+    let mut a = dump_lines(&reference);
+    let mut b = dump_lines(&other);
+    assert_ne!(a, b, "another seed gives another order");
+    a.sort();
+    b.sort();
+    assert_eq!(a, b, "...of the same events");
+}
+
+#[test]
+fn job_array_phases_give_the_same_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let reference = dir.path().join("ref");
+    convert_all(&fixture(), "train", &reference, &options(9, 2)).unwrap();
+    let inputs = InputSet::discover(&fixture(), Some("train")).unwrap();
+    let out = dir.path().join("array");
+    let opts = options(9, 1);
+    convert(
+        &inputs,
+        &out,
+        &opts,
+        Phase::Plan,
+        TaskSlice::default(),
+        &Silent,
+    )
+    .unwrap();
+    for phase in [Phase::Scatter, Phase::Gather] {
+        for index in [2, 0, 1] {
+            let s = convert(
+                &inputs,
+                &out,
+                &opts,
+                phase,
+                TaskSlice { index, count: 3 },
+                &Silent,
+            )
+            .unwrap();
+            assert!(s.manifest.is_none());
+        }
+    }
+    let s = convert(
+        &inputs,
+        &out,
+        &opts,
+        Phase::Finalize,
+        TaskSlice::default(),
+        &Silent,
+    )
+    .unwrap();
+    assert!(s.manifest.is_some());
+    assert!(dir_files(&out) == dir_files(&reference));
+}
+
+#[test]
+fn gather_before_scatter_is_refused_with_a_clear_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let inputs = InputSet::discover(&fixture(), Some("train")).unwrap();
+    let out = dir.path().join("o");
+    let e = convert(
+        &inputs,
+        &out,
+        &options(1, 1),
+        Phase::Gather,
+        TaskSlice::default(),
+        &Silent,
+    )
+    .unwrap_err();
+    assert!(
+        e.to_string().contains("the scatter phase has not finished"),
+        "{e}"
+    );
+    assert!(!out.join("manifest.json").exists());
+}
+
+#[test]
+fn leftovers_of_a_crash_are_never_mistaken_for_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let reference = dir.path().join("ref");
+    convert_all(&fixture(), "train", &reference, &options(2, 2)).unwrap();
+    let inputs = InputSet::discover(&fixture(), Some("train")).unwrap();
+    let out = dir.path().join("o");
+    // Half of the scatter units, then debris of a crash: temp files with garbage.
+    convert(
+        &inputs,
+        &out,
+        &options(2, 1),
+        Phase::Scatter,
+        TaskSlice { index: 0, count: 2 },
+        &Silent,
+    )
+    .unwrap();
+    std::fs::write(out.join(".tmp.shard_00000.safetensors.999.0"), b"garbage").unwrap();
+    std::fs::write(out.join(".work/spill/.tmp.batch_2.spill.999.1"), b"garbage").unwrap();
+    let s = convert_all(&fixture(), "train", &out, &options(2, 2)).unwrap();
+    assert!(s.units_skipped >= 1, "finished units are not redone");
+    assert!(dir_files(&out) == dir_files(&reference));
+}
+
+#[test]
+fn a_killed_conversion_restarted_gives_the_same_result() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    write_dataset(
+        &src,
+        &SynthOptions {
+            events: 20_000,
+            files: 6,
+            seed: 5,
+            ..SynthOptions::default()
+        },
+    )
+    .unwrap();
+    let run = |out: &std::path::Path| {
+        Command::new(env!("CARGO_BIN_EXE_shardify"))
+            .args([
+                "convert",
+                src.to_str().unwrap(),
+                out.to_str().unwrap(),
+                "--seed",
+                "1",
+                "--threads",
+                "2",
+            ])
+            .args(["--shard-size", "1MiB", "--memory-limit", "64MiB"])
+            .stderr(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let reference = dir.path().join("ref");
+    assert!(run(&reference).wait().unwrap().success());
+    let expected = dir_files(&reference);
+    for (i, delay_ms) in [5u64, 40, 120, 250].into_iter().enumerate() {
+        let out = dir.path().join(format!("killed{i}"));
+        let mut child = run(&out);
+        std::thread::sleep(Duration::from_millis(delay_ms));
+        let _ = child.kill();
+        child.wait().unwrap();
+        assert!(
+            run(&out).wait().unwrap().success(),
+            "restart after {delay_ms} ms"
+        );
+        assert!(
+            dir_files(&out) == expected,
+            "restart after a kill at {delay_ms} ms differs"
+        );
+    }
+}
+
+#[test]
+fn output_directory_is_protected() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("o");
+    std::fs::create_dir_all(&out).unwrap();
+    std::fs::write(out.join("precious.txt"), b"mine").unwrap();
+    let e = convert_all(&fixture(), "train", &out, &options(1, 1)).unwrap_err();
+    assert!(
+        e.to_string().contains("not empty (holds precious.txt)"),
+        "{e}"
+    );
+    assert_eq!(std::fs::read(out.join("precious.txt")).unwrap(), b"mine");
+
+    let done = dir.path().join("done");
+    convert_all(&fixture(), "train", &done, &options(1, 1)).unwrap();
+    let before = dir_files(&done);
+    let again = convert_all(&fixture(), "train", &done, &options(1, 2)).unwrap();
+    assert!(
+        again.already_complete,
+        "same inputs and parameters: nothing to do"
+    );
+    let e = convert_all(&fixture(), "train", &done, &options(2, 1)).unwrap_err();
+    assert!(e.to_string().contains("refusing to overwrite"), "{e}");
+    assert!(dir_files(&done) == before, "nothing was touched");
+}
+
+#[test]
+fn a_dataset_larger_than_the_memory_limit_converts() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    let written = write_dataset(
+        &src,
+        &SynthOptions {
+            events: 100_000,
+            files: 4,
+            seed: 8,
+            ..SynthOptions::default()
+        },
+    )
+    .unwrap();
+    let mut opts = options(1, 2);
+    opts.memory_limit_bytes = 32 << 20;
+    opts.shard_target_bytes = 1 << 30;
+    let out = dir.path().join("o");
+    let manifest = convert_all(&src, "train", &out, &opts)
+        .unwrap()
+        .manifest
+        .unwrap();
+    assert_eq!(manifest.totals.pulses, written.pulses);
+    assert!(
+        written.pulses * 24 > 2 * opts.memory_limit_bytes,
+        "input is several times the limit"
+    );
+    assert!(
+        manifest.shards.len() >= 8,
+        "the limit, not the shard size, set the bucket count"
+    );
+    assert!(manifest
+        .shards
+        .iter()
+        .all(|s| s.bytes < opts.memory_limit_bytes / 2));
+}
