@@ -148,3 +148,50 @@ fn bad_arguments_are_explained() {
     assert!(!size.status.success());
     assert!(text(&size.stderr).contains("unknown size unit"));
 }
+
+#[test]
+fn peak_memory_stays_within_the_limit_on_a_dataset_several_times_larger() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    shardify::synth::write_dataset(
+        &src,
+        &shardify::synth::SynthOptions {
+            events: 100_000,
+            files: 4,
+            seed: 3,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let out = dir.path().join("out");
+    let limit: u64 = 64 << 20;
+    let run = shardify(&[
+        "convert",
+        src.to_str().unwrap(),
+        out.to_str().unwrap(),
+        "--threads",
+        "2",
+        "--memory-limit",
+        "64MiB",
+    ]);
+    assert!(run.status.success(), "{}", text(&run.stderr));
+    let stdout = text(&run.stdout);
+    let mib: f64 = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("peak memory: "))
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no peak memory line in {stdout}"));
+    let peak = (mib * (1 << 20) as f64) as u64;
+    let manifest: Value =
+        serde_json::from_slice(&std::fs::read(out.join("manifest.json")).unwrap()).unwrap();
+    let output_bytes = manifest["totals"]["bytes"].as_u64().unwrap();
+    assert!(
+        output_bytes > 2 * limit,
+        "the dataset ({output_bytes} bytes) is several times the limit"
+    );
+    assert!(
+        peak <= limit,
+        "peak RSS {peak} bytes over the {limit}-byte limit"
+    );
+}

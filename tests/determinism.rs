@@ -143,6 +143,20 @@ fn a_killed_conversion_restarted_gives_the_same_result() {
         },
     )
     .unwrap();
+    let command = |out: &std::path::Path| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_shardify"));
+        c.args([
+            "convert",
+            src.to_str().unwrap(),
+            out.to_str().unwrap(),
+            "--seed",
+            "1",
+            "--threads",
+            "2",
+        ])
+        .args(["--shard-size", "1MiB", "--memory-limit", "64MiB"]);
+        c
+    };
     let run = |out: &std::path::Path| {
         Command::new(env!("CARGO_BIN_EXE_shardify"))
             .args([
@@ -169,9 +183,11 @@ fn a_killed_conversion_restarted_gives_the_same_result() {
         std::thread::sleep(Duration::from_millis(delay_ms));
         let _ = child.kill();
         child.wait().unwrap();
+        let restart = command(&out).output().unwrap();
         assert!(
-            run(&out).wait().unwrap().success(),
-            "restart after {delay_ms} ms"
+            restart.status.success(),
+            "restart after {delay_ms} ms: {}",
+            String::from_utf8_lossy(&restart.stderr)
         );
         assert!(
             dir_files(&out) == expected,
@@ -241,4 +257,38 @@ fn a_dataset_larger_than_the_memory_limit_converts() {
         .shards
         .iter()
         .all(|s| s.bytes < opts.memory_limit_bytes / 2));
+}
+
+#[test]
+fn parallel_packing_inside_a_bucket_gives_the_same_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    write_dataset(
+        &src,
+        &SynthOptions {
+            events: 20_000,
+            files: 2,
+            seed: 6,
+            ..SynthOptions::default()
+        },
+    )
+    .unwrap();
+    let mut outputs = Vec::new();
+    for threads in [1, 3] {
+        let mut opts = options(4, threads);
+        opts.shard_target_bytes = 1 << 30;
+        opts.memory_limit_bytes = 1 << 30;
+        let out = dir.path().join(format!("t{threads}"));
+        let manifest = convert_all(&src, "train", &out, &opts)
+            .unwrap()
+            .manifest
+            .unwrap();
+        assert_eq!(
+            manifest.shards.len(),
+            1,
+            "one bucket of 20,000 events: packed in several parts"
+        );
+        outputs.push(dir_files(&out));
+    }
+    assert!(outputs[0] == outputs[1]);
 }

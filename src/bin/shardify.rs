@@ -223,7 +223,12 @@ fn run_convert(args: ConvertArgs) -> Result<()> {
         .with_context(|| format!("converting into {}", args.out.display()))?;
     let elapsed = started.elapsed().as_secs_f64();
     for (phase, units) in &summary.units_run {
-        eprintln!("{phase}: ran {units} units");
+        let seconds = summary
+            .seconds
+            .iter()
+            .find(|(p, _)| p == phase)
+            .map_or(0.0, |s| s.1);
+        eprintln!("{phase}: ran {units} units in {seconds:.2} s");
     }
     if summary.units_skipped > 0 {
         eprintln!(
@@ -247,7 +252,24 @@ fn run_convert(args: ConvertArgs) -> Result<()> {
         ),
         None => println!("phase done in {elapsed:.2} s"),
     }
+    if let Some(peak) = peak_memory_bytes() {
+        let mib = |b: u64| b as f64 / (1 << 20) as f64;
+        println!(
+            "peak memory: {:.1} MiB (limit {:.1} MiB)",
+            mib(peak),
+            mib(options.memory_limit_bytes)
+        );
+    }
     Ok(())
+}
+
+/// This process's peak resident memory in bytes (`VmHWM`; unlike `ru_maxrss`, it does not
+/// include the parent's memory from before `exec`).
+fn peak_memory_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
 }
 
 fn run_inspect(dir: PathBuf, json: bool) -> Result<()> {

@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 use std::fs::File;
 
+use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use super::plan::Plan;
@@ -12,6 +13,7 @@ use super::spill::{BucketEvents, SpillIndex};
 use super::work::WorkDir;
 use crate::error::{Error, IoContext, Result};
 use crate::event::{EventHeader, ValueRange};
+use crate::format::checksum;
 use crate::format::manifest::FORMAT_VERSION;
 use crate::format::safetensors::Dtype;
 use crate::format::shard::{write_shard, ShardContents};
@@ -60,32 +62,67 @@ pub fn storage_types(plan: &Plan, indexes: &[SpillIndex]) -> StorageTypes {
     }
 }
 
-/// Whether the gather unit of `bucket` finished in an earlier run.
+/// Whether the gather unit of `bucket` has finished: its record exists and its shard has
+/// the recorded size.
 pub fn is_done(work: &WorkDir, bucket: u64) -> Result<bool> {
+    Ok(done_record(work, bucket)?.is_some())
+}
+
+fn done_record(work: &WorkDir, bucket: u64) -> Result<Option<BucketRecord>> {
     let path = work.bucket_record(bucket);
     if !path.exists() {
-        return Ok(false);
+        return Ok(None);
     }
     let record: BucketRecord = work.read_json(&path)?;
-    Ok(match record.shard {
-        None => true,
-        Some(shard) => {
-            std::fs::metadata(work.out().join(&shard.file)).is_ok_and(|m| m.len() == shard.bytes)
-        }
-    })
+    let present = record.shard.as_ref().is_none_or(|shard| {
+        std::fs::metadata(work.out().join(&shard.file)).is_ok_and(|m| m.len() == shard.bytes)
+    });
+    Ok(present.then_some(record))
 }
 
-/// Bytes of spill that `bucket` reads: what its memory use scales with.
-pub fn bucket_spill_bytes(indexes: &[SpillIndex], bucket: u64) -> u64 {
-    indexes
-        .iter()
-        .flat_map(|i| &i.chunks)
-        .filter(|c| c.bucket == bucket)
-        .map(|c| c.len)
-        .sum()
+/// Whether a unit left by an earlier run can be skipped: [`is_done`] and its shard's
+/// checksum right (shards are fsynced only at finalize, so after a machine crash one may not
+/// be). A damaged unit's record is removed, so the unit runs again.
+pub fn is_done_and_intact(work: &WorkDir, bucket: u64) -> Result<bool> {
+    let Some(record) = done_record(work, bucket)? else {
+        return Ok(false);
+    };
+    let intact = record.shard.as_ref().is_none_or(|shard| {
+        checksum::of_file(&work.out().join(&shard.file)).is_ok_and(|sum| sum == shard.xxh3)
+    });
+    if !intact {
+        tracing::warn!("bucket {bucket}: shard damaged; gathering it again");
+        let path = work.bucket_record(bucket);
+        std::fs::remove_file(&path).at(&path)?;
+    }
+    Ok(intact)
 }
 
-/// Gathers `bucket` into its shard.
+/// Estimated peak memory in bytes of gathering `bucket`: decoded pulses and their packed
+/// copy (~21 bytes each), per-event records, and the largest chunk read at once.
+pub fn bucket_memory(indexes: &[SpillIndex], bucket: u64) -> u64 {
+    let chunks = || {
+        indexes
+            .iter()
+            .flat_map(|i| &i.chunks)
+            .filter(|c| c.bucket == bucket)
+    };
+    let per_item: u64 = chunks().map(|c| c.pulses * 48 + c.events * 160).sum();
+    per_item + chunks().map(|c| c.len).max().unwrap_or(0)
+}
+
+/// Buffers that one gather reuses for the next bucket: memory touched for the first time
+/// costs far more than the copies themselves.
+#[derive(Default)]
+pub struct GatherScratch {
+    events: BucketEvents,
+    read: Vec<u8>,
+    order: Vec<u32>,
+    headers: Vec<EventHeader>,
+    parts: Vec<(Packer, PackedColumns)>,
+}
+
+/// Gathers `bucket` into its shard, packing on the threads of the current rayon pool.
 pub fn gather_bucket(
     plan: &Plan,
     bucket: u64,
@@ -93,9 +130,18 @@ pub fn gather_bucket(
     geometry: &Geometry,
     types: StorageTypes,
     work: &WorkDir,
+    scratch: &mut GatherScratch,
 ) -> Result<BucketRecord> {
-    let mut events = BucketEvents::default();
-    let mut scratch = Vec::new();
+    let events = &mut scratch.events;
+    events.clear();
+    let (total_events, total_pulses) = indexes
+        .iter()
+        .flat_map(|i| &i.chunks)
+        .filter(|c| c.bucket == bucket)
+        .fold((0, 0), |(e, p), c| {
+            (e + c.events as usize, p + c.pulses as usize)
+        });
+    events.reserve(total_events, total_pulses);
     for index in indexes {
         let mut chunks = index
             .chunks
@@ -108,10 +154,9 @@ pub fn gather_bucket(
         let path = work.spill_file(index.batch_id);
         let file = File::open(&path).at(&path)?;
         for chunk in chunks {
-            events.read_chunk(&path, &file, chunk, &mut scratch)?;
+            events.read_chunk(&path, &file, chunk, &mut scratch.read)?;
         }
     }
-    drop(scratch);
     let record = if events.records.is_empty() {
         BucketRecord {
             bucket,
@@ -121,7 +166,7 @@ pub fn gather_bucket(
         BucketRecord {
             bucket,
             shard: Some(write_bucket_shard(
-                plan, bucket, &events, geometry, types, work,
+                plan, bucket, geometry, types, work, scratch,
             )?),
         }
     };
@@ -129,26 +174,34 @@ pub fn gather_bucket(
     Ok(record)
 }
 
+/// Events per packing part below which splitting the work is not worth it.
+const MIN_EVENTS_PER_PART: usize = 4096;
+
 fn write_bucket_shard(
     plan: &Plan,
     bucket: u64,
-    events: &BucketEvents,
     geometry: &Geometry,
     types: StorageTypes,
     work: &WorkDir,
+    scratch: &mut GatherScratch,
 ) -> Result<ShardEntry> {
+    let GatherScratch {
+        events,
+        order,
+        headers,
+        parts,
+        ..
+    } = scratch;
     let records = &events.records;
-    let mut order: Vec<usize> = (0..records.len()).collect();
-    order.sort_unstable_by_key(|&i| {
-        (
-            records[i].0,
-            records[i].1.event_id,
-            records[i].1.batch_id,
-            records[i].1.first_row,
-        )
-    });
+    order.clear();
+    order.extend(0..records.len() as u32);
+    let sort_key = |&i: &u32| {
+        let (key, h, _) = &records[i as usize];
+        (*key, h.event_id, h.batch_id, h.first_row)
+    };
+    order.par_sort_unstable_by_key(sort_key);
     for pair in order.windows(2) {
-        let (a, b) = (&records[pair[0]].1, &records[pair[1]].1);
+        let (a, b) = (&records[pair[0] as usize].1, &records[pair[1] as usize].1);
         if a.event_id == b.event_id {
             return Err(Error::DuplicateEvent {
                 event_id: a.event_id,
@@ -159,29 +212,56 @@ fn write_bucket_shard(
             });
         }
     }
-    let mut packed = PackedColumns::default();
-    let mut packer = Packer::default();
-    let mut headers: Vec<EventHeader> = Vec::with_capacity(order.len());
-    for &i in &order {
-        let (_, header, range) = &records[i];
-        packer.pack(events.pulses.slice(range.clone()), &mut packed);
-        headers.push(*header);
-    }
+    headers.clear();
+    headers.extend(order.iter().map(|&i| records[i as usize].1));
+    // Contiguous runs of the sorted events are packed in parallel; the shard holds their
+    // concatenation, which is the same bytes whatever the number of parts.
+    let part_count = rayon::current_num_threads()
+        .min(order.len().div_ceil(MIN_EVENTS_PER_PART))
+        .max(1);
+    parts.resize_with(part_count.max(parts.len()), Default::default);
+    let per_part = order.len().div_ceil(part_count);
+    let pulses = &events.pulses;
+    parts[..part_count]
+        .par_iter_mut()
+        .zip(order.par_chunks(per_part))
+        .for_each(|((packer, packed), run)| {
+            packed.clear();
+            let run_pulses: usize = run.iter().map(|&i| records[i as usize].2.len()).sum();
+            packed.reserve(run.len(), run_pulses, run_pulses);
+            for &i in run {
+                packer.pack(pulses.slice(records[i as usize].2.clone()), packed);
+            }
+        });
+    let packed: Vec<PackedColumns> = parts[..part_count]
+        .iter_mut()
+        .map(|(_, p)| std::mem::take(p))
+        .collect();
     let metadata = BTreeMap::from([
         ("format".to_string(), "shardify".to_string()),
         ("format_version".to_string(), FORMAT_VERSION.to_string()),
         ("shard".to_string(), bucket.to_string()),
         ("seed".to_string(), plan.parameters.seed.to_string()),
-        ("events".to_string(), packed.events().to_string()),
-        ("doms".to_string(), packed.doms().to_string()),
-        ("pulses".to_string(), packed.pulses().to_string()),
+        ("events".to_string(), headers.len().to_string()),
+        (
+            "doms".to_string(),
+            packed.iter().map(|p| p.doms()).sum::<usize>().to_string(),
+        ),
+        (
+            "pulses".to_string(),
+            packed.iter().map(|p| p.pulses()).sum::<usize>().to_string(),
+        ),
     ]);
     let contents = ShardContents {
-        headers: &headers,
-        packed: &packed,
+        headers,
+        parts: &packed,
         geometry,
         types,
         metadata,
     };
-    write_shard(&work.out().join(WorkDir::shard_name(bucket)), &contents)
+    let entry = write_shard(&work.out().join(WorkDir::shard_name(bucket)), &contents);
+    for ((_, slot), columns) in parts.iter_mut().zip(packed) {
+        *slot = columns;
+    }
+    entry
 }

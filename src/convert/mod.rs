@@ -24,11 +24,12 @@ use std::time::Instant;
 use rayon::prelude::*;
 
 use crate::error::{Error, Result};
+use crate::format::atomic::{sync_dir, sync_file};
 use crate::format::manifest::{Schema, Totals, FORMAT, FORMAT_VERSION};
 use crate::format::Manifest;
 use crate::source::InputSet;
-use gather::{bucket_spill_bytes, storage_types, BucketRecord};
-use plan::{Plan, GATHER_MEMORY_FACTOR};
+use gather::{bucket_memory, storage_types, BucketRecord, GatherScratch};
+use plan::Plan;
 use spill::SpillIndex;
 use work::WorkDir;
 
@@ -210,6 +211,8 @@ fn run_phases(
                 problem: "holds a finished dataset made from other inputs or parameters; refusing to overwrite it".into(),
             });
         }
+        // A run killed after the manifest but before the clean-up leaves work files behind.
+        work.clean_up()?;
         summary.already_complete = true;
         summary.manifest = Some(manifest);
         return Ok(summary);
@@ -223,7 +226,7 @@ fn run_phases(
             .iter()
             .enumerate()
             .filter(|(i, _)| slice.takes(*i as u64))
-            .map(|(_, b)| Ok((b, scatter::is_done(&work, b.batch_id)?)))
+            .map(|(_, b)| Ok((b, scatter::is_done_and_intact(&work, b.batch_id)?)))
             .collect::<Result<Vec<_>>>()?;
         summary.units_skipped += todo.iter().filter(|(_, done)| *done).count() as u64;
         let todo: Vec<_> = todo
@@ -242,6 +245,7 @@ fn run_phases(
             })
             .collect::<Result<Vec<u64>>>()?;
         progress.end();
+        release_free_memory();
         summary.pulses_scattered = pulses.iter().sum();
         summary.units_run.push(("scatter", todo.len() as u64));
         summary
@@ -255,7 +259,7 @@ fn run_phases(
         let buckets = plan.parameters.bucket_count;
         let todo = (0..buckets)
             .filter(|b| slice.takes(*b))
-            .map(|b| Ok((b, gather::is_done(&work, b)?)))
+            .map(|b| Ok((b, gather::is_done_and_intact(&work, b)?)))
             .collect::<Result<Vec<_>>>()?;
         summary.units_skipped += todo.iter().filter(|(_, done)| *done).count() as u64;
         let todo: Vec<u64> = todo
@@ -265,13 +269,29 @@ fn run_phases(
             .collect();
         progress.begin("gather", todo.len() as u64);
         let bank = MemoryBank::new(options.memory_limit_bytes);
+        let scratch_pool: Mutex<Vec<GatherScratch>> = Mutex::new(Vec::new());
         todo.par_iter()
             .map(|&bucket| {
-                let _lease =
-                    bank.acquire(bucket_spill_bytes(&indexes, bucket) * GATHER_MEMORY_FACTOR);
-                let record =
-                    gather::gather_bucket(&plan, bucket, &indexes, &geometry, types, &work)?;
-                progress.advance(record.shard.as_ref().map_or(0, |s| s.pulses));
+                let _lease = bank.acquire(bucket_memory(&indexes, bucket));
+                let mut scratch = scratch_pool
+                    .lock()
+                    .expect("scratch pool lock")
+                    .pop()
+                    .unwrap_or_default();
+                let record = gather::gather_bucket(
+                    &plan,
+                    bucket,
+                    &indexes,
+                    &geometry,
+                    types,
+                    &work,
+                    &mut scratch,
+                );
+                scratch_pool
+                    .lock()
+                    .expect("scratch pool lock")
+                    .push(scratch);
+                progress.advance(record?.shard.as_ref().map_or(0, |s| s.pulses));
                 Ok(())
             })
             .collect::<Result<Vec<()>>>()?;
@@ -337,6 +357,13 @@ fn finalize(plan: &Plan, work: &WorkDir) -> Result<Manifest> {
             ),
         ));
     }
+    // Shards were written without fsync (see `gather::is_done_and_intact`); make them durable before
+    // the manifest declares the dataset complete.
+    shards
+        .par_iter()
+        .map(|s| sync_file(&work.out().join(&s.file)))
+        .collect::<Result<Vec<()>>>()?;
+    sync_dir(work.out())?;
     let manifest = Manifest {
         format: FORMAT.into(),
         format_version: FORMAT_VERSION,
@@ -349,6 +376,17 @@ fn finalize(plan: &Plan, work: &WorkDir) -> Result<Manifest> {
     manifest.write(work.out())?;
     work.clean_up()?;
     Ok(manifest)
+}
+
+/// Hands memory freed by one phase back to the operating system before the next phase
+/// allocates its own: glibc keeps freed heap memory otherwise, and peak RSS would be the sum
+/// of the phases rather than the larger one.
+fn release_free_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only returns free heap pages to the kernel; it is thread-safe.
+    unsafe {
+        libc::malloc_trim(0);
+    }
 }
 
 /// Admits gather units while their estimated memory fits the limit (one at a time when a

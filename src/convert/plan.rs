@@ -19,8 +19,9 @@ use crate::source::{has_labels, Geometry, InputSet};
 /// Estimated shard bytes per pulse before narrowing (time, charge, auxiliary and the
 /// DOM level's share); used only to choose the bucket count.
 const SHARD_BYTES_PER_PULSE: u64 = 24;
-/// Peak memory of gathering one bucket, as a multiple of its shard size.
-pub const GATHER_MEMORY_FACTOR: u64 = 4;
+/// Peak memory of gathering one bucket, as a multiple of its shard size (see
+/// `gather::bucket_memory`: ~48 bytes of memory per pulse against ~24 of shard).
+pub const GATHER_MEMORY_FACTOR: u64 = 3;
 
 /// Everything decided before the first event is read.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

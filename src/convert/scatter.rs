@@ -4,21 +4,56 @@
 use super::plan::Plan;
 use super::spill::{SpillIndex, SpillWriter};
 use super::work::WorkDir;
-use crate::error::{Error, Result};
+use std::os::unix::fs::FileExt;
+
+use crate::error::{Error, IoContext, Result};
 use crate::event::ValueRange;
-use crate::format::atomic::write_atomic;
+use crate::format::atomic::{write_atomic, Durability};
+use crate::format::checksum;
 use crate::format::order::{bucket_of, shuffle_key};
 use crate::source::{read_batch_meta, scan_batch, BatchInput, Geometry, InputSet};
 
-/// Whether the scatter unit of `batch_id` has finished in an earlier run.
+/// Whether the scatter unit of `batch_id` has finished: its index exists and its spill file
+/// has the recorded size.
 pub fn is_done(work: &WorkDir, batch_id: i64) -> Result<bool> {
     let index_path = work.spill_index(batch_id);
     if !index_path.exists() {
         return Ok(false);
     }
     let index: SpillIndex = work.read_json(&index_path)?;
+    Ok(std::fs::metadata(work.spill_file(batch_id)).is_ok_and(|m| m.len() == index.spill_bytes))
+}
+
+/// Whether a unit left by an earlier run can be skipped: [`is_done`] and every chunk of its
+/// spill file intact (spill data is not fsynced, so after a machine crash it may not be).
+/// A damaged unit's index is removed, so the unit runs again.
+pub fn is_done_and_intact(work: &WorkDir, batch_id: i64) -> Result<bool> {
+    if !is_done(work, batch_id)? {
+        return Ok(false);
+    }
+    let index_path = work.spill_index(batch_id);
+    let index: SpillIndex = work.read_json(&index_path)?;
     let spill = work.spill_file(batch_id);
-    Ok(std::fs::metadata(&spill).is_ok_and(|m| m.len() == index.spill_bytes))
+    if chunks_intact(&spill, &index) {
+        return Ok(true);
+    }
+    tracing::warn!(
+        "{}: damaged; scattering batch {batch_id} again",
+        spill.display()
+    );
+    std::fs::remove_file(&index_path).at(&index_path)?;
+    Ok(false)
+}
+
+fn chunks_intact(spill: &std::path::Path, index: &SpillIndex) -> bool {
+    let Ok(file) = std::fs::File::open(spill) else {
+        return false;
+    };
+    let mut buf = Vec::new();
+    index.chunks.iter().all(|c| {
+        buf.resize(c.len as usize, 0);
+        file.read_exact_at(&mut buf, c.offset).is_ok() && checksum::of_bytes(&buf) == c.xxh3
+    })
 }
 
 /// Scatters one batch file; `budget` bounds the bytes buffered in memory.
@@ -36,7 +71,8 @@ pub fn scatter_batch(
     let spill_path = work.spill_file(input.batch_id);
     let mut range = ValueRange::default();
     let (mut events, mut pulses) = (0u64, 0u64);
-    let (chunks, spill_bytes) = write_atomic(&spill_path, |out| {
+    // Spill files are temporary and every chunk is checksummed: no fsync (see `is_done`).
+    let (chunks, spill_bytes) = write_atomic(&spill_path, Durability::Temporary, |out| {
         let mut writer = SpillWriter::new(out, buckets as usize, budget);
         scan_batch(input, &meta, geometry, |event| {
             let key = shuffle_key(seed, event.header().event_id);

@@ -1,11 +1,13 @@
 //! Spill files: pass 1 appends each event, tagged with its shuffle key, to the buffer of its
-//! bucket and writes full buffers out as chunks; pass 2 reads back one bucket's chunks from
-//! every spill file. The index (JSON beside the spill file) lists each chunk with its
-//! bucket, place and checksum.
+//! bucket and writes a buffer out as a chunk when it is full; pass 2 reads back one bucket's
+//! chunks from every spill file. The index (JSON beside the spill file) lists each chunk with
+//! its bucket, place and checksum.
 //!
 //! Event record (little-endian): `key u64, event_id i64, batch_id i64, first_row u64,
-//! azimuth f64, zenith f64, n u64`, then `n` sensor ids (i32), times (i64), charges (f64)
-//! and auxiliary flags (u8).
+//! azimuth f64, zenith f64, n u64`, then `n` sensor ids (i32), times, charges and auxiliary
+//! flags (u8). Times are i32 when bit 63 of `n` is set (else i64), charges f32 when bit 62
+//! is set (else f64): chosen per event, only where every value round-trips, so the spill is
+//! lossless and about 40% smaller for Kaggle data.
 
 use std::fs::File;
 use std::io::Write;
@@ -17,6 +19,13 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, IoContext, Result};
 use crate::event::{EventHeader, RawEvent, ValueRange};
 use crate::format::checksum;
+use crate::format::pod::{as_bytes, extend_from_bytes};
+
+const TIME_32: u64 = 1 << 63;
+const CHARGE_32: u64 = 1 << 62;
+const COUNT_MASK: u64 = CHARGE_32 - 1;
+/// Bytes of a record before its pulses.
+pub const RECORD_HEADER_BYTES: u64 = 56;
 
 /// One run of records of one bucket inside a spill file.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -59,28 +68,41 @@ fn put(buf: &mut Vec<u8>, v: u64) {
 /// Appends one event record to `buf`.
 pub fn encode_event(buf: &mut Vec<u8>, key: u64, event: &RawEvent) {
     let h = event.header();
+    let time_32 = event.time.iter().all(|&t| t as i32 as i64 == t);
+    let charge_32 = event.charge.iter().all(|&c| c as f32 as f64 == c);
+    let mut n = event.len() as u64;
+    n |= if time_32 { TIME_32 } else { 0 } | if charge_32 { CHARGE_32 } else { 0 };
     put(buf, key);
     put(buf, h.event_id as u64);
     put(buf, h.batch_id as u64);
     put(buf, h.first_row);
     put(buf, h.azimuth.to_bits());
     put(buf, h.zenith.to_bits());
-    put(buf, event.len() as u64);
-    buf.extend(event.sensor_id.iter().flat_map(|v| v.to_le_bytes()));
-    buf.extend(event.time.iter().flat_map(|v| v.to_le_bytes()));
-    buf.extend(event.charge.iter().flat_map(|v| v.to_le_bytes()));
+    put(buf, n);
+    buf.extend_from_slice(as_bytes(&event.sensor_id));
+    if time_32 {
+        buf.extend(event.time.iter().flat_map(|&t| (t as i32).to_le_bytes()));
+    } else {
+        buf.extend_from_slice(as_bytes(&event.time));
+    }
+    if charge_32 {
+        buf.extend(event.charge.iter().flat_map(|&c| (c as f32).to_le_bytes()));
+    } else {
+        buf.extend_from_slice(as_bytes(&event.charge));
+    }
     buf.extend_from_slice(&event.auxiliary);
 }
 
-/// Buffers records per bucket and writes them out as chunks once `budget` bytes are held.
+/// Buffers records per bucket (each buffer of a fixed capacity, so memory stays within the
+/// budget) and writes a bucket's buffer out as a chunk when the next event would not fit.
 pub struct SpillWriter<'w, W: Write> {
     out: &'w mut W,
     offset: u64,
     buffers: Vec<Vec<u8>>,
     counts: Vec<(u64, u64)>,
-    buffered: usize,
-    budget: usize,
+    capacity: usize,
     chunks: Vec<SpillChunk>,
+    record: Vec<u8>,
 }
 
 impl<'w, W: Write> SpillWriter<'w, W> {
@@ -91,51 +113,61 @@ impl<'w, W: Write> SpillWriter<'w, W> {
             offset: 0,
             buffers: vec![Vec::new(); buckets],
             counts: vec![(0, 0); buckets],
-            buffered: 0,
-            budget,
+            capacity: (budget / buckets.max(1)).max(64 << 10),
             chunks: Vec::new(),
+            record: Vec::new(),
         }
     }
 
     /// Adds an event to `bucket`.
     pub fn push(&mut self, bucket: usize, key: u64, event: &RawEvent) -> std::io::Result<()> {
+        self.record.clear();
+        encode_event(&mut self.record, key, event);
+        if self.buffers[bucket].len() + self.record.len() > self.capacity {
+            self.flush(bucket)?;
+        }
         let buf = &mut self.buffers[bucket];
-        let before = buf.len();
-        encode_event(buf, key, event);
-        self.buffered += buf.len() - before;
+        if buf.capacity() == 0 {
+            buf.reserve_exact(self.capacity);
+        }
+        buf.extend_from_slice(&self.record);
         self.counts[bucket].0 += 1;
         self.counts[bucket].1 += event.len() as u64;
-        if self.buffered >= self.budget {
-            self.flush_all()?;
+        if buf.len() > self.capacity {
+            // A single event larger than a buffer goes out on its own.
+            self.flush(bucket)?;
         }
         Ok(())
     }
 
-    fn flush_all(&mut self) -> std::io::Result<()> {
-        for (bucket, buf) in self.buffers.iter_mut().enumerate() {
-            if buf.is_empty() {
-                continue;
-            }
-            self.out.write_all(buf)?;
-            let (events, pulses) = std::mem::take(&mut self.counts[bucket]);
-            self.chunks.push(SpillChunk {
-                bucket: bucket as u64,
-                offset: self.offset,
-                len: buf.len() as u64,
-                events,
-                pulses,
-                xxh3: checksum::of_bytes(buf),
-            });
-            self.offset += buf.len() as u64;
-            buf.clear();
+    fn flush(&mut self, bucket: usize) -> std::io::Result<()> {
+        let buf = &mut self.buffers[bucket];
+        if buf.is_empty() {
+            return Ok(());
         }
-        self.buffered = 0;
+        self.out.write_all(buf)?;
+        let (events, pulses) = std::mem::take(&mut self.counts[bucket]);
+        self.chunks.push(SpillChunk {
+            bucket: bucket as u64,
+            offset: self.offset,
+            len: buf.len() as u64,
+            events,
+            pulses,
+            xxh3: checksum::of_bytes(buf),
+        });
+        self.offset += buf.len() as u64;
+        buf.clear();
+        if buf.capacity() > self.capacity {
+            buf.shrink_to(self.capacity);
+        }
         Ok(())
     }
 
     /// Writes what is buffered; returns the chunks and the bytes written.
     pub fn finish(mut self) -> std::io::Result<(Vec<SpillChunk>, u64)> {
-        self.flush_all()?;
+        for bucket in 0..self.buffers.len() {
+            self.flush(bucket)?;
+        }
         Ok((self.chunks, self.offset))
     }
 }
@@ -147,6 +179,8 @@ pub struct BucketEvents {
     pub records: Vec<(u64, EventHeader, std::ops::Range<usize>)>,
     /// All pulses' columns, event after event.
     pub pulses: RawEvent,
+    narrow_time: Vec<i32>,
+    narrow_charge: Vec<f32>,
 }
 
 struct Cursor<'a> {
@@ -168,6 +202,22 @@ impl Cursor<'_> {
 }
 
 impl BucketEvents {
+    /// Empties the bucket, keeping its allocations for the next one.
+    pub fn clear(&mut self) {
+        self.records.clear();
+        self.pulses.clear();
+    }
+
+    /// Reserves room for `events` more events and `pulses` more pulses.
+    pub fn reserve(&mut self, events: usize, pulses: usize) {
+        self.records.reserve(events);
+        let p = &mut self.pulses;
+        p.sensor_id.reserve(pulses);
+        p.time.reserve(pulses);
+        p.charge.reserve(pulses);
+        p.auxiliary.reserve(pulses);
+    }
+
     /// Reads and decodes one chunk of `file`, checking its checksum.
     pub fn read_chunk(
         &mut self,
@@ -178,9 +228,14 @@ impl BucketEvents {
     ) -> Result<()> {
         scratch.resize(chunk.len as usize, 0);
         file.read_exact_at(scratch, chunk.offset).at(path)?;
-        let damaged = |problem: String| Error::Spill {
+        let damaged = |problem: String| {
+            Error::Spill {
             path: path.to_path_buf(),
-            problem,
+            problem: format!(
+                "{problem}; the work file is damaged (a crash of the machine?): delete it and its .json index, \
+                 then run the scatter phase again"
+            ),
+        }
         };
         let found = checksum::of_bytes(scratch);
         if found != chunk.xxh3 {
@@ -204,28 +259,32 @@ impl BucketEvents {
                 azimuth: f64::from_bits(c.u64()?),
                 zenith: f64::from_bits(c.u64()?),
             };
-            let n = c.u64()? as usize;
-            if n.checked_mul(21)? > bytes.len() {
+            let flags = c.u64()?;
+            let n = (flags & COUNT_MASK) as usize;
+            if n > bytes.len() {
                 return None;
             }
             let start = self.pulses.len();
-            let p = &mut self.pulses;
-            p.sensor_id.extend(
-                c.take(4 * n)?
-                    .chunks_exact(4)
-                    .map(|b| i32::from_le_bytes(b.try_into().unwrap())),
-            );
-            p.time.extend(
-                c.take(8 * n)?
-                    .chunks_exact(8)
-                    .map(|b| i64::from_le_bytes(b.try_into().unwrap())),
-            );
-            p.charge.extend(
-                c.take(8 * n)?
-                    .chunks_exact(8)
-                    .map(|b| f64::from_le_bytes(b.try_into().unwrap())),
-            );
-            p.auxiliary.extend_from_slice(c.take(n)?);
+            extend_from_bytes(&mut self.pulses.sensor_id, c.take(4 * n)?);
+            if flags & TIME_32 != 0 {
+                self.narrow_time.clear();
+                extend_from_bytes(&mut self.narrow_time, c.take(4 * n)?);
+                self.pulses
+                    .time
+                    .extend(self.narrow_time.iter().map(|&t| t as i64));
+            } else {
+                extend_from_bytes(&mut self.pulses.time, c.take(8 * n)?);
+            }
+            if flags & CHARGE_32 != 0 {
+                self.narrow_charge.clear();
+                extend_from_bytes(&mut self.narrow_charge, c.take(4 * n)?);
+                self.pulses
+                    .charge
+                    .extend(self.narrow_charge.iter().map(|&q| q as f64));
+            } else {
+                extend_from_bytes(&mut self.pulses.charge, c.take(8 * n)?);
+            }
+            self.pulses.auxiliary.extend_from_slice(c.take(n)?);
             self.records.push((key, header, start..start + n));
         }
         Some(())
@@ -236,9 +295,8 @@ impl BucketEvents {
 mod tests {
     use super::*;
 
-    #[test]
-    fn records_round_trip_through_chunks() {
-        let event = RawEvent {
+    fn event(time: Vec<i64>, charge: Vec<f64>) -> RawEvent {
+        RawEvent {
             header: Some(EventHeader {
                 event_id: 42,
                 batch_id: 3,
@@ -246,35 +304,68 @@ mod tests {
                 azimuth: 1.5,
                 zenith: f64::NAN,
             }),
-            sensor_id: vec![1, 2],
-            time: vec![-5, 9],
-            charge: vec![0.25, 3.0],
-            auxiliary: vec![1, 0],
-        };
+            sensor_id: vec![1; time.len()],
+            auxiliary: (0..time.len() as u8).map(|i| i % 2).collect(),
+            time,
+            charge,
+        }
+    }
+
+    #[test]
+    fn records_round_trip_narrow_and_wide() {
+        let narrow = event(vec![-5, 9], vec![0.25, 3.0]);
+        let wide = event(vec![-5, 1 << 40, 3], vec![0.1, 2.0, f64::MAX]);
         let mut file = tempfile::tempfile().unwrap();
-        let mut writer = SpillWriter::new(&mut file, 3, 10);
-        writer.push(2, 99, &event).unwrap();
-        writer.push(0, 98, &event).unwrap();
+        let mut writer = SpillWriter::new(&mut file, 3, 1 << 20);
+        writer.push(2, 99, &narrow).unwrap();
+        writer.push(0, 98, &wide).unwrap();
+        writer.push(2, 97, &wide).unwrap();
         let (chunks, bytes) = writer.finish().unwrap();
         assert_eq!(chunks.len(), 2);
-        assert_eq!(bytes, 2 * (56 + 21 * 2));
+        assert_eq!(
+            bytes,
+            3 * RECORD_HEADER_BYTES + 2 * (4 + 4 + 4 + 1) + 2 * 3 * (4 + 8 + 8 + 1)
+        );
         let mut bucket = BucketEvents::default();
+        let c2 = chunks.iter().find(|c| c.bucket == 2).unwrap();
+        assert_eq!((c2.events, c2.pulses), (2, 5));
         bucket
-            .read_chunk(Path::new("x"), &file, &chunks[0], &mut Vec::new())
+            .read_chunk(Path::new("x"), &file, c2, &mut Vec::new())
             .unwrap();
-        assert_eq!(bucket.records.len(), 1);
+        assert_eq!(bucket.records.len(), 2);
         let (key, header, range) = bucket.records[0].clone();
         assert_eq!(
             (key, header.event_id, header.first_row, range),
             (99, 42, 7, 0..2)
         );
         assert!(header.zenith.is_nan());
-        assert_eq!(bucket.pulses.time, vec![-5, 9]);
+        assert_eq!(
+            bucket.pulses.slice(bucket.records[1].2.clone()).time,
+            &[-5, 1 << 40, 3]
+        );
+        assert_eq!(bucket.pulses.time[..2], [-5, 9]);
+        assert_eq!(bucket.pulses.charge, vec![0.25, 3.0, 0.1, 2.0, f64::MAX]);
+        assert_eq!(bucket.pulses.auxiliary, vec![0, 1, 0, 1, 0]);
         let mut bad = chunks[1].clone();
         bad.xxh3 = "0000000000000000".into();
         let e = bucket
             .read_chunk(Path::new("x"), &file, &bad, &mut Vec::new())
             .unwrap_err();
         assert!(e.to_string().contains("checksum"), "{e}");
+    }
+
+    #[test]
+    fn memory_stays_within_the_budget() {
+        let e = event(vec![1; 100], vec![1.0; 100]);
+        let mut sink = Vec::new();
+        let mut writer = SpillWriter::new(&mut sink, 4, 256 << 10);
+        for i in 0..2000 {
+            writer.push(i % 4, i as u64, &e).unwrap();
+            let held: usize = writer.buffers.iter().map(|b| b.capacity()).sum();
+            assert!(held <= 256 << 10, "{held}");
+        }
+        let (chunks, _) = writer.finish().unwrap();
+        assert!(chunks.iter().all(|c| c.len <= 64 << 10));
+        assert_eq!(chunks.iter().map(|c| c.events).sum::<u64>(), 2000);
     }
 }

@@ -31,9 +31,24 @@ fn temp_path_for(target: &Path) -> PathBuf {
     target.with_file_name(unique)
 }
 
+/// When the data of a new file must be on stable storage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Durability {
+    /// Before `write_atomic` returns (fsync of the file and its directory).
+    Now,
+    /// Later: the caller syncs it (or checks its checksum before trusting it after a crash).
+    /// The rename is still atomic, so a reader never sees a partial file under its name.
+    /// Writeback is started at once, so the caller's final sync has little left to wait for.
+    Deferred,
+    /// Never: a temporary file whose contents are checksummed; the kernel may drop it
+    /// before it reaches the disk at all.
+    Temporary,
+}
+
 /// Creates `target` atomically from what `write` puts into the writer it is given.
 pub fn write_atomic<T>(
     target: &Path,
+    durability: Durability,
     write: impl FnOnce(&mut BufWriter<File>) -> Result<T>,
 ) -> Result<T> {
     let temp = temp_path_for(target);
@@ -44,9 +59,15 @@ pub fn write_atomic<T>(
         let file = writer
             .into_inner()
             .map_err(|e| Error::io(&temp, e.into_error()))?;
-        file.sync_all().at(&temp)?;
+        match durability {
+            Durability::Now => file.sync_all().at(&temp)?,
+            Durability::Deferred => start_writeback(&file),
+            Durability::Temporary => {}
+        }
         std::fs::rename(&temp, target).at(target)?;
-        sync_dir(target.parent().unwrap_or(Path::new(".")))?;
+        if durability == Durability::Now {
+            sync_dir(target.parent().unwrap_or(Path::new(".")))?;
+        }
         Ok(value)
     })();
     if result.is_err() {
@@ -55,9 +76,25 @@ pub fn write_atomic<T>(
     result
 }
 
-/// Creates `target` atomically with `bytes`.
+/// Creates `target` atomically and durably with `bytes`.
 pub fn write_bytes_atomic(target: &Path, bytes: &[u8]) -> Result<()> {
-    write_atomic(target, |w| w.write_all(bytes).at(target))
+    write_atomic(target, Durability::Now, |w| w.write_all(bytes).at(target))
+}
+
+/// Puts the data of an existing file on stable storage.
+pub fn sync_file(path: &Path) -> Result<()> {
+    File::open(path).and_then(|f| f.sync_all()).at(path)
+}
+
+/// Asks the kernel to start writing `file` back now, without waiting (a hint: failures are
+/// caught by the later fsync).
+fn start_writeback(file: &File) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: the descriptor is open for the duration of the call; the call only schedules
+    // writeback of the file's dirty pages and touches no memory of ours.
+    unsafe {
+        libc::sync_file_range(file.as_raw_fd(), 0, 0, libc::SYNC_FILE_RANGE_WRITE);
+    }
 }
 
 /// Makes a rename inside `dir` durable.
@@ -73,7 +110,7 @@ mod tests {
     fn failed_write_leaves_nothing() {
         let dir = tempfile::tempdir().unwrap();
         let target = dir.path().join("x.bin");
-        let r: Result<()> = write_atomic(&target, |w| {
+        let r: Result<()> = write_atomic(&target, Durability::Now, |w| {
             w.write_all(b"partial").unwrap();
             Err(Error::Config("boom".into()))
         });

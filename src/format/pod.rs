@@ -27,6 +27,27 @@ pub fn as_bytes<T: Pod>(values: &[T]) -> &[u8] {
     }
 }
 
+/// The bytes of a mutable slice of numbers.
+pub fn as_bytes_mut<T: Pod>(values: &mut [T]) -> &mut [u8] {
+    // SAFETY: as in `as_bytes`; in addition every byte pattern written through the view is
+    // a valid `Pod` value, and the view borrows `values` mutably, so nothing else aliases it.
+    unsafe {
+        std::slice::from_raw_parts_mut(
+            values.as_mut_ptr().cast::<u8>(),
+            std::mem::size_of_val(values),
+        )
+    }
+}
+
+/// Appends the numbers encoded (little-endian) in `bytes` to `out`; `bytes.len()` must be a
+/// multiple of the element size.
+pub fn extend_from_bytes<T: Pod + Default>(out: &mut Vec<T>, bytes: &[u8]) {
+    let n = bytes.len() / std::mem::size_of::<T>();
+    let start = out.len();
+    out.resize(start + n, T::default());
+    as_bytes_mut(&mut out[start..]).copy_from_slice(&bytes[..n * std::mem::size_of::<T>()]);
+}
+
 /// Reinterprets bytes as numbers; `None` when misaligned or of a length that is not a
 /// multiple of the element size.
 pub fn try_cast<T: Pod>(bytes: &[u8]) -> Option<&[T]> {

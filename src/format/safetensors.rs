@@ -75,8 +75,29 @@ impl Dtype {
     }
 }
 
+/// The bytes of a tensor, produced while writing (so a converted copy never has to exist
+/// in memory as a whole).
+pub trait TensorBytes {
+    /// How many bytes `write_to` writes.
+    fn byte_len(&self) -> usize;
+    /// Writes the bytes.
+    fn write_to(&self, out: &mut dyn Write) -> std::io::Result<()>;
+}
+
+/// Bytes already in memory.
+pub struct Raw<'a>(pub &'a [u8]);
+
+impl TensorBytes for Raw<'_> {
+    fn byte_len(&self) -> usize {
+        self.0.len()
+    }
+
+    fn write_to(&self, out: &mut dyn Write) -> std::io::Result<()> {
+        out.write_all(self.0)
+    }
+}
+
 /// A tensor to write.
-#[derive(Debug, Clone)]
 pub struct TensorOut<'a> {
     /// Its name.
     pub name: String,
@@ -84,8 +105,8 @@ pub struct TensorOut<'a> {
     pub dtype: Dtype,
     /// Shape (row-major).
     pub shape: Vec<usize>,
-    /// Raw little-endian bytes; length is the product of `shape` times the element size.
-    pub data: &'a [u8],
+    /// Little-endian bytes; their length is the product of `shape` times the element size.
+    pub data: &'a dyn TensorBytes,
 }
 
 /// Writes a safetensors file; returns the bytes written.
@@ -105,17 +126,18 @@ pub fn write(
     header.insert("__metadata__".into(), json!(metadata));
     let mut offset = 0usize;
     for t in &order {
-        debug_assert_eq!(
-            t.data.len(),
+        let len = t.data.byte_len();
+        assert_eq!(
+            len,
             t.shape.iter().product::<usize>() * t.dtype.size(),
-            "{}",
+            "tensor {}",
             t.name
         );
         header.insert(
             t.name.clone(),
-            json!({"dtype": t.dtype.name(), "shape": t.shape, "data_offsets": [offset, offset + t.data.len()]}),
+            json!({"dtype": t.dtype.name(), "shape": t.shape, "data_offsets": [offset, offset + len]}),
         );
-        offset += t.data.len();
+        offset += len;
     }
     let mut text = serde_json::to_vec(&Value::Object(header)).expect("header serialises");
     let padded = (8 + text.len()).div_ceil(DATA_ALIGN) * DATA_ALIGN - 8;
@@ -123,7 +145,7 @@ pub fn write(
     out.write_all(&(text.len() as u64).to_le_bytes())?;
     out.write_all(&text)?;
     for t in &order {
-        out.write_all(t.data)?;
+        t.data.write_to(out)?;
     }
     Ok((8 + text.len() + offset) as u64)
 }
@@ -274,19 +296,19 @@ mod tests {
                 name: "b".into(),
                 dtype: Dtype::BOOL,
                 shape: vec![2],
-                data: &b,
+                data: &Raw(&b),
             },
             TensorOut {
                 name: "a".into(),
                 dtype: Dtype::I64,
                 shape: vec![3],
-                data: as_bytes(&a),
+                data: &Raw(as_bytes(&a)),
             },
             TensorOut {
                 name: "c".into(),
                 dtype: Dtype::F32,
                 shape: vec![2, 2],
-                data: as_bytes(&c),
+                data: &Raw(as_bytes(&c)),
             },
         ];
         let meta = BTreeMap::from([("k".to_string(), "v".to_string())]);

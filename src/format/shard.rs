@@ -20,8 +20,9 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::Path;
 
+use super::atomic::Durability;
 use super::pod::{as_bytes, try_cast, Pod};
-use super::safetensors::{self, Dtype, Header, TensorOut};
+use super::safetensors::{self, Dtype, Header, TensorBytes, TensorOut};
 use crate::error::{Error, Result};
 use crate::event::EventHeader;
 use crate::pack::PackedColumns;
@@ -87,12 +88,13 @@ pub struct ShardEntry {
     pub xxh3: String,
 }
 
-/// Everything a shard holds, before writing.
+/// Everything a shard holds, before writing. The packed columns may come in several
+/// parts (packed in parallel); the shard holds their concatenation.
 pub struct ShardContents<'a> {
-    /// Event headers in stored order.
+    /// Event headers in stored order (all parts).
     pub headers: &'a [EventHeader],
-    /// The packed columns of the same events.
-    pub packed: &'a PackedColumns,
+    /// Packed columns, part after part.
+    pub parts: &'a [PackedColumns],
     /// Geometry to join per DOM.
     pub geometry: &'a Geometry,
     /// Column widths.
@@ -101,18 +103,97 @@ pub struct ShardContents<'a> {
     pub metadata: BTreeMap<String, String>,
 }
 
-fn narrow_ints(values: &[i64], dtype: Dtype) -> Vec<u8> {
+/// Where a run of a tensor's elements comes from; converted to the tensor's dtype while
+/// writing.
+enum Elements<'a> {
+    Bytes(&'a [u8]),
+    Ints(&'a [i64]),
+    Sensors(&'a [i32]),
+    Floats(&'a [f64]),
+    Positions(&'a [i32], &'a Geometry),
+    Offsets { values: &'a [i64], base: i64 },
+}
+
+/// Elements converted per write call: bounds the converter's scratch memory.
+const CONVERT_CHUNK: usize = 16 * 1024;
+
+fn write_mapped<T: Copy, U: Pod>(
+    values: &[T],
+    map: impl Fn(T) -> U,
+    out: &mut dyn Write,
+) -> std::io::Result<()> {
+    let mut buf: Vec<U> = Vec::with_capacity(CONVERT_CHUNK.min(values.len()));
+    for chunk in values.chunks(CONVERT_CHUNK) {
+        buf.clear();
+        buf.extend(chunk.iter().map(|&v| map(v)));
+        out.write_all(as_bytes(&buf))?;
+    }
+    Ok(())
+}
+
+fn write_ints(values: &[i64], dtype: Dtype, out: &mut dyn Write) -> std::io::Result<()> {
     match dtype {
-        Dtype::I16 => as_bytes(&values.iter().map(|&v| v as i16).collect::<Vec<_>>()).to_vec(),
-        Dtype::I32 => as_bytes(&values.iter().map(|&v| v as i32).collect::<Vec<_>>()).to_vec(),
-        _ => as_bytes(values).to_vec(),
+        Dtype::I16 => write_mapped(values, |v| v as i16, out),
+        Dtype::I32 => write_mapped(values, |v| v as i32, out),
+        _ => out.write_all(as_bytes(values)),
     }
 }
 
-fn narrow_floats(values: &[f64], dtype: Dtype) -> Vec<u8> {
+fn write_floats(values: &[f64], dtype: Dtype, out: &mut dyn Write) -> std::io::Result<()> {
     match dtype {
-        Dtype::F32 => as_bytes(&values.iter().map(|&v| v as f32).collect::<Vec<_>>()).to_vec(),
-        _ => as_bytes(values).to_vec(),
+        Dtype::F32 => write_mapped(values, |v| v as f32, out),
+        _ => out.write_all(as_bytes(values)),
+    }
+}
+
+impl Elements<'_> {
+    fn count(&self) -> usize {
+        match self {
+            Elements::Bytes(v) => v.len(),
+            Elements::Ints(v) | Elements::Offsets { values: v, .. } => v.len(),
+            Elements::Floats(v) => v.len(),
+            Elements::Sensors(v) => v.len(),
+            Elements::Positions(v, _) => 3 * v.len(),
+        }
+    }
+
+    fn write(&self, dtype: Dtype, out: &mut dyn Write) -> std::io::Result<()> {
+        match *self {
+            Elements::Bytes(v) => out.write_all(v),
+            Elements::Ints(v) => write_ints(v, dtype, out),
+            Elements::Sensors(v) => match dtype {
+                Dtype::I16 => write_mapped(v, |s| s as i16, out),
+                _ => out.write_all(as_bytes(v)),
+            },
+            Elements::Floats(v) => write_floats(v, dtype, out),
+            Elements::Positions(sensors, g) => {
+                for chunk in sensors.chunks(CONVERT_CHUNK) {
+                    let xyz: Vec<f64> = chunk
+                        .iter()
+                        .flat_map(|&s| [g.x[s as usize], g.y[s as usize], g.z[s as usize]])
+                        .collect();
+                    write_floats(&xyz, dtype, out)?;
+                }
+                Ok(())
+            }
+            Elements::Offsets { values, base } => write_mapped(values, |v| v + base, out),
+        }
+    }
+}
+
+/// A tensor's elements, part after part, in one storage dtype.
+struct Column<'a> {
+    dtype: Dtype,
+    parts: Vec<Elements<'a>>,
+}
+
+impl TensorBytes for Column<'_> {
+    fn byte_len(&self) -> usize {
+        self.parts.iter().map(|p| p.count()).sum::<usize>() * self.dtype.size()
+    }
+
+    fn write_to(&self, out: &mut dyn Write) -> std::io::Result<()> {
+        self.parts.iter().try_for_each(|p| p.write(self.dtype, out))
     }
 }
 
@@ -134,16 +215,38 @@ impl<W: Write> Write for HashingWriter<'_, W> {
     }
 }
 
-/// Writes `contents` atomically to `path`; returns its manifest entry.
+/// The offsets of all parts as one run: each part's offsets after its leading 0, shifted
+/// by the totals of the parts before it.
+fn offset_parts<'a>(
+    parts: &'a [PackedColumns],
+    offsets: fn(&PackedColumns) -> &[i64],
+    total: fn(&PackedColumns) -> usize,
+) -> Vec<Elements<'a>> {
+    let mut base = 0i64;
+    let mut runs = vec![Elements::Ints(&[0])];
+    for part in parts {
+        runs.push(Elements::Offsets {
+            values: &offsets(part)[1..],
+            base,
+        });
+        base += total(part) as i64;
+    }
+    runs
+}
+
+/// Writes `contents` atomically to `path`, leaving the fsync to the caller (the converter
+/// syncs every shard before it writes the manifest); returns its manifest entry.
 pub fn write_shard(path: &Path, contents: &ShardContents) -> Result<ShardEntry> {
     let ShardContents {
         headers,
-        packed,
+        parts,
         geometry,
         types,
         ..
     } = contents;
-    let (e, d, p) = (packed.events(), packed.doms(), packed.pulses());
+    let e: usize = parts.iter().map(|p| p.events()).sum();
+    let d: usize = parts.iter().map(|p| p.doms()).sum();
+    let p: usize = parts.iter().map(|p| p.pulses()).sum();
     assert_eq!(headers.len(), e, "one header per packed event");
     let column = |f: fn(&EventHeader) -> i64| headers.iter().map(f).collect::<Vec<i64>>();
     let event_id = column(|h| h.event_id);
@@ -151,84 +254,109 @@ pub fn write_shard(path: &Path, contents: &ShardContents) -> Result<ShardEntry> 
     let first_row = column(|h| h.first_row as i64);
     let azimuth: Vec<f64> = headers.iter().map(|h| h.azimuth).collect();
     let zenith: Vec<f64> = headers.iter().map(|h| h.zenith).collect();
-    let sensor: Vec<i64> = packed.dom_sensor_id.iter().map(|&s| s as i64).collect();
-    let mut position = Vec::with_capacity(3 * d);
-    for &s in &packed.dom_sensor_id {
-        let s = s as usize;
-        position.extend([geometry.x[s], geometry.y[s], geometry.z[s]]);
-    }
-    let sensor_bytes = narrow_ints(&sensor, types.sensor_id);
-    let position_bytes = narrow_floats(&position, types.position);
-    let time_bytes = narrow_ints(&packed.time, types.time);
-    let charge_bytes = narrow_floats(&packed.charge, types.charge);
-    let t = |name: &str, dtype, shape: Vec<usize>, data| TensorOut {
-        name: name.to_string(),
+    let each = |f: fn(&PackedColumns) -> Elements| parts.iter().map(f).collect::<Vec<_>>();
+    let one = |dtype, elements| Column {
         dtype,
-        shape,
-        data,
+        parts: vec![elements],
     };
-    let mut tensors = vec![
-        t(names::EVENT_ID, Dtype::I64, vec![e], as_bytes(&event_id)),
-        t(
+    let columns: Vec<(&str, Column, Vec<usize>)> = vec![
+        (
+            names::EVENT_ID,
+            one(Dtype::I64, Elements::Ints(&event_id)),
+            vec![e],
+        ),
+        (
             names::EVENT_BATCH_ID,
-            Dtype::I64,
+            one(Dtype::I64, Elements::Ints(&batch_id)),
             vec![e],
-            as_bytes(&batch_id),
         ),
-        t(
+        (
             names::EVENT_FIRST_ROW,
-            Dtype::I64,
+            one(Dtype::I64, Elements::Ints(&first_row)),
             vec![e],
-            as_bytes(&first_row),
         ),
-        t(
+        (
             names::EVENT_DOM_OFFSETS,
-            Dtype::I64,
+            Column {
+                dtype: Dtype::I64,
+                parts: offset_parts(parts, |c| &c.event_dom_offsets, PackedColumns::doms),
+            },
             vec![e + 1],
-            as_bytes(&packed.event_dom_offsets),
         ),
-        t(
+        (
             names::DOM_SENSOR_ID,
-            types.sensor_id,
+            Column {
+                dtype: types.sensor_id,
+                parts: each(|c| Elements::Sensors(&c.dom_sensor_id)),
+            },
             vec![d],
-            &sensor_bytes,
         ),
-        t(
+        (
             names::DOM_POSITION,
-            types.position,
+            Column {
+                dtype: types.position,
+                parts: parts
+                    .iter()
+                    .map(|c| Elements::Positions(&c.dom_sensor_id, geometry))
+                    .collect(),
+            },
             vec![d, 3],
-            &position_bytes,
         ),
-        t(
+        (
             names::DOM_PULSE_OFFSETS,
-            Dtype::I64,
+            Column {
+                dtype: Dtype::I64,
+                parts: offset_parts(parts, |c| &c.dom_pulse_offsets, PackedColumns::pulses),
+            },
             vec![d + 1],
-            as_bytes(&packed.dom_pulse_offsets),
         ),
-        t(names::PULSE_TIME, types.time, vec![p], &time_bytes),
-        t(names::PULSE_CHARGE, types.charge, vec![p], &charge_bytes),
-        t(
-            names::PULSE_AUXILIARY,
-            Dtype::BOOL,
+        (
+            names::PULSE_TIME,
+            Column {
+                dtype: types.time,
+                parts: each(|c| Elements::Ints(&c.time)),
+            },
             vec![p],
-            &packed.auxiliary,
+        ),
+        (
+            names::PULSE_CHARGE,
+            Column {
+                dtype: types.charge,
+                parts: each(|c| Elements::Floats(&c.charge)),
+            },
+            vec![p],
+        ),
+        (
+            names::PULSE_AUXILIARY,
+            Column {
+                dtype: Dtype::BOOL,
+                parts: each(|c| Elements::Bytes(&c.auxiliary)),
+            },
+            vec![p],
         ),
     ];
-    if types.labels {
-        tensors.push(t(
+    let labels = [
+        (
             names::EVENT_AZIMUTH,
-            Dtype::F64,
+            one(Dtype::F64, Elements::Floats(&azimuth)),
             vec![e],
-            as_bytes(&azimuth),
-        ));
-        tensors.push(t(
+        ),
+        (
             names::EVENT_ZENITH,
-            Dtype::F64,
+            one(Dtype::F64, Elements::Floats(&zenith)),
             vec![e],
-            as_bytes(&zenith),
-        ));
-    }
-    let (bytes, xxh3) = super::atomic::write_atomic(path, |w| {
+        ),
+    ];
+    let stored = columns.iter().chain(labels.iter().filter(|_| types.labels));
+    let tensors: Vec<TensorOut> = stored
+        .map(|(name, column, shape)| TensorOut {
+            name: name.to_string(),
+            dtype: column.dtype,
+            shape: shape.clone(),
+            data: column,
+        })
+        .collect();
+    let (bytes, xxh3) = super::atomic::write_atomic(path, Durability::Deferred, |w| {
         let mut hashing = HashingWriter {
             inner: w,
             hasher: super::checksum::Checksum::new(),
