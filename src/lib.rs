@@ -18,13 +18,17 @@
 //! # Ok(()) }
 //! ```
 
+pub mod batch;
 pub mod convert;
 pub mod dataset;
+pub mod device;
 pub mod error;
 pub mod event;
 pub mod format;
 pub mod pack;
+pub mod pipeline;
 pub mod rng;
+pub mod sampler;
 pub mod source;
 pub mod synth;
 

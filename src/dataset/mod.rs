@@ -89,7 +89,7 @@ impl Shard {
             bytes,
             header,
         };
-        let view = shard.view()?;
+        let view = ShardView::parse(&shard.path, shard.bytes.as_slice(), &shard.header)?;
         let counts = (
             view.events() as u64,
             view.doms() as u64,
@@ -107,9 +107,9 @@ impl Shard {
         Ok(shard)
     }
 
-    /// Typed views of the shard's tensors.
+    /// Typed views of the shard's tensors (the offsets were validated when it was opened).
     pub fn view(&self) -> Result<ShardView<'_>> {
-        ShardView::parse(&self.path, self.bytes.as_slice(), &self.header)
+        ShardView::parse_with(&self.path, self.bytes.as_slice(), &self.header, false)
     }
 
     /// The shard's path.

@@ -60,6 +60,20 @@ pub fn try_cast<T: Pod>(bytes: &[u8]) -> Option<&[T]> {
     Some(unsafe { std::slice::from_raw_parts(bytes.as_ptr().cast::<T>(), bytes.len() / size) })
 }
 
+/// Reinterprets mutable bytes as numbers; `None` when misaligned or of a length that is
+/// not a multiple of the element size.
+pub fn try_cast_mut<T: Pod>(bytes: &mut [u8]) -> Option<&mut [T]> {
+    let size = std::mem::size_of::<T>();
+    if bytes.len() % size != 0 || (bytes.as_ptr() as usize) % std::mem::align_of::<T>() != 0 {
+        return None;
+    }
+    // SAFETY: alignment and length were checked above; every bit pattern is a valid `Pod`
+    // value; the result borrows `bytes` mutably, so nothing else aliases it.
+    Some(unsafe {
+        std::slice::from_raw_parts_mut(bytes.as_mut_ptr().cast::<T>(), bytes.len() / size)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

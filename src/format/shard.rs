@@ -390,7 +390,26 @@ pub enum IntColumn<'a> {
     I64(&'a [i64]),
 }
 
-impl IntColumn<'_> {
+impl<'a> IntColumn<'a> {
+    /// The stored bytes and element type.
+    pub fn raw(&self) -> (&'a [u8], Dtype) {
+        match *self {
+            IntColumn::I16(v) => (as_bytes(v), Dtype::I16),
+            IntColumn::I32(v) => (as_bytes(v), Dtype::I32),
+            IntColumn::I64(v) => (as_bytes(v), Dtype::I64),
+        }
+    }
+
+    /// Views `bytes` (aligned, of whole elements) as a column of `dtype`.
+    pub fn from_raw(bytes: &'a [u8], dtype: Dtype) -> Option<IntColumn<'a>> {
+        Some(match dtype {
+            Dtype::I16 => IntColumn::I16(try_cast(bytes)?),
+            Dtype::I32 => IntColumn::I32(try_cast(bytes)?),
+            Dtype::I64 => IntColumn::I64(try_cast(bytes)?),
+            _ => return None,
+        })
+    }
+
     /// Element `i`, widened.
     pub fn get(&self, i: usize) -> i64 {
         match self {
@@ -424,7 +443,24 @@ pub enum FloatColumn<'a> {
     F64(&'a [f64]),
 }
 
-impl FloatColumn<'_> {
+impl<'a> FloatColumn<'a> {
+    /// The stored bytes and element type.
+    pub fn raw(&self) -> (&'a [u8], Dtype) {
+        match *self {
+            FloatColumn::F32(v) => (as_bytes(v), Dtype::F32),
+            FloatColumn::F64(v) => (as_bytes(v), Dtype::F64),
+        }
+    }
+
+    /// Views `bytes` (aligned, of whole elements) as a column of `dtype`.
+    pub fn from_raw(bytes: &'a [u8], dtype: Dtype) -> Option<FloatColumn<'a>> {
+        Some(match dtype {
+            Dtype::F32 => FloatColumn::F32(try_cast(bytes)?),
+            Dtype::F64 => FloatColumn::F64(try_cast(bytes)?),
+            _ => return None,
+        })
+    }
+
     /// Element `i`, widened (exactly).
     pub fn get(&self, i: usize) -> f64 {
         match self {
@@ -536,7 +572,7 @@ impl<'a> Tensors<'a> {
 }
 
 /// Checks that `offsets` start at 0, never decrease and end at `total`.
-fn check_offsets(path: &Path, name: &str, offsets: &[i64], total: usize) -> Result<()> {
+fn check_offsets_of(path: &Path, name: &str, offsets: &[i64], total: usize) -> Result<()> {
     if offsets.first() != Some(&0) {
         return Err(Error::shard(path, format!("`{name}` does not start at 0")));
     }
@@ -561,6 +597,17 @@ fn check_offsets(path: &Path, name: &str, offsets: &[i64], total: usize) -> Resu
 impl<'a> ShardView<'a> {
     /// Validates `bytes` (a whole shard file) and returns typed views into it.
     pub fn parse(path: &'a Path, bytes: &'a [u8], header: &'a Header) -> Result<ShardView<'a>> {
+        Self::parse_with(path, bytes, header, true)
+    }
+
+    /// As [`ShardView::parse`]; `check_offsets: false` skips the scans of the offset arrays
+    /// (O(events + DOMs)), for a shard already validated once and immutable since.
+    pub fn parse_with(
+        path: &'a Path,
+        bytes: &'a [u8],
+        header: &'a Header,
+        check_offsets: bool,
+    ) -> Result<ShardView<'a>> {
         let t = Tensors {
             path,
             bytes,
@@ -582,8 +629,10 @@ impl<'a> ShardView<'a> {
             .first()
             .copied()
             .unwrap_or(0);
-        check_offsets(path, names::EVENT_DOM_OFFSETS, event_dom_offsets, d)?;
-        check_offsets(path, names::DOM_PULSE_OFFSETS, dom_pulse_offsets, p)?;
+        if check_offsets {
+            check_offsets_of(path, names::EVENT_DOM_OFFSETS, event_dom_offsets, d)?;
+            check_offsets_of(path, names::DOM_PULSE_OFFSETS, dom_pulse_offsets, p)?;
+        }
         let labels = header.tensors.contains_key(names::EVENT_AZIMUTH);
         let label = |name| {
             if labels {

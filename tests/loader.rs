@@ -1,0 +1,374 @@
+//! The streaming loader: content, order, layouts, allocation, resume, shutdown, errors.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use shardify::batch::BatchLayout;
+use shardify::dataset::{ChecksumPolicy, Dataset};
+use shardify::pipeline::{Batch, Loader, LoaderConfig, LoaderState};
+use shardify::sampler::{Batching, SamplerConfig, SamplerState};
+
+fn dataset(dir: &Path) -> Arc<Dataset> {
+    let out = dir.join("ds");
+    if !out.join("manifest.json").exists() {
+        convert_all(&fixture(), "train", &out, &options(5, 2)).unwrap();
+    }
+    Arc::new(Dataset::open(&out, ChecksumPolicy::Lazy).unwrap())
+}
+
+fn config(batching: Batching, workers: usize) -> LoaderConfig {
+    LoaderConfig {
+        sampler: SamplerConfig {
+            seed: 3,
+            block_events: 8,
+            window_blocks: 4,
+            batching,
+            drop_last: false,
+            rank: 0,
+            world: 1,
+        },
+        layout: BatchLayout::Packed,
+        workers,
+        prefetch: 3,
+    }
+}
+
+fn epoch(ds: &Arc<Dataset>, config: &LoaderConfig, epoch: u64) -> Vec<Batch> {
+    Loader::new(
+        ds.clone(),
+        config.clone(),
+        SamplerState {
+            epoch,
+            batches_taken: 0,
+        },
+    )
+    .unwrap()
+    .map(|b| b.unwrap())
+    .collect()
+}
+
+/// Checks a packed batch against the shards, event by event, field by field.
+fn check_packed(ds: &Dataset, batch: &Batch) {
+    let v = batch.packed().unwrap();
+    assert_eq!(v.event_dom_offsets[0], 0);
+    assert_eq!(v.dom_pulse_offsets[0], 0);
+    for (b, e) in batch.plan().events.iter().enumerate() {
+        let shard = ds.shard(e.shard as usize).unwrap().view().unwrap();
+        let i = e.index as usize;
+        assert_eq!(v.event_id[b], shard.event_id[i]);
+        assert_eq!(
+            v.event_azimuth[b].to_bits(),
+            shard.event_azimuth.unwrap()[i].to_bits()
+        );
+        let doms = shard.dom_range(i);
+        let out_doms = v.event_dom_offsets[b] as usize..v.event_dom_offsets[b + 1] as usize;
+        assert_eq!(out_doms.len(), doms.len());
+        for (od, d) in out_doms.zip(doms) {
+            assert_eq!(v.dom_sensor_id.get(od), shard.dom_sensor_id.get(d));
+            for k in 0..3 {
+                assert_eq!(
+                    v.dom_position.get(3 * od + k),
+                    shard.dom_position.get(3 * d + k)
+                );
+            }
+            let (op, p) = (
+                v.dom_pulse_offsets[od] as usize..v.dom_pulse_offsets[od + 1] as usize,
+                shard.pulse_range(d),
+            );
+            assert_eq!(op.len(), p.len());
+            for (a, b) in op.zip(p) {
+                assert_eq!(v.pulse_time.get(a), shard.pulse_time.get(b));
+                assert_eq!(
+                    v.pulse_charge.get(a).to_bits(),
+                    shard.pulse_charge.get(b).to_bits()
+                );
+                assert_eq!(v.pulse_auxiliary[a], shard.pulse_auxiliary[b]);
+            }
+        }
+    }
+    assert_eq!(
+        *v.event_dom_offsets.last().unwrap() as usize + 1,
+        v.dom_pulse_offsets.len()
+    );
+    assert_eq!(
+        *v.dom_pulse_offsets.last().unwrap() as usize,
+        v.pulse_time.len()
+    );
+}
+
+#[test]
+fn a_whole_epoch_delivers_every_event_once_with_exact_content() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = dataset(dir.path());
+    for batching in [
+        Batching::Events(7),
+        Batching::Pulses {
+            max_pulses: 600,
+            max_events: None,
+        },
+    ] {
+        let batches = epoch(&ds, &config(batching, 3), 0);
+        let mut ids = BTreeSet::new();
+        for (k, batch) in batches.iter().enumerate() {
+            assert_eq!(batch.plan().global_index, k as u64, "in order");
+            check_packed(&ds, batch);
+            ids.extend(batch.packed().unwrap().event_id.iter().copied());
+        }
+        assert_eq!(ids.len(), 300);
+        assert_eq!(
+            batches.iter().map(|b| b.plan().events.len()).sum::<usize>(),
+            300
+        );
+    }
+}
+
+#[test]
+fn batches_do_not_depend_on_worker_count() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = dataset(dir.path());
+    let bytes = |workers| {
+        epoch(&ds, &config(Batching::Events(16), workers), 2)
+            .iter()
+            .map(|b| b.bytes().to_vec())
+            .collect::<Vec<_>>()
+    };
+    let one = bytes(1);
+    assert!(one == bytes(4), "1 and 4 workers give different batches");
+    assert!(
+        one != epoch(&ds, &config(Batching::Events(16), 1), 3)
+            .iter()
+            .map(|b| b.bytes().to_vec())
+            .collect::<Vec<_>>(),
+        "epochs differ"
+    );
+}
+
+#[test]
+fn padded_layout_matches_the_packed_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = dataset(dir.path());
+    let (max_doms, k) = (12, 2);
+    let packed = epoch(&ds, &config(Batching::Events(9), 2), 1);
+    let mut padded_config = config(Batching::Events(9), 2);
+    padded_config.layout = BatchLayout::Padded {
+        max_doms,
+        pulses_per_dom: k,
+    };
+    let padded = epoch(&ds, &padded_config, 1);
+    assert_eq!(packed.len(), padded.len());
+    for (p, q) in packed.iter().zip(&padded) {
+        let (p, q) = (p.packed().unwrap(), q.padded().unwrap());
+        assert_eq!(p.event_id, q.event_id);
+        assert_eq!(q.features_per_dom, 4 + 3 * k);
+        let m = q.max_doms;
+        assert!(m <= max_doms);
+        for b in 0..p.event_id.len() {
+            let doms = p.event_dom_offsets[b] as usize..p.event_dom_offsets[b + 1] as usize;
+            for slot in 0..m {
+                let row =
+                    &q.dom_features[(b * m + slot) * q.features_per_dom..][..q.features_per_dom];
+                if slot >= doms.len() {
+                    assert_eq!(q.dom_mask[b * m + slot], 0);
+                    assert!(row.iter().all(|&x| x == 0.0));
+                    continue;
+                }
+                let d = doms.start + slot;
+                assert_eq!(q.dom_mask[b * m + slot], 1);
+                assert_eq!(row[0], p.dom_position.get(3 * d) as f32);
+                assert_eq!(row[2], p.dom_position.get(3 * d + 2) as f32);
+                let pulses = p.dom_pulse_offsets[d] as usize..p.dom_pulse_offsets[d + 1] as usize;
+                assert_eq!(row[3], pulses.len() as f32);
+                for j in 0..k {
+                    let expect = if j < pulses.len() {
+                        let i = pulses.start + j;
+                        [
+                            p.pulse_time.get(i) as f32,
+                            p.pulse_charge.get(i) as f32,
+                            p.pulse_auxiliary[i] as f32,
+                        ]
+                    } else {
+                        [0.0; 3]
+                    };
+                    assert_eq!(&row[4 + 3 * j..7 + 3 * j], &expect);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn the_steady_state_allocates_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = dataset(dir.path());
+    let config = config(
+        Batching::Pulses {
+            max_pulses: 120,
+            max_events: None,
+        },
+        2,
+    );
+    let mut loader = Loader::new(
+        ds,
+        config.clone(),
+        SamplerState {
+            epoch: 0,
+            batches_taken: 0,
+        },
+    )
+    .unwrap();
+    let initial = loader.staging_allocations();
+    let pool_size = (config.workers + config.prefetch + 2) as u64;
+    assert_eq!(initial, pool_size);
+    let mut delivered = 0;
+    for batch in loader.by_ref() {
+        batch.unwrap();
+        delivered += 1;
+    }
+    assert!(delivered > 10 * pool_size as usize, "{delivered} batches");
+    assert_eq!(
+        loader.staging_allocations(),
+        initial,
+        "1 MiB buffers hold every batch of this budget: no allocation at all"
+    );
+}
+
+#[test]
+fn resume_continues_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = dataset(dir.path());
+    let config = config(
+        Batching::Pulses {
+            max_pulses: 500,
+            max_events: Some(12),
+        },
+        2,
+    );
+    let whole: Vec<Vec<u8>> = epoch(&ds, &config, 4)
+        .iter()
+        .map(|b| b.bytes().to_vec())
+        .collect();
+    let mut loader = Loader::new(
+        ds.clone(),
+        config.clone(),
+        SamplerState {
+            epoch: 4,
+            batches_taken: 0,
+        },
+    )
+    .unwrap();
+    let first: Vec<Vec<u8>> = loader
+        .by_ref()
+        .take(5)
+        .map(|b| b.unwrap().bytes().to_vec())
+        .collect();
+    let saved = serde_json::to_string(&loader.state()).unwrap();
+    drop(loader);
+    let state: LoaderState = serde_json::from_str(&saved).unwrap();
+    assert_eq!(
+        state.position,
+        SamplerState {
+            epoch: 4,
+            batches_taken: 5
+        }
+    );
+    let rest: Vec<Vec<u8>> = Loader::resume(ds.clone(), config.clone(), &state)
+        .unwrap()
+        .map(|b| b.unwrap().bytes().to_vec())
+        .collect();
+    assert!(
+        [first, rest].concat() == whole,
+        "resumed batches differ from the uninterrupted epoch"
+    );
+    let mut other = config.clone();
+    other.sampler.seed += 1;
+    assert!(
+        Loader::resume(ds, other, &state).is_err(),
+        "a state from another configuration is refused"
+    );
+}
+
+#[test]
+fn dropping_mid_epoch_stops_every_thread() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = dataset(dir.path());
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut loader = Loader::new(
+            ds,
+            config(Batching::Events(3), 4),
+            SamplerState {
+                epoch: 0,
+                batches_taken: 0,
+            },
+        )
+        .unwrap();
+        let held = loader.next().unwrap().unwrap();
+        let _second = loader.next().unwrap().unwrap();
+        drop(loader);
+        drop(held);
+        done_tx.send(()).unwrap();
+    });
+    done_rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the loader shut down instead of hanging");
+}
+
+#[test]
+fn a_corrupt_or_missing_shard_is_an_error_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = dataset(dir.path());
+    let file = &ds.manifest().shards[2].file;
+    let path = dir.path().join("ds").join(file);
+    let mut bytes = std::fs::read(&path).unwrap();
+    let n = bytes.len();
+    bytes[n - 1] ^= 0xff;
+    std::fs::write(&path, &bytes).unwrap();
+    let fresh = Arc::new(Dataset::open(&dir.path().join("ds"), ChecksumPolicy::Lazy).unwrap());
+    let results: Vec<_> = Loader::new(
+        fresh,
+        config(Batching::Events(10), 2),
+        SamplerState {
+            epoch: 0,
+            batches_taken: 0,
+        },
+    )
+    .unwrap()
+    .collect();
+    let err = results
+        .iter()
+        .find_map(|r| r.as_ref().err())
+        .expect("an error")
+        .to_string();
+    assert!(
+        err.contains(file.as_str()) && err.contains("checksum"),
+        "{err}"
+    );
+    assert!(
+        results.last().unwrap().is_err(),
+        "the error ends the iteration"
+    );
+
+    std::fs::remove_file(&path).unwrap();
+    let fresh = Arc::new(Dataset::open(&dir.path().join("ds"), ChecksumPolicy::Off).unwrap());
+    let results: Vec<_> = Loader::new(
+        fresh,
+        config(Batching::Events(10), 2),
+        SamplerState {
+            epoch: 0,
+            batches_taken: 0,
+        },
+    )
+    .unwrap()
+    .collect();
+    let err = results
+        .iter()
+        .find_map(|r| r.as_ref().err())
+        .expect("an error")
+        .to_string();
+    assert!(err.contains(file.as_str()), "{err}");
+}
