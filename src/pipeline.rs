@@ -17,7 +17,7 @@ use std::thread::JoinHandle;
 use crossbeam_channel::{bounded, select, Receiver, Sender};
 use serde::{Deserialize, Serialize};
 
-use crate::batch::{plan_sections, sections, BatchLayout, Gatherer, Sections};
+use crate::batch::{plan_sections, sections, BatchLayout, BatchShape, Gatherer, Sections};
 use crate::dataset::Dataset;
 use crate::device::staging::{HostMemory, PlainMemory, StagingBuffer, StagingPool};
 use crate::error::{Error, Result};
@@ -110,7 +110,7 @@ impl EventSizes for DatasetSizes<'_> {
     }
 }
 
-type Filled = (StagingBuffer, Sections, BatchPlan);
+type Filled = (StagingBuffer, Sections, BatchPlan, BatchShape);
 
 /// Streams the batches of one epoch for one rank.
 pub struct Loader {
@@ -226,7 +226,7 @@ impl Iterator for Loader {
             if let Some(result) = self.pending.remove(&self.next_seq) {
                 self.next_seq += 1;
                 return Some(match result {
-                    Ok((buffer, sections, plan)) => {
+                    Ok((buffer, sections, plan, shape)) => {
                         self.position.batches_taken += 1;
                         self.pool.lend();
                         Ok(Batch {
@@ -234,6 +234,7 @@ impl Iterator for Loader {
                             pool: self.pool.clone(),
                             sections,
                             plan,
+                            shape,
                             layout: self.config.layout,
                         })
                     }
@@ -321,10 +322,10 @@ fn gather_batches(
             let sections = plan_sections(layout, shape, &types);
             pool.ensure_capacity(&mut buffer, sections.total);
             gatherer.gather(&plan, layout, &sections, buffer.bytes_mut())?;
-            Ok((sections, plan))
+            Ok((sections, plan, shape))
         });
         let item = match filled {
-            Ok((sections, plan)) => Ok((buffer, sections, plan)),
+            Ok((sections, plan, shape)) => Ok((buffer, sections, plan, shape)),
             Err(e) => {
                 pool.give_back(buffer);
                 Err(e)
@@ -343,6 +344,7 @@ pub struct Batch {
     pool: Arc<StagingPool>,
     sections: Sections,
     plan: BatchPlan,
+    shape: BatchShape,
     layout: BatchLayout,
 }
 
@@ -408,6 +410,11 @@ impl Batch {
     /// Which events, in order, and the batch's global number in the epoch.
     pub fn plan(&self) -> &BatchPlan {
         &self.plan
+    }
+
+    /// Events, DOMs and pulses in the batch.
+    pub fn shape(&self) -> BatchShape {
+        self.shape
     }
 
     /// The layout.

@@ -195,3 +195,66 @@ fn peak_memory_stays_within_the_limit_on_a_dataset_several_times_larger() {
         "peak RSS {peak} bytes over the {limit}-byte limit"
     );
 }
+
+fn order_lines(args: &[&str]) -> Vec<String> {
+    let out = shardify(&[&["order"], args].concat());
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    text(&out.stdout).lines().map(str::to_string).collect()
+}
+
+#[test]
+fn order_is_the_same_global_sequence_for_any_world_and_resumes_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("ds");
+    convert_all(&fixture(), "train", &out, &options(2, 2)).unwrap();
+    let ds = out.display().to_string();
+    let common = [
+        "--seed",
+        "5",
+        "--epoch",
+        "1",
+        "--max-pulses",
+        "400",
+        "--block-events",
+        "10",
+        "--window",
+        "3",
+    ];
+    let whole = order_lines(&[&[ds.as_str()], &common[..], &["--threads", "3"]].concat());
+    let ids: std::collections::BTreeSet<&str> = whole.iter().flat_map(|l| l.split(' ')).collect();
+    assert_eq!(ids.len(), 300, "every event once");
+    for world in [2usize, 3, 8] {
+        let ranks: Vec<Vec<String>> = (0..world)
+            .map(|r| {
+                let (r, w) = (r.to_string(), world.to_string());
+                order_lines(
+                    &[
+                        &[ds.as_str()],
+                        &common[..],
+                        &["--rank", &r, "--world", &w, "--threads", "1"],
+                    ]
+                    .concat(),
+                )
+            })
+            .collect();
+        let interleaved: Vec<String> = (0..whole.len())
+            .map(|k| ranks[k % world][k / world].clone())
+            .collect();
+        assert_eq!(interleaved, whole, "world {world}");
+    }
+    let state = dir.path().join("state.json").display().to_string();
+    let first = order_lines(
+        &[
+            &[ds.as_str()],
+            &common[..],
+            &["--stop-after", "4", "--save-state", &state],
+        ]
+        .concat(),
+    );
+    let rest = order_lines(&[&[ds.as_str()], &common[..], &["--resume", &state]].concat());
+    assert_eq!([first, rest].concat(), whole);
+    let mut next_epoch = common.to_vec();
+    next_epoch[3] = "2";
+    let other = order_lines(&[&[ds.as_str()], &next_epoch[..]].concat());
+    assert_ne!(other, whole, "another epoch, another order");
+}

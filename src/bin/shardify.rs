@@ -9,9 +9,13 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
+use shardify::batch::BatchLayout;
 use shardify::convert::{convert, ConvertOptions, Phase, Progress, TaskSlice};
 use shardify::dataset::{dump::dump, inspect::inspect, verify::verify, ChecksumPolicy, Dataset};
+use shardify::pipeline::{Loader, LoaderConfig, LoaderState};
+use shardify::sampler::{Batching, SamplerConfig, SamplerState};
 use shardify::source::InputSet;
+use std::sync::Arc;
 
 #[derive(Parser)]
 #[command(
@@ -43,6 +47,8 @@ enum Command {
         #[arg(long)]
         event: Option<i64>,
     },
+    /// Print, one line per batch, the event ids a rank receives, in order.
+    Order(OrderArgs),
     /// Check checksums and every invariant; with --against, compare with the source.
     Verify {
         /// Dataset directory.
@@ -54,6 +60,54 @@ enum Command {
         #[arg(long)]
         split: Option<String>,
     },
+}
+
+#[derive(Args)]
+struct OrderArgs {
+    /// Dataset directory.
+    dataset: PathBuf,
+    /// Shuffle seed.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Epoch.
+    #[arg(long, default_value_t = 0)]
+    epoch: u64,
+    /// This rank.
+    #[arg(long, default_value_t = 0)]
+    rank: usize,
+    /// Number of ranks.
+    #[arg(long, default_value_t = 1)]
+    world: usize,
+    /// Events per batch.
+    #[arg(long, default_value_t = 256, conflicts_with = "max_pulses")]
+    batch_events: usize,
+    /// Batch by a pulse budget instead of an event count.
+    #[arg(long)]
+    max_pulses: Option<usize>,
+    /// With --max-pulses: events per batch at most.
+    #[arg(long, requires = "max_pulses")]
+    max_events: Option<usize>,
+    /// Events per block.
+    #[arg(long, default_value_t = 256)]
+    block_events: usize,
+    /// Blocks open at once.
+    #[arg(long, default_value_t = 16)]
+    window: usize,
+    /// Worker threads (the order does not depend on it).
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+    /// Drop incomplete trailing batches so every rank gets the same count.
+    #[arg(long)]
+    drop_last: bool,
+    /// Stop after this many batches.
+    #[arg(long)]
+    stop_after: Option<u64>,
+    /// Write the loader state here when stopping.
+    #[arg(long)]
+    save_state: Option<PathBuf>,
+    /// Continue from a state written by --save-state.
+    #[arg(long)]
+    resume: Option<PathBuf>,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -323,6 +377,70 @@ fn run_inspect(dir: PathBuf, json: bool) -> Result<()> {
     Ok(())
 }
 
+fn run_order(args: OrderArgs) -> Result<()> {
+    let batching = match args.max_pulses {
+        Some(max_pulses) => Batching::Pulses {
+            max_pulses,
+            max_events: args.max_events,
+        },
+        None => Batching::Events(args.batch_events),
+    };
+    let config = LoaderConfig {
+        sampler: SamplerConfig {
+            seed: args.seed,
+            block_events: args.block_events,
+            window_blocks: args.window,
+            batching,
+            drop_last: args.drop_last,
+            rank: args.rank,
+            world: args.world,
+        },
+        layout: BatchLayout::Packed,
+        workers: args.threads,
+        prefetch: 4,
+    };
+    let dataset = Arc::new(Dataset::open(&args.dataset, ChecksumPolicy::Lazy)?);
+    let mut loader = match &args.resume {
+        Some(path) => {
+            let state: LoaderState = serde_json::from_slice(
+                &std::fs::read(path).with_context(|| format!("reading {}", path.display()))?,
+            )
+            .with_context(|| format!("{} is not a saved loader state", path.display()))?;
+            Loader::resume(dataset, config, &state)?
+        }
+        None => Loader::new(
+            dataset,
+            config,
+            SamplerState {
+                epoch: args.epoch,
+                batches_taken: 0,
+            },
+        )?,
+    };
+    let stdout = std::io::stdout();
+    let mut out = std::io::BufWriter::new(stdout.lock());
+    let mut printed = 0;
+    while args.stop_after.is_none_or(|k| printed < k) {
+        let Some(batch) = loader.next() else { break };
+        let batch = batch?;
+        let ids: Vec<String> = batch
+            .packed()
+            .expect("packed layout")
+            .event_id
+            .iter()
+            .map(|id| id.to_string())
+            .collect();
+        writeln!(out, "{}", ids.join(" "))?;
+        printed += 1;
+    }
+    out.flush()?;
+    if let Some(path) = &args.save_state {
+        let state = serde_json::to_vec_pretty(&loader.state())?;
+        shardify::format::atomic::write_bytes_atomic(path, &state)?;
+    }
+    Ok(())
+}
+
 fn run_verify(dir: PathBuf, against: Option<PathBuf>, split: Option<String>) -> Result<()> {
     let source = against
         .map(|a| InputSet::discover(&a, split.as_deref()))
@@ -393,5 +511,6 @@ fn run(command: Command) -> Result<()> {
             against,
             split,
         } => run_verify(dataset, against, split),
+        Command::Order(args) => run_order(args),
     }
 }

@@ -63,6 +63,10 @@ impl Default for ConvertOptions {
 /// The smallest memory limit accepted, in bytes.
 pub const MIN_MEMORY_LIMIT: u64 = 32 << 20;
 
+/// Memory the converter needs whatever the data: the program, Parquet decoder state,
+/// thread stacks. The rest of the limit is shared by spill buffers and gathered buckets.
+pub const FIXED_OVERHEAD: u64 = 16 << 20;
+
 impl ConvertOptions {
     /// Rejects options that cannot work.
     pub fn validate(&self) -> Result<()> {
@@ -81,10 +85,15 @@ impl ConvertOptions {
         Ok(())
     }
 
+    /// The limit less [`FIXED_OVERHEAD`]: what the data may occupy.
+    pub fn working_memory(&self) -> u64 {
+        self.memory_limit_bytes.saturating_sub(FIXED_OVERHEAD)
+    }
+
     /// Bytes each scatter worker may buffer: half the limit, shared by the workers; the
     /// other half covers Parquet decoding.
     fn scatter_budget(&self) -> usize {
-        (self.memory_limit_bytes / (2 * self.threads as u64)).max(1 << 20) as usize
+        (self.working_memory() / (2 * self.threads as u64)).max(1 << 20) as usize
     }
 }
 
@@ -268,7 +277,7 @@ fn run_phases(
             .map(|(b, _)| b)
             .collect();
         progress.begin("gather", todo.len() as u64);
-        let bank = MemoryBank::new(options.memory_limit_bytes);
+        let bank = MemoryBank::new(options.working_memory());
         let scratch_pool: Mutex<Vec<GatherScratch>> = Mutex::new(Vec::new());
         todo.par_iter()
             .map(|&bucket| {

@@ -97,7 +97,7 @@ impl Plan {
         let total_pulses: u64 = batches.iter().filter_map(|b| b.rows).sum();
         let bucket_bytes = options
             .shard_target_bytes
-            .min(options.memory_limit_bytes / GATHER_MEMORY_FACTOR)
+            .min(options.working_memory() / GATHER_MEMORY_FACTOR)
             .max(1);
         let bucket_count = (total_pulses * SHARD_BYTES_PER_PULSE)
             .div_ceil(bucket_bytes)
