@@ -1,6 +1,6 @@
 //! Reader throughput on the CPU path against memcpy of the same bytes, in one run.
 //!
-//! `cargo bench --bench reader -- [--events N] [--workers W] [--batch B] [--runs R]`
+//! `cargo bench --bench reader -- [--events N] [--workers W] [--batch B] [--run-events K] [--runs R]`
 //!
 //! Converts a generated dataset once (kept under target/bench-data), warms the page cache,
 //! then for each window size streams whole epochs (packed layout) and reports events/s,
@@ -93,6 +93,7 @@ fn main() {
     let workers = arg("--workers", 2) as usize;
     let batch = arg("--batch", 256) as usize;
     let runs = arg("--runs", 3) as usize;
+    let run = arg("--run-events", 1) as usize;
     let dir = prepare(events);
     let dataset = Arc::new(Dataset::open(&dir, ChecksumPolicy::Full).unwrap());
     let total_bytes: u64 = dataset.manifest().totals.bytes;
@@ -112,7 +113,7 @@ fn main() {
         total_bytes as f64 / 1048576.0,
         dataset.shard_count()
     );
-    println!("loader        packed layout, {batch} events per batch, block 256 events, {workers} workers");
+    println!("loader        packed layout, {batch} events per batch, block 256 events, runs of {run} events, {workers} workers");
     println!(
         "{:>7} {:>12} {:>13} {:>10} {:>10} {:>9}",
         "window", "events/s", "pulses/s", "GB/s", "memcpy", "ratio"
@@ -123,6 +124,7 @@ fn main() {
                 seed: 9,
                 block_events: 256,
                 window_blocks: window,
+                run_events: run,
                 batching: Batching::Events(batch),
                 ..SamplerConfig::default()
             },

@@ -282,15 +282,19 @@ impl<'a> Gatherer<'a> {
         let dom_pulses = typed::<i32>(dom_pulses);
         event_doms[0] = 0;
         dom_pulses[0] = 0;
-        let (mut d_out, mut p_out) = (0usize, 0usize);
-        for (b, &EventRef { shard, index }) in plan.events.iter().enumerate() {
-            let v = self.view(shard)?;
-            let doms = v.dom_range(index as usize);
+        let (mut d_out, mut p_out, mut b) = (0usize, 0usize, 0usize);
+        // Maximal runs of consecutive events of one shard are copied column by column at once.
+        for run in plan
+            .events
+            .chunk_by(|x, y| x.shard == y.shard && x.index + 1 == y.index)
+        {
+            let v = self.view(run[0].shard)?;
+            let (first, last) = (run[0].index as usize, run[run.len() - 1].index as usize);
+            let doms = v.event_dom_offsets[first] as usize..v.event_dom_offsets[last + 1] as usize;
             let (p0, p1) = (
                 v.dom_pulse_offsets[doms.start] as usize,
                 v.dom_pulse_offsets[doms.end] as usize,
             );
-            let nd = doms.len();
             copy_elements(
                 sized(v.dom_sensor_id.raw()),
                 doms.start,
@@ -308,16 +312,20 @@ impl<'a> Gatherer<'a> {
             copy_elements(sized(v.pulse_time.raw()), p0, p1, time, p_out);
             copy_elements(sized(v.pulse_charge.raw()), p0, p1, charge, p_out);
             copy_elements((v.pulse_auxiliary, 1), p0, p1, aux, p_out);
-            let shift = p_out as i64 - p0 as i64;
+            let pulse_shift = p_out as i64 - p0 as i64;
             for (k, &o) in v.dom_pulse_offsets[doms.start + 1..=doms.end]
                 .iter()
                 .enumerate()
             {
-                dom_pulses[d_out + 1 + k] = (o + shift) as i32;
+                dom_pulses[d_out + 1 + k] = (o + pulse_shift) as i32;
             }
-            d_out += nd;
+            let dom_shift = d_out as i64 - doms.start as i64;
+            for &o in &v.event_dom_offsets[first + 1..=last + 1] {
+                b += 1;
+                event_doms[b] = (o + dom_shift) as i32;
+            }
+            d_out += doms.len();
             p_out += p1 - p0;
-            event_doms[b + 1] = d_out as i32;
         }
         Ok(())
     }

@@ -3,8 +3,9 @@
 //! The dataset is cut into **blocks**: runs of `block_events` consecutive events inside one
 //! shard (the last block of a shard may be shorter), read sequentially. For epoch `e`:
 //! 1. the blocks are permuted with a generator seeded by `(seed, e)`;
-//! 2. the permuted blocks are taken `window_blocks` at a time; the events of a window are
-//!    shuffled (seeded by `(seed, e, window)`) and emitted;
+//! 2. the permuted blocks are taken `window_blocks` at a time; the events of a window, in
+//!    runs of `run_events` consecutive events of a block, are shuffled run by run (seeded by
+//!    `(seed, e, window)`) and emitted (runs turn many small copies into few large ones);
 //! 3. the resulting global event sequence is cut into batches: `Events(n)` takes `n`
 //!    events at a time; `Pulses { max_pulses, max_events }` adds events while the batch stays
 //!    within the pulse budget (an event larger than the budget forms a batch of its own);
@@ -49,6 +50,8 @@ pub struct SamplerConfig {
     pub block_events: usize,
     /// Blocks open at once; events are shuffled within a window.
     pub window_blocks: usize,
+    /// Consecutive events drawn together (1: every event drawn on its own).
+    pub run_events: usize,
     /// Batching rule.
     pub batching: Batching,
     /// Drop incomplete trailing batches (see the module docs).
@@ -65,6 +68,7 @@ impl Default for SamplerConfig {
             seed: 0,
             block_events: 256,
             window_blocks: 16,
+            run_events: 1,
             batching: Batching::Events(256),
             drop_last: false,
             rank: 0,
@@ -76,8 +80,8 @@ impl Default for SamplerConfig {
 impl SamplerConfig {
     /// Rejects configurations that cannot work, with a message naming the field.
     pub fn validate(&self) -> Result<(), String> {
-        if self.block_events == 0 || self.window_blocks == 0 {
-            return Err("block size and window must be at least 1".into());
+        if self.block_events == 0 || self.window_blocks == 0 || self.run_events == 0 {
+            return Err("block size, window and run length must be at least 1".into());
         }
         if self.world == 0 || self.rank >= self.world {
             return Err(format!(
@@ -147,6 +151,7 @@ const STREAM_WINDOW: u64 = 0x3a7d_0e11;
 struct EventStream {
     blocks: Vec<Block>,
     window_blocks: usize,
+    run_events: u32,
     seed: u64,
     epoch: u64,
     next_window: usize,
@@ -172,6 +177,7 @@ impl EventStream {
         EventStream {
             blocks,
             window_blocks: config.window_blocks,
+            run_events: config.run_events.min(u32::MAX as usize) as u32,
             seed: config.seed,
             epoch,
             next_window: 0,
@@ -193,17 +199,23 @@ impl Iterator for EventStream {
                 return None;
             }
             let window = &self.blocks[first..(first + self.window_blocks).min(self.blocks.len())];
-            let mut events: Vec<EventRef> = window
+            let run = self.run_events;
+            let mut runs: Vec<(u32, u32, u32)> = window
                 .iter()
                 .flat_map(|b| {
-                    (b.start..b.start + b.len).map(move |index| EventRef {
-                        shard: b.shard,
-                        index,
-                    })
+                    (b.start..b.start + b.len)
+                        .step_by(run as usize)
+                        .map(move |start| (b.shard, start, (b.start + b.len).min(start + run)))
                 })
                 .collect();
             let stream = (self.epoch << 32) ^ self.next_window as u64;
-            Rng::stream(self.seed ^ STREAM_WINDOW, stream).shuffle(&mut events);
+            Rng::stream(self.seed ^ STREAM_WINDOW, stream).shuffle(&mut runs);
+            let events: Vec<EventRef> = runs
+                .into_iter()
+                .flat_map(|(shard, start, end)| {
+                    (start..end).map(move |index| EventRef { shard, index })
+                })
+                .collect();
             self.buffered = events.into_iter();
             self.next_window += 1;
         }
@@ -370,11 +382,11 @@ mod tests {
         fn every_event_once_per_epoch_across_ranks(
             shards in proptest::collection::vec(0usize..300, 1..6),
             seed in any::<u64>(), epoch in 0u64..5, block in 1usize..64, window in 1usize..8,
-            batching in batching(), world in 1usize..9,
+            batching in batching(), world in 1usize..9, run in 1usize..12,
         ) {
             let sizes = Sizes(shards.clone());
             let total: usize = shards.iter().sum();
-            let base = SamplerConfig { seed, block_events: block, window_blocks: window, batching, drop_last: false, rank: 0, world: 1 };
+            let base = SamplerConfig { seed, block_events: block, window_blocks: window, run_events: run, batching, drop_last: false, rank: 0, world: 1 };
             let reference: Vec<BatchPlan> = all(&sizes, &base, epoch);
             let mut union = Vec::new();
             for rank in 0..world {
@@ -402,10 +414,10 @@ mod tests {
         fn drop_last_gives_equal_counts_and_loses_little(
             shards in proptest::collection::vec(0usize..300, 1..6),
             seed in any::<u64>(), block in 1usize..64, window in 1usize..8,
-            batching in batching(), world in 1usize..9,
+            batching in batching(), world in 1usize..9, run in 1usize..12,
         ) {
             let sizes = Sizes(shards.clone());
-            let base = SamplerConfig { seed, block_events: block, window_blocks: window, batching, drop_last: true, rank: 0, world };
+            let base = SamplerConfig { seed, block_events: block, window_blocks: window, run_events: run, batching, drop_last: true, rank: 0, world };
             let per_rank: Vec<Vec<BatchPlan>> = (0..world).map(|rank| all(&sizes, &SamplerConfig { rank, ..base.clone() }, 1)).collect();
             let counts: BTreeSet<usize> = per_rank.iter().map(|r| r.len()).collect();
             prop_assert!(counts.len() <= 1, "every rank the same number of batches: {:?}", counts);
@@ -422,12 +434,47 @@ mod tests {
         fn resume_yields_exactly_the_rest(
             shards in proptest::collection::vec(1usize..200, 1..4), seed in any::<u64>(),
             batching in batching(), world in 1usize..4, rank_pick in 0usize..4, skip in 0u64..30, drop_last: bool,
+            run in 1usize..12,
         ) {
             let sizes = Sizes(shards);
-            let config = SamplerConfig { seed, block_events: 16, window_blocks: 3, batching, drop_last, rank: rank_pick % world, world };
+            let config = SamplerConfig { seed, block_events: 16, window_blocks: 3, run_events: run, batching, drop_last, rank: rank_pick % world, world };
             let whole = all(&sizes, &config, 2);
             let rest: Vec<BatchPlan> = EpochBatches::new(&sizes, &config, 2, skip).collect();
             prop_assert_eq!(&rest[..], &whole[(skip as usize).min(whole.len())..]);
+        }
+    }
+
+    #[test]
+    fn runs_are_consecutive_events_of_one_block() {
+        let sizes = Sizes(vec![100, 37]);
+        let config = SamplerConfig {
+            block_events: 20,
+            window_blocks: 3,
+            run_events: 8,
+            batching: Batching::Events(1000),
+            ..SamplerConfig::default()
+        };
+        let events: Vec<EventRef> = all(&sizes, &config, 0)
+            .into_iter()
+            .flat_map(|b| b.events)
+            .collect();
+        let mut i = 0;
+        while i < events.len() {
+            let e = events[i];
+            // A run starts at a multiple of 8 inside its block and ends at 8 events or the block's end.
+            assert_eq!((e.index % 20) % 8, 0, "{e:?}");
+            let block_end = ((e.index / 20 + 1) * 20).min(sizes.0[e.shard as usize] as u32);
+            let len = 8.min(block_end - e.index) as usize;
+            for k in 0..len {
+                assert_eq!(
+                    events[i + k],
+                    EventRef {
+                        shard: e.shard,
+                        index: e.index + k as u32
+                    }
+                );
+            }
+            i += len;
         }
     }
 

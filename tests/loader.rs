@@ -27,6 +27,7 @@ fn config(batching: Batching, workers: usize) -> LoaderConfig {
             seed: 3,
             block_events: 8,
             window_blocks: 4,
+            run_events: 3,
             batching,
             drop_last: false,
             rank: 0,

@@ -93,6 +93,9 @@ struct OrderArgs {
     /// Blocks open at once.
     #[arg(long, default_value_t = 16)]
     window: usize,
+    /// Consecutive events drawn together inside a window.
+    #[arg(long, default_value_t = 1)]
+    run_events: usize,
     /// Worker threads (the order does not depend on it).
     #[arg(long, default_value_t = 2)]
     threads: usize,
@@ -390,6 +393,7 @@ fn run_order(args: OrderArgs) -> Result<()> {
             seed: args.seed,
             block_events: args.block_events,
             window_blocks: args.window,
+            run_events: args.run_events,
             batching,
             drop_last: args.drop_last,
             rank: args.rank,
