@@ -9,7 +9,6 @@ use std::time::Duration;
 use common::*;
 use shardify::convert::{convert, Phase, Silent, TaskSlice};
 use shardify::source::InputSet;
-use shardify::synth::{write_dataset, SynthOptions};
 
 #[test]
 fn same_seed_same_bytes_whatever_the_threads() {
@@ -132,17 +131,7 @@ fn leftovers_of_a_crash_are_never_mistaken_for_output() {
 #[test]
 fn a_killed_conversion_restarted_gives_the_same_result() {
     let dir = tempfile::tempdir().unwrap();
-    let src = dir.path().join("src");
-    write_dataset(
-        &src,
-        &SynthOptions {
-            events: 20_000,
-            files: 6,
-            seed: 5,
-            ..SynthOptions::default()
-        },
-    )
-    .unwrap();
+    let (src, _) = synthetic_source(dir.path(), 20_000, 6, 5);
     let command = |out: &std::path::Path| {
         let mut c = Command::new(env!("CARGO_BIN_EXE_shardify"));
         c.args([
@@ -225,17 +214,7 @@ fn output_directory_is_protected() {
 #[test]
 fn a_dataset_larger_than_the_memory_limit_converts() {
     let dir = tempfile::tempdir().unwrap();
-    let src = dir.path().join("src");
-    let written = write_dataset(
-        &src,
-        &SynthOptions {
-            events: 100_000,
-            files: 4,
-            seed: 8,
-            ..SynthOptions::default()
-        },
-    )
-    .unwrap();
+    let (src, written) = synthetic_source(dir.path(), 100_000, 4, 8);
     let mut opts = options(1, 2);
     opts.memory_limit_bytes = 32 << 20;
     opts.shard_target_bytes = 1 << 30;
@@ -262,17 +241,7 @@ fn a_dataset_larger_than_the_memory_limit_converts() {
 #[test]
 fn parallel_packing_inside_a_bucket_gives_the_same_bytes() {
     let dir = tempfile::tempdir().unwrap();
-    let src = dir.path().join("src");
-    write_dataset(
-        &src,
-        &SynthOptions {
-            events: 20_000,
-            files: 2,
-            seed: 6,
-            ..SynthOptions::default()
-        },
-    )
-    .unwrap();
+    let (src, _) = synthetic_source(dir.path(), 20_000, 2, 6);
     let mut outputs = Vec::new();
     for threads in [1, 3] {
         let mut opts = options(4, threads);

@@ -329,47 +329,32 @@ fn a_corrupt_or_missing_shard_is_an_error_naming_it() {
     let n = bytes.len();
     bytes[n - 1] ^= 0xff;
     std::fs::write(&path, &bytes).unwrap();
-    let fresh = Arc::new(Dataset::open(&dir.path().join("ds"), ChecksumPolicy::Lazy).unwrap());
-    let results: Vec<_> = Loader::new(
-        fresh,
-        config(Batching::Events(10), 2),
-        SamplerState {
-            epoch: 0,
-            batches_taken: 0,
-        },
-    )
-    .unwrap()
-    .collect();
-    let err = results
-        .iter()
-        .find_map(|r| r.as_ref().err())
-        .expect("an error")
-        .to_string();
+    let (err, ended) = first_error(&dir.path().join("ds"), ChecksumPolicy::Lazy);
     assert!(
         err.contains(file.as_str()) && err.contains("checksum"),
         "{err}"
     );
-    assert!(
-        results.last().unwrap().is_err(),
-        "the error ends the iteration"
-    );
+    assert!(ended, "the error ends the iteration");
 
     std::fs::remove_file(&path).unwrap();
-    let fresh = Arc::new(Dataset::open(&dir.path().join("ds"), ChecksumPolicy::Off).unwrap());
-    let results: Vec<_> = Loader::new(
-        fresh,
-        config(Batching::Events(10), 2),
-        SamplerState {
-            epoch: 0,
-            batches_taken: 0,
-        },
-    )
-    .unwrap()
-    .collect();
+    let (err, _) = first_error(&dir.path().join("ds"), ChecksumPolicy::Off);
+    assert!(err.contains(file.as_str()), "{err}");
+}
+
+/// The first error an epoch over `dir` yields, and whether it ended the iteration.
+fn first_error(dir: &Path, policy: ChecksumPolicy) -> (String, bool) {
+    let fresh = Arc::new(Dataset::open(dir, policy).unwrap());
+    let state = SamplerState {
+        epoch: 0,
+        batches_taken: 0,
+    };
+    let results: Vec<_> = Loader::new(fresh, config(Batching::Events(10), 2), state)
+        .unwrap()
+        .collect();
     let err = results
         .iter()
         .find_map(|r| r.as_ref().err())
         .expect("an error")
         .to_string();
-    assert!(err.contains(file.as_str()), "{err}");
+    (err, results.last().unwrap().is_err())
 }

@@ -230,19 +230,17 @@ fn run_phases(
     plan.store_or_check(&work)?;
     if matches!(phase, Phase::All | Phase::Scatter) {
         let started = Instant::now();
-        let todo = inputs
+        let mine = inputs
             .batches
             .iter()
             .enumerate()
             .filter(|(i, _)| slice.takes(*i as u64))
-            .map(|(_, b)| Ok((b, scatter::is_done_and_intact(&work, b.batch_id)?)))
-            .collect::<Result<Vec<_>>>()?;
-        summary.units_skipped += todo.iter().filter(|(_, done)| *done).count() as u64;
-        let todo: Vec<_> = todo
-            .into_iter()
-            .filter(|(_, done)| !done)
-            .map(|(b, _)| b)
-            .collect();
+            .map(|(_, b)| b);
+        let todo = units_to_run(
+            mine,
+            |b| scatter::is_done_and_intact(&work, b.batch_id),
+            &mut summary,
+        )?;
         progress.begin("scatter", todo.len() as u64);
         let budget = options.scatter_budget();
         let pulses = todo
@@ -266,16 +264,12 @@ fn run_phases(
         let indexes = load_spill_indexes(&plan, &work)?;
         let types = storage_types(&plan, &indexes);
         let buckets = plan.parameters.bucket_count;
-        let todo = (0..buckets)
-            .filter(|b| slice.takes(*b))
-            .map(|b| Ok((b, gather::is_done_and_intact(&work, b)?)))
-            .collect::<Result<Vec<_>>>()?;
-        summary.units_skipped += todo.iter().filter(|(_, done)| *done).count() as u64;
-        let todo: Vec<u64> = todo
-            .into_iter()
-            .filter(|(_, done)| !done)
-            .map(|(b, _)| b)
-            .collect();
+        let mine = (0..buckets).filter(|b| slice.takes(*b));
+        let todo = units_to_run(
+            mine,
+            |&b| gather::is_done_and_intact(&work, b),
+            &mut summary,
+        )?;
         progress.begin("gather", todo.len() as u64);
         let bank = MemoryBank::new(options.working_memory());
         let scratch_pool: Mutex<Vec<GatherScratch>> = Mutex::new(Vec::new());
@@ -319,6 +313,24 @@ fn run_phases(
             .push(("finalize", started.elapsed().as_secs_f64()));
     }
     Ok(summary)
+}
+
+/// The units among `units` that an earlier run has not finished; counts the others as
+/// skipped in `summary`.
+fn units_to_run<T>(
+    units: impl Iterator<Item = T>,
+    done: impl Fn(&T) -> Result<bool>,
+    summary: &mut Summary,
+) -> Result<Vec<T>> {
+    let mut todo = Vec::new();
+    for unit in units {
+        if done(&unit)? {
+            summary.units_skipped += 1;
+        } else {
+            todo.push(unit);
+        }
+    }
+    Ok(todo)
 }
 
 fn load_spill_indexes(plan: &Plan, work: &WorkDir) -> Result<Vec<SpillIndex>> {

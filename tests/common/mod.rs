@@ -53,6 +53,28 @@ pub fn convert_all(
     )
 }
 
+/// Writes a generated Kaggle-layout train split of `events` events in `files` files under
+/// `root/src`; returns that directory and what was written.
+pub fn synthetic_source(
+    root: &Path,
+    events: u64,
+    files: u32,
+    seed: u64,
+) -> (PathBuf, synth::SynthSummary) {
+    let src = root.join("src");
+    let written = synth::write_dataset(
+        &src,
+        &synth::SynthOptions {
+            events,
+            files,
+            seed,
+            ..synth::SynthOptions::default()
+        },
+    )
+    .unwrap();
+    (src, written)
+}
+
 /// Every file below `dir` (relative name -> bytes).
 pub fn dir_files(dir: &Path) -> BTreeMap<String, Vec<u8>> {
     let mut files = BTreeMap::new();
