@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use shardify::batch::BatchLayout;
+use shardify::bench::memcpy_gb_per_s;
 use shardify::convert::{convert, ConvertOptions, Phase, Silent, TaskSlice};
 use shardify::dataset::{ChecksumPolicy, Dataset};
 use shardify::pipeline::{Loader, LoaderConfig};
@@ -61,26 +62,6 @@ fn prepare(events: u64) -> PathBuf {
         .unwrap();
     }
     shards
-}
-
-/// memcpy GB/s with `threads` threads, copying `chunk`-byte pieces of `source` into one
-/// reused buffer per thread.
-fn memcpy_gb_per_s(source: &[u8], chunk: usize, threads: usize) -> f64 {
-    let per_thread = source.len() / threads;
-    let started = Instant::now();
-    std::thread::scope(|s| {
-        for t in 0..threads {
-            let part = &source[t * per_thread..(t + 1) * per_thread];
-            s.spawn(move || {
-                let mut dst = vec![0u8; chunk];
-                for piece in part.chunks_exact(chunk) {
-                    dst.copy_from_slice(piece);
-                    std::hint::black_box(&dst);
-                }
-            });
-        }
-    });
-    (per_thread / chunk * chunk * threads) as f64 / started.elapsed().as_secs_f64() / 1e9
 }
 
 fn median(mut v: Vec<f64>) -> f64 {

@@ -19,6 +19,7 @@
 //! ```
 
 pub mod batch;
+pub mod bench;
 pub mod convert;
 pub mod dataset;
 pub mod device;

@@ -110,7 +110,14 @@ impl EventSizes for DatasetSizes<'_> {
     }
 }
 
-type Filled = (StagingBuffer, Sections, BatchPlan, BatchShape);
+/// A gathered batch on its way to the consumer.
+struct Filled {
+    buffer: StagingBuffer,
+    sections: Sections,
+    plan: BatchPlan,
+    shape: BatchShape,
+    gather_seconds: f64,
+}
 
 /// Streams the batches of one epoch for one rank.
 pub struct Loader {
@@ -226,7 +233,13 @@ impl Iterator for Loader {
             if let Some(result) = self.pending.remove(&self.next_seq) {
                 self.next_seq += 1;
                 return Some(match result {
-                    Ok((buffer, sections, plan, shape)) => {
+                    Ok(Filled {
+                        buffer,
+                        sections,
+                        plan,
+                        shape,
+                        gather_seconds,
+                    }) => {
                         self.position.batches_taken += 1;
                         self.pool.lend();
                         Ok(Batch {
@@ -235,6 +248,7 @@ impl Iterator for Loader {
                             sections,
                             plan,
                             shape,
+                            gather_seconds,
                             layout: self.config.layout,
                         })
                     }
@@ -317,6 +331,7 @@ fn gather_batches(
             recv(plans) -> p => match p { Ok(p) => p, Err(_) => { pool.give_back(buffer); return } },
             recv(stop) -> _ => return,
         };
+        let started = std::time::Instant::now();
         let filled = plan.and_then(|plan| {
             let shape = gatherer.shape(&plan)?;
             let sections = plan_sections(layout, shape, &types);
@@ -325,7 +340,16 @@ fn gather_batches(
             Ok((sections, plan, shape))
         });
         let item = match filled {
-            Ok((sections, plan, shape)) => Ok((buffer, sections, plan, shape)),
+            Ok((sections, plan, shape)) => {
+                let gather_seconds = started.elapsed().as_secs_f64();
+                Ok(Filled {
+                    buffer,
+                    sections,
+                    plan,
+                    shape,
+                    gather_seconds,
+                })
+            }
             Err(e) => {
                 pool.give_back(buffer);
                 Err(e)
@@ -345,6 +369,7 @@ pub struct Batch {
     sections: Sections,
     plan: BatchPlan,
     shape: BatchShape,
+    gather_seconds: f64,
     layout: BatchLayout,
 }
 
@@ -410,6 +435,12 @@ impl Batch {
     /// Which events, in order, and the batch's global number in the epoch.
     pub fn plan(&self) -> &BatchPlan {
         &self.plan
+    }
+
+    /// Seconds a worker spent gathering this batch (shard reads through the memory map
+    /// included).
+    pub fn gather_seconds(&self) -> f64 {
+        self.gather_seconds
     }
 
     /// Events, DOMs and pulses in the batch.

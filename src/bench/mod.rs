@@ -1,0 +1,31 @@
+//! Measurement: baselines over the source Parquet ([`baselines`]), shuffle quality
+//! ([`quality`]), one whole run ([`report`]), and the bound every throughput is compared with ([`memcpy_gb_per_s`]).
+
+pub mod baselines;
+pub mod quality;
+pub mod report;
+
+use std::time::Instant;
+
+/// memcpy bandwidth in GB/s with `threads` threads, each copying `chunk`-byte pieces of its
+/// share of `source` into one reused buffer (as a loader copies into a reused staging
+/// buffer): the bound a loader's delivered GB/s is measured against, in the same run.
+pub fn memcpy_gb_per_s(source: &[u8], chunk: usize, threads: usize) -> f64 {
+    let threads = threads.max(1);
+    let chunk = chunk.clamp(1, (source.len() / threads).max(1));
+    let per_thread = source.len() / threads;
+    let started = Instant::now();
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            let part = &source[t * per_thread..(t + 1) * per_thread];
+            s.spawn(move || {
+                let mut dst = vec![0u8; chunk];
+                for piece in part.chunks_exact(chunk) {
+                    dst.copy_from_slice(piece);
+                    std::hint::black_box(&dst);
+                }
+            });
+        }
+    });
+    (per_thread / chunk * chunk * threads) as f64 / started.elapsed().as_secs_f64().max(1e-9) / 1e9
+}

@@ -1,0 +1,379 @@
+//! One benchmark run: the shardify loader at several window sizes and the Parquet
+//! baselines, each with throughput, its ratio to memcpy measured in the same run, time per
+//! stage and shuffle quality; as a table for people and as JSON for tools.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use super::baselines::{SourceIndex, Throughput};
+use super::memcpy_gb_per_s;
+use super::quality::{quality, EventInfo, Quality};
+use crate::batch::BatchLayout;
+use crate::dataset::Dataset;
+use crate::error::Result;
+use crate::pipeline::{Loader, LoaderConfig};
+use crate::sampler::{BatchPlan, Batching, SamplerConfig, SamplerState};
+use crate::source::InputSet;
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct BenchConfig {
+    /// Window sizes (blocks) to run the shardify loader at.
+    pub windows: Vec<usize>,
+    /// Events per batch (all loaders).
+    pub batch_events: usize,
+    /// Events per block.
+    pub block_events: usize,
+    /// Consecutive events drawn together.
+    pub run_events: usize,
+    /// Gather threads.
+    pub workers: usize,
+    /// Seed of every loader's order.
+    pub seed: u64,
+    /// A simulated training step per batch, in milliseconds (0: none).
+    pub simulate_compute_ms: f64,
+    /// Decoded files the naive loader keeps.
+    pub naive_cache_files: usize,
+    /// Seconds each baseline may run (they can take hours on a large dataset).
+    pub baseline_seconds: f64,
+}
+
+/// Figures of one loader.
+#[derive(Debug, Clone, Serialize)]
+pub struct LoaderFigures {
+    /// Loader name.
+    pub name: String,
+    /// Window size in blocks (shardify only).
+    pub window: Option<usize>,
+    /// Events per second.
+    pub events_per_s: f64,
+    /// Pulses per second.
+    pub pulses_per_s: f64,
+    /// Delivered batch payload, GB/s.
+    pub gb_per_s: f64,
+    /// `gb_per_s` / memcpy GB/s of the same run.
+    pub ratio_to_memcpy: f64,
+    /// Events timed.
+    pub events: u64,
+    /// Seconds timed.
+    pub seconds: f64,
+    /// Worker seconds spent gathering (shard reads through the memory map included).
+    pub gather_seconds: Option<f64>,
+    /// Seconds the consumer waited for data.
+    pub wait_seconds: Option<f64>,
+    /// Seconds of simulated compute.
+    pub compute_seconds: Option<f64>,
+    /// `wait_seconds` / wall time.
+    pub waiting_fraction: Option<f64>,
+    /// Shuffle quality (epochs 0 and 1).
+    pub quality: Quality,
+}
+
+/// The machine the figures were taken on.
+#[derive(Debug, Clone, Serialize)]
+pub struct Machine {
+    /// Logical CPUs available.
+    pub cpus: usize,
+    /// Operating system.
+    pub os: &'static str,
+    /// Architecture.
+    pub arch: &'static str,
+    /// Device the batches were delivered to.
+    pub device: &'static str,
+}
+
+/// A whole run.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    /// Machine facts.
+    pub machine: Machine,
+    /// Events in the dataset.
+    pub dataset_events: u64,
+    /// Pulses in the dataset.
+    pub dataset_pulses: u64,
+    /// memcpy GB/s with the loader's thread count, same run.
+    pub memcpy_gb_per_s: f64,
+    /// Bytes per copy in that measurement (an average batch).
+    pub memcpy_chunk_bytes: usize,
+    /// Best shardify window: events/s.
+    pub events_per_s: f64,
+    /// Best shardify window: pulses/s.
+    pub pulses_per_s: f64,
+    /// Best shardify window: GB/s.
+    pub gb_per_s: f64,
+    /// Best shardify window: ratio to memcpy.
+    pub ratio_to_memcpy: f64,
+    /// Simulated compute per batch, ms.
+    pub simulate_compute_ms: f64,
+    /// Every loader.
+    pub loaders: Vec<LoaderFigures>,
+}
+
+fn sampler(config: &BenchConfig, window: usize) -> SamplerConfig {
+    SamplerConfig {
+        seed: config.seed,
+        block_events: config.block_events,
+        window_blocks: window,
+        run_events: config.run_events,
+        batching: Batching::Events(config.batch_events),
+        ..SamplerConfig::default()
+    }
+}
+
+struct EpochRun {
+    plans: Vec<BatchPlan>,
+    throughput: Throughput,
+    gather: f64,
+    wait: f64,
+    compute: f64,
+}
+
+fn run_epoch(
+    dataset: &Arc<Dataset>,
+    config: &BenchConfig,
+    window: usize,
+    epoch: u64,
+) -> Result<EpochRun> {
+    let loader_config = LoaderConfig {
+        sampler: sampler(config, window),
+        layout: BatchLayout::Packed,
+        workers: config.workers,
+        prefetch: 4,
+    };
+    let mut loader = Loader::new(
+        dataset.clone(),
+        loader_config,
+        SamplerState {
+            epoch,
+            batches_taken: 0,
+        },
+    )?;
+    let compute = Duration::from_secs_f64(config.simulate_compute_ms / 1e3);
+    let mut run = EpochRun {
+        plans: Vec::new(),
+        throughput: Throughput::default(),
+        gather: 0.0,
+        wait: 0.0,
+        compute: 0.0,
+    };
+    let started = Instant::now();
+    loop {
+        let asked = Instant::now();
+        let Some(batch) = loader.next() else { break };
+        run.wait += asked.elapsed().as_secs_f64();
+        let batch = batch?;
+        run.throughput.events += batch.plan().events.len() as u64;
+        run.throughput.pulses += batch.shape().pulses as u64;
+        run.throughput.bytes += batch.sections().payload_bytes() as u64;
+        run.gather += batch.gather_seconds();
+        if !compute.is_zero() {
+            let step = Instant::now();
+            std::thread::sleep(compute);
+            run.compute += step.elapsed().as_secs_f64();
+        }
+        run.plans.push(batch.plan().clone());
+    }
+    run.throughput.seconds = started.elapsed().as_secs_f64();
+    Ok(run)
+}
+
+fn shardify_infos(dataset: &Dataset, plans: &[BatchPlan]) -> Result<Vec<Vec<EventInfo>>> {
+    let mut first_index = vec![0u64];
+    for s in &dataset.manifest().shards {
+        first_index.push(first_index.last().unwrap() + s.events);
+    }
+    let views = (0..dataset.shard_count())
+        .map(|i| dataset.shard(i)?.view())
+        .collect::<Result<Vec<_>>>()?;
+    Ok(plans
+        .iter()
+        .map(|p| {
+            p.events
+                .iter()
+                .map(|e| {
+                    let h = views[e.shard as usize].header(e.index as usize);
+                    EventInfo {
+                        event_id: h.event_id,
+                        source_file: h.batch_id,
+                        zenith: h.zenith,
+                        stored_position: first_index[e.shard as usize] + e.index as u64,
+                    }
+                })
+                .collect()
+        })
+        .collect())
+}
+
+fn figures(
+    name: &str,
+    window: Option<usize>,
+    t: Throughput,
+    memcpy: f64,
+    quality: Quality,
+) -> LoaderFigures {
+    let secs = t.seconds.max(1e-9);
+    let gb = t.bytes as f64 / secs / 1e9;
+    LoaderFigures {
+        name: name.into(),
+        window,
+        events_per_s: t.events as f64 / secs,
+        pulses_per_s: t.pulses as f64 / secs,
+        gb_per_s: gb,
+        ratio_to_memcpy: gb / memcpy,
+        events: t.events,
+        seconds: t.seconds,
+        gather_seconds: None,
+        wait_seconds: None,
+        compute_seconds: None,
+        waiting_fraction: None,
+        quality,
+    }
+}
+
+/// Runs every loader: the Parquet baselines when `source` is given, then shardify at each
+/// window size.
+pub fn run(
+    dataset: Arc<Dataset>,
+    source: Option<&InputSet>,
+    config: &BenchConfig,
+) -> Result<Report> {
+    let mut sample = Vec::new();
+    for i in 0..dataset.shard_count() {
+        let bytes = dataset.shard(i)?.bytes();
+        sample.extend_from_slice(
+            &bytes[..bytes.len().min((256 << 20) - sample.len().min(256 << 20))],
+        );
+    }
+    let m = dataset.manifest();
+    // One bound for the whole run: copies of an average batch's size, with the loader's threads.
+    let batch_bytes = (m.totals.bytes / m.totals.events.max(1)) as usize * config.batch_events;
+    let bound = memcpy_gb_per_s(&sample, batch_bytes.max(4096), config.workers);
+    let mut loaders = Vec::new();
+    for &window in &config.windows {
+        let epochs = [
+            run_epoch(&dataset, config, window, 0)?,
+            run_epoch(&dataset, config, window, 1)?,
+        ];
+        let q = quality(
+            &shardify_infos(&dataset, &epochs[0].plans)?,
+            &shardify_infos(&dataset, &epochs[1].plans)?,
+        );
+        let total = Throughput {
+            events: epochs.iter().map(|e| e.throughput.events).sum(),
+            pulses: epochs.iter().map(|e| e.throughput.pulses).sum(),
+            bytes: epochs.iter().map(|e| e.throughput.bytes).sum(),
+            seconds: epochs.iter().map(|e| e.throughput.seconds).sum(),
+        };
+        let mut f = figures("shardify", Some(window), total, bound, q);
+        let wait: f64 = epochs.iter().map(|e| e.wait).sum();
+        f.gather_seconds = Some(epochs.iter().map(|e| e.gather).sum());
+        f.wait_seconds = Some(wait);
+        f.compute_seconds = Some(epochs.iter().map(|e| e.compute).sum());
+        f.waiting_fraction = Some(wait / total.seconds.max(1e-9));
+        loaders.push(f);
+    }
+    if let Some(source) = source {
+        let index = SourceIndex::new(source)?;
+        let b = config.batch_events;
+        let naive = [
+            index.naive_order(config.seed, 0, b),
+            index.naive_order(config.seed, 1, b),
+        ];
+        let q = quality(&index.infos(&naive[0]), &index.infos(&naive[1]));
+        let t = index.run_naive(&naive[0], config.naive_cache_files, config.baseline_seconds)?;
+        loaders.push(figures(
+            "naive random access (LRU of decoded files)",
+            None,
+            t,
+            bound,
+            q,
+        ));
+        let blocks = [
+            index.block_shuffle_order(config.seed, 0, b),
+            index.block_shuffle_order(config.seed, 1, b),
+        ];
+        let q = quality(&index.infos(&blocks[0]), &index.infos(&blocks[1]));
+        let t = index.run_block_shuffle(&blocks[0], config.baseline_seconds)?;
+        loaders.push(figures(
+            "parquet block shuffle (file-aware)",
+            None,
+            t,
+            bound,
+            q,
+        ));
+    }
+    let best = loaders
+        .iter()
+        .filter(|l| l.window.is_some())
+        .max_by(|a, b| a.events_per_s.total_cmp(&b.events_per_s))
+        .cloned();
+    Ok(Report {
+        machine: Machine {
+            cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            os: std::env::consts::OS,
+            arch: std::env::consts::ARCH,
+            device: "cpu",
+        },
+        dataset_events: m.totals.events,
+        dataset_pulses: m.totals.pulses,
+        memcpy_gb_per_s: bound,
+        memcpy_chunk_bytes: batch_bytes.max(4096),
+        events_per_s: best.as_ref().map_or(0.0, |b| b.events_per_s),
+        pulses_per_s: best.as_ref().map_or(0.0, |b| b.pulses_per_s),
+        gb_per_s: best.as_ref().map_or(0.0, |b| b.gb_per_s),
+        ratio_to_memcpy: best.as_ref().map_or(0.0, |b| b.ratio_to_memcpy),
+        simulate_compute_ms: config.simulate_compute_ms,
+        loaders,
+    })
+}
+
+/// The report as a table.
+pub fn table(report: &Report) -> String {
+    let mut out = format!(
+        "dataset {} events, {} pulses; {} CPUs; memcpy {:.2} GB/s (same threads, same run); compute step {} ms\n",
+        report.dataset_events, report.dataset_pulses, report.machine.cpus, report.memcpy_gb_per_s, report.simulate_compute_ms
+    );
+    out += &format!(
+        "{:<44} {:>6} {:>11} {:>12} {:>7} {:>6} {:>7} {:>7} {:>7} {:>7} {:>6}\n",
+        "loader",
+        "window",
+        "events/s",
+        "pulses/s",
+        "GB/s",
+        "memcpy",
+        "waiting",
+        "mixing",
+        "autocor",
+        "repeat",
+        "displ"
+    );
+    for l in &report.loaders {
+        let q = &l.quality;
+        out +=
+            &format!(
+            "{:<44} {:>6} {:>11.0} {:>12.0} {:>7.3} {:>6.2} {:>7} {:>7.3} {:>7} {:>7.4} {:>6.3}\n",
+            l.name,
+            l.window.map_or("-".into(), |w| w.to_string()),
+            l.events_per_s,
+            l.pulses_per_s,
+            l.gb_per_s,
+            l.ratio_to_memcpy,
+            l.waiting_fraction.map_or("-".into(), |w| format!("{:.1}%", 100.0 * w)),
+            q.file_mixing,
+            q.label_autocorrelation.map_or("-".into(), |a| format!("{a:.3}")),
+            q.pair_repeat,
+            q.displacement
+        );
+    }
+    let iid = report
+        .loaders
+        .first()
+        .map_or(0.0, |l| l.quality.pair_repeat_iid);
+    out += &format!(
+        "mixing: in-batch source-file entropy / i.i.d. (1 ideal); autocor: lag-1 zenith autocorrelation (0 ideal);\n\
+         repeat: same-batch pairs repeated next epoch (i.i.d. {iid:.4}); displ: mean displacement / N (1/3 for a uniform shuffle)\n"
+    );
+    out
+}

@@ -1,0 +1,104 @@
+//! `shardbench`: how fast a converted dataset reaches the consumer, beside the Parquet
+//! loaders people write, with what each gives up in shuffle quality.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use clap::Parser;
+use shardify::bench::report::{run, table, BenchConfig};
+use shardify::dataset::{ChecksumPolicy, Dataset};
+use shardify::source::InputSet;
+
+/// Throughput, per-stage time and shuffle quality of the shardify loader and of Parquet
+/// baselines, in one run.
+#[derive(Parser)]
+#[command(version)]
+struct Args {
+    /// Converted dataset directory.
+    dataset: PathBuf,
+    /// Kaggle-layout source of the dataset, for the baselines (default: the files recorded
+    /// in the manifest).
+    #[arg(long)]
+    source: Option<PathBuf>,
+    /// Split of --source, when it holds both.
+    #[arg(long)]
+    split: Option<String>,
+    /// Skip the Parquet baselines.
+    #[arg(long)]
+    no_baselines: bool,
+    /// Window sizes (blocks), comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,4,16,64")]
+    windows: Vec<usize>,
+    /// Events per batch.
+    #[arg(long, default_value_t = 256)]
+    batch_events: usize,
+    /// Events per block.
+    #[arg(long, default_value_t = 256)]
+    block_events: usize,
+    /// Consecutive events drawn together.
+    #[arg(long, default_value_t = 1)]
+    run_events: usize,
+    /// Gather threads.
+    #[arg(long, default_value_t = 2)]
+    workers: usize,
+    /// Seed.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// A training step of this many milliseconds per batch (a sleep on the CPU).
+    #[arg(long, default_value_t = 0.0)]
+    simulate_compute: f64,
+    /// Decoded files the naive loader caches.
+    #[arg(long, default_value_t = 2)]
+    naive_cache_files: usize,
+    /// Seconds each baseline may run.
+    #[arg(long, default_value_t = 20.0)]
+    baseline_seconds: f64,
+    /// Small and fast: windows 1 and 4, baselines for 2 s at most.
+    #[arg(long)]
+    quick: bool,
+    /// Write every figure as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    let dataset = Arc::new(Dataset::open(&args.dataset, ChecksumPolicy::Full)?);
+    let source = if args.no_baselines {
+        None
+    } else if let Some(dir) = &args.source {
+        Some(InputSet::discover(dir, args.split.as_deref())?)
+    } else {
+        let s = &dataset.manifest().sources;
+        let inputs = InputSet::from_paths(
+            s.batches.iter().map(|b| PathBuf::from(&b.path)).collect(),
+            s.meta.iter().map(|m| PathBuf::from(&m.path)).collect(),
+            PathBuf::from(&s.geometry.path),
+        )
+        .context("the source files recorded in the manifest (give --source, or --no-baselines)")?;
+        Some(inputs)
+    };
+    let config = BenchConfig {
+        windows: if args.quick { vec![1, 4] } else { args.windows },
+        batch_events: args.batch_events,
+        block_events: args.block_events,
+        run_events: args.run_events,
+        workers: args.workers,
+        seed: args.seed,
+        simulate_compute_ms: args.simulate_compute,
+        naive_cache_files: args.naive_cache_files,
+        baseline_seconds: if args.quick {
+            args.baseline_seconds.min(2.0)
+        } else {
+            args.baseline_seconds
+        },
+    };
+    let report = run(dataset, source.as_ref(), &config)?;
+    print!("{}", table(&report));
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_vec_pretty(&report)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}

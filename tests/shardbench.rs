@@ -1,0 +1,98 @@
+//! `shardbench --quick` on the fixtures: the report's structure, and figures that are
+//! positive and consistent with each other (no timing thresholds: those live in benches).
+
+mod common;
+
+use std::process::Command;
+
+use common::*;
+use serde_json::Value;
+
+#[test]
+fn quick_report_is_complete_and_consistent() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = dir.path().join("ds");
+    convert_all(&fixture(), "train", &ds, &options(1, 2)).unwrap();
+    let json = dir.path().join("report.json");
+    let out = Command::new(env!("CARGO_BIN_EXE_shardbench"))
+        .args([
+            ds.to_str().unwrap(),
+            "--quick",
+            "--batch-events",
+            "32",
+            "--block-events",
+            "16",
+            "--json",
+            json.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        table.contains("naive random access")
+            && table.contains("parquet block shuffle")
+            && table.contains("mixing:"),
+        "{table}"
+    );
+    let r: Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    for key in [
+        "events_per_s",
+        "pulses_per_s",
+        "gb_per_s",
+        "memcpy_gb_per_s",
+        "ratio_to_memcpy",
+    ] {
+        let v = r[key].as_f64().unwrap_or_else(|| panic!("{key} missing"));
+        assert!(v.is_finite() && v > 0.0, "{key} = {v}");
+    }
+    assert!(r["machine"]["cpus"].as_u64().unwrap() >= 1);
+    let loaders = r["loaders"].as_array().unwrap();
+    let shardify: Vec<&Value> = loaders.iter().filter(|l| l["window"].is_u64()).collect();
+    assert_eq!(shardify.len(), 2, "windows 1 and 4 in quick mode");
+    assert_eq!(loaders.len(), 4, "and two baselines");
+    for l in loaders {
+        let f = |k: &str| l[k].as_f64().unwrap();
+        assert!(
+            f("events_per_s") > 0.0 && f("pulses_per_s") > f("events_per_s"),
+            "{l}"
+        );
+        assert!(
+            (f("gb_per_s") / r["memcpy_gb_per_s"].as_f64().unwrap() - f("ratio_to_memcpy")).abs()
+                < 1e-9
+        );
+        let q = &l["quality"];
+        assert!(q["file_mixing"].as_f64().unwrap() > 0.0);
+        assert!((0.0..=1.0).contains(&q["pair_repeat"].as_f64().unwrap()));
+        assert!((0.0..1.0).contains(&q["displacement"].as_f64().unwrap()));
+        assert!(q["label_autocorrelation"].as_f64().unwrap().abs() <= 1.0);
+    }
+    for l in &shardify {
+        assert_eq!(l["events"], 600, "two whole epochs of 300 events");
+        let wall = l["seconds"].as_f64().unwrap();
+        assert!(l["wait_seconds"].as_f64().unwrap() <= wall + 1e-6);
+        assert!(l["gather_seconds"].as_f64().unwrap() > 0.0);
+    }
+    let best = shardify
+        .iter()
+        .map(|l| l["events_per_s"].as_f64().unwrap())
+        .fold(0.0, f64::max);
+    assert_eq!(r["events_per_s"].as_f64().unwrap(), best);
+    // The pre-shuffled shards mix source files as well as i.i.d. batches; one file at a time does not.
+    let mixing = |name: &str| {
+        loaders
+            .iter()
+            .find(|l| l["name"].as_str().unwrap().contains(name))
+            .unwrap()["quality"]["file_mixing"]
+            .as_f64()
+            .unwrap()
+    };
+    assert!(
+        mixing("block shuffle") < 0.5
+            && shardify[1]["quality"]["file_mixing"].as_f64().unwrap() > 0.8
+    );
+}
