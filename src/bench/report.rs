@@ -105,11 +105,20 @@ pub struct Report {
     pub gb_per_s: f64,
     /// Best shardify window: ratio to memcpy.
     pub ratio_to_memcpy: f64,
+    /// Best shardify window's events/s over the naive loader's.
+    pub speedup_vs_naive: Option<f64>,
+    /// Best shardify window's events/s over the Parquet block-shuffle loader's.
+    pub speedup_vs_block_shuffle: Option<f64>,
     /// Simulated compute per batch, ms.
     pub simulate_compute_ms: f64,
     /// Every loader.
     pub loaders: Vec<LoaderFigures>,
 }
+
+/// Name of the naive baseline in reports.
+pub const NAIVE: &str = "naive random access (LRU of decoded files)";
+/// Name of the block-shuffle baseline in reports.
+pub const BLOCK_SHUFFLE: &str = "parquet block shuffle (file-aware)";
 
 fn sampler(config: &BenchConfig, window: usize) -> SamplerConfig {
     SamplerConfig {
@@ -309,6 +318,14 @@ pub fn run(
         .filter(|l| l.window.is_some())
         .max_by(|a, b| a.events_per_s.total_cmp(&b.events_per_s))
         .cloned();
+    let best_rate = best.as_ref().map_or(0.0, |b| b.events_per_s);
+    let speedup = |name: &str| {
+        loaders
+            .iter()
+            .find(|l| l.name.starts_with(name))
+            .map(|l| best_rate / l.events_per_s.max(1e-9))
+    };
+    let (speedup_vs_naive, speedup_vs_block_shuffle) = (speedup(NAIVE), speedup(BLOCK_SHUFFLE));
     Ok(Report {
         machine: Machine {
             cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
@@ -324,6 +341,8 @@ pub fn run(
         pulses_per_s: best.as_ref().map_or(0.0, |b| b.pulses_per_s),
         gb_per_s: best.as_ref().map_or(0.0, |b| b.gb_per_s),
         ratio_to_memcpy: best.as_ref().map_or(0.0, |b| b.ratio_to_memcpy),
+        speedup_vs_naive,
+        speedup_vs_block_shuffle,
         simulate_compute_ms: config.simulate_compute_ms,
         loaders,
     })
@@ -366,6 +385,9 @@ pub fn table(report: &Report) -> String {
             q.pair_repeat,
             q.displacement
         );
+    }
+    if let (Some(n), Some(b)) = (report.speedup_vs_naive, report.speedup_vs_block_shuffle) {
+        out += &format!("best shardify window: {n:.0}x the naive loader's events/s, {b:.1}x the Parquet block shuffle's\n");
     }
     let iid = report
         .loaders
