@@ -82,6 +82,24 @@ fn quick_report_is_complete_and_consistent() {
         .map(|l| l["events_per_s"].as_f64().unwrap())
         .fold(0.0, f64::max);
     assert_eq!(r["events_per_s"].as_f64().unwrap(), best);
+    let svg = std::fs::read_to_string(&plot).unwrap();
+    assert!(svg.starts_with("<svg") && svg.ends_with("</svg>"));
+    for label in [
+        "shardify, window 1",
+        "shardify, window 4",
+        "naive random access",
+        "parquet block shuffle",
+        "i.i.d.",
+    ] {
+        assert!(svg.contains(label), "{label} missing from the plot");
+    }
+    let png = Command::new(env!("CARGO_BIN_EXE_shardbench"))
+        .args([ds.to_str().unwrap(), "--plot", "x.png"])
+        .output()
+        .unwrap();
+    assert!(
+        !png.status.success() && String::from_utf8_lossy(&png.stderr).contains("ending in .svg")
+    );
     // The pre-shuffled shards mix source files as well as i.i.d. batches; one file at a time does not.
     let mixing = |name: &str| {
         loaders

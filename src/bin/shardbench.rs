@@ -60,10 +60,19 @@ struct Args {
     /// Write every figure as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Draw throughput and shuffle quality of every loader here (an .svg file).
+    #[arg(long)]
+    plot: Option<PathBuf>,
 }
 
 fn main() -> Result<()> {
     let args = Args::parse();
+    if let Some(plot) = &args.plot {
+        anyhow::ensure!(
+            plot.extension().is_some_and(|e| e == "svg"),
+            "--plot writes SVG: give a file name ending in .svg"
+        );
+    }
     let dataset = Arc::new(Dataset::open(&args.dataset, ChecksumPolicy::Full)?);
     let source = if args.no_baselines {
         None
@@ -98,6 +107,10 @@ fn main() -> Result<()> {
     print!("{}", table(&report));
     if let Some(path) = &args.json {
         std::fs::write(path, serde_json::to_vec_pretty(&report)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    if let Some(path) = &args.plot {
+        std::fs::write(path, shardify::bench::plot::svg(&report))
             .with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(())
