@@ -14,6 +14,7 @@ fn quick_report_is_complete_and_consistent() {
     let ds = dir.path().join("ds");
     convert_all(&fixture(), "train", &ds, &options(1, 2)).unwrap();
     let json = dir.path().join("report.json");
+    let plot = dir.path().join("report.svg");
     let out = Command::new(env!("CARGO_BIN_EXE_shardbench"))
         .args([
             ds.to_str().unwrap(),
@@ -25,6 +26,7 @@ fn quick_report_is_complete_and_consistent() {
             "--json",
             json.to_str().unwrap(),
         ])
+        .args(["--plot", plot.to_str().unwrap()])
         .output()
         .unwrap();
     let table = String::from_utf8_lossy(&out.stdout);
