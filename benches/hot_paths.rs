@@ -1,0 +1,140 @@
+//! Micro benches of the hot paths, each with its throughput in bytes:
+//! DOM packing, gathering a batch from mapped shards, and the checksum.
+//!
+//! `cargo bench --bench hot_paths`
+
+use std::hint::black_box;
+use std::sync::Arc;
+
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use shardify::batch::{plan_sections, BatchLayout, Gatherer};
+use shardify::convert::{convert, ConvertOptions, Phase, Silent, TaskSlice};
+use shardify::dataset::{ChecksumPolicy, Dataset};
+use shardify::event::{EventHeader, RawEvent};
+use shardify::format::checksum;
+use shardify::pack::{PackedColumns, Packer};
+use shardify::rng::Rng;
+use shardify::sampler::{BatchPlan, EventRef};
+use shardify::source::InputSet;
+use shardify::synth::{generate_batch, write_dataset, SynthOptions};
+
+/// Bytes of the pulse columns DOM packing reads (sensor, time, charge, auxiliary).
+const PULSE_BYTES: u64 = 4 + 8 + 8 + 1;
+
+fn packing(c: &mut Criterion) {
+    let mut next = 0;
+    let (table, meta) = generate_batch(&mut Rng::new(1), 1, 2000, &mut next, false);
+    let events: Vec<RawEvent> = (0..meta.event_id.len())
+        .map(|m| {
+            let r = meta.first_pulse_index[m] as usize..meta.last_pulse_index[m] as usize + 1;
+            RawEvent {
+                header: Some(EventHeader {
+                    event_id: meta.event_id[m],
+                    batch_id: 1,
+                    first_row: r.start as u64,
+                    azimuth: f64::NAN,
+                    zenith: f64::NAN,
+                }),
+                sensor_id: table.sensor_id[r.clone()]
+                    .iter()
+                    .map(|&s| s as i32)
+                    .collect(),
+                time: table.time[r.clone()].to_vec(),
+                charge: table.charge[r.clone()].to_vec(),
+                auxiliary: table.auxiliary[r].iter().map(|&a| a as u8).collect(),
+            }
+        })
+        .collect();
+    let pulses: u64 = events.iter().map(|e| e.len() as u64).sum();
+    let mut group = c.benchmark_group("pack");
+    group.throughput(Throughput::Bytes(pulses * PULSE_BYTES));
+    let (mut packer, mut out) = (Packer::default(), PackedColumns::default());
+    group.bench_function("2000 events, time-sorted source", |b| {
+        b.iter(|| {
+            out.clear();
+            for e in &events {
+                packer.pack(e.pulses(), &mut out);
+            }
+            black_box(&out);
+        })
+    });
+    group.finish();
+}
+
+fn gather_and_checksum(c: &mut Criterion) {
+    let dir = std::env::temp_dir().join(format!("shardify-hot-paths-{}", std::process::id()));
+    write_dataset(
+        &dir.join("src"),
+        &SynthOptions {
+            events: 50_000,
+            files: 2,
+            seed: 2,
+            ..SynthOptions::default()
+        },
+    )
+    .unwrap();
+    let inputs = InputSet::discover(&dir.join("src"), Some("train")).unwrap();
+    convert(
+        &inputs,
+        &dir.join("ds"),
+        &ConvertOptions {
+            seed: 1,
+            threads: 2,
+            ..ConvertOptions::default()
+        },
+        Phase::All,
+        TaskSlice::default(),
+        &Silent,
+    )
+    .unwrap();
+    let dataset = Arc::new(Dataset::open(&dir.join("ds"), ChecksumPolicy::Full).unwrap());
+    let types = dataset.manifest().schema.types;
+    let events = dataset.manifest().shards[0].events as u32;
+    let mut rng = Rng::new(3);
+    let plans: Vec<BatchPlan> = (0..64)
+        .map(|k| BatchPlan {
+            global_index: k,
+            events: (0..256)
+                .map(|_| EventRef {
+                    shard: 0,
+                    index: rng.below(events as u64) as u32,
+                })
+                .collect(),
+        })
+        .collect();
+    let mut gatherer = Gatherer::new(&dataset);
+    let shapes: Vec<_> = plans.iter().map(|p| gatherer.shape(p).unwrap()).collect();
+    let sections: Vec<_> = shapes
+        .iter()
+        .map(|&s| plan_sections(BatchLayout::Packed, s, &types))
+        .collect();
+    let bytes: usize = sections.iter().map(|s| s.payload_bytes()).sum();
+    let mut buffer = shardify::device::staging::PlainMemory::new(
+        sections.iter().map(|s| s.total).max().unwrap(),
+    );
+    let mut group = c.benchmark_group("gather");
+    group.throughput(Throughput::Bytes(bytes as u64));
+    group.bench_function("64 batches of 256 random events, packed", |b| {
+        use shardify::device::staging::HostMemory;
+        b.iter(|| {
+            for (plan, s) in plans.iter().zip(&sections) {
+                gatherer
+                    .gather(plan, BatchLayout::Packed, s, buffer.bytes_mut())
+                    .unwrap();
+            }
+            black_box(buffer.bytes());
+        })
+    });
+    group.finish();
+    let shard = dataset.shard(0).unwrap().bytes();
+    let mut group = c.benchmark_group("checksum");
+    group.throughput(Throughput::Bytes(shard.len() as u64));
+    group.bench_function("xxh3 of one shard", |b| {
+        b.iter(|| black_box(checksum::of_bytes(shard)))
+    });
+    group.finish();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+criterion_group!(benches, packing, gather_and_checksum);
+criterion_main!(benches);
