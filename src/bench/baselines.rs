@@ -178,9 +178,16 @@ impl SourceIndex {
         let started = Instant::now();
         let mut cache: Vec<(usize, DecodedFile)> = Vec::new();
         let mut t = Throughput::default();
-        for batch in order {
+        'batches: for batch in order {
             let mut collated = Collated::default();
             for &i in batch {
+                if started.elapsed().as_secs_f64() > budget_s {
+                    // One batch can take minutes here: stop, counting the events so far.
+                    t.events += collated.offsets.len() as u64;
+                    t.pulses += collated.time.len() as u64;
+                    t.bytes += collated.bytes() as u64;
+                    break 'batches;
+                }
                 let e = self.events[i];
                 let hit = cache.iter().position(|(f, _)| *f == e.file);
                 let slot = match hit {

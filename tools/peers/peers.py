@@ -1,0 +1,217 @@
+#!/usr/bin/env python3
+"""The loaders Python users write, on the same Kaggle-layout data as shardbench.
+
+    python3 tools/peers/peers.py KAGGLE_DIR [--split train] [--batch-events 256]
+                                 [--cache-files 2] [--seconds 20] [--json FILE]
+
+Runs, each for at most --seconds:
+  * pytorch-style: a map-style Dataset with per-event random access over the batch files,
+    an LRU cache of decoded files, a shuffled DataLoader and a collate function
+    (torch.utils.data when torch is installed, the same logic in plain Python otherwise);
+  * numpy block shuffle: shuffle the files, read one at a time, shuffle its events, gather
+    each batch with vectorised fancy indexing.
+and prints events/s, pulses/s, GB/s (collated payload) and the shuffle-quality metrics of
+shardbench (file mixing, lag-1 zenith autocorrelation, pair repeat, displacement).
+Needs numpy and pyarrow; torch optional.
+"""
+import argparse
+import functools
+import glob
+import json
+import math
+import os
+import time
+
+import numpy as np
+import pyarrow
+import pyarrow.parquet as pq
+
+# Return freed decode buffers to the OS at once: the naive loader decodes file after file.
+pyarrow.set_memory_pool(pyarrow.system_memory_pool())
+
+COLUMNS = ["sensor_id", "time", "charge", "auxiliary"]
+
+
+def discover(root, split):
+    files = sorted(glob.glob(os.path.join(root, split, "batch_*.parquet")),
+                   key=lambda p: int(os.path.basename(p)[6:-8]))
+    single = os.path.join(root, f"{split}_meta.parquet")
+    metas = [single] if os.path.exists(single) else sorted(glob.glob(os.path.join(root, f"{split}_meta", "*.parquet")))
+    return files, metas
+
+
+def load_index(files, metas):
+    """Per event, in stored order: file index, first row, last row (inclusive), id, zenith."""
+    meta = [pq.read_table(m).to_pydict() for m in metas]
+    by_batch = {}
+    for table in meta:
+        zen = table.get("zenith", [math.nan] * len(table["event_id"]))
+        for b, e, f, l, z in zip(table["batch_id"], table["event_id"], table["first_pulse_index"], table["last_pulse_index"], zen):
+            by_batch.setdefault(b, []).append((f, l, e, z))
+    rows = []
+    for i, path in enumerate(files):
+        batch_id = int(os.path.basename(path)[6:-8])
+        for f, l, e, z in sorted(by_batch.get(batch_id, [])):
+            rows.append((i, f, l, e, z, batch_id))
+    a = np.array(rows, dtype=np.float64)
+    return {"file": a[:, 0].astype(np.int64), "first": a[:, 1].astype(np.int64), "last": a[:, 2].astype(np.int64),
+            "event_id": a[:, 3].astype(np.int64), "zenith": a[:, 4], "batch_id": a[:, 5].astype(np.int64)}
+
+
+def read_file(path):
+    t = pq.read_table(path, columns=COLUMNS)
+    return {c: t.column(c).to_numpy() for c in COLUMNS}
+
+
+def payload_bytes(batch):
+    return sum(v.nbytes for v in batch.values())
+
+
+def pytorch_style(files, index, batch_events, cache_files, seconds, seed):
+    cached_read = functools.lru_cache(maxsize=cache_files)(read_file)
+
+    class KaggleEvents:
+        def __len__(self):
+            return len(index["file"])
+
+        def __getitem__(self, i):
+            data = cached_read(files[index["file"][i]])
+            r = slice(index["first"][i], index["last"][i] + 1)
+            return {c: data[c][r] for c in COLUMNS}
+
+    def collate(events):
+        out = {c: np.concatenate([e[c] for e in events]) for c in COLUMNS}
+        out["offsets"] = np.cumsum([0] + [len(e["time"]) for e in events])
+        return out
+
+    deadline = time.perf_counter() + seconds
+
+    def take(indices):
+        # One batch can take minutes here: stop at the deadline, keeping the events so far.
+        events = []
+        for i in indices:
+            events.append(dataset[i])
+            if time.perf_counter() > deadline:
+                break
+        return collate(events)
+
+    dataset = KaggleEvents()
+    try:
+        import torch
+        from torch.utils.data import DataLoader
+        g = torch.Generator().manual_seed(seed)
+        batches = DataLoader(dataset, batch_size=batch_events, shuffle=True, collate_fn=collate, generator=g)
+        name = "pytorch Dataset + DataLoader"
+    except ImportError:
+        order = np.random.default_rng(seed).permutation(len(dataset))
+        batches = (take(order[k:k + batch_events]) for k in range(0, len(order), batch_events))
+        name = "pytorch-style Dataset (torch not installed)"
+    return name, run(batches, seconds)
+
+
+def numpy_block_shuffle(files, index, batch_events, seconds, seed, epoch=0):
+    rng = np.random.default_rng([seed, epoch])
+
+    def batches():
+        for f in rng.permutation(len(files)):
+            data = read_file(files[f])
+            events = np.flatnonzero(index["file"] == f)
+            rng.shuffle(events)
+            for k in range(0, len(events), batch_events):
+                chosen = events[k:k + batch_events]
+                first, count = index["first"][chosen], index["last"][chosen] - index["first"][chosen] + 1
+                offsets = np.concatenate([[0], np.cumsum(count)])
+                rows = np.repeat(first - offsets[:-1], count) + np.arange(offsets[-1])
+                out = {c: data[c][rows] for c in COLUMNS}
+                out["offsets"] = offsets
+                yield out
+
+    return run(batches(), seconds)
+
+
+def run(batches, seconds):
+    started = time.perf_counter()
+    events = pulses = nbytes = 0
+    for batch in batches:
+        events += len(batch["offsets"]) - 1
+        pulses += len(batch["time"])
+        nbytes += payload_bytes(batch)
+        if time.perf_counter() - started > seconds:
+            break
+    elapsed = time.perf_counter() - started
+    return {"events": events, "seconds": elapsed, "events_per_s": events / elapsed,
+            "pulses_per_s": pulses / elapsed, "gb_per_s": nbytes / elapsed / 1e9}
+
+
+def orders(index, n_files, batch_events, seed):
+    """Epochs 0 and 1 of each loader's event order, as lists of index arrays per batch."""
+    n = len(index["file"])
+    cut = lambda order: [order[k:k + batch_events] for k in range(0, n, batch_events)]
+    torch_like = [cut(np.random.default_rng([seed, e]).permutation(n)) for e in (0, 1)]
+    blocks = []
+    for e in (0, 1):
+        rng = np.random.default_rng([seed, e])
+        order = []
+        for f in rng.permutation(n_files):
+            events = np.flatnonzero(index["file"] == f)
+            rng.shuffle(events)
+            order.extend(events)
+        blocks.append(cut(np.array(order)))
+    return torch_like, blocks
+
+
+def quality(index, epochs, batch_events):
+    first, second = epochs
+    files = index["batch_id"]
+    def entropy(b):
+        _, c = np.unique(b, return_counts=True)
+        p = c / c.sum()
+        return -(p * np.log2(p)).sum()
+    rng = np.random.default_rng(0x5EED)
+    mixing = np.mean([entropy(files[b]) for b in first]) / np.mean([entropy(rng.choice(files, len(b))) for b in first])
+    z = index["zenith"][np.concatenate(first)]
+    autocorr = None if np.isnan(z).any() else float(np.corrcoef(z[:-1], z[1:])[0, 1])
+    batch_of = np.empty(len(files), dtype=np.int64)
+    for k, b in enumerate(second):
+        batch_of[b] = k
+    pairs = np.concatenate([np.stack([b[:-1], b[1:]], 1) for b in first if len(b) > 1])
+    repeat = float(np.mean(batch_of[pairs[:, 0]] == batch_of[pairs[:, 1]]))
+    stream = np.concatenate(first)
+    displacement = float(np.mean(np.abs(np.arange(len(stream)) - stream)) / len(stream))
+    return {"file_mixing": float(mixing), "label_autocorrelation": autocorr, "pair_repeat": repeat,
+            "pair_repeat_iid": (batch_events - 1) / max(len(files) - 1, 1), "displacement": displacement}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("source")
+    ap.add_argument("--split", default="train")
+    ap.add_argument("--batch-events", type=int, default=256)
+    ap.add_argument("--cache-files", type=int, default=2)
+    ap.add_argument("--seconds", type=float, default=20.0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    files, metas = discover(args.source, args.split)
+    index = load_index(files, metas)
+    torch_orders, block_orders = orders(index, len(files), args.batch_events, args.seed)
+    name, torch_figures = pytorch_style(files, index, args.batch_events, args.cache_files, args.seconds, args.seed)
+    loaders = [
+        dict(name=name, **torch_figures, quality=quality(index, torch_orders, args.batch_events)),
+        dict(name="numpy block shuffle", **numpy_block_shuffle(files, index, args.batch_events, args.seconds, args.seed),
+             quality=quality(index, block_orders, args.batch_events)),
+    ]
+    print(f"{len(index['file'])} events in {len(files)} files; batches of {args.batch_events}")
+    print(f"{'loader':<44} {'events/s':>11} {'pulses/s':>12} {'GB/s':>7} {'mixing':>7} {'autocor':>8} {'repeat':>7} {'displ':>6}")
+    for l in loaders:
+        q = l["quality"]
+        ac = "-" if q["label_autocorrelation"] is None else f"{q['label_autocorrelation']:.3f}"
+        print(f"{l['name']:<44} {l['events_per_s']:>11.0f} {l['pulses_per_s']:>12.0f} {l['gb_per_s']:>7.3f} "
+              f"{q['file_mixing']:>7.3f} {ac:>8} {q['pair_repeat']:>7.4f} {q['displacement']:>6.3f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"loaders": loaders, "batch_events": args.batch_events}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
