@@ -79,6 +79,13 @@ impl Collated {
         self.offsets.push(self.time.len() as i64);
     }
 
+    /// Adds this batch's events, pulses and bytes to `t`.
+    fn count_into(&self, t: &mut Throughput) {
+        t.events += self.offsets.len() as u64;
+        t.pulses += self.time.len() as u64;
+        t.bytes += self.bytes() as u64;
+    }
+
     fn bytes(&self) -> usize {
         self.offsets.len() * 8
             + self.sensor.len() * 2
@@ -183,9 +190,7 @@ impl SourceIndex {
             for &i in batch {
                 if started.elapsed().as_secs_f64() > budget_s {
                     // One batch can take minutes here: stop, counting the events so far.
-                    t.events += collated.offsets.len() as u64;
-                    t.pulses += collated.time.len() as u64;
-                    t.bytes += collated.bytes() as u64;
+                    collated.count_into(&mut t);
                     break 'batches;
                 }
                 let e = self.events[i];
@@ -206,9 +211,7 @@ impl SourceIndex {
                 };
                 collated.push(&cache[slot].1, e.rows);
             }
-            t.events += batch.len() as u64;
-            t.pulses += collated.time.len() as u64;
-            t.bytes += collated.bytes() as u64;
+            collated.count_into(&mut t);
             if started.elapsed().as_secs_f64() > budget_s {
                 break;
             }
@@ -232,9 +235,7 @@ impl SourceIndex {
                 }
                 collated.push(&current.as_ref().expect("decoded").1, e.rows);
             }
-            t.events += batch.len() as u64;
-            t.pulses += collated.time.len() as u64;
-            t.bytes += collated.bytes() as u64;
+            collated.count_into(&mut t);
             if started.elapsed().as_secs_f64() > budget_s {
                 break;
             }
