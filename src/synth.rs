@@ -104,7 +104,8 @@ pub struct MetaTable {
 }
 
 impl MetaTable {
-    fn extend(&mut self, other: &MetaTable) {
+    /// Appends the rows of `other`.
+    pub fn extend(&mut self, other: &MetaTable) {
         self.batch_id.extend(&other.batch_id);
         self.event_id.extend(&other.event_id);
         self.first_pulse_index.extend(&other.first_pulse_index);

@@ -45,12 +45,7 @@ impl Case {
             ..MetaTable::default()
         };
         for m in metas {
-            meta.batch_id.extend(&m.batch_id);
-            meta.event_id.extend(&m.event_id);
-            meta.first_pulse_index.extend(&m.first_pulse_index);
-            meta.last_pulse_index.extend(&m.last_pulse_index);
-            meta.azimuth.extend(&m.azimuth);
-            meta.zenith.extend(&m.zenith);
+            meta.extend(m);
         }
         write_layout(&dir.path().join("src"), &batches, &meta_batch(&meta));
         Case { dir }

@@ -64,14 +64,7 @@ fn every_field_of_every_event_round_trips_in_seeded_order() {
         let (table, meta) = generated_batch(batch_id as u64, batch_id, 150, &mut next_id, true);
         expected.extend(oracle(&table, &meta, &geometry));
         batches.push((batch_id, pulse_batch(&table)));
-        for i in 0..meta.event_id.len() {
-            all_meta.batch_id.push(meta.batch_id[i]);
-            all_meta.event_id.push(meta.event_id[i]);
-            all_meta.first_pulse_index.push(meta.first_pulse_index[i]);
-            all_meta.last_pulse_index.push(meta.last_pulse_index[i]);
-            all_meta.azimuth.push(meta.azimuth[i]);
-            all_meta.zenith.push(meta.zenith[i]);
-        }
+        all_meta.extend(&meta);
     }
     write_layout(&src, &batches, &meta_batch(&all_meta));
     let out = dir.path().join("out");
