@@ -15,6 +15,7 @@ use shardify::batch::BatchLayout;
 use shardify::bench::memcpy_gb_per_s;
 use shardify::convert::{convert, ConvertOptions, Phase, Silent, TaskSlice};
 use shardify::dataset::{ChecksumPolicy, Dataset};
+use shardify::device::DeviceChoice;
 use shardify::pipeline::{Loader, LoaderConfig};
 use shardify::sampler::{Batching, SamplerConfig, SamplerState};
 use shardify::source::InputSet;
@@ -112,6 +113,8 @@ fn main() {
             layout: BatchLayout::Packed,
             workers,
             prefetch: 4,
+            device: DeviceChoice::Cpu,
+            ..LoaderConfig::default()
         };
         let (mut rates, mut copies) = (Vec::new(), Vec::new());
         let (mut ev, mut pu, mut by) = (0usize, 0usize, 0usize);

@@ -138,6 +138,9 @@ pub enum Error {
     /// The parameters given do not make sense.
     #[error("invalid configuration: {0}")]
     Config(String),
+    /// A CUDA device could not be used: no driver, no such device, or a driver call failed.
+    #[error("CUDA: {0}")]
+    Device(String),
 }
 
 impl Error {

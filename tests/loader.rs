@@ -10,6 +10,7 @@ use std::time::Duration;
 use common::*;
 use shardify::batch::BatchLayout;
 use shardify::dataset::{ChecksumPolicy, Dataset};
+use shardify::device::DeviceChoice;
 use shardify::pipeline::{Batch, Loader, LoaderConfig, LoaderState};
 use shardify::sampler::{Batching, SamplerConfig, SamplerState};
 
@@ -36,6 +37,8 @@ fn config(batching: Batching, workers: usize) -> LoaderConfig {
         layout: BatchLayout::Packed,
         workers,
         prefetch: 3,
+        device: DeviceChoice::Cpu,
+        ..LoaderConfig::default()
     }
 }
 

@@ -53,6 +53,19 @@ fn quick_report_is_complete_and_consistent() {
         assert!(v.is_finite() && v > 0.0, "{key} = {v}");
     }
     assert!(r["machine"]["cpus"].as_u64().unwrap() >= 1);
+    assert!(r["shard_read_gb_per_s"].as_f64().unwrap() > 0.0);
+    assert!(table.contains("stages: shard read"), "{table}");
+    let device = r["machine"]["device"].as_str().unwrap();
+    // The GPU stage is measured exactly when batches went to a GPU.
+    assert_eq!(r["gpu"].is_null(), device.starts_with("cpu"), "{device}");
+    if r["gpu"].is_null() {
+        assert!(
+            table.contains("no host-to-device stage measured"),
+            "{table}"
+        );
+    } else {
+        assert!(r["gpu"]["pinned_h2d_gb_per_s"].as_f64().unwrap() > 0.0);
+    }
     let loaders = r["loaders"].as_array().unwrap();
     let shardify: Vec<&Value> = loaders.iter().filter(|l| l["window"].is_u64()).collect();
     assert_eq!(shardify.len(), 2, "windows 1 and 4 in quick mode");

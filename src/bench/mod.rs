@@ -5,6 +5,7 @@ pub mod baselines;
 pub mod plot;
 pub mod quality;
 pub mod report;
+pub mod stages;
 
 use std::time::Instant;
 

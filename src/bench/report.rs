@@ -3,15 +3,17 @@
 //! stage and shuffle quality; as a table for people and as JSON for tools.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use serde::Serialize;
 
 use super::baselines::{SourceIndex, Throughput};
 use super::memcpy_gb_per_s;
 use super::quality::{quality, EventInfo, Quality};
+use super::stages::{shard_read_gb_per_s, Consumer, GpuBounds};
 use crate::batch::BatchLayout;
 use crate::dataset::Dataset;
+use crate::device::{DeviceChoice, Placement};
 use crate::error::Result;
 use crate::pipeline::{Loader, LoaderConfig};
 use crate::sampler::{BatchPlan, Batching, SamplerConfig, SamplerState};
@@ -38,6 +40,8 @@ pub struct BenchConfig {
     pub naive_cache_files: usize,
     /// Seconds each baseline may run (they can take hours on a large dataset).
     pub baseline_seconds: f64,
+    /// Where the shardify loader delivers batches.
+    pub device: DeviceChoice,
 }
 
 /// Figures of one loader.
@@ -67,6 +71,17 @@ pub struct LoaderFigures {
     pub compute_seconds: Option<f64>,
     /// `wait_seconds` / wall time.
     pub waiting_fraction: Option<f64>,
+    /// On a GPU: seconds the copy stream spent copying batches (event-timed).
+    pub copy_seconds: Option<f64>,
+    /// On a GPU: bytes copied / `copy_seconds`, GB/s.
+    pub copy_gb_per_s: Option<f64>,
+    /// On a GPU: `copy_gb_per_s` / the pinned host-to-device bound of the same run.
+    pub copy_ratio_to_pinned_h2d: Option<f64>,
+    /// On a GPU: `gb_per_s` / the pinned host-to-device bound of the same run.
+    pub ratio_to_pinned_h2d: Option<f64>,
+    /// On a GPU: the fraction of the consumer's GPU time spent idle between steps,
+    /// waiting for data (event-timed).
+    pub gpu_waiting_fraction: Option<f64>,
     /// Shuffle quality (epochs 0 and 1).
     pub quality: Quality,
 }
@@ -80,8 +95,8 @@ pub struct Machine {
     pub os: &'static str,
     /// Architecture.
     pub arch: &'static str,
-    /// Device the batches were delivered to.
-    pub device: &'static str,
+    /// Device the batches were delivered to (and, on the CPU, why).
+    pub device: String,
 }
 
 /// A whole run.
@@ -97,6 +112,13 @@ pub struct Report {
     pub memcpy_gb_per_s: f64,
     /// Bytes per copy in that measurement (an average batch).
     pub memcpy_chunk_bytes: usize,
+    /// One sequential pass over the shards through the memory map, GB/s (the read stage
+    /// on its own).
+    pub shard_read_gb_per_s: f64,
+    /// Seconds of that pass.
+    pub shard_read_seconds: f64,
+    /// Host-to-device bounds, when batches went to a GPU.
+    pub gpu: Option<GpuBounds>,
     /// Best shardify window: events/s.
     pub events_per_s: f64,
     /// Best shardify window: pulses/s.
@@ -137,11 +159,14 @@ struct EpochRun {
     gather: f64,
     wait: f64,
     compute: f64,
+    copy: Option<(f64, u64)>,
+    gpu_idle_busy_ms: Option<(f64, f64)>,
 }
 
 fn run_epoch(
     dataset: &Arc<Dataset>,
     config: &BenchConfig,
+    placement: &Placement,
     window: usize,
     epoch: u64,
 ) -> Result<EpochRun> {
@@ -150,40 +175,47 @@ fn run_epoch(
         layout: BatchLayout::Packed,
         workers: config.workers,
         prefetch: 4,
+        device: config.device,
+        ..LoaderConfig::default()
     };
-    let mut loader = Loader::new(
+    let mut consumer = Consumer::new(placement, config.simulate_compute_ms)?;
+    let mut loader = Loader::on(
         dataset.clone(),
         loader_config,
         SamplerState {
             epoch,
             batches_taken: 0,
         },
+        placement.clone(),
     )?;
-    let compute = Duration::from_secs_f64(config.simulate_compute_ms / 1e3);
     let mut run = EpochRun {
         plans: Vec::new(),
         throughput: Throughput::default(),
         gather: 0.0,
         wait: 0.0,
         compute: 0.0,
+        copy: None,
+        gpu_idle_busy_ms: None,
     };
     let started = Instant::now();
     loop {
         let asked = Instant::now();
         let Some(batch) = loader.next() else { break };
         run.wait += asked.elapsed().as_secs_f64();
-        let batch = batch?;
+        let mut batch = batch?;
         run.throughput.events += batch.plan().events.len() as u64;
         run.throughput.pulses += batch.shape().pulses as u64;
         run.throughput.bytes += batch.sections().payload_bytes() as u64;
         run.gather += batch.gather_seconds();
-        if !compute.is_zero() {
-            let step = Instant::now();
-            std::thread::sleep(compute);
-            run.compute += step.elapsed().as_secs_f64();
+        run.compute += consumer.consume(&mut batch)?;
+        if let Some(copy) = batch.device() {
+            let (seconds, bytes) = run.copy.get_or_insert((0.0, 0));
+            *seconds += f64::from(copy.copy_ms()?) / 1e3;
+            *bytes += batch.bytes().len() as u64;
         }
         run.plans.push(batch.plan().clone());
     }
+    run.gpu_idle_busy_ms = consumer.finish()?;
     run.throughput.seconds = started.elapsed().as_secs_f64();
     Ok(run)
 }
@@ -237,6 +269,11 @@ fn figures(
         wait_seconds: None,
         compute_seconds: None,
         waiting_fraction: None,
+        copy_seconds: None,
+        copy_gb_per_s: None,
+        copy_ratio_to_pinned_h2d: None,
+        ratio_to_pinned_h2d: None,
+        gpu_waiting_fraction: None,
         quality,
     }
 }
@@ -259,11 +296,18 @@ pub fn run(
     // One bound for the whole run: copies of an average batch's size, with the loader's threads.
     let batch_bytes = (m.totals.bytes / m.totals.events.max(1)) as usize * config.batch_events;
     let bound = memcpy_gb_per_s(&sample, batch_bytes.max(4096), config.workers);
+    drop(sample);
+    let (shard_read_gb_per_s, shard_read_seconds) = shard_read_gb_per_s(&dataset)?;
+    let placement = Placement::resolve(config.device)?;
+    let gpu = match placement.cuda() {
+        Some(device) => Some(GpuBounds::measure(device, batch_bytes)?),
+        None => None,
+    };
     let mut loaders = Vec::new();
     for &window in &config.windows {
         let epochs = [
-            run_epoch(&dataset, config, window, 0)?,
-            run_epoch(&dataset, config, window, 1)?,
+            run_epoch(&dataset, config, &placement, window, 0)?,
+            run_epoch(&dataset, config, &placement, window, 1)?,
         ];
         let q = quality(
             &shardify_infos(&dataset, &epochs[0].plans)?,
@@ -281,6 +325,22 @@ pub fn run(
         f.wait_seconds = Some(wait);
         f.compute_seconds = Some(epochs.iter().map(|e| e.compute).sum());
         f.waiting_fraction = Some(wait / total.seconds.max(1e-9));
+        if let Some(bounds) = &gpu {
+            let (seconds, bytes) = epochs
+                .iter()
+                .filter_map(|e| e.copy)
+                .fold((0.0, 0), |(s, b), (s2, b2)| (s + s2, b + b2));
+            let (idle, busy) = epochs
+                .iter()
+                .filter_map(|e| e.gpu_idle_busy_ms)
+                .fold((0.0, 0.0), |(i, b), (i2, b2)| (i + i2, b + b2));
+            let copy_gb = bytes as f64 / seconds.max(1e-12) / 1e9;
+            f.copy_seconds = Some(seconds);
+            f.copy_gb_per_s = Some(copy_gb);
+            f.copy_ratio_to_pinned_h2d = Some(copy_gb / bounds.pinned_h2d_gb_per_s);
+            f.ratio_to_pinned_h2d = Some(f.gb_per_s / bounds.pinned_h2d_gb_per_s);
+            f.gpu_waiting_fraction = Some(idle / (idle + busy).max(1e-12));
+        }
         loaders.push(f);
     }
     if let Some(source) = source {
@@ -331,12 +391,15 @@ pub fn run(
             cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
             os: std::env::consts::OS,
             arch: std::env::consts::ARCH,
-            device: "cpu",
+            device: placement.describe(),
         },
         dataset_events: m.totals.events,
         dataset_pulses: m.totals.pulses,
         memcpy_gb_per_s: bound,
         memcpy_chunk_bytes: batch_bytes.max(4096),
+        shard_read_gb_per_s,
+        shard_read_seconds,
+        gpu,
         events_per_s: best.as_ref().map_or(0.0, |b| b.events_per_s),
         pulses_per_s: best.as_ref().map_or(0.0, |b| b.pulses_per_s),
         gb_per_s: best.as_ref().map_or(0.0, |b| b.gb_per_s),
@@ -385,6 +448,37 @@ pub fn table(report: &Report) -> String {
             q.pair_repeat,
             q.displacement
         );
+    }
+    out += &format!(
+        "stages: shard read {:.2} GB/s sequential through the memory map ({:.3} s for the dataset); \
+         gather time per loader is summed over its workers\n",
+        report.shard_read_gb_per_s, report.shard_read_seconds
+    );
+    match &report.gpu {
+        None => {
+            out += &format!(
+                "device: {} -- no host-to-device stage measured\n",
+                report.machine.device
+            )
+        }
+        Some(g) => {
+            out += &format!(
+                "device: {}; bound: pinned H2D {:.2} GB/s (pageable {:.2} GB/s), {} B pieces\n",
+                g.device, g.pinned_h2d_gb_per_s, g.pageable_h2d_gb_per_s, g.chunk_bytes
+            );
+            for l in report.loaders.iter().filter(|l| l.copy_seconds.is_some()) {
+                out += &format!(
+                    "  window {:>4}: delivered {:.2} GB/s = {:.2} of pinned H2D; copies {:.2} GB/s = {:.2} of pinned H2D, {:.3} s; GPU waited {:.1}%\n",
+                    l.window.unwrap_or(0),
+                    l.gb_per_s,
+                    l.ratio_to_pinned_h2d.unwrap_or(0.0),
+                    l.copy_gb_per_s.unwrap_or(0.0),
+                    l.copy_ratio_to_pinned_h2d.unwrap_or(0.0),
+                    l.copy_seconds.unwrap_or(0.0),
+                    100.0 * l.gpu_waiting_fraction.unwrap_or(0.0)
+                );
+            }
+        }
     }
     if let (Some(n), Some(b)) = (report.speedup_vs_naive, report.speedup_vs_block_shuffle) {
         out += &format!("best shardify window: {n:.0}x the naive loader's events/s, {b:.1}x the Parquet block shuffle's\n");

@@ -8,6 +8,7 @@ use anyhow::{Context, Result};
 use clap::Parser;
 use shardify::bench::report::{run, table, BenchConfig};
 use shardify::dataset::{ChecksumPolicy, Dataset};
+use shardify::device::DeviceChoice;
 use shardify::source::InputSet;
 
 /// Throughput, per-stage time and shuffle quality of the shardify loader and of Parquet
@@ -45,7 +46,8 @@ struct Args {
     /// Seed.
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// A training step of this many milliseconds per batch (a sleep on the CPU).
+    /// A training step of this many milliseconds per batch (a sleep on the CPU; on a GPU,
+    /// memory-bound work on a compute stream, calibrated to this length).
     #[arg(long, default_value_t = 0.0)]
     simulate_compute: f64,
     /// Decoded files the naive loader caches.
@@ -54,6 +56,9 @@ struct Args {
     /// Seconds each baseline may run.
     #[arg(long, default_value_t = 20.0)]
     baseline_seconds: f64,
+    /// Where batches go: auto (CUDA device 0 when usable), cpu, cuda or cuda:N.
+    #[arg(long, default_value = "auto")]
+    device: DeviceChoice,
     /// Small and fast: windows 1 and 4, baselines for 2 s at most.
     #[arg(long)]
     quick: bool,
@@ -102,6 +107,7 @@ fn main() -> Result<()> {
         } else {
             args.baseline_seconds
         },
+        device: args.device,
     };
     let report = run(dataset, source.as_ref(), &config)?;
     print!("{}", table(&report));

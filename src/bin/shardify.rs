@@ -12,6 +12,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use shardify::batch::BatchLayout;
 use shardify::convert::{convert, ConvertOptions, Phase, Progress, TaskSlice};
 use shardify::dataset::{dump::dump, inspect::inspect, verify::verify, ChecksumPolicy, Dataset};
+use shardify::device::DeviceChoice;
 use shardify::pipeline::{Loader, LoaderConfig, LoaderState};
 use shardify::sampler::{Batching, SamplerConfig, SamplerState};
 use shardify::source::InputSet;
@@ -402,6 +403,8 @@ fn run_order(args: OrderArgs) -> Result<()> {
         layout: BatchLayout::Packed,
         workers: args.threads,
         prefetch: 4,
+        device: DeviceChoice::Cpu,
+        ..LoaderConfig::default()
     };
     let dataset = Arc::new(Dataset::open(&args.dataset, ChecksumPolicy::Lazy)?);
     let mut loader = match &args.resume {

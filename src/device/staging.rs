@@ -19,6 +19,10 @@ pub trait HostMemory: Send {
     fn bytes_mut(&mut self) -> &mut [u8];
     /// The bytes, read-only.
     fn bytes(&self) -> &[u8];
+    /// Whether the memory is page-locked (copies from it to a GPU are asynchronous).
+    fn is_pinned(&self) -> bool {
+        false
+    }
 }
 
 /// Plain pageable memory, for the CPU path.
@@ -70,9 +74,9 @@ impl StagingBuffer {
         self.memory.bytes_mut()
     }
 
-    /// The underlying memory (the device layer reads pinned memory through it).
-    pub fn memory(&self) -> &dyn HostMemory {
-        &*self.memory
+    /// Whether the buffer is page-locked.
+    pub fn is_pinned(&self) -> bool {
+        self.memory.is_pinned()
     }
 }
 

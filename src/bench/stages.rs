@@ -1,0 +1,177 @@
+//! What a bench's consumer does with each batch, and the bounds per stage measured in the
+//! same run: sequential shard reads through the memory map, and on a GPU pinned (and
+//! pageable) host-to-device copies of batch-sized pieces.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cudarc::driver::{CudaEvent, CudaStream};
+use serde::Serialize;
+
+use crate::dataset::Dataset;
+use crate::device::cuda::{elapsed_ms, measure_h2d_gb_per_s, BusyWork, CudaDevice};
+use crate::device::Placement;
+use crate::error::Result;
+use crate::pipeline::Batch;
+
+/// GB/s of one sequential pass over every shard's bytes through the memory map (the shard
+/// read stage on its own: page cache, or disk when the shards are not cached).
+pub fn shard_read_gb_per_s(dataset: &Dataset) -> Result<(f64, f64)> {
+    let started = Instant::now();
+    let mut bytes = 0usize;
+    let mut sum = 0u64;
+    for i in 0..dataset.shard_count() {
+        let shard = dataset.shard(i)?;
+        let data = shard.bytes();
+        for chunk in data.chunks(8) {
+            sum = sum.wrapping_add(chunk[0] as u64);
+        }
+        bytes += data.len();
+    }
+    std::hint::black_box(sum);
+    let seconds = started.elapsed().as_secs_f64();
+    Ok((bytes as f64 / seconds.max(1e-9) / 1e9, seconds))
+}
+
+/// Host-to-device bounds of one run.
+#[derive(Debug, Clone, Serialize)]
+pub struct GpuBounds {
+    /// The device.
+    pub device: String,
+    /// Pinned host-to-device copies of batch-sized pieces, GB/s.
+    pub pinned_h2d_gb_per_s: f64,
+    /// Pageable host-to-device copies of the same pieces, GB/s (what a loader without
+    /// pinned staging gets).
+    pub pageable_h2d_gb_per_s: f64,
+    /// Piece size, bytes.
+    pub chunk_bytes: usize,
+}
+
+impl GpuBounds {
+    /// Measures both bounds with pieces of `chunk` bytes (about 256 MiB copied each).
+    pub fn measure(device: &CudaDevice, chunk: usize) -> Result<GpuBounds> {
+        let chunk = chunk.max(4096);
+        let repeats = ((256usize << 20) / chunk).clamp(8, 4096);
+        Ok(GpuBounds {
+            device: format!("cuda:{} ({})", device.ordinal(), device.name()),
+            pinned_h2d_gb_per_s: measure_h2d_gb_per_s(device, chunk, repeats, true)?,
+            pageable_h2d_gb_per_s: measure_h2d_gb_per_s(device, chunk, repeats / 4, false)?,
+            chunk_bytes: chunk,
+        })
+    }
+}
+
+/// The training step a bench runs per batch: a sleep on the CPU, memory-bound work on the
+/// GPU's compute stream (calibrated to the requested milliseconds).
+pub enum Consumer {
+    /// Host batches.
+    Host {
+        /// The step (zero: none).
+        step: Duration,
+    },
+    /// Device batches.
+    Device(DeviceConsumer),
+}
+
+/// The GPU side of [`Consumer`].
+pub struct DeviceConsumer {
+    device: Arc<CudaDevice>,
+    stream: Arc<CudaStream>,
+    work: BusyWork,
+    passes: usize,
+    /// The last step's start and end events.
+    last: Option<(CudaEvent, CudaEvent)>,
+    idle_ms: f64,
+    busy_ms: f64,
+}
+
+/// Device memory the GPU stand-in step clears per pass.
+const WORK_BYTES: usize = 64 << 20;
+
+impl Consumer {
+    /// A consumer for `placement` with steps of `compute_ms`.
+    pub fn new(placement: &Placement, compute_ms: f64) -> Result<Consumer> {
+        let Some(device) = placement.cuda() else {
+            return Ok(Consumer::Host {
+                step: Duration::from_secs_f64(compute_ms / 1e3),
+            });
+        };
+        let stream = device.new_stream()?;
+        let mut work = BusyWork::new(&stream, WORK_BYTES)?;
+        let passes = if compute_ms > 0.0 {
+            let (start, end) = (device.new_event(true)?, device.new_event(true)?);
+            work.run(2)?;
+            start.record(&stream).map_err(time_error)?;
+            work.run(20)?;
+            end.record(&stream).map_err(time_error)?;
+            let per_pass = f64::from(elapsed_ms(&start, &end)?) / 20.0;
+            (compute_ms / per_pass.max(1e-6)).round().max(1.0) as usize
+        } else {
+            0
+        };
+        Ok(Consumer::Device(DeviceConsumer {
+            device: device.clone(),
+            stream,
+            work,
+            passes,
+            last: None,
+            idle_ms: 0.0,
+            busy_ms: 0.0,
+        }))
+    }
+
+    /// One step on `batch`; returns host seconds spent in it.
+    pub fn consume(&mut self, batch: &mut Batch) -> Result<f64> {
+        let started = Instant::now();
+        match self {
+            Consumer::Host { step } => {
+                if !step.is_zero() {
+                    std::thread::sleep(*step);
+                }
+            }
+            Consumer::Device(d) => d.step(batch)?,
+        }
+        Ok(started.elapsed().as_secs_f64())
+    }
+
+    /// Waits for the queued GPU work; returns (GPU ms idle between steps, GPU ms busy in
+    /// steps), `None` on the CPU.
+    pub fn finish(&mut self) -> Result<Option<(f64, f64)>> {
+        match self {
+            Consumer::Host { .. } => Ok(None),
+            Consumer::Device(d) => {
+                if let Some((start, end)) = d.last.take() {
+                    d.busy_ms += f64::from(elapsed_ms(&start, &end)?);
+                }
+                d.stream.synchronize().map_err(time_error)?;
+                Ok(Some((d.idle_ms, d.busy_ms)))
+            }
+        }
+    }
+}
+
+impl DeviceConsumer {
+    /// Waits for the batch's copy on the compute stream and queues the step. The host
+    /// runs at most one step ahead of the GPU (as a training loop that reads its loss
+    /// does): it waits until the GPU starts this step before taking the next batch.
+    fn step(&mut self, batch: &mut Batch) -> Result<()> {
+        batch.wait_on(&self.stream)?;
+        let start = self.device.new_event(true)?;
+        start.record(&self.stream).map_err(time_error)?;
+        self.work.run(self.passes)?;
+        let end = self.device.new_event(true)?;
+        end.record(&self.stream).map_err(time_error)?;
+        if let Some((last_start, last_end)) = self.last.take() {
+            self.busy_ms += f64::from(elapsed_ms(&last_start, &last_end)?);
+            // From the end of the last step to the start of this one the GPU waited for
+            // this batch's copy (or for the host).
+            self.idle_ms += f64::from(elapsed_ms(&last_end, &start)?).max(0.0);
+        }
+        self.last = Some((start, end));
+        Ok(())
+    }
+}
+
+fn time_error(e: cudarc::driver::DriverError) -> crate::Error {
+    crate::device::cuda::driver_error("cannot record a timing event", e)
+}

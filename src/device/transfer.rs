@@ -1,0 +1,230 @@
+//! Host-to-device copies: a small set of device buffers ("slots") that batches are copied
+//! into on the device's copy stream, each guarded by CUDA events.
+//!
+//! ```text
+//! copy stream:     wait(released[A]) copy n+1 -> A  record(copied[A]) ...
+//! consumer stream: wait(copied[B])   work on n in B ... record(released[B]) at guard drop
+//! ```
+//! A slot goes back to the free list when its [`DeviceCopy`] guard is dropped, with an
+//! event recorded on every stream the consumer declared ([`DeviceCopy::wait_on`]); the
+//! next copy into it makes the copy stream wait on those events, so a device buffer is
+//! overwritten only after the consumer's queued work on it, without blocking the host.
+//! With two slots the copy of batch n+1 runs while the consumer computes on batch n.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, CudaView, DevicePtrMut};
+
+use super::cuda::{driver_error, elapsed_ms, CudaDevice};
+use crate::error::{Error, Result};
+
+/// One device buffer and the events that guard it.
+struct DeviceSlot {
+    memory: Option<CudaSlice<u8>>,
+    len: usize,
+    copy_started: CudaEvent,
+    copied: CudaEvent,
+    released: Vec<CudaEvent>,
+}
+
+/// The device buffers of one loader.
+pub struct DeviceSlots {
+    device: Arc<CudaDevice>,
+    free: Mutex<Vec<DeviceSlot>>,
+    made: AtomicUsize,
+    target: usize,
+    allocations: AtomicU64,
+}
+
+impl DeviceSlots {
+    /// Up to `target` (at least 2) slots, made on first use; more only when the consumer
+    /// holds all of them.
+    pub fn new(device: Arc<CudaDevice>, target: usize) -> Arc<DeviceSlots> {
+        Arc::new(DeviceSlots {
+            device,
+            free: Mutex::new(Vec::new()),
+            made: AtomicUsize::new(0),
+            target: target.max(2),
+            allocations: AtomicU64::new(0),
+        })
+    }
+
+    /// The device.
+    pub fn device(&self) -> &Arc<CudaDevice> {
+        &self.device
+    }
+
+    /// The number of slots the loader keeps busy ahead of the consumer.
+    pub fn target(&self) -> usize {
+        self.target
+    }
+
+    /// Whether a slot is free or may be made without exceeding the target.
+    pub fn has_room(&self) -> bool {
+        !self.free_list().is_empty() || self.made.load(Ordering::Acquire) < self.target
+    }
+
+    /// Device allocations so far (constant in the steady state).
+    pub fn allocations(&self) -> u64 {
+        self.allocations.load(Ordering::Relaxed)
+    }
+
+    fn free_list(&self) -> std::sync::MutexGuard<'_, Vec<DeviceSlot>> {
+        // A panic while holding the lock cannot leave the list inconsistent (push/pop).
+        self.free.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn take(&self) -> Result<DeviceSlot> {
+        if let Some(slot) = self.free_list().pop() {
+            return Ok(slot);
+        }
+        self.made.fetch_add(1, Ordering::AcqRel);
+        Ok(DeviceSlot {
+            memory: None,
+            len: 0,
+            copy_started: self.device.new_event(true)?,
+            copied: self.device.new_event(true)?,
+            released: Vec::new(),
+        })
+    }
+
+    /// Queues the copy of `bytes` (pinned memory, which must stay untouched until
+    /// [`DeviceCopy::wait_for_copy`]) into a slot, after the consumer released it.
+    pub fn upload(self: &Arc<Self>, bytes: &[u8]) -> Result<DeviceCopy> {
+        let mut slot = self.take()?;
+        match self.copy_into(&mut slot, bytes) {
+            Ok(()) => Ok(DeviceCopy {
+                slot: Some(slot),
+                slots: self.clone(),
+                consumers: Vec::new(),
+            }),
+            Err(e) => {
+                self.free_list().push(slot);
+                Err(e)
+            }
+        }
+    }
+
+    fn copy_into(&self, slot: &mut DeviceSlot, bytes: &[u8]) -> Result<()> {
+        let stream = self.device.copy_stream();
+        for released in slot.released.drain(..) {
+            stream
+                .wait(&released)
+                .map_err(|e| driver_error("copy stream cannot wait for the consumer", e))?;
+        }
+        if slot.memory.as_ref().is_none_or(|m| m.len() < bytes.len()) {
+            // The old buffer is freed on the copy stream, after the waits above.
+            slot.memory = None;
+            let capacity = (bytes.len() + bytes.len() / 4).max(1);
+            // SAFETY: the memory is written by the copy below before any view exposes it,
+            // and a view never reaches past `slot.len`, the bytes copied.
+            let memory = unsafe { stream.alloc::<u8>(capacity) }.map_err(|e| {
+                driver_error(&format!("cannot allocate {capacity} device bytes"), e)
+            })?;
+            slot.memory = Some(memory);
+            self.allocations.fetch_add(1, Ordering::Relaxed);
+        }
+        let record = |event: &CudaEvent| {
+            event
+                .record(stream)
+                .map_err(|e| driver_error("cannot record a copy event", e))
+        };
+        record(&slot.copy_started)?;
+        {
+            let memory = slot.memory.as_mut().expect("allocated above");
+            let (target, _written) = memory.device_ptr_mut(stream);
+            self.device
+                .context()
+                .bind_to_thread()
+                .map_err(|e| driver_error("cannot bind the context", e))?;
+            // SAFETY: `target` is a device allocation of at least `bytes.len()` bytes made
+            // on this stream; `bytes` is pinned staging memory that the loader keeps alive
+            // and unmodified until the `copied` event below has completed.
+            unsafe { cudarc::driver::result::memcpy_htod_async(target, bytes, stream.cu_stream()) }
+                .map_err(|e| driver_error("host-to-device copy failed", e))?;
+        }
+        record(&slot.copied)?;
+        slot.len = bytes.len();
+        Ok(())
+    }
+}
+
+/// A batch's bytes on the device; dropping it hands the device buffer back for reuse
+/// after the work queued on the consumer's streams.
+pub struct DeviceCopy {
+    slot: Option<DeviceSlot>,
+    slots: Arc<DeviceSlots>,
+    consumers: Vec<Arc<CudaStream>>,
+}
+
+impl DeviceCopy {
+    fn slot(&self) -> &DeviceSlot {
+        self.slot.as_ref().expect("held until drop")
+    }
+
+    /// Makes `stream` wait until the copy is done, and records it as a consumer: the
+    /// device buffer is reused only after the work queued on it before this guard drops.
+    /// Call it before launching work on the batch (cudarc operations on the views also
+    /// order themselves after the copy, but raw pointers handed to other code do not).
+    pub fn wait_on(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
+        stream
+            .wait(&self.slot().copied)
+            .map_err(|e| driver_error("stream cannot wait for the copy", e))?;
+        if !self.consumers.iter().any(|s| Arc::ptr_eq(s, stream)) {
+            self.consumers.push(stream.clone());
+        }
+        Ok(())
+    }
+
+    /// The event recorded after the copy: consumers wait on it.
+    pub fn ready(&self) -> &CudaEvent {
+        &self.slot().copied
+    }
+
+    /// The event recorded just before the copy (for timing and overlap checks).
+    pub fn copy_started(&self) -> &CudaEvent {
+        &self.slot().copy_started
+    }
+
+    /// Milliseconds the copy took on the copy stream (waits for it).
+    pub fn copy_ms(&self) -> Result<f32> {
+        elapsed_ms(&self.slot().copy_started, &self.slot().copied)
+    }
+
+    /// The batch's bytes on the device (`len` as on the host).
+    pub fn bytes(&self) -> CudaView<'_, u8> {
+        let slot = self.slot();
+        slot.memory
+            .as_ref()
+            .expect("a copied slot has memory")
+            .slice(..slot.len)
+    }
+
+    /// Blocks the host until the copy is done (the staging buffer may then be reused).
+    pub fn wait_for_copy(&self) -> Result<()> {
+        self.slot()
+            .copied
+            .synchronize()
+            .map_err(|e| driver_error("copy failed", e))
+    }
+}
+
+impl Drop for DeviceCopy {
+    fn drop(&mut self) {
+        let Some(mut slot) = self.slot.take() else {
+            return;
+        };
+        for stream in &self.consumers {
+            match stream.record_event(None) {
+                Ok(event) => slot.released.push(event),
+                Err(e) => {
+                    // Cannot track the consumer's work: wait for it instead.
+                    tracing::warn!("{}", Error::Device(format!("{:?}", e.0)));
+                    let _ = stream.synchronize();
+                }
+            }
+        }
+        self.slots.free_list().push(slot);
+    }
+}

@@ -1,0 +1,258 @@
+//! What the consumer gets: a batch guard with host views and, on a GPU, device views and
+//! the event to wait on.
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaEvent, CudaStream, CudaView};
+
+use super::workers::Filled;
+use crate::batch::{sections, BatchLayout, BatchShape, Sections};
+use crate::device::staging::{StagingBuffer, StagingPool};
+use crate::device::transfer::DeviceCopy;
+use crate::error::{Error, Result};
+use crate::format::pod::try_cast;
+use crate::format::safetensors::Dtype;
+use crate::format::shard::{FloatColumn, IntColumn};
+use crate::sampler::BatchPlan;
+
+/// One delivered batch; dropping it returns its buffers (host staging, and on a GPU the
+/// device buffer, reused after the consumer's queued work on it).
+///
+/// On a GPU the bytes are on the device *and* in the host staging buffer, so the host
+/// views ([`Batch::packed`], [`Batch::padded`], [`Batch::plan`]) work on both paths; call
+/// [`Batch::wait_on`] with the stream that computes on the device bytes before using them.
+pub struct Batch {
+    // Dropped first: the device buffer goes back before the staging buffer.
+    device: Option<DeviceCopy>,
+    buffer: Option<StagingBuffer>,
+    pool: Arc<StagingPool>,
+    sections: Sections,
+    plan: BatchPlan,
+    shape: BatchShape,
+    gather_seconds: f64,
+    layout: BatchLayout,
+}
+
+/// One section of a batch on the device: raw bytes with their element type and shape
+/// (what a framework needs to wrap them as a tensor, e.g. through DLPack).
+pub struct DeviceSection<'a> {
+    /// The bytes (64-byte aligned on the device).
+    pub bytes: CudaView<'a, u8>,
+    /// Element type.
+    pub dtype: Dtype,
+    /// Shape.
+    pub shape: &'a [usize],
+}
+
+/// The packed (CSR) view of a host batch.
+#[derive(Debug, Clone, Copy)]
+pub struct PackedView<'a> {
+    /// `[B]`.
+    pub event_id: &'a [i64],
+    /// `[B]` (NaN without labels).
+    pub event_azimuth: &'a [f64],
+    /// `[B]` (NaN without labels).
+    pub event_zenith: &'a [f64],
+    /// `[B+1]`.
+    pub event_dom_offsets: &'a [i32],
+    /// `[D+1]`.
+    pub dom_pulse_offsets: &'a [i32],
+    /// `[D]`.
+    pub dom_sensor_id: IntColumn<'a>,
+    /// `[D*3]`.
+    pub dom_position: FloatColumn<'a>,
+    /// `[P]`.
+    pub pulse_time: IntColumn<'a>,
+    /// `[P]`.
+    pub pulse_charge: FloatColumn<'a>,
+    /// `[P]`.
+    pub pulse_auxiliary: &'a [u8],
+}
+
+/// The padded (DOM-flat) view of a host batch.
+#[derive(Debug, Clone, Copy)]
+pub struct PaddedView<'a> {
+    /// `[B]`.
+    pub event_id: &'a [i64],
+    /// `[B]`.
+    pub event_azimuth: &'a [f64],
+    /// `[B]`.
+    pub event_zenith: &'a [f64],
+    /// `[B, M, F]`, row-major.
+    pub dom_features: &'a [f32],
+    /// `[B, M]`, 1 where a DOM is present.
+    pub dom_mask: &'a [u8],
+    /// `M`.
+    pub max_doms: usize,
+    /// `F`.
+    pub features_per_dom: usize,
+}
+
+impl Batch {
+    pub(super) fn new(
+        filled: Filled,
+        device: Option<DeviceCopy>,
+        pool: Arc<StagingPool>,
+        layout: BatchLayout,
+    ) -> Batch {
+        Batch {
+            device,
+            buffer: Some(filled.buffer),
+            pool,
+            sections: filled.sections,
+            plan: filled.plan,
+            shape: filled.shape,
+            gather_seconds: filled.gather_seconds,
+            layout,
+        }
+    }
+
+    /// Whether the batch was copied to a GPU.
+    pub fn is_on_device(&self) -> bool {
+        self.device.is_some()
+    }
+
+    /// The copy on the device (`None` on the CPU path): its bytes, the event recorded
+    /// after the copy, and the copy's timing.
+    pub fn device(&self) -> Option<&DeviceCopy> {
+        self.device.as_ref()
+    }
+
+    /// Makes `stream` wait for the batch's copy and records it as a consumer, so the
+    /// device buffer is reused only after the work queued on `stream` before this batch
+    /// is dropped. An error on the CPU path.
+    pub fn wait_on(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
+        self.device
+            .as_mut()
+            .ok_or_else(|| Error::Device("this batch is in host memory".into()))?
+            .wait_on(stream)
+    }
+
+    /// The event consumers wait on before reading the device bytes (`None` on the CPU).
+    pub fn ready_event(&self) -> Option<&CudaEvent> {
+        self.device.as_ref().map(|d| d.ready())
+    }
+
+    /// A section on the device, by name (see [`crate::batch::sections`]); `None` on the
+    /// CPU path or for a section this layout does not have.
+    pub fn device_section(&self, name: &str) -> Option<DeviceSection<'_>> {
+        let device = self.device.as_ref()?;
+        let s = self.sections.get(name)?;
+        Some(DeviceSection {
+            bytes: device.bytes().slice(s.offset..s.offset + s.len),
+            dtype: s.dtype,
+            shape: &s.shape,
+        })
+    }
+
+    /// The host buffer's bytes (sections at their offsets).
+    pub fn bytes(&self) -> &[u8] {
+        &self
+            .buffer
+            .as_ref()
+            .expect("buffer held until drop")
+            .bytes()[..self.sections.total]
+    }
+
+    /// The section table.
+    pub fn sections(&self) -> &Sections {
+        &self.sections
+    }
+
+    /// Which events, in order, and the batch's global number in the epoch.
+    pub fn plan(&self) -> &BatchPlan {
+        &self.plan
+    }
+
+    /// Seconds a worker spent gathering this batch (shard reads through the memory map
+    /// included).
+    pub fn gather_seconds(&self) -> f64 {
+        self.gather_seconds
+    }
+
+    /// Events, DOMs and pulses in the batch.
+    pub fn shape(&self) -> BatchShape {
+        self.shape
+    }
+
+    /// The layout.
+    pub fn layout(&self) -> BatchLayout {
+        self.layout
+    }
+
+    fn section(&self, name: &str) -> &[u8] {
+        let s = self.sections.get(name).expect("section of this layout");
+        &self.bytes()[s.offset..s.offset + s.len]
+    }
+
+    fn typed<T: crate::format::pod::Pod>(&self, name: &str) -> &[T] {
+        try_cast(self.section(name)).expect("sections are aligned")
+    }
+
+    fn dtype(&self, name: &str) -> Dtype {
+        self.sections
+            .get(name)
+            .expect("section of this layout")
+            .dtype
+    }
+
+    /// The packed view; `None` for a padded batch.
+    pub fn packed(&self) -> Option<PackedView<'_>> {
+        use sections::*;
+        if self.layout != BatchLayout::Packed {
+            return None;
+        }
+        let ints =
+            |n| IntColumn::from_raw(self.section(n), self.dtype(n)).expect("integer section");
+        let floats =
+            |n| FloatColumn::from_raw(self.section(n), self.dtype(n)).expect("float section");
+        Some(PackedView {
+            event_id: self.typed(EVENT_ID),
+            event_azimuth: self.typed(EVENT_AZIMUTH),
+            event_zenith: self.typed(EVENT_ZENITH),
+            event_dom_offsets: self.typed(EVENT_DOM_OFFSETS),
+            dom_pulse_offsets: self.typed(DOM_PULSE_OFFSETS),
+            dom_sensor_id: ints(DOM_SENSOR_ID),
+            dom_position: floats(DOM_POSITION),
+            pulse_time: ints(PULSE_TIME),
+            pulse_charge: floats(PULSE_CHARGE),
+            pulse_auxiliary: self.section(PULSE_AUXILIARY),
+        })
+    }
+
+    /// The padded view; `None` for a packed batch.
+    pub fn padded(&self) -> Option<PaddedView<'_>> {
+        use sections::*;
+        let shape = &self.sections.get(DOM_FEATURES)?.shape;
+        Some(PaddedView {
+            event_id: self.typed(EVENT_ID),
+            event_azimuth: self.typed(EVENT_AZIMUTH),
+            event_zenith: self.typed(EVENT_ZENITH),
+            dom_features: self.typed(DOM_FEATURES),
+            dom_mask: self.section(DOM_MASK),
+            max_doms: shape[1],
+            features_per_dom: shape[2],
+        })
+    }
+}
+
+impl Drop for Batch {
+    fn drop(&mut self) {
+        let copy_done = match self.device.take() {
+            // The staging buffer is reused only once the copy out of it is over.
+            Some(copy) => copy
+                .wait_for_copy()
+                .inspect_err(|e| tracing::warn!("staging buffer not reused: {e}"))
+                .is_ok(),
+            None => true,
+        };
+        if let Some(buffer) = self.buffer.take() {
+            if copy_done {
+                self.pool.return_lent(buffer);
+            } else {
+                // A failed copy may still be reading it: keep the memory alive.
+                std::mem::forget(buffer);
+            }
+        }
+    }
+}

@@ -1,0 +1,249 @@
+//! The CUDA path. Without a driver these tests check the fallback (never a panic, a clear
+//! error for `cuda:N`) and report the GPU checks as skipped; with one they check that a
+//! whole epoch on the device is byte-identical to the CPU path, that a device buffer is
+//! never overwritten while the consumer's queued work still reads it, that copies overlap
+//! the consumer's work, and that the steady state allocates nothing.
+
+mod common;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use common::*;
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
+use shardify::batch::BatchLayout;
+use shardify::dataset::{ChecksumPolicy, Dataset};
+use shardify::device::cuda::{driver_present, elapsed_ms, BusyWork, CudaDevice};
+use shardify::device::{DeviceChoice, Placement};
+use shardify::pipeline::{Loader, LoaderConfig};
+use shardify::sampler::{Batching, SamplerConfig, SamplerState};
+use shardify::Error;
+
+fn dataset(dir: &Path, events: u64) -> Arc<Dataset> {
+    let (src, _) = synthetic_source(dir, events, 3, 11);
+    let out = dir.join("ds");
+    convert_all(&src, "train", &out, &options(5, 2)).unwrap();
+    Arc::new(Dataset::open(&out, ChecksumPolicy::Full).unwrap())
+}
+
+fn config(layout: BatchLayout, device: DeviceChoice) -> LoaderConfig {
+    LoaderConfig {
+        sampler: SamplerConfig {
+            seed: 21,
+            block_events: 64,
+            window_blocks: 4,
+            run_events: 4,
+            batching: Batching::Pulses {
+                max_pulses: 4000,
+                max_events: Some(64),
+            },
+            ..SamplerConfig::default()
+        },
+        layout,
+        workers: 2,
+        prefetch: 3,
+        device,
+        device_buffers: 2,
+    }
+}
+
+const START: SamplerState = SamplerState {
+    epoch: 0,
+    batches_taken: 0,
+};
+
+/// The CUDA device, or `None` after saying why the test is skipped.
+fn gpu(test: &str) -> Option<Arc<CudaDevice>> {
+    match CudaDevice::open(0) {
+        Ok(device) => Some(device),
+        Err(e) => {
+            eprintln!("SKIPPED {test}: no usable GPU ({e})");
+            None
+        }
+    }
+}
+
+fn host_epoch(ds: &Arc<Dataset>, layout: BatchLayout) -> Vec<Vec<u8>> {
+    Loader::new(ds.clone(), config(layout, DeviceChoice::Cpu), START)
+        .unwrap()
+        .map(|b| b.unwrap().bytes().to_vec())
+        .collect()
+}
+
+#[test]
+fn without_a_driver_auto_runs_on_the_cpu_and_cuda_fails_clearly() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = dataset(dir.path(), 300);
+    if driver_present() {
+        let e = Placement::resolve(DeviceChoice::Cuda(999))
+            .expect_err("no machine has 1000 GPUs")
+            .to_string();
+        assert!(e.contains("no device cuda:999"), "{e}");
+        eprintln!("driver present: the no-driver fallback is checked on machines without one");
+        return;
+    }
+    let auto = Placement::resolve(DeviceChoice::Auto).unwrap();
+    assert!(auto.cuda().is_none());
+    assert!(auto.describe().contains("libcuda"), "{}", auto.describe());
+    for choice in [DeviceChoice::Cuda(0), DeviceChoice::Cuda(3)] {
+        let e = Loader::new(ds.clone(), config(BatchLayout::Packed, choice), START)
+            .err()
+            .expect("no GPU here");
+        assert!(matches!(e, Error::Device(_)), "{e:?}");
+        assert!(e.to_string().contains("no CUDA driver"), "{e}");
+    }
+    let mut loader = Loader::new(
+        ds.clone(),
+        config(BatchLayout::Packed, DeviceChoice::Auto),
+        START,
+    )
+    .unwrap();
+    assert!(loader.placement().cuda().is_none());
+    let batch = loader.next().unwrap().unwrap();
+    assert!(!batch.is_on_device() && batch.device().is_none());
+    assert!(batch.device_section("pulse_time").is_none());
+    assert!(batch.ready_event().is_none());
+    assert!(batch.packed().is_some(), "host views work");
+    let bytes: Vec<Vec<u8>> = std::iter::once(batch.bytes().to_vec())
+        .chain(loader.map(|b| b.unwrap().bytes().to_vec()))
+        .collect();
+    assert_eq!(bytes, host_epoch(&ds, BatchLayout::Packed));
+}
+
+/// Copies a device section to a fresh device buffer on `stream` the way a raw consumer
+/// (a framework given the pointer) would: cudarc's own use tracking is bypassed, so only
+/// the loader's events keep the slot from being overwritten too early.
+fn raw_consumer_copy(stream: &Arc<CudaStream>, source: u64, len: usize) -> CudaSlice<u8> {
+    // SAFETY: written by the copy below before it is read.
+    let mut target = unsafe { stream.alloc::<u8>(len.max(1)) }.unwrap();
+    {
+        let (to, _record) = cudarc::driver::DevicePtrMut::device_ptr_mut(&mut target, stream);
+        // SAFETY: both ranges are device allocations of at least `len` bytes; the source
+        // is kept alive by the loader's slot until the released event passes.
+        unsafe { cudarc::driver::result::memcpy_dtod_async(to, source, len, stream.cu_stream()) }
+            .unwrap();
+    }
+    target
+}
+
+#[test]
+fn a_gpu_epoch_is_byte_identical_to_the_cpu_path_even_with_a_slow_raw_consumer() {
+    let Some(device) = gpu("gpu_epoch_byte_identical") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let ds = dataset(dir.path(), 3000);
+    let stream = device.new_stream().unwrap();
+    let mut work = BusyWork::new(&stream, 64 << 20).unwrap();
+    for layout in [
+        BatchLayout::Packed,
+        BatchLayout::Padded {
+            max_doms: 24,
+            pulses_per_dom: 3,
+        },
+    ] {
+        let expected = host_epoch(&ds, layout);
+        let placement = Placement::Cuda(device.clone());
+        let mut loader = Loader::on(
+            ds.clone(),
+            config(layout, DeviceChoice::Cuda(0)),
+            START,
+            placement,
+        )
+        .unwrap();
+        let mut copies = Vec::new();
+        for batch in loader.by_ref() {
+            let mut batch = batch.unwrap();
+            assert!(batch.is_on_device());
+            batch.wait_on(&stream).unwrap();
+            // Slow consumer: the copy below runs long after the guard is dropped.
+            work.run(4).unwrap();
+            let view = batch.device().unwrap().bytes();
+            let (source, record) = view.device_ptr(&stream);
+            std::mem::forget(record); // bypass cudarc's tracking, as a raw consumer would
+            copies.push(raw_consumer_copy(&stream, source, batch.bytes().len()));
+            assert_eq!(
+                batch.device_section("event_id").unwrap().bytes.len(),
+                batch.sections().get("event_id").unwrap().len
+            );
+        }
+        stream.synchronize().unwrap();
+        assert_eq!(copies.len(), expected.len(), "{layout:?}");
+        for (i, (copy, host)) in copies.iter().zip(&expected).enumerate() {
+            let back = stream.clone_dtoh(copy).unwrap();
+            assert!(
+                &back[..host.len()] == host.as_slice(),
+                "{layout:?}: batch {i} differs"
+            );
+        }
+        eprintln!(
+            "{layout:?}: {} batches identical; device allocations {}, pinned fallbacks {}",
+            copies.len(),
+            loader.device_allocations(),
+            device.pinned_fallbacks()
+        );
+        assert_eq!(device.pinned_fallbacks(), 0, "staging buffers are pinned");
+    }
+}
+
+#[test]
+fn copies_overlap_the_consumers_work_and_the_steady_state_allocates_nothing() {
+    let Some(device) = gpu("copies_overlap") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let ds = dataset(dir.path(), 3000);
+    let stream = device.new_stream().unwrap();
+    let mut work = BusyWork::new(&stream, 256 << 20).unwrap();
+    let mut config = config(BatchLayout::Packed, DeviceChoice::Cuda(0));
+    config.sampler.batching = Batching::Events(32);
+    let mut loader = Loader::on(ds, config, START, Placement::Cuda(device.clone())).unwrap();
+    let (mut pairs, mut overlapped, mut copy_ms) = (0, 0, 0.0);
+    let mut previous_end = None;
+    let mut allocations_at_half = 0;
+    let mut batches = 0;
+    let total = 3000 / 32;
+    while let Some(batch) = loader.next() {
+        let mut batch = batch.unwrap();
+        if let Some(end) = previous_end.take() {
+            // Did this batch's copy start before the consumer's work on the last one ended?
+            pairs += 1;
+            if elapsed_ms(batch.device().unwrap().copy_started(), &end).unwrap() > 0.0 {
+                overlapped += 1;
+            }
+        }
+        copy_ms += batch.device().unwrap().copy_ms().unwrap();
+        batch.wait_on(&stream).unwrap();
+        work.run(8).unwrap();
+        previous_end = Some(device.new_event(true).unwrap());
+        previous_end.as_ref().unwrap().record(&stream).unwrap();
+        batches += 1;
+        if batches == total / 2 {
+            allocations_at_half = loader.device_allocations() + loader.staging_allocations();
+        }
+    }
+    stream.synchronize().unwrap();
+    eprintln!(
+        "{overlapped}/{pairs} copies started during the previous batch's work; \
+         mean copy {:.3} ms",
+        copy_ms / batches as f32
+    );
+    assert!(pairs >= 20, "{pairs} batches");
+    assert!(
+        overlapped * 10 >= pairs * 8,
+        "{overlapped}/{pairs} overlapped"
+    );
+    let late = loader.device_allocations() + loader.staging_allocations() - allocations_at_half;
+    eprintln!(
+        "device allocations {}, staging allocations {}, {late} in the second half",
+        loader.device_allocations(),
+        loader.staging_allocations()
+    );
+    // Buffers grow (by a quarter more than asked) only when a batch is larger than any
+    // before it in that buffer: never per batch, and rarely once warm.
+    assert!(
+        late <= 4,
+        "{late} allocations in the second half of {batches} batches"
+    );
+    assert!(loader.device_allocations() <= 8);
+}
