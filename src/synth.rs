@@ -356,7 +356,7 @@ pub fn write_dataset(root: &Path, options: &SynthOptions) -> Result<SynthSummary
             &path,
             &meta_batch(&all_meta),
             options.codec,
-            Some(options.events.div_ceil(options.files as u64).max(1) as usize),
+            options.row_group_rows,
         )?;
     }
     Ok(summary)

@@ -261,3 +261,68 @@ fn parallel_packing_inside_a_bucket_gives_the_same_bytes() {
     }
     assert!(outputs[0] == outputs[1]);
 }
+
+#[test]
+fn the_meta_split_gives_the_same_bytes_as_reading_the_meta_per_batch() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = options(6, 2);
+    let build = |inputs: &InputSet| {
+        shardify::convert::plan::Plan::build(inputs, &opts)
+            .unwrap()
+            .0
+            .meta_split
+    };
+    // Row groups whose statistics pick out each batch (the fixture): nothing to split.
+    assert!(!build(
+        &InputSet::discover(&fixture(), Some("train")).unwrap()
+    ));
+    // One meta file per batch: nothing to split.
+    let per_batch = synthetic(dir.path(), "per-batch", true);
+    assert!(!build(
+        &InputSet::discover(&per_batch, Some("train")).unwrap()
+    ));
+    // One row group for all batches (the Kaggle original): split it once.
+    let shared = synthetic(dir.path(), "shared", false);
+    let inputs = InputSet::discover(&shared, Some("train")).unwrap();
+    assert!(build(&inputs));
+    let reference = dir.path().join("ref");
+    convert_all(&shared, "train", &reference, &opts).unwrap();
+    let expected = dir_files(&reference);
+    let run = |out: &std::path::Path, phases: &[Phase]| {
+        for &phase in phases {
+            convert(&inputs, out, &opts, phase, TaskSlice::default(), &Silent).unwrap();
+        }
+    };
+    // No plan phase: the scatter units read the meta themselves.
+    let direct = dir.path().join("direct");
+    run(&direct, &[Phase::Scatter]);
+    assert!(!direct.join(".work/meta").exists());
+    run(&direct, &[Phase::Gather, Phase::Finalize]);
+    assert!(dir_files(&direct) == expected, "direct meta reads differ");
+    // A damaged split file is detected and that batch's meta is read directly.
+    let damaged = dir.path().join("damaged");
+    run(&damaged, &[Phase::Plan]);
+    let split_file = damaged.join(".work/meta/batch_2.meta");
+    let bytes = std::fs::read(&split_file).unwrap();
+    std::fs::write(&split_file, &bytes[..bytes.len() - 40]).unwrap();
+    run(&damaged, &[Phase::Scatter, Phase::Gather, Phase::Finalize]);
+    assert!(
+        dir_files(&damaged) == expected,
+        "a damaged split changed the output"
+    );
+}
+
+fn synthetic(root: &std::path::Path, name: &str, meta_per_batch: bool) -> std::path::PathBuf {
+    let src = root.join(name);
+    shardify::synth::write_dataset(
+        &src,
+        &shardify::synth::SynthOptions {
+            events: 200,
+            files: 3,
+            meta_per_batch,
+            ..shardify::synth::SynthOptions::default()
+        },
+    )
+    .unwrap();
+    src
+}

@@ -12,6 +12,7 @@
 //! thread count or task split.
 
 pub mod gather;
+pub mod meta_split;
 pub mod plan;
 pub mod scatter;
 pub mod spill;
@@ -228,6 +229,20 @@ fn run_phases(
     }
     work.prepare()?;
     plan.store_or_check(&work)?;
+    if plan.meta_split {
+        if matches!(phase, Phase::All | Phase::Plan) {
+            let started = Instant::now();
+            meta_split::build(&work, inputs, plan.labels, options.scatter_budget())?;
+            summary
+                .seconds
+                .push(("split meta", started.elapsed().as_secs_f64()));
+        } else if phase == Phase::Scatter && !work.meta_split_dir().exists() {
+            tracing::warn!(
+                "the meta is not split by batch yet (run `--phase plan` once before the \
+                 scatter tasks): each scatter unit reads the whole meta"
+            );
+        }
+    }
     if matches!(phase, Phase::All | Phase::Scatter) {
         let started = Instant::now();
         let mine = inputs

@@ -40,6 +40,9 @@ pub struct Plan {
     pub sensor_fits_i16: bool,
     /// Pulses in all batch files (rows).
     pub total_pulses: u64,
+    /// Whether the meta is split by batch before the scatter (see `meta_split`).
+    #[serde(default)]
+    pub meta_split: bool,
 }
 
 fn file_size(path: &Path) -> Result<u64> {
@@ -126,6 +129,7 @@ impl Plan {
             geometry_fits_f32: geometry.fits_f32(),
             sensor_fits_i16: geometry.max_sensor_id() <= i16::MAX as usize,
             total_pulses,
+            meta_split: super::meta_split::worth_splitting(inputs)?,
         };
         Ok((plan, geometry))
     }

@@ -11,7 +11,7 @@ use crate::event::ValueRange;
 use crate::format::atomic::{write_atomic, Durability};
 use crate::format::checksum;
 use crate::format::order::{bucket_of, shuffle_key};
-use crate::source::{read_batch_meta, scan_batch, BatchInput, Geometry, InputSet};
+use crate::source::{scan_batch, BatchInput, Geometry, InputSet};
 
 /// Whether the scatter unit of `batch_id` has finished: its index exists and its spill file
 /// has the recorded size.
@@ -65,7 +65,7 @@ pub fn scatter_batch(
     work: &WorkDir,
     budget: usize,
 ) -> Result<SpillIndex> {
-    let meta = read_batch_meta(&inputs.meta, input.batch_id, plan.labels)?;
+    let meta = super::meta_split::batch_meta(work, inputs, input.batch_id, plan.labels)?;
     let buckets = plan.parameters.bucket_count;
     let seed = plan.parameters.seed;
     let spill_path = work.spill_file(input.batch_id);

@@ -39,6 +39,11 @@ impl WorkDir {
         self.root().join("plan.json")
     }
 
+    /// The meta table split by batch (see `meta_split`).
+    pub fn meta_split_dir(&self) -> PathBuf {
+        self.root().join("meta")
+    }
+
     /// The spill file of a batch.
     pub fn spill_file(&self, batch_id: i64) -> PathBuf {
         self.root()

@@ -82,82 +82,133 @@ pub fn has_labels(meta_files: &[PathBuf]) -> Result<bool> {
     Ok(answer.is_some_and(|(labels, _)| labels))
 }
 
-/// Reads the meta rows of `batch_id` from every meta file, skipping row groups whose
-/// statistics exclude it, and sorts them by first row.
-pub fn read_batch_meta(meta_files: &[PathBuf], batch_id: i64, labels: bool) -> Result<BatchMeta> {
+/// Reads the rows of `path` (only row groups `groups`, all when `None`) and hands each
+/// row of a `wanted` batch to `row` with its batch id and row number, after validating it;
+/// stops at the first invalid one with an error naming the file, row and column. Rows of
+/// other batches are neither validated nor passed on.
+pub fn scan_meta_file(
+    path: &Path,
+    labels: bool,
+    groups: Option<Vec<usize>>,
+    wanted: impl Fn(i64) -> bool,
+    mut row: impl FnMut(i64, u64, MetaRow) -> Result<()>,
+) -> Result<()> {
     let mut specs = vec![BATCH_ID, EVENT_ID, FIRST, LAST];
     if labels {
         specs.extend([AZIMUTH, ZENITH]);
     }
-    let mut rows = Vec::new();
-    let mut sources = Vec::new();
-    for path in meta_files {
-        let source = ParquetSource::open(path)?;
-        let groups = candidate_row_groups(source.metadata(), batch_id);
-        if groups.is_empty() {
-            continue;
-        }
-        let before = rows.len();
-        for columns in source.read(&specs, Some(groups), 64 * 1024)? {
-            let columns = columns?;
-            let (batch, event, first, last) = (
-                columns.int(0),
-                columns.int(1),
-                columns.int(2),
-                columns.int(3),
-            );
-            for i in 0..columns.len {
-                if batch[i] != batch_id {
-                    continue;
-                }
-                let row = columns.first_row + i as u64;
-                let (azimuth, zenith) = if labels {
-                    (columns.float(4)[i], columns.float(5)[i])
-                } else {
-                    (f64::NAN, f64::NAN)
-                };
-                if labels {
-                    for (name, v) in [(AZIMUTH.name, azimuth), (ZENITH.name, zenith)] {
-                        if !v.is_finite() {
-                            return Err(bad_value(
-                                path,
-                                row,
-                                name,
-                                format!("label {v} of event {} is not finite", event[i]),
-                            ));
-                        }
+    let source = ParquetSource::open(path)?;
+    for columns in source.read(&specs, groups, 64 * 1024)? {
+        let columns = columns?;
+        let (batch, event, first, last) = (
+            columns.int(0),
+            columns.int(1),
+            columns.int(2),
+            columns.int(3),
+        );
+        for i in 0..columns.len {
+            if !wanted(batch[i]) {
+                continue;
+            }
+            let at = columns.first_row + i as u64;
+            let (azimuth, zenith) = if labels {
+                (columns.float(4)[i], columns.float(5)[i])
+            } else {
+                (f64::NAN, f64::NAN)
+            };
+            if labels {
+                for (name, v) in [(AZIMUTH.name, azimuth), (ZENITH.name, zenith)] {
+                    if !v.is_finite() {
+                        return Err(bad_value(
+                            path,
+                            at,
+                            name,
+                            format!("label {v} of event {} is not finite", event[i]),
+                        ));
                     }
                 }
-                if first[i] < 0 || last[i] < first[i] {
-                    return Err(bad_value(
-                        path,
-                        row,
-                        FIRST.name,
-                        format!(
-                            "event {}: pulse range {}..={} is empty or negative",
-                            event[i], first[i], last[i]
-                        ),
-                    ));
-                }
-                rows.push(MetaRow {
+            }
+            if first[i] < 0 || last[i] < first[i] {
+                return Err(bad_value(
+                    path,
+                    at,
+                    FIRST.name,
+                    format!(
+                        "event {}: pulse range {}..={} is empty or negative",
+                        event[i], first[i], last[i]
+                    ),
+                ));
+            }
+            row(
+                batch[i],
+                at,
+                MetaRow {
                     event_id: event[i],
                     first_row: first[i],
                     last_row: last[i],
                     azimuth,
                     zenith,
-                });
-            }
+                },
+            )?;
         }
+    }
+    Ok(())
+}
+
+/// Rows of every meta file whose statistics say they may hold `batch_id` (all rows of a
+/// file without statistics): what [`read_batch_meta`] decodes for that batch.
+pub fn candidate_rows(meta_files: &[PathBuf], batch_id: i64) -> Result<u64> {
+    let mut rows = 0;
+    for path in meta_files {
+        let source = ParquetSource::open(path)?;
+        let metadata = source.metadata();
+        rows += candidate_row_groups(metadata, batch_id)
+            .into_iter()
+            .map(|g| metadata.row_group(g).num_rows() as u64)
+            .sum::<u64>();
+    }
+    Ok(rows)
+}
+
+impl BatchMeta {
+    /// Puts the rows in pulse order and names the source: the one meta file that held
+    /// them, else the first meta file.
+    pub fn new(mut rows: Vec<MetaRow>, sources: &[PathBuf], meta_files: &[PathBuf]) -> BatchMeta {
+        rows.sort_by_key(|r| (r.first_row, r.last_row, r.event_id));
+        let source = match sources {
+            [one] => one.clone(),
+            _ => meta_files.first().cloned().unwrap_or_default(),
+        };
+        BatchMeta { source, rows }
+    }
+}
+
+/// Reads the meta rows of `batch_id` from every meta file, skipping row groups whose
+/// statistics exclude it, and sorts them by first row.
+pub fn read_batch_meta(meta_files: &[PathBuf], batch_id: i64, labels: bool) -> Result<BatchMeta> {
+    let mut rows = Vec::new();
+    let mut sources = Vec::new();
+    for path in meta_files {
+        let groups = candidate_row_groups(ParquetSource::open(path)?.metadata(), batch_id);
+        if groups.is_empty() {
+            continue;
+        }
+        let before = rows.len();
+        scan_meta_file(
+            path,
+            labels,
+            Some(groups),
+            |batch| batch == batch_id,
+            |_, _, row| {
+                rows.push(row);
+                Ok(())
+            },
+        )?;
         if rows.len() > before {
             sources.push(path.clone());
         }
     }
-    rows.sort_by_key(|r| (r.first_row, r.last_row, r.event_id));
-    let source = match sources.as_slice() {
-        [one] => one.clone(),
-        _ => meta_files.first().cloned().unwrap_or_default(),
-    };
-    Ok(BatchMeta { source, rows })
+    Ok(BatchMeta::new(rows, &sources, meta_files))
 }
 
 fn bad_value(path: &Path, row: u64, column: &'static str, problem: String) -> Error {
