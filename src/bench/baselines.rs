@@ -16,7 +16,8 @@ use crate::error::Result;
 use crate::rng::Rng;
 use crate::source::batch::{DECODE_BATCH_ROWS, PULSE_COLUMNS};
 use crate::source::columns::ParquetSource;
-use crate::source::{has_labels, read_batch_meta, InputSet};
+use crate::source::meta::MetaByBatch;
+use crate::source::{has_labels, InputSet};
 
 /// One event of the source: its file, rows and what the metrics need.
 #[derive(Debug, Clone, Copy)]
@@ -112,9 +113,11 @@ impl SourceIndex {
     /// Reads the meta of every batch file of `inputs`.
     pub fn new(inputs: &InputSet) -> Result<SourceIndex> {
         let labels = has_labels(&inputs.meta)?;
+        let ids: Vec<i64> = inputs.batches.iter().map(|b| b.batch_id).collect();
+        let mut metas = MetaByBatch::new(&inputs.meta, &ids, labels)?;
         let mut events = Vec::new();
         for (file, batch) in inputs.batches.iter().enumerate() {
-            for m in read_batch_meta(&inputs.meta, batch.batch_id, labels)?.rows {
+            for m in metas.take(batch.batch_id)?.rows {
                 let info = EventInfo {
                     event_id: m.event_id,
                     source_file: batch.batch_id,

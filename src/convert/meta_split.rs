@@ -2,7 +2,7 @@
 //!
 //! The Kaggle `train_meta.parquet` is one row group of 132M rows for 660 batch files: read
 //! per batch, as each scatter unit needs it, it would be decoded 660 times (about half an
-//! hour of CPU). When the batches would decode more than [`RESCAN_LIMIT`] times the meta's
+//! hour of CPU). When the batches would decode more than [`RESCAN_LIMIT`](crate::source::meta::RESCAN_LIMIT) times the meta's
 //! rows between them, the plan phase reads the meta once, validating every row as
 //! [`read_batch_meta`] does, and writes each batch's rows to `.work/meta/batch_N.meta`
 //! (fixed 40-byte records, checksummed). Rows of batches that are not being converted are
@@ -19,11 +19,8 @@ use serde::{Deserialize, Serialize};
 use super::work::WorkDir;
 use crate::error::{IoContext, Result};
 use crate::format::checksum::{self, Checksum};
-use crate::source::meta::{candidate_rows, scan_meta_file};
+use crate::source::meta::{rescans_are_costly, scan_meta_file};
 use crate::source::{read_batch_meta, BatchMeta, InputSet, MetaRow};
-
-/// Split when the scatter units would decode more than this many times the meta's rows.
-pub const RESCAN_LIMIT: u64 = 2;
 
 /// Bytes of one stored row: event id, first row, last row (i64), azimuth, zenith (f64).
 const ROW_BYTES: usize = 40;
@@ -43,22 +40,11 @@ struct SplitIndex {
     batches: BTreeMap<i64, SplitEntry>,
 }
 
-/// Whether reading the meta per batch would decode more than [`RESCAN_LIMIT`] times its
-/// rows (one meta file shared by many batches, without useful row-group statistics).
+/// Whether the scatter units would decode the meta more than [`RESCAN_LIMIT`](crate::source::meta::RESCAN_LIMIT) times over
+/// if each read its own batch's rows.
 pub fn worth_splitting(inputs: &InputSet) -> Result<bool> {
-    if inputs.batches.len() < 2 {
-        return Ok(false);
-    }
-    let total: u64 = inputs
-        .meta
-        .iter()
-        .map(|m| Ok(crate::source::columns::ParquetSource::open(m)?.num_rows()))
-        .sum::<Result<u64>>()?;
-    let mut scanned = 0;
-    for batch in &inputs.batches {
-        scanned += candidate_rows(&inputs.meta, batch.batch_id)?;
-    }
-    Ok(scanned > RESCAN_LIMIT * total.max(1))
+    let ids: Vec<i64> = inputs.batches.iter().map(|b| b.batch_id).collect();
+    rescans_are_costly(&inputs.meta, &ids)
 }
 
 /// Per-batch buffers of encoded rows, flushed to files when they hold `budget` bytes.

@@ -14,7 +14,8 @@ use crate::format::order::{bucket_of, shuffle_key};
 use crate::format::safetensors::Dtype;
 use crate::format::shard::names;
 use crate::format::ShardView;
-use crate::source::{has_labels, read_batch_meta, scan_batch, Geometry, InputSet};
+use crate::source::meta::MetaByBatch;
+use crate::source::{has_labels, scan_batch, Geometry, InputSet};
 
 /// The most problems listed in a report (all are counted).
 pub const MAX_LISTED: usize = 50;
@@ -285,9 +286,11 @@ fn compare_with_source(
     report: &mut VerifyReport,
 ) -> Result<()> {
     let labels = has_labels(&source.meta)?;
+    let ids: Vec<i64> = source.batches.iter().map(|b| b.batch_id).collect();
+    let mut metas = MetaByBatch::new(&source.meta, &ids, labels)?;
     let mut compared = 0u64;
     for batch in &source.batches {
-        let meta = read_batch_meta(&source.meta, batch.batch_id, labels)?;
+        let meta = metas.take(batch.batch_id)?;
         let mut problems = Vec::new();
         scan_batch(batch, &meta, geometry, |event| {
             compared += 1;

@@ -1,6 +1,7 @@
 //! The meta table: for each event, its batch, its inclusive row range in that batch
 //! file, and (train split only) its labels.
 
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
 use parquet::file::metadata::ParquetMetaData;
@@ -157,7 +158,7 @@ pub fn scan_meta_file(
 
 /// Rows of every meta file whose statistics say they may hold `batch_id` (all rows of a
 /// file without statistics): what [`read_batch_meta`] decodes for that batch.
-pub fn candidate_rows(meta_files: &[PathBuf], batch_id: i64) -> Result<u64> {
+fn candidate_rows(meta_files: &[PathBuf], batch_id: i64) -> Result<u64> {
     let mut rows = 0;
     for path in meta_files {
         let source = ParquetSource::open(path)?;
@@ -168,6 +169,84 @@ pub fn candidate_rows(meta_files: &[PathBuf], batch_id: i64) -> Result<u64> {
             .sum::<u64>();
     }
     Ok(rows)
+}
+
+/// Reading the meta per batch may decode up to this many times its rows before a single
+/// pass over it is preferred.
+pub const RESCAN_LIMIT: u64 = 2;
+
+/// Whether reading the meta once per batch of `batch_ids` would decode more than
+/// [`RESCAN_LIMIT`] times its rows (one meta file shared by many batches, without
+/// row-group statistics that pick each batch out, as in the Kaggle originals).
+pub fn rescans_are_costly(meta_files: &[PathBuf], batch_ids: &[i64]) -> Result<bool> {
+    if batch_ids.len() < 2 {
+        return Ok(false);
+    }
+    let mut total = 0;
+    for path in meta_files {
+        total += ParquetSource::open(path)?.num_rows();
+    }
+    let mut scanned = 0;
+    for &batch_id in batch_ids {
+        scanned += candidate_rows(meta_files, batch_id)?;
+    }
+    Ok(scanned > RESCAN_LIMIT * total.max(1))
+}
+
+/// The meta of many batches, read in whichever way decodes less: per batch on demand when
+/// that is cheap, else every wanted row in one pass (held in memory until taken).
+pub struct MetaByBatch {
+    files: Vec<PathBuf>,
+    labels: bool,
+    loaded: Option<HashMap<i64, BatchMeta>>,
+}
+
+impl MetaByBatch {
+    /// Prepares to hand out the meta of `batch_ids`.
+    pub fn new(meta_files: &[PathBuf], batch_ids: &[i64], labels: bool) -> Result<MetaByBatch> {
+        let loaded = if rescans_are_costly(meta_files, batch_ids)? {
+            let wanted: HashSet<i64> = batch_ids.iter().copied().collect();
+            let mut rows: HashMap<i64, (Vec<MetaRow>, Vec<PathBuf>)> = HashMap::new();
+            for path in meta_files {
+                scan_meta_file(
+                    path,
+                    labels,
+                    None,
+                    |b| wanted.contains(&b),
+                    |b, _, row| {
+                        let (list, sources) = rows.entry(b).or_default();
+                        list.push(row);
+                        if sources.last() != Some(path) {
+                            sources.push(path.clone());
+                        }
+                        Ok(())
+                    },
+                )?;
+            }
+            Some(
+                rows.into_iter()
+                    .map(|(b, (list, sources))| (b, BatchMeta::new(list, &sources, meta_files)))
+                    .collect(),
+            )
+        } else {
+            None
+        };
+        Ok(MetaByBatch {
+            files: meta_files.to_vec(),
+            labels,
+            loaded,
+        })
+    }
+
+    /// The meta of `batch_id` (empty when the meta has no row of it).
+    pub fn take(&mut self, batch_id: i64) -> Result<BatchMeta> {
+        match &mut self.loaded {
+            Some(loaded) => Ok(loaded
+                .remove(&batch_id)
+                .unwrap_or_else(|| BatchMeta::new(Vec::new(), &[], &self.files))),
+            None => read_batch_meta(&self.files, batch_id, self.labels),
+        }
+    }
 }
 
 impl BatchMeta {
@@ -245,4 +324,41 @@ fn candidate_row_groups(metadata: &ParquetMetaData, batch_id: i64) -> Vec<usize>
             range.is_none_or(|(min, max)| min <= batch_id && batch_id <= max)
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::synth::{write_dataset, SynthOptions};
+
+    #[test]
+    fn meta_by_batch_reads_the_same_rows_either_way() {
+        let dir = tempfile::tempdir().unwrap();
+        for (name, row_group_rows, costly) in [("shared", None, true), ("grouped", Some(50), false)]
+        {
+            let root = dir.path().join(name);
+            write_dataset(
+                &root,
+                &SynthOptions {
+                    events: 150,
+                    files: 3,
+                    row_group_rows,
+                    ..SynthOptions::default()
+                },
+            )
+            .unwrap();
+            let meta = vec![root.join("train_meta.parquet")];
+            let ids = [1, 2, 3, 99];
+            assert_eq!(rescans_are_costly(&meta, &ids).unwrap(), costly, "{name}");
+            let mut by_batch = MetaByBatch::new(&meta, &ids, true).unwrap();
+            assert_eq!(by_batch.loaded.is_some(), costly);
+            for id in ids {
+                let direct = read_batch_meta(&meta, id, true).unwrap();
+                let taken = by_batch.take(id).unwrap();
+                assert_eq!(taken.rows, direct.rows, "{name}: batch {id}");
+                assert_eq!(taken.source, direct.source);
+                assert_eq!(taken.rows.is_empty(), id == 99);
+            }
+        }
+    }
 }
