@@ -19,9 +19,10 @@
 
 use crate::dataset::Dataset;
 use crate::error::{Error, Result};
-use crate::format::pod::{as_bytes, try_cast_mut, Pod};
+use crate::format::pod::{try_cast_mut, Pod};
 use crate::format::safetensors::Dtype;
 use crate::format::{ShardView, StorageTypes};
+use crate::prefetch::prefetch;
 use crate::sampler::{BatchPlan, EventRef};
 
 /// Alignment of every section, in bytes (a cache line; also what GPU copies like).
@@ -228,12 +229,12 @@ impl<'a> Gatherer<'a> {
             if let Some(far) = plan.events.get(b + 2 * PREFETCH_AHEAD) {
                 let v = self.view(far.shard)?;
                 let i = far.index as usize;
-                prefetch(as_bytes(&v.event_dom_offsets[i..i + 2]));
+                prefetch(&v.event_dom_offsets[i..i + 2]);
             }
             if let Some(near) = plan.events.get(b + PREFETCH_AHEAD) {
                 let v = self.view(near.shard)?;
                 let doms = v.dom_range(near.index as usize);
-                prefetch(as_bytes(&v.dom_pulse_offsets[doms.start..=doms.end]));
+                prefetch(&v.dom_pulse_offsets[doms.start..=doms.end]);
             }
             let v = self.view(shard)?;
             let doms = v.dom_range(index as usize);
@@ -268,9 +269,9 @@ impl<'a> Gatherer<'a> {
             if let Some(ahead) = plan.events.get(b + PREFETCH_AHEAD) {
                 let v = self.view(ahead.shard)?;
                 let i = ahead.index as usize;
-                prefetch(as_bytes(&v.event_id[i..=i]));
+                prefetch(&v.event_id[i..=i]);
                 for labels in [v.event_azimuth, v.event_zenith].into_iter().flatten() {
-                    prefetch(as_bytes(&labels[i..=i]));
+                    prefetch(&labels[i..=i]);
                 }
             }
             let v = self.view(shard)?;
@@ -409,32 +410,8 @@ impl<'a> Gatherer<'a> {
 
 /// Copies elements `from..to` of a raw column of `size`-byte elements into `dst` at
 /// element `at`.
-/// Events (or runs) ahead of the one being copied whose memory is prefetched: shard reads
-/// are random, so each event's columns start with a cache miss; asking for them early lets
-/// those misses overlap instead of stalling one after another.
+/// Events (or runs) ahead of the one being copied whose memory is prefetched.
 const PREFETCH_AHEAD: usize = 6;
-
-/// Most bytes prefetched from one column of one event (the hardware prefetcher follows a
-/// long copy once it has started).
-const PREFETCH_BYTES: usize = 512;
-
-/// Hints the CPU to bring the first [`PREFETCH_BYTES`] of `bytes` into cache.
-#[inline]
-fn prefetch(bytes: &[u8]) {
-    #[cfg(target_arch = "x86_64")]
-    for line in bytes.chunks(64).take(PREFETCH_BYTES / 64) {
-        // SAFETY: a prefetch is only a hint: it never faults and has no visible effect;
-        // the address is inside a live slice. (Safe to call since Rust 1.87.)
-        #[allow(unused_unsafe)]
-        unsafe {
-            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-                line.as_ptr().cast(),
-            )
-        };
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = bytes;
-}
 
 /// The bytes of elements `from..to` of a column.
 fn element_bytes((src, size): (&[u8], usize), from: usize, to: usize) -> &[u8] {

@@ -28,6 +28,7 @@ pub mod event;
 pub mod format;
 pub mod pack;
 pub mod pipeline;
+mod prefetch;
 pub mod rng;
 pub mod sampler;
 pub mod source;

@@ -19,6 +19,7 @@ use crate::format::safetensors::Dtype;
 use crate::format::shard::{write_shard, ShardContents};
 use crate::format::{ShardEntry, StorageTypes};
 use crate::pack::{PackedColumns, Packer};
+use crate::prefetch::prefetch;
 use crate::source::Geometry;
 
 /// What became of a bucket (the marker of a finished gather unit).
@@ -174,6 +175,9 @@ pub fn gather_bucket(
     Ok(record)
 }
 
+/// Events ahead of the one being packed whose pulses are prefetched.
+const PREFETCH_AHEAD: usize = 4;
+
 /// Events per packing part below which splitting the work is not worth it.
 const MIN_EVENTS_PER_PART: usize = 4096;
 
@@ -229,7 +233,15 @@ fn write_bucket_shard(
             packed.clear();
             let run_pulses: usize = run.iter().map(|&i| records[i as usize].2.len()).sum();
             packed.reserve(run.len(), run_pulses, run_pulses);
-            for &i in run {
+            for (k, &i) in run.iter().enumerate() {
+                // Events come in shuffled order: fetch a later one's pulses ahead.
+                if let Some(&ahead) = run.get(k + PREFETCH_AHEAD) {
+                    let p = pulses.slice(records[ahead as usize].2.clone());
+                    prefetch(p.sensor_id);
+                    prefetch(p.time);
+                    prefetch(p.charge);
+                    prefetch(p.auxiliary);
+                }
                 packer.pack(pulses.slice(records[i as usize].2.clone()), packed);
             }
         });

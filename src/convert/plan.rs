@@ -22,6 +22,12 @@ const SHARD_BYTES_PER_PULSE: u64 = 24;
 /// Peak memory of gathering one bucket, as a multiple of its shard size (see
 /// `gather::bucket_memory`: ~48 bytes of memory per pulse against ~24 of shard).
 pub const GATHER_MEMORY_FACTOR: u64 = 3;
+/// Buckets the memory limit must let gather at once: while one bucket's shard is being
+/// written (bounded by the disk), another is read and packed (bounded by the CPU). With one
+/// at a time the two alternate; measured on 1M events under a 512 MiB limit, two in flight
+/// took the conversion from 8.1-8.8 to 11.0 M input pulses/s. Fixed, not derived from
+/// `--threads`, so the output does not depend on the thread count.
+pub const GATHER_BUCKETS_IN_FLIGHT: u64 = 2;
 
 /// Everything decided before the first event is read.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -100,7 +106,7 @@ impl Plan {
         let total_pulses: u64 = batches.iter().filter_map(|b| b.rows).sum();
         let bucket_bytes = options
             .shard_target_bytes
-            .min(options.working_memory() / GATHER_MEMORY_FACTOR)
+            .min(options.working_memory() / (GATHER_MEMORY_FACTOR * GATHER_BUCKETS_IN_FLIGHT))
             .max(1);
         let bucket_count = (total_pulses * SHARD_BYTES_PER_PULSE)
             .div_ceil(bucket_bytes)
