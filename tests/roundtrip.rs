@@ -174,3 +174,68 @@ fn both_fixture_splits_convert_and_verify() {
         assert_eq!(report.source_events, Some(events));
     }
 }
+
+/// Rewrites `path` with the charge of row `row` changed.
+fn change_charge(path: &std::path::Path, row: usize) {
+    use arrow_array::cast::AsArray;
+    use arrow_array::types::Float64Type;
+    let file = std::fs::File::open(path).unwrap();
+    let batch = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
+        .unwrap()
+        .with_batch_size(usize::MAX)
+        .build()
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap();
+    let mut charge: Vec<f64> = batch
+        .column_by_name("charge")
+        .unwrap()
+        .as_primitive::<Float64Type>()
+        .values()
+        .to_vec();
+    charge[row] += 0.25;
+    let array: arrow_array::ArrayRef = std::sync::Arc::new(arrow_array::Float64Array::from(charge));
+    let changed = replace_column(&batch, "charge", Some(array));
+    shardify::synth::write_parquet(path, &changed, shardify::synth::Codec::Snappy, None).unwrap();
+}
+
+#[test]
+fn verify_names_one_changed_pulse_and_summarises_many_changed_batches() {
+    let dir = tempfile::tempdir().unwrap();
+    let (src, _) = synthetic_source(dir.path(), 600, 12, 4);
+    let out = dir.path().join("ds");
+    convert_all(&src, "train", &out, &options(2, 2)).unwrap();
+    let inputs = InputSet::discover(&src, Some("train")).unwrap();
+    assert!(verify(&out, Some(&inputs)).unwrap().ok());
+    // One pulse changed in one batch file: exactly that event is named.
+    change_charge(&src.join("train/batch_3.parquet"), 7);
+    let report = verify(&out, Some(&inputs)).unwrap();
+    assert_eq!(report.problem_count, 1, "{:?}", report.problems);
+    assert!(
+        report.problems[0].contains("batch_3.parquet row")
+            && report.problems[0].contains("pulses differ"),
+        "{:?}",
+        report.problems
+    );
+    // A different source: every batch differs; the first ones are listed event by event,
+    // the rest by counts (few events per batch, so that every problem is listed).
+    let small = dir.path().join("small");
+    let (src, _) = synthetic_source(&small, 24, 12, 4);
+    convert_all(&src, "train", &small.join("ds"), &options(2, 2)).unwrap();
+    let (other, _) = synthetic_source(&dir.path().join("other"), 24, 12, 5);
+    let other = InputSet::discover(&other, Some("train")).unwrap();
+    let report = verify(&small.join("ds"), Some(&other)).unwrap();
+    assert!(report.problem_count < 50, "{:?}", report.problems);
+    let summarised = report
+        .problems
+        .iter()
+        .filter(|p| p.contains("not listed: more than 8 batches differ"))
+        .count();
+    assert_eq!(summarised, 12 - 8, "{:?}", report.problems);
+    assert!(
+        report.problems.iter().any(|p| p.starts_with("event ")),
+        "{:?}",
+        report.problems
+    );
+}

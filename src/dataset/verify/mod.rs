@@ -1,12 +1,14 @@
 //! `shardify verify`: checksums and every structural invariant of a dataset, and with a
-//! source directory, that every source pulse is in the dataset exactly once, unchanged.
+//! source directory, that every source pulse is in the dataset exactly once, unchanged
+//! (see [`source`] for how that comparison stays in memory proportional to the number of
+//! batch files, not events).
 //!
 //! Problems are collected, not fatal: the report names each (up to [`MAX_LISTED`]).
 
+mod source;
+
 use std::collections::HashMap;
 use std::path::Path;
-
-use xxhash_rust::xxh3::xxh3_64;
 
 use super::{ChecksumPolicy, Dataset};
 use crate::error::Result;
@@ -14,8 +16,8 @@ use crate::format::order::{bucket_of, shuffle_key};
 use crate::format::safetensors::Dtype;
 use crate::format::shard::names;
 use crate::format::ShardView;
-use crate::source::meta::MetaByBatch;
-use crate::source::{has_labels, scan_batch, Geometry, InputSet};
+use crate::source::{Geometry, InputSet};
+use source::{event_print, BatchDigests};
 
 /// The most problems listed in a report (all are counted).
 pub const MAX_LISTED: usize = 50;
@@ -51,42 +53,13 @@ impl VerifyReport {
     }
 }
 
-/// Order-independent fingerprint of an event's pulses: their count and the wrapping sum
-/// of one hash per pulse, so that it does not depend on the packing order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-struct PulsePrint {
-    count: u64,
-    sum: u64,
-}
-
-impl PulsePrint {
-    fn add(&mut self, sensor: i64, time: i64, charge: f64, aux: bool) {
-        let mut bytes = [0u8; 25];
-        bytes[..8].copy_from_slice(&sensor.to_le_bytes());
-        bytes[8..16].copy_from_slice(&time.to_le_bytes());
-        bytes[16..24].copy_from_slice(&charge.to_bits().to_le_bytes());
-        bytes[24] = aux as u8;
-        self.count += 1;
-        self.sum = self.sum.wrapping_add(xxh3_64(&bytes));
-    }
-}
-
-/// What the dataset says of one event, for comparison with the source.
-struct StoredEvent {
-    batch_id: i64,
-    first_row: u64,
-    labels: (u64, u64),
-    print: PulsePrint,
-    seen: bool,
-}
-
 /// Verifies the dataset in `dir`, and against `source` when given.
 pub fn verify(dir: &Path, source: Option<&InputSet>) -> Result<VerifyReport> {
     let dataset = Dataset::open(dir, ChecksumPolicy::Lazy)?;
     let manifest = dataset.manifest();
     let mut report = VerifyReport::default();
     let geometry = source.map(|s| Geometry::read(&s.geometry)).transpose()?;
-    let mut stored: HashMap<i64, StoredEvent> = HashMap::new();
+    let mut digests = BatchDigests::default();
     let mut previous_key: Option<(u64, i64)> = None;
     let mut positions: HashMap<i64, [u64; 3]> = HashMap::new();
     for i in 0..dataset.shard_count() {
@@ -149,7 +122,6 @@ pub fn verify(dir: &Path, source: Option<&InputSet>) -> Result<VerifyReport> {
                 ));
             }
             check_event(&view, e, &mut problem);
-            let mut print = PulsePrint::default();
             for d in view.dom_range(e) {
                 let sensor = view.dom_sensor_id.get(d);
                 let pos = [0, 1, 2].map(|k| view.dom_position.get(3 * d + k).to_bits());
@@ -161,28 +133,11 @@ pub fn verify(dir: &Path, source: Option<&InputSet>) -> Result<VerifyReport> {
                 if let Some(g) = &geometry {
                     check_position(&view, d, g, types.position, id, &mut problem);
                 }
-                for p in view.pulse_range(d) {
-                    print.add(
-                        sensor,
-                        view.pulse_time.get(p),
-                        view.pulse_charge.get(p),
-                        view.pulse_auxiliary[p] != 0,
-                    );
-                }
             }
+            let print = event_print(&view, e);
             shard_pulses += print.count;
             if source.is_some() {
-                let h = view.header(e);
-                stored.insert(
-                    id,
-                    StoredEvent {
-                        batch_id: h.batch_id,
-                        first_row: h.first_row,
-                        labels: (h.azimuth.to_bits(), h.zenith.to_bits()),
-                        print,
-                        seen: false,
-                    },
-                );
+                digests.add(&view, e, print);
             }
         }
         report.pulses += shard_pulses;
@@ -195,11 +150,12 @@ pub fn verify(dir: &Path, source: Option<&InputSet>) -> Result<VerifyReport> {
         ));
     }
     if let (Some(source), Some(geometry)) = (source, &geometry) {
-        compare_with_source(
+        source::compare(
+            &dataset,
             source,
             geometry,
             types_charge_narrowed(&dataset),
-            &mut stored,
+            digests,
             &mut report,
         )?;
     }
@@ -276,83 +232,4 @@ fn check_position(
             "event {id}: sensor {sensor} is at {found:?}, the geometry says {want:?}"
         ));
     }
-}
-
-fn compare_with_source(
-    source: &InputSet,
-    geometry: &Geometry,
-    charge_narrowed: bool,
-    stored: &mut HashMap<i64, StoredEvent>,
-    report: &mut VerifyReport,
-) -> Result<()> {
-    let labels = has_labels(&source.meta)?;
-    let ids: Vec<i64> = source.batches.iter().map(|b| b.batch_id).collect();
-    let mut metas = MetaByBatch::new(&source.meta, &ids, labels)?;
-    let mut compared = 0u64;
-    for batch in &source.batches {
-        let meta = metas.take(batch.batch_id)?;
-        let mut problems = Vec::new();
-        scan_batch(batch, &meta, geometry, |event| {
-            compared += 1;
-            let h = event.header();
-            let mut print = PulsePrint::default();
-            for i in 0..event.len() {
-                let charge = if charge_narrowed {
-                    event.charge[i] as f32 as f64
-                } else {
-                    event.charge[i]
-                };
-                print.add(
-                    event.sensor_id[i] as i64,
-                    event.time[i],
-                    charge,
-                    event.auxiliary[i] != 0,
-                );
-            }
-            let place = format!(
-                "event {} ({} row {})",
-                h.event_id,
-                batch.path.display(),
-                h.first_row
-            );
-            match stored.get_mut(&h.event_id) {
-                None => problems.push(format!("{place} is missing from the dataset")),
-                Some(s) => {
-                    s.seen = true;
-                    if (s.batch_id, s.first_row) != (h.batch_id, h.first_row) {
-                        problems.push(format!(
-                            "{place}: lineage says batch {} row {}",
-                            s.batch_id, s.first_row
-                        ));
-                    }
-                    if s.labels != (h.azimuth.to_bits(), h.zenith.to_bits()) {
-                        problems.push(format!("{place}: labels differ"));
-                    }
-                    if s.print != print {
-                        problems.push(format!(
-                            "{place}: pulses differ (source {} pulses, dataset {})",
-                            print.count, s.print.count
-                        ));
-                    }
-                }
-            }
-            Ok(())
-        })?;
-        for p in problems {
-            report.problem(p);
-        }
-    }
-    let mut unseen: Vec<i64> = stored
-        .iter()
-        .filter(|(_, s)| !s.seen)
-        .map(|(&id, _)| id)
-        .collect();
-    unseen.sort_unstable();
-    for id in unseen {
-        report.problem(format!(
-            "event {id} is in the dataset but not in the source"
-        ));
-    }
-    report.source_events = Some(compared);
-    Ok(())
 }
