@@ -5,8 +5,11 @@
 //! them back.
 //!
 //! The modules follow the data: [`source`] (input) -> [`pack`] (DOM packing) ->
-//! [`format`] (shards, manifest) -> [`convert`] (the two-pass external shuffle) ->
-//! [`dataset`] (reading shards back: inspect, dump, verify).
+//! [`format`](mod@format) (shards, manifest) -> [`convert`] (the two-pass external shuffle) ->
+//! [`dataset`] (reading shards back: inspect, dump, verify). Training jobs read through
+//! [`sampler`] (block-shuffle order, batching, ranks) -> [`batch`] (layouts, gather) ->
+//! [`pipeline`] (worker threads, in-order delivery) -> [`device`] (staging memory, CUDA
+//! copies); [`bench`] measures all of it against naive loaders.
 //!
 //! ```no_run
 //! use shardify::convert::{convert, ConvertOptions, Phase, Silent, TaskSlice};
@@ -17,6 +20,8 @@
 //! convert(&inputs, "out".as_ref(), &options, Phase::All, TaskSlice::default(), &Silent)?;
 //! # Ok(()) }
 //! ```
+
+#![warn(missing_docs)]
 
 pub mod batch;
 pub mod bench;

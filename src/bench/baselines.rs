@@ -1,10 +1,10 @@
 //! The loaders a typical project writes, reading the source Parquet directly, for
 //! comparison in the same run:
-//! - [`naive`]: a map-style dataset with per-event random access over the batch files, an
+//! - [`SourceIndex::run_naive`]: a map-style dataset with per-event random access over the batch files, an
 //!   LRU cache of a few decoded files and a global random permutation (PyTorch `Dataset` +
 //!   shuffled `DataLoader`): once the files outnumber the cache, nearly every event decodes
 //!   a whole file;
-//! - [`block_shuffle`]: file-aware: shuffle the file order, decode one file at a time,
+//! - [`SourceIndex::run_block_shuffle`]: file-aware: shuffle the file order, decode one file at a time,
 //!   shuffle the events inside it.
 //!
 //! Both collate each batch into fresh column vectors, as Python collate functions do.

@@ -1,6 +1,6 @@
 //! `shardify verify`: checksums and every structural invariant of a dataset, and with a
 //! source directory, that every source pulse is in the dataset exactly once, unchanged
-//! (see [`source`] for how that comparison stays in memory proportional to the number of
+//! (see the `source` submodule for how that comparison stays in memory proportional to the number of
 //! batch files, not events).
 //!
 //! Problems are collected, not fatal: the report names each (up to [`MAX_LISTED`]).
