@@ -9,7 +9,7 @@
 //! [`dataset`] (reading shards back: inspect, dump, verify). Training jobs read through
 //! [`sampler`] (block-shuffle order, batching, ranks) -> [`batch`] (layouts, gather) ->
 //! [`pipeline`] (worker threads, in-order delivery) -> [`device`] (staging memory, CUDA
-//! copies); [`bench`] measures all of it against naive loaders.
+//! copies); [`bench`](mod@bench) measures all of it against naive loaders.
 //!
 //! ```no_run
 //! use shardify::convert::{convert, ConvertOptions, Phase, Silent, TaskSlice};
