@@ -162,10 +162,18 @@ fn a_gpu_epoch_is_byte_identical_to_the_cpu_path_even_with_a_slow_raw_consumer()
             let (source, record) = view.device_ptr(&stream);
             std::mem::forget(record); // bypass cudarc's tracking, as a raw consumer would
             copies.push(raw_consumer_copy(&stream, source, batch.bytes().len()));
+            let ids = batch.device_section("event_id").unwrap();
             assert_eq!(
-                batch.device_section("event_id").unwrap().bytes.len(),
+                ids.bytes.len(),
                 batch.sections().get("event_id").unwrap().len
             );
+            assert!(ids.typed::<f32>().is_none(), "event_id is I64");
+            let host_ids = match batch.packed() {
+                Some(v) => v.event_id.to_vec(),
+                None => batch.padded().unwrap().event_id.to_vec(),
+            };
+            let ids = stream.clone_dtoh(&ids.typed::<i64>().unwrap()).unwrap();
+            assert_eq!(ids, host_ids, "typed device view of event_id");
         }
         stream.synchronize().unwrap();
         assert_eq!(copies.len(), expected.len(), "{layout:?}");

@@ -75,6 +75,22 @@ impl Dtype {
     }
 }
 
+/// A Rust element type with its safetensors dtype (BOOL is read as `u8`).
+pub trait Element: crate::format::pod::Pod {
+    /// The dtype whose elements are this type.
+    const DTYPE: Dtype;
+
+    /// Whether elements of `dtype` can be read as this type.
+    fn reads(dtype: Dtype) -> bool {
+        dtype == Self::DTYPE || (Self::DTYPE == Dtype::U8 && dtype == Dtype::BOOL)
+    }
+}
+
+macro_rules! element {
+    ($($t:ty => $d:ident),*) => {$(impl Element for $t { const DTYPE: Dtype = Dtype::$d; })*};
+}
+element!(u8 => U8, i16 => I16, i32 => I32, i64 => I64, f32 => F32, f64 => F64);
+
 /// The bytes of a tensor, produced while writing (so a converted copy never has to exist
 /// in memory as a whole).
 pub trait TensorBytes {
@@ -284,6 +300,14 @@ fn parse_entry(name: &str, entry: &Value, data_len: usize) -> Result<TensorInfo,
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn elements_know_their_dtype() {
+        assert!(<i64 as Element>::reads(Dtype::I64) && !<i64 as Element>::reads(Dtype::F64));
+        assert!(<u8 as Element>::reads(Dtype::BOOL) && <u8 as Element>::reads(Dtype::U8));
+        assert!(!<i32 as Element>::reads(Dtype::I16));
+        assert_eq!(<f32 as Element>::DTYPE.size(), 4);
+    }
+
     use super::*;
     use crate::format::pod::as_bytes;
 

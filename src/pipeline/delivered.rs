@@ -11,7 +11,7 @@ use crate::device::staging::{StagingBuffer, StagingPool};
 use crate::device::transfer::DeviceCopy;
 use crate::error::{Error, Result};
 use crate::format::pod::try_cast;
-use crate::format::safetensors::Dtype;
+use crate::format::safetensors::{Dtype, Element};
 use crate::format::shard::{FloatColumn, IntColumn};
 use crate::sampler::BatchPlan;
 
@@ -42,6 +42,21 @@ pub struct DeviceSection<'a> {
     pub dtype: Dtype,
     /// Shape.
     pub shape: &'a [usize],
+}
+
+impl<'a> DeviceSection<'a> {
+    /// The section as a typed device view; `None` when `T` is not its element type (the
+    /// stored-dtype sections, such as `pulse_time`, are I32 or I64 depending on the data:
+    /// match on [`DeviceSection::dtype`]).
+    pub fn typed<T: Element + cudarc::driver::DeviceRepr>(&self) -> Option<CudaView<'a, T>> {
+        if !T::reads(self.dtype) {
+            return None;
+        }
+        let len = self.bytes.len() / std::mem::size_of::<T>();
+        // SAFETY: the bytes are `len` values of `T`'s dtype, written by the gather and
+        // copied unchanged; the section starts 64-byte aligned in the device buffer.
+        unsafe { self.bytes.transmute::<T>(len) }
+    }
 }
 
 /// The packed (CSR) view of a host batch.
