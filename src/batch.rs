@@ -299,15 +299,8 @@ impl<'a> Gatherer<'a> {
     /// Prefetches the column data of a run of consecutive events.
     fn prefetch_run(&mut self, run: &[EventRef]) -> Result<()> {
         let v = self.view(run[0].shard)?;
-        let (first, last) = (run[0].index as usize, run[run.len() - 1].index as usize);
-        let (d0, d1) = (
-            v.event_dom_offsets[first] as usize,
-            v.event_dom_offsets[last + 1] as usize,
-        );
-        let (p0, p1) = (
-            v.dom_pulse_offsets[d0] as usize,
-            v.dom_pulse_offsets[d1] as usize,
-        );
+        let RunExtent { doms, pulses, .. } = RunExtent::of(&v, run);
+        let (d0, d1, p0, p1) = (doms.start, doms.end, pulses.start, pulses.end);
         prefetch(element_bytes(sized(v.dom_sensor_id.raw()), d0, d1));
         prefetch(element_bytes(sized(v.dom_position.raw()), 3 * d0, 3 * d1));
         prefetch(element_bytes(sized(v.pulse_time.raw()), p0, p1));
@@ -335,12 +328,11 @@ impl<'a> Gatherer<'a> {
                 self.prefetch_run(ahead)?;
             }
             let v = self.view(run[0].shard)?;
-            let (first, last) = (run[0].index as usize, run[run.len() - 1].index as usize);
-            let doms = v.event_dom_offsets[first] as usize..v.event_dom_offsets[last + 1] as usize;
-            let (p0, p1) = (
-                v.dom_pulse_offsets[doms.start] as usize,
-                v.dom_pulse_offsets[doms.end] as usize,
-            );
+            let RunExtent {
+                events: (first, last),
+                doms,
+                pulses: std::ops::Range { start: p0, end: p1 },
+            } = RunExtent::of(&v, run);
             copy_elements(
                 sized(v.dom_sensor_id.raw()),
                 doms.start,
@@ -412,6 +404,30 @@ impl<'a> Gatherer<'a> {
 /// element `at`.
 /// Events (or runs) ahead of the one being copied whose memory is prefetched.
 const PREFETCH_AHEAD: usize = 6;
+
+/// Where a run of consecutive events of one shard lies in its columns.
+struct RunExtent {
+    /// First and last event index.
+    events: (usize, usize),
+    /// Its DOMs.
+    doms: std::ops::Range<usize>,
+    /// Its pulses.
+    pulses: std::ops::Range<usize>,
+}
+
+impl RunExtent {
+    fn of(v: &ShardView, run: &[EventRef]) -> RunExtent {
+        let (first, last) = (run[0].index as usize, run[run.len() - 1].index as usize);
+        let doms = v.event_dom_offsets[first] as usize..v.event_dom_offsets[last + 1] as usize;
+        let pulses =
+            v.dom_pulse_offsets[doms.start] as usize..v.dom_pulse_offsets[doms.end] as usize;
+        RunExtent {
+            events: (first, last),
+            doms,
+            pulses,
+        }
+    }
+}
 
 /// The bytes of elements `from..to` of a column.
 fn element_bytes((src, size): (&[u8], usize), from: usize, to: usize) -> &[u8] {

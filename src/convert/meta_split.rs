@@ -19,6 +19,7 @@ use serde::{Deserialize, Serialize};
 use super::work::WorkDir;
 use crate::error::{IoContext, Result};
 use crate::format::checksum::{self, Checksum};
+use crate::source::columns::ParquetSource;
 use crate::source::meta::{rescans_are_costly, scan_meta_file};
 use crate::source::{read_batch_meta, BatchMeta, InputSet, MetaRow};
 
@@ -147,7 +148,7 @@ pub fn build(work: &WorkDir, inputs: &InputSet, labels: bool, budget: usize) -> 
         inputs.batches.iter().map(|b| b.batch_id).collect();
     for (file, path) in inputs.meta.iter().enumerate() {
         scan_meta_file(
-            path,
+            ParquetSource::open(path)?,
             labels,
             None,
             |batch_id| wanted.contains(&batch_id),

@@ -58,10 +58,12 @@ impl Histogram {
 
     /// Items of value `v`.
     pub fn count(&self, v: u64) -> u64 {
-        match usize::try_from(v).ok().filter(|_| v < Self::DENSE) {
-            Some(i) => self.small.get(i).copied().unwrap_or(0),
-            None => self.large.get(&v).copied().unwrap_or(0),
-        }
+        let count = if v < Self::DENSE {
+            self.small.get(v as usize)
+        } else {
+            self.large.get(&v)
+        };
+        count.copied().unwrap_or(0)
     }
 
     /// Values with their counts, ascending.

@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use super::columns::{ColumnSpec, Kind, ParquetSource};
+use super::columns::{ColumnSpec, Kind, ParquetSource, EVENT_ID};
 use super::geometry::Geometry;
 use super::layout::BatchInput;
 use super::meta::BatchMeta;
@@ -24,10 +24,6 @@ const CHARGE: ColumnSpec = ColumnSpec {
 const AUXILIARY: ColumnSpec = ColumnSpec {
     name: "auxiliary",
     kind: Kind::Bool,
-};
-const EVENT_ID: ColumnSpec = ColumnSpec {
-    name: "event_id",
-    kind: Kind::Int,
 };
 
 /// The pulse columns, in the order [`scan_batch`] reads them.

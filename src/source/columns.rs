@@ -66,6 +66,12 @@ pub struct ColumnSpec {
     pub kind: Kind,
 }
 
+/// `event_id`, a column of both the batch files and the meta.
+pub const EVENT_ID: ColumnSpec = ColumnSpec {
+    name: "event_id",
+    kind: Kind::Int,
+};
+
 /// An open Parquet file: its footer, read once.
 pub struct ParquetSource {
     path: PathBuf,

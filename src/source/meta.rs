@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use parquet::file::metadata::ParquetMetaData;
 use parquet::file::statistics::Statistics;
 
-use super::columns::{ColumnSpec, Kind, ParquetSource};
+use super::columns::{ColumnSpec, Kind, ParquetSource, EVENT_ID};
 use crate::error::{Error, Result};
 
 /// One meta row, for one event.
@@ -36,10 +36,6 @@ pub struct BatchMeta {
 
 const BATCH_ID: ColumnSpec = ColumnSpec {
     name: "batch_id",
-    kind: Kind::Int,
-};
-const EVENT_ID: ColumnSpec = ColumnSpec {
-    name: "event_id",
     kind: Kind::Int,
 };
 const FIRST: ColumnSpec = ColumnSpec {
@@ -83,12 +79,12 @@ pub fn has_labels(meta_files: &[PathBuf]) -> Result<bool> {
     Ok(answer.is_some_and(|(labels, _)| labels))
 }
 
-/// Reads the rows of `path` (only row groups `groups`, all when `None`) and hands each
+/// Reads the rows of a meta file (only row groups `groups`, all when `None`) and hands each
 /// row of a `wanted` batch to `row` with its batch id and row number, after validating it;
 /// stops at the first invalid one with an error naming the file, row and column. Rows of
 /// other batches are neither validated nor passed on.
 pub fn scan_meta_file(
-    path: &Path,
+    source: ParquetSource,
     labels: bool,
     groups: Option<Vec<usize>>,
     wanted: impl Fn(i64) -> bool,
@@ -98,7 +94,8 @@ pub fn scan_meta_file(
     if labels {
         specs.extend([AZIMUTH, ZENITH]);
     }
-    let source = ParquetSource::open(path)?;
+    // `read` consumes the source; errors still name its file.
+    let path = source.path().to_path_buf();
     for columns in source.read(&specs, groups, 64 * 1024)? {
         let columns = columns?;
         let (batch, event, first, last) = (
@@ -121,7 +118,7 @@ pub fn scan_meta_file(
                 for (name, v) in [(AZIMUTH.name, azimuth), (ZENITH.name, zenith)] {
                     if !v.is_finite() {
                         return Err(bad_value(
-                            path,
+                            &path,
                             at,
                             name,
                             format!("label {v} of event {} is not finite", event[i]),
@@ -131,7 +128,7 @@ pub fn scan_meta_file(
             }
             if first[i] < 0 || last[i] < first[i] {
                 return Err(bad_value(
-                    path,
+                    &path,
                     at,
                     FIRST.name,
                     format!(
@@ -156,21 +153,6 @@ pub fn scan_meta_file(
     Ok(())
 }
 
-/// Rows of every meta file whose statistics say they may hold `batch_id` (all rows of a
-/// file without statistics): what [`read_batch_meta`] decodes for that batch.
-fn candidate_rows(meta_files: &[PathBuf], batch_id: i64) -> Result<u64> {
-    let mut rows = 0;
-    for path in meta_files {
-        let source = ParquetSource::open(path)?;
-        let metadata = source.metadata();
-        rows += candidate_row_groups(metadata, batch_id)
-            .into_iter()
-            .map(|g| metadata.row_group(g).num_rows() as u64)
-            .sum::<u64>();
-    }
-    Ok(rows)
-}
-
 /// Reading the meta per batch may decode up to this many times its rows before a single
 /// pass over it is preferred.
 pub const RESCAN_LIMIT: u64 = 2;
@@ -182,13 +164,18 @@ pub fn rescans_are_costly(meta_files: &[PathBuf], batch_ids: &[i64]) -> Result<b
     if batch_ids.len() < 2 {
         return Ok(false);
     }
-    let mut total = 0;
+    let (mut total, mut scanned) = (0, 0);
     for path in meta_files {
-        total += ParquetSource::open(path)?.num_rows();
-    }
-    let mut scanned = 0;
-    for &batch_id in batch_ids {
-        scanned += candidate_rows(meta_files, batch_id)?;
+        let source = ParquetSource::open(path)?;
+        let metadata = source.metadata();
+        total += source.num_rows();
+        for &batch_id in batch_ids {
+            // What `read_batch_meta` decodes of this file for that batch.
+            scanned += candidate_row_groups(metadata, batch_id)
+                .into_iter()
+                .map(|g| metadata.row_group(g).num_rows() as u64)
+                .sum::<u64>();
+        }
     }
     Ok(scanned > RESCAN_LIMIT * total.max(1))
 }
@@ -209,7 +196,7 @@ impl MetaByBatch {
             let mut rows: HashMap<i64, (Vec<MetaRow>, Vec<PathBuf>)> = HashMap::new();
             for path in meta_files {
                 scan_meta_file(
-                    path,
+                    ParquetSource::open(path)?,
                     labels,
                     None,
                     |b| wanted.contains(&b),
@@ -268,13 +255,14 @@ pub fn read_batch_meta(meta_files: &[PathBuf], batch_id: i64, labels: bool) -> R
     let mut rows = Vec::new();
     let mut sources = Vec::new();
     for path in meta_files {
-        let groups = candidate_row_groups(ParquetSource::open(path)?.metadata(), batch_id);
+        let source = ParquetSource::open(path)?;
+        let groups = candidate_row_groups(source.metadata(), batch_id);
         if groups.is_empty() {
             continue;
         }
         let before = rows.len();
         scan_meta_file(
-            path,
+            source,
             labels,
             Some(groups),
             |batch| batch == batch_id,

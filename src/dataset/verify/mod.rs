@@ -17,7 +17,7 @@ use crate::format::safetensors::Dtype;
 use crate::format::shard::names;
 use crate::format::ShardView;
 use crate::source::{Geometry, InputSet};
-use source::{event_print, BatchDigests};
+use source::{BatchDigests, PulsePrint};
 
 /// The most problems listed in a report (all are counted).
 pub const MAX_LISTED: usize = 50;
@@ -122,7 +122,9 @@ pub fn verify(dir: &Path, source: Option<&InputSet>) -> Result<VerifyReport> {
                 ));
             }
             check_event(&view, e, &mut problem);
+            let mut print = PulsePrint::default();
             for d in view.dom_range(e) {
+                print.add_dom(&view, d);
                 let sensor = view.dom_sensor_id.get(d);
                 let pos = [0, 1, 2].map(|k| view.dom_position.get(3 * d + k).to_bits());
                 if *positions.entry(sensor).or_insert(pos) != pos {
@@ -134,7 +136,6 @@ pub fn verify(dir: &Path, source: Option<&InputSet>) -> Result<VerifyReport> {
                     check_position(&view, d, g, types.position, id, &mut problem);
                 }
             }
-            let print = event_print(&view, e);
             shard_pulses += print.count;
             if source.is_some() {
                 digests.add(&view, e, print);

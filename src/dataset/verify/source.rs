@@ -15,7 +15,7 @@ use xxhash_rust::xxh3::xxh3_64;
 
 use super::{Dataset, VerifyReport};
 use crate::error::Result;
-use crate::event::RawEvent;
+use crate::event::{EventHeader, RawEvent};
 use crate::format::ShardView;
 use crate::source::meta::MetaByBatch;
 use crate::source::{has_labels, scan_batch, BatchInput, BatchMeta, Geometry, InputSet};
@@ -43,19 +43,26 @@ impl PulsePrint {
     }
 }
 
-/// The fingerprint of stored event `e`.
-pub(super) fn event_print(view: &ShardView, e: usize) -> PulsePrint {
-    let mut print = PulsePrint::default();
-    for d in view.dom_range(e) {
+impl PulsePrint {
+    /// Adds the pulses of stored DOM `d`.
+    pub(super) fn add_dom(&mut self, view: &ShardView, d: usize) {
         let sensor = view.dom_sensor_id.get(d);
         for p in view.pulse_range(d) {
-            print.add(
+            self.add(
                 sensor,
                 view.pulse_time.get(p),
                 view.pulse_charge.get(p),
                 view.pulse_auxiliary[p] != 0,
             );
         }
+    }
+}
+
+/// The fingerprint of stored event `e`.
+fn event_print(view: &ShardView, e: usize) -> PulsePrint {
+    let mut print = PulsePrint::default();
+    for d in view.dom_range(e) {
+        print.add_dom(view, d);
     }
     print
 }
@@ -88,6 +95,14 @@ struct EventFacts {
 }
 
 impl EventFacts {
+    fn new(h: &EventHeader, print: PulsePrint) -> EventFacts {
+        EventFacts {
+            first_row: h.first_row,
+            labels: (h.azimuth.to_bits(), h.zenith.to_bits()),
+            print,
+        }
+    }
+
     fn digest(&self, event_id: i64) -> u64 {
         let words = [
             event_id as u64,
@@ -106,12 +121,7 @@ impl EventFacts {
 }
 
 fn stored_facts(view: &ShardView, e: usize, print: PulsePrint) -> EventFacts {
-    let h = view.header(e);
-    EventFacts {
-        first_row: h.first_row,
-        labels: (h.azimuth.to_bits(), h.zenith.to_bits()),
-        print,
-    }
+    EventFacts::new(&view.header(e), print)
 }
 
 /// Events and digest sum of one batch.
@@ -161,12 +171,10 @@ pub(super) fn compare(
         let mut digest = Digest::default();
         scan_batch(batch, &meta, geometry, |event| {
             let h = event.header();
-            let facts = EventFacts {
-                first_row: h.first_row,
-                labels: (h.azimuth.to_bits(), h.zenith.to_bits()),
-                print: source_print(event, charge_narrowed),
-            };
-            digest.add(h.event_id, &facts);
+            digest.add(
+                h.event_id,
+                &EventFacts::new(h, source_print(event, charge_narrowed)),
+            );
             Ok(())
         })?;
         compared += digest.events;
@@ -242,7 +250,7 @@ fn compare_batch(
     let mut problems = Vec::new();
     scan_batch(batch, meta, geometry, |event| {
         let h = event.header();
-        let print = source_print(event, charge_narrowed);
+        let facts = EventFacts::new(h, source_print(event, charge_narrowed));
         let place = format!(
             "event {} ({} row {})",
             h.event_id,
@@ -255,19 +263,19 @@ fn compare_batch(
             )),
             Some(s) => {
                 s.seen = true;
-                if s.facts.first_row != h.first_row {
+                if s.facts.first_row != facts.first_row {
                     problems.push(format!(
                         "{place}: lineage says batch {} row {}",
                         h.batch_id, s.facts.first_row
                     ));
                 }
-                if s.facts.labels != (h.azimuth.to_bits(), h.zenith.to_bits()) {
+                if s.facts.labels != facts.labels {
                     problems.push(format!("{place}: labels differ"));
                 }
-                if s.facts.print != print {
+                if s.facts.print != facts.print {
                     problems.push(format!(
                         "{place}: pulses differ (source {} pulses, dataset {})",
-                        print.count, s.facts.print.count
+                        facts.print.count, s.facts.print.count
                     ));
                 }
             }
