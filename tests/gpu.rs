@@ -44,6 +44,7 @@ fn config(layout: BatchLayout, device: DeviceChoice) -> LoaderConfig {
         prefetch: 3,
         device,
         device_buffers: 2,
+        time_copies: true,
     }
 }
 
@@ -216,11 +217,11 @@ fn copies_overlap_the_consumers_work_and_the_steady_state_allocates_nothing() {
         if let Some(end) = previous_end.take() {
             // Did this batch's copy start before the consumer's work on the last one ended?
             pairs += 1;
-            if elapsed_ms(batch.device().unwrap().copy_started(), &end).unwrap() > 0.0 {
+            if elapsed_ms(batch.device().unwrap().copy_started().unwrap(), &end).unwrap() > 0.0 {
                 overlapped += 1;
             }
         }
-        copy_ms += batch.device().unwrap().copy_ms().unwrap();
+        copy_ms += batch.device().unwrap().copy_ms().unwrap().unwrap();
         batch.wait_on(&stream).unwrap();
         work.run(8).unwrap();
         previous_end = Some(device.new_event(true).unwrap());

@@ -55,16 +55,18 @@ fn quick_report_is_complete_and_consistent() {
     assert!(r["machine"]["cpus"].as_u64().unwrap() >= 1);
     assert!(r["shard_read_gb_per_s"].as_f64().unwrap() > 0.0);
     assert!(table.contains("stages: shard read"), "{table}");
+    assert!(
+        table.contains("window    1: gather") && table.contains("of memcpy; waited"),
+        "one stage line per shardify loader: {table}"
+    );
     let device = r["machine"]["device"].as_str().unwrap();
     // The GPU stage is measured exactly when batches went to a GPU.
     assert_eq!(r["gpu"].is_null(), device.starts_with("cpu"), "{device}");
     if r["gpu"].is_null() {
-        assert!(
-            table.contains("no host-to-device stage measured"),
-            "{table}"
-        );
+        assert!(table.contains("no host-to-device stage"), "{table}");
     } else {
         assert!(r["gpu"]["pinned_h2d_gb_per_s"].as_f64().unwrap() > 0.0);
+        assert!(table.contains("of pinned H2D"), "{table}");
     }
     let loaders = r["loaders"].as_array().unwrap();
     let shardify: Vec<&Value> = loaders.iter().filter(|l| l["window"].is_u64()).collect();
@@ -91,6 +93,14 @@ fn quick_report_is_complete_and_consistent() {
         let wall = l["seconds"].as_f64().unwrap();
         assert!(l["wait_seconds"].as_f64().unwrap() <= wall + 1e-6);
         assert!(l["gather_seconds"].as_f64().unwrap() > 0.0);
+        let gather_gb = l["gather_gb_per_s"].as_f64().unwrap();
+        assert!(gather_gb > 0.0);
+        assert!(
+            (gather_gb / r["memcpy_gb_per_s"].as_f64().unwrap()
+                - l["gather_ratio_to_memcpy"].as_f64().unwrap())
+            .abs()
+                < 1e-9
+        );
     }
     let best = shardify
         .iter()

@@ -10,7 +10,7 @@ use serde::Serialize;
 use super::baselines::{SourceIndex, Throughput};
 use super::memcpy_gb_per_s;
 use super::quality::{quality, EventInfo, Quality};
-use super::stages::{shard_read_gb_per_s, Consumer, GpuBounds};
+use super::stages::{copy_stage_gb_per_s, shard_read_gb_per_s, Consumer, GpuBounds};
 use crate::batch::BatchLayout;
 use crate::dataset::Dataset;
 use crate::device::{DeviceChoice, Placement};
@@ -42,6 +42,9 @@ pub struct BenchConfig {
     pub baseline_seconds: f64,
     /// Where the shardify loader delivers batches.
     pub device: DeviceChoice,
+    /// On a GPU, time every copy in the run with timing events (a diagnostic that costs
+    /// copy throughput; see `LoaderConfig::time_copies`).
+    pub time_copies: bool,
 }
 
 /// Figures of one loader.
@@ -65,18 +68,29 @@ pub struct LoaderFigures {
     pub seconds: f64,
     /// Worker seconds spent gathering (shard reads through the memory map included).
     pub gather_seconds: Option<f64>,
+    /// The gather stage's rate: bytes delivered / (`gather_seconds` / workers), GB/s.
+    pub gather_gb_per_s: Option<f64>,
+    /// `gather_gb_per_s` / memcpy GB/s with the same threads, same run.
+    pub gather_ratio_to_memcpy: Option<f64>,
     /// Seconds the consumer waited for data.
     pub wait_seconds: Option<f64>,
     /// Seconds of simulated compute.
     pub compute_seconds: Option<f64>,
     /// `wait_seconds` / wall time.
     pub waiting_fraction: Option<f64>,
-    /// On a GPU: seconds the copy stream spent copying batches (event-timed).
-    pub copy_seconds: Option<f64>,
-    /// On a GPU: bytes copied / `copy_seconds`, GB/s.
-    pub copy_gb_per_s: Option<f64>,
-    /// On a GPU: `copy_gb_per_s` / the pinned host-to-device bound of the same run.
-    pub copy_ratio_to_pinned_h2d: Option<f64>,
+    /// On a GPU: the loader's copy stage on its own, GB/s: this loader's batch sizes
+    /// copied back to back from pinned staging through the loader's device slots.
+    pub copy_stage_gb_per_s: Option<f64>,
+    /// On a GPU: seconds the copy stage needs for the bytes this loader delivered, at
+    /// `copy_stage_gb_per_s` (the host-to-device stage's time).
+    pub copy_stage_seconds: Option<f64>,
+    /// On a GPU: `copy_stage_gb_per_s` / the pinned host-to-device bound of the same run.
+    pub copy_stage_ratio_to_pinned_h2d: Option<f64>,
+    /// With `time_copies`: seconds the copy stream spent on the run's copies, timed per
+    /// copy (on an idle stream this includes the host's latency issuing each copy).
+    pub timed_copy_seconds: Option<f64>,
+    /// With `time_copies`: bytes copied / `timed_copy_seconds`, GB/s.
+    pub timed_copy_gb_per_s: Option<f64>,
     /// On a GPU: `gb_per_s` / the pinned host-to-device bound of the same run.
     pub ratio_to_pinned_h2d: Option<f64>,
     /// On a GPU: the fraction of the consumer's GPU time spent idle between steps,
@@ -160,6 +174,7 @@ struct EpochRun {
     wait: f64,
     compute: f64,
     copy: Option<(f64, u64)>,
+    batch_bytes: Vec<usize>,
     gpu_idle_busy_ms: Option<(f64, f64)>,
 }
 
@@ -176,6 +191,7 @@ fn run_epoch(
         workers: config.workers,
         prefetch: 4,
         device: config.device,
+        time_copies: config.time_copies,
         ..LoaderConfig::default()
     };
     let mut consumer = Consumer::new(placement, config.simulate_compute_ms)?;
@@ -195,6 +211,7 @@ fn run_epoch(
         wait: 0.0,
         compute: 0.0,
         copy: None,
+        batch_bytes: Vec::new(),
         gpu_idle_busy_ms: None,
     };
     let started = Instant::now();
@@ -209,9 +226,12 @@ fn run_epoch(
         run.gather += batch.gather_seconds();
         run.compute += consumer.consume(&mut batch)?;
         if let Some(copy) = batch.device() {
-            let (seconds, bytes) = run.copy.get_or_insert((0.0, 0));
-            *seconds += f64::from(copy.copy_ms()?) / 1e3;
-            *bytes += batch.bytes().len() as u64;
+            run.batch_bytes.push(batch.bytes().len());
+            if let Some(ms) = copy.copy_ms()? {
+                let (seconds, bytes) = run.copy.get_or_insert((0.0, 0));
+                *seconds += f64::from(ms) / 1e3;
+                *bytes += batch.bytes().len() as u64;
+            }
         }
         run.plans.push(batch.plan().clone());
     }
@@ -266,12 +286,16 @@ fn figures(
         events: t.events,
         seconds: t.seconds,
         gather_seconds: None,
+        gather_gb_per_s: None,
+        gather_ratio_to_memcpy: None,
         wait_seconds: None,
         compute_seconds: None,
         waiting_fraction: None,
-        copy_seconds: None,
-        copy_gb_per_s: None,
-        copy_ratio_to_pinned_h2d: None,
+        copy_stage_gb_per_s: None,
+        copy_stage_seconds: None,
+        copy_stage_ratio_to_pinned_h2d: None,
+        timed_copy_seconds: None,
+        timed_copy_gb_per_s: None,
         ratio_to_pinned_h2d: None,
         gpu_waiting_fraction: None,
         quality,
@@ -321,23 +345,31 @@ pub fn run(
         };
         let mut f = figures("shardify", Some(window), total, bound, q);
         let wait: f64 = epochs.iter().map(|e| e.wait).sum();
-        f.gather_seconds = Some(epochs.iter().map(|e| e.gather).sum());
+        let gather: f64 = epochs.iter().map(|e| e.gather).sum();
+        let gather_gb = total.bytes as f64 / 1e9 / (gather / config.workers as f64).max(1e-12);
+        f.gather_seconds = Some(gather);
+        f.gather_gb_per_s = Some(gather_gb);
+        f.gather_ratio_to_memcpy = Some(gather_gb / bound);
         f.wait_seconds = Some(wait);
         f.compute_seconds = Some(epochs.iter().map(|e| e.compute).sum());
         f.waiting_fraction = Some(wait / total.seconds.max(1e-9));
-        if let Some(bounds) = &gpu {
-            let (seconds, bytes) = epochs
+        if let (Some(bounds), Some(device)) = (&gpu, placement.cuda()) {
+            let timed = epochs
                 .iter()
                 .filter_map(|e| e.copy)
-                .fold((0.0, 0), |(s, b), (s2, b2)| (s + s2, b + b2));
+                .reduce(|(s, b), (s2, b2)| (s + s2, b + b2));
             let (idle, busy) = epochs
                 .iter()
                 .filter_map(|e| e.gpu_idle_busy_ms)
                 .fold((0.0, 0.0), |(i, b), (i2, b2)| (i + i2, b + b2));
-            let copy_gb = bytes as f64 / seconds.max(1e-12) / 1e9;
-            f.copy_seconds = Some(seconds);
-            f.copy_gb_per_s = Some(copy_gb);
-            f.copy_ratio_to_pinned_h2d = Some(copy_gb / bounds.pinned_h2d_gb_per_s);
+            if let Some((seconds, bytes)) = timed {
+                f.timed_copy_seconds = Some(seconds);
+                f.timed_copy_gb_per_s = Some(bytes as f64 / seconds.max(1e-12) / 1e9);
+            }
+            let (stage_gb, _) = copy_stage_gb_per_s(device, &epochs[0].batch_bytes)?;
+            f.copy_stage_gb_per_s = Some(stage_gb);
+            f.copy_stage_seconds = Some(total.bytes as f64 / 1e9 / stage_gb.max(1e-12));
+            f.copy_stage_ratio_to_pinned_h2d = Some(stage_gb / bounds.pinned_h2d_gb_per_s);
             f.ratio_to_pinned_h2d = Some(f.gb_per_s / bounds.pinned_h2d_gb_per_s);
             f.gpu_waiting_fraction = Some(idle / (idle + busy).max(1e-12));
         }
@@ -411,6 +443,59 @@ pub fn run(
     })
 }
 
+/// Seconds for a reader: s, ms or µs.
+fn duration(seconds: f64) -> String {
+    match seconds {
+        s if s >= 1.0 => format!("{s:.2} s"),
+        s if s >= 1e-3 => format!("{:.1} ms", s * 1e3),
+        s => format!("{:.0} µs", s * 1e6),
+    }
+}
+
+/// One shardify loader's stages: gather, host-to-device copy, consumer waiting, each
+/// against its bound; empty for the baselines.
+fn stage_line(l: &LoaderFigures) -> String {
+    let (Some(gather_s), Some(gather_gb), Some(gather_ratio), Some(wait_s)) = (
+        l.gather_seconds,
+        l.gather_gb_per_s,
+        l.gather_ratio_to_memcpy,
+        l.wait_seconds,
+    ) else {
+        return String::new();
+    };
+    let mut out = format!(
+        "  window {:>4}: gather {} (all workers) = {gather_gb:.2} GB/s = {gather_ratio:.2} of memcpy",
+        l.window.unwrap_or(0),
+        duration(gather_s)
+    );
+    if let (Some(gb), Some(s), Some(r)) = (
+        l.copy_stage_gb_per_s,
+        l.copy_stage_seconds,
+        l.copy_stage_ratio_to_pinned_h2d,
+    ) {
+        out += &format!(
+            "; H2D copy {} = {gb:.2} GB/s = {r:.2} of pinned H2D",
+            duration(s)
+        );
+    }
+    out += &format!(
+        "; waited {} = {:.1}%",
+        duration(wait_s),
+        100.0 * l.waiting_fraction.unwrap_or(0.0)
+    );
+    if let Some(idle) = l.gpu_waiting_fraction {
+        out += &format!(" (GPU idle {:.1}%)", 100.0 * idle);
+    }
+    if let (Some(gb), Some(s)) = (l.timed_copy_gb_per_s, l.timed_copy_seconds) {
+        out += &format!(
+            "\n               copies timed one by one in the run: {gb:.2} GB/s ({}; \
+             host issue latency and the timing events included)",
+            duration(s)
+        );
+    }
+    out + "\n"
+}
+
 /// The report as a table.
 pub fn table(report: &Report) -> String {
     let mut out = format!(
@@ -451,15 +536,15 @@ pub fn table(report: &Report) -> String {
     }
     out += &format!(
         "stages: shard read {:.2} GB/s sequential through the memory map, {:.2} of memcpy \
-         ({:.3} s for the dataset); gather time per loader is summed over its workers\n",
+         ({} for the dataset)\n",
         report.shard_read_gb_per_s,
         report.shard_read_gb_per_s / report.memcpy_gb_per_s.max(1e-12),
-        report.shard_read_seconds
+        duration(report.shard_read_seconds)
     );
     match &report.gpu {
         None => {
             out += &format!(
-                "device: {} -- no host-to-device stage measured\n",
+                "device: {} -- no host-to-device stage\n",
                 report.machine.device
             )
         }
@@ -467,20 +552,12 @@ pub fn table(report: &Report) -> String {
             out += &format!(
                 "device: {}; bound: pinned H2D {:.2} GB/s (pageable {:.2} GB/s), {} B pieces\n",
                 g.device, g.pinned_h2d_gb_per_s, g.pageable_h2d_gb_per_s, g.chunk_bytes
-            );
-            for l in report.loaders.iter().filter(|l| l.copy_seconds.is_some()) {
-                out += &format!(
-                    "  window {:>4}: delivered {:.2} GB/s = {:.2} of pinned H2D; copies {:.2} GB/s = {:.2} of pinned H2D, {:.3} s; GPU waited {:.1}%\n",
-                    l.window.unwrap_or(0),
-                    l.gb_per_s,
-                    l.ratio_to_pinned_h2d.unwrap_or(0.0),
-                    l.copy_gb_per_s.unwrap_or(0.0),
-                    l.copy_ratio_to_pinned_h2d.unwrap_or(0.0),
-                    l.copy_seconds.unwrap_or(0.0),
-                    100.0 * l.gpu_waiting_fraction.unwrap_or(0.0)
-                );
-            }
+            )
         }
+    }
+    out += "per loader, each stage against its bound (gather: worker time summed, bytes per worker-second x workers):\n";
+    for l in &report.loaders {
+        out += &stage_line(l);
     }
     if let (Some(n), Some(b)) = (report.speedup_vs_naive, report.speedup_vs_block_shuffle) {
         out += &format!("best shardify window: {n:.0}x the naive loader's events/s, {b:.1}x the Parquet block shuffle's\n");

@@ -9,7 +9,9 @@ use cudarc::driver::{CudaEvent, CudaStream};
 use serde::Serialize;
 
 use crate::dataset::Dataset;
-use crate::device::cuda::{elapsed_ms, measure_h2d_gb_per_s, BusyWork, CudaDevice};
+use crate::device::cuda::{elapsed_ms, measure_h2d_gb_per_s, BusyWork, CudaDevice, PinnedMemory};
+use crate::device::staging::HostMemory;
+use crate::device::transfer::DeviceSlots;
 use crate::device::Placement;
 use crate::error::Result;
 use crate::pipeline::Batch;
@@ -48,17 +50,65 @@ pub struct GpuBounds {
 }
 
 impl GpuBounds {
-    /// Measures both bounds with pieces of `chunk` bytes (about 256 MiB copied each).
+    /// Measures both bounds with pieces of `chunk` bytes (about 1 GiB copied each, after
+    /// as much warm-up; the pinned one as the median of three).
     pub fn measure(device: &CudaDevice, chunk: usize) -> Result<GpuBounds> {
         let chunk = chunk.max(4096);
-        let repeats = ((256usize << 20) / chunk).clamp(8, 4096);
+        let repeats = ((1usize << 30) / chunk).clamp(8, 8192);
         Ok(GpuBounds {
             device: format!("cuda:{} ({})", device.ordinal(), device.name()),
-            pinned_h2d_gb_per_s: measure_h2d_gb_per_s(device, chunk, repeats, true)?,
+            pinned_h2d_gb_per_s: median_of_3(|| {
+                measure_h2d_gb_per_s(device, chunk, repeats, true)
+            })?,
             pageable_h2d_gb_per_s: measure_h2d_gb_per_s(device, chunk, repeats / 4, false)?,
             chunk_bytes: chunk,
         })
     }
+}
+
+/// The loader's copy stage on its own: batches of `sizes` bytes copied back to back from
+/// pinned staging memory through the loader's own device slots (the same events, waits
+/// and copy calls as in a run), without a consumer. Returns (GB/s, seconds) between the
+/// first copy's start and the last copy's end on the copy stream, so per-copy issue costs
+/// count, but the consumer's pace does not.
+pub fn copy_stage_gb_per_s(device: &Arc<CudaDevice>, sizes: &[usize]) -> Result<(f64, f64)> {
+    let largest = sizes.iter().copied().max().unwrap_or(0).max(1);
+    // Two staging buffers, alternated as the loader's pool does.
+    let staging = [
+        PinnedMemory::new(device.context(), largest)?,
+        PinnedMemory::new(device.context(), largest)?,
+    ];
+    let slots = DeviceSlots::new(device.clone(), 2, false);
+    // Warm-up: the slots' device memory is allocated here, not in the timed loop, and an
+    // untimed pass wakes the link and copy engine (a cold first pass runs ~25% slower).
+    for memory in &staging {
+        drop(slots.upload(&memory.bytes()[..largest])?);
+    }
+    let pass = || -> Result<()> {
+        for (i, &size) in sizes.iter().enumerate() {
+            drop(slots.upload(&staging[i % 2].bytes()[..size])?);
+        }
+        Ok(())
+    };
+    pass()?;
+    let stream = device.copy_stream();
+    let mut seconds = median_of_3(|| {
+        let (start, end) = (device.new_event(true)?, device.new_event(true)?);
+        start.record(stream).map_err(time_error)?;
+        pass()?;
+        end.record(stream).map_err(time_error)?;
+        Ok(f64::from(elapsed_ms(&start, &end)?) / 1e3)
+    })?;
+    seconds = seconds.max(1e-12);
+    let bytes: usize = sizes.iter().sum();
+    Ok((bytes as f64 / seconds / 1e9, seconds))
+}
+
+/// The median of three measurements (GPU timings on a shared host vary run to run).
+fn median_of_3(mut measure: impl FnMut() -> Result<f64>) -> Result<f64> {
+    let mut values = [measure()?, measure()?, measure()?];
+    values.sort_by(f64::total_cmp);
+    Ok(values[1])
 }
 
 /// The training step a bench runs per batch: a sleep on the CPU, memory-bound work on the

@@ -59,6 +59,10 @@ struct Args {
     /// Where batches go: auto (CUDA device 0 when usable), cpu, cuda or cuda:N.
     #[arg(long, default_value = "auto")]
     device: DeviceChoice,
+    /// On a GPU, also time every copy in the run with CUDA timing events (a diagnostic:
+    /// the events cost copy throughput).
+    #[arg(long)]
+    time_copies: bool,
     /// Small and fast: windows 1 and 4, baselines for 2 s at most.
     #[arg(long)]
     quick: bool,
@@ -108,6 +112,7 @@ fn main() -> Result<()> {
             args.baseline_seconds
         },
         device: args.device,
+        time_copies: args.time_copies,
     };
     let report = run(dataset, source.as_ref(), &config)?;
     print!("{}", table(&report));

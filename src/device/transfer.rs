@@ -23,7 +23,8 @@ use crate::error::{Error, Result};
 struct DeviceSlot {
     memory: Option<CudaSlice<u8>>,
     len: usize,
-    copy_started: CudaEvent,
+    /// Recorded just before the copy, only when copies are timed.
+    copy_started: Option<CudaEvent>,
     copied: CudaEvent,
     released: Vec<CudaEvent>,
 }
@@ -34,18 +35,22 @@ pub struct DeviceSlots {
     free: Mutex<Vec<DeviceSlot>>,
     made: AtomicUsize,
     target: usize,
+    timed: bool,
     allocations: AtomicU64,
 }
 
 impl DeviceSlots {
     /// Up to `target` (at least 2) slots, made on first use; more only when the consumer
-    /// holds all of them.
-    pub fn new(device: Arc<CudaDevice>, target: usize) -> Arc<DeviceSlots> {
+    /// holds all of them. With `timed`, every copy is bracketed by timing events
+    /// ([`DeviceCopy::copy_ms`]); that costs host time per copy (timing events are far
+    /// dearer to record than plain ones), so loaders leave it off unless asked.
+    pub fn new(device: Arc<CudaDevice>, target: usize, timed: bool) -> Arc<DeviceSlots> {
         Arc::new(DeviceSlots {
             device,
             free: Mutex::new(Vec::new()),
             made: AtomicUsize::new(0),
             target: target.max(2),
+            timed,
             allocations: AtomicU64::new(0),
         })
     }
@@ -83,8 +88,11 @@ impl DeviceSlots {
         Ok(DeviceSlot {
             memory: None,
             len: 0,
-            copy_started: self.device.new_event(true)?,
-            copied: self.device.new_event(true)?,
+            copy_started: match self.timed {
+                true => Some(self.device.new_event(true)?),
+                false => None,
+            },
+            copied: self.device.new_event(self.timed)?,
             released: Vec::new(),
         })
     }
@@ -125,26 +133,35 @@ impl DeviceSlots {
             slot.memory = Some(memory);
             self.allocations.fetch_add(1, Ordering::Relaxed);
         }
+        let DeviceSlot {
+            memory,
+            copy_started,
+            copied,
+            ..
+        } = slot;
+        let memory = memory.as_mut().expect("allocated above");
+        // Everything but the copy itself is issued before `copy_started` is recorded: on an
+        // idle stream the event completes at once, so host calls between it and the copy
+        // (cudarc's stream waits, each an ioctl) would be timed as copy time.
+        let (target, _written) = memory.device_ptr_mut(stream);
+        self.device
+            .context()
+            .bind_to_thread()
+            .map_err(|e| driver_error("cannot bind the context", e))?;
         let record = |event: &CudaEvent| {
             event
                 .record(stream)
                 .map_err(|e| driver_error("cannot record a copy event", e))
         };
-        record(&slot.copy_started)?;
-        {
-            let memory = slot.memory.as_mut().expect("allocated above");
-            let (target, _written) = memory.device_ptr_mut(stream);
-            self.device
-                .context()
-                .bind_to_thread()
-                .map_err(|e| driver_error("cannot bind the context", e))?;
-            // SAFETY: `target` is a device allocation of at least `bytes.len()` bytes made
-            // on this stream; `bytes` is pinned staging memory that the loader keeps alive
-            // and unmodified until the `copied` event below has completed.
-            unsafe { cudarc::driver::result::memcpy_htod_async(target, bytes, stream.cu_stream()) }
-                .map_err(|e| driver_error("host-to-device copy failed", e))?;
+        if let Some(started) = copy_started {
+            record(started)?;
         }
-        record(&slot.copied)?;
+        // SAFETY: `target` is a device allocation of at least `bytes.len()` bytes made on
+        // this stream; `bytes` is pinned staging memory that the loader keeps alive and
+        // unmodified until the `copied` event below has completed.
+        unsafe { cudarc::driver::result::memcpy_htod_async(target, bytes, stream.cu_stream()) }
+            .map_err(|e| driver_error("host-to-device copy failed", e))?;
+        record(copied)?;
         slot.len = bytes.len();
         Ok(())
     }
@@ -182,14 +199,20 @@ impl DeviceCopy {
         &self.slot().copied
     }
 
-    /// The event recorded just before the copy (for timing and overlap checks).
-    pub fn copy_started(&self) -> &CudaEvent {
-        &self.slot().copy_started
+    /// The event recorded just before the copy (for timing and overlap checks); `None`
+    /// unless copies are timed.
+    pub fn copy_started(&self) -> Option<&CudaEvent> {
+        self.slot().copy_started.as_ref()
     }
 
-    /// Milliseconds the copy took on the copy stream (waits for it).
-    pub fn copy_ms(&self) -> Result<f32> {
-        elapsed_ms(&self.slot().copy_started, &self.slot().copied)
+    /// Milliseconds the copy took on the copy stream (waits for it); `None` unless copies
+    /// are timed. On an idle stream this includes the host's latency issuing the copy.
+    pub fn copy_ms(&self) -> Result<Option<f32>> {
+        let slot = self.slot();
+        slot.copy_started
+            .as_ref()
+            .map(|started| elapsed_ms(started, &slot.copied))
+            .transpose()
     }
 
     /// The batch's bytes on the device (`len` as on the host).
