@@ -3,6 +3,10 @@
 //!
 //! `cargo bench --bench convert -- [--events N] [--files F] [--threads T] [--memory-limit MiB] [--runs R]`
 //!
+//! Built once (`cargo bench --bench convert --no-run`), the binary also runs on a machine
+//! without the build tree: `SHARDIFY_BIN` names the `shardify` binary and
+//! `SHARDIFY_BENCH_DATA` the directory for generated inputs.
+//!
 //! Both figures are input pulses per second with warm page cache, medians over the runs,
 //! taken alternately so that machine noise hits both alike.
 
@@ -109,7 +113,12 @@ fn bare_decode(files: &[PathBuf], pool: &rayon::ThreadPool) -> (u64, f64) {
 fn convert_once(input: &Path, out: &Path, args: &Args) -> (f64, u64) {
     let _ = std::fs::remove_dir_all(out);
     let started = Instant::now();
-    let output = Command::new(env!("CARGO_BIN_EXE_shardify"))
+    // SHARDIFY_BIN: run the bench binary on a machine without the build tree.
+    let shardify = std::env::var_os("SHARDIFY_BIN").map_or_else(
+        || PathBuf::from(env!("CARGO_BIN_EXE_shardify")),
+        PathBuf::from,
+    );
+    let output = Command::new(shardify)
         .args([
             "convert",
             input.to_str().unwrap(),
@@ -164,10 +173,12 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 fn main() {
     let args = parse_args();
-    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!(
-        "target/bench-data/kaggle-{}-{}",
-        args.events, args.files
-    ));
+    // SHARDIFY_BENCH_DATA: where generated inputs are kept (default target/bench-data).
+    let root = std::env::var_os("SHARDIFY_BENCH_DATA").map_or_else(
+        || Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench-data"),
+        PathBuf::from,
+    );
+    let data = root.join(format!("kaggle-{}-{}", args.events, args.files));
     if !data.join("train_meta.parquet").exists() {
         let started = Instant::now();
         let s = write_dataset(

@@ -2,7 +2,9 @@
 //! error for `cuda:N`) and report the GPU checks as skipped; with one they check that a
 //! whole epoch on the device is byte-identical to the CPU path, that a device buffer is
 //! never overwritten while the consumer's queued work still reads it, that copies overlap
-//! the consumer's work, and that the steady state allocates nothing.
+//! the consumer's work, that the steady state allocates nothing, that a loader dropped
+//! mid-epoch with copies in flight stops and one resumed from its state finishes the epoch
+//! identically, and that a damaged shard is an error naming it on the GPU path too.
 
 mod common;
 
@@ -255,4 +257,89 @@ fn copies_overlap_the_consumers_work_and_the_steady_state_allocates_nothing() {
         "{late} allocations in the second half of {batches} batches"
     );
     assert!(loader.device_allocations() <= 8);
+}
+
+/// A batch's bytes as the device holds them.
+fn device_bytes(batch: &mut shardify::pipeline::Batch, stream: &Arc<CudaStream>) -> Vec<u8> {
+    batch.wait_on(stream).unwrap();
+    stream.clone_dtoh(&batch.device().unwrap().bytes()).unwrap()
+}
+
+#[test]
+fn on_the_gpu_a_loader_dropped_mid_epoch_stops_and_a_resumed_one_finishes_identically() {
+    let Some(device) = gpu("gpu_drop_and_resume") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let ds = dataset(dir.path(), 3000);
+    let expected = host_epoch(&ds, BatchLayout::Packed);
+    let config = config(BatchLayout::Packed, DeviceChoice::Cuda(0));
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    {
+        let (ds, config, device) = (ds.clone(), config.clone(), device.clone());
+        std::thread::spawn(move || {
+            let stream = device.new_stream().unwrap();
+            let mut loader = Loader::on(ds, config, START, Placement::Cuda(device)).unwrap();
+            let mut taken: Vec<Vec<u8>> = (0..7)
+                .map(|_| device_bytes(&mut loader.next().unwrap().unwrap(), &stream))
+                .collect();
+            // Held across the drop, with the next copy queued behind it.
+            let mut held = loader.next().unwrap().unwrap();
+            taken.push(device_bytes(&mut held, &stream));
+            let state = loader.state();
+            drop(loader);
+            drop(held);
+            done_tx.send((taken, state)).unwrap();
+        });
+    }
+    let (mut taken, state) = done_rx
+        .recv_timeout(std::time::Duration::from_secs(60))
+        .expect("the GPU loader shut down instead of hanging");
+    assert_eq!(state.position.batches_taken, 8);
+    let stream = device.new_stream().unwrap();
+    for batch in Loader::resume(ds, config, &state).unwrap() {
+        let mut batch = batch.unwrap();
+        assert!(batch.is_on_device());
+        taken.push(device_bytes(&mut batch, &stream));
+    }
+    assert_eq!(taken.len(), expected.len());
+    assert!(
+        taken == expected,
+        "dropped + resumed epoch differs from the CPU path"
+    );
+    eprintln!(
+        "{} batches: 8 before the drop, the rest resumed, identical",
+        taken.len()
+    );
+}
+
+#[test]
+fn on_the_gpu_a_damaged_shard_is_an_error_naming_it() {
+    if gpu("gpu_damaged_shard").is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let ds = dataset(dir.path(), 3000);
+    let file = ds.manifest().shards[1].file.clone();
+    let path = dir.path().join("ds").join(&file);
+    drop(ds);
+    let mut bytes = std::fs::read(&path).unwrap();
+    let n = bytes.len();
+    bytes[n - 1] ^= 0xff;
+    std::fs::write(&path, &bytes).unwrap();
+    let ds = Arc::new(Dataset::open(&dir.path().join("ds"), ChecksumPolicy::Lazy).unwrap());
+    let results: Vec<_> = Loader::new(
+        ds,
+        config(BatchLayout::Packed, DeviceChoice::Cuda(0)),
+        START,
+    )
+    .unwrap()
+    .collect();
+    let err = results
+        .iter()
+        .find_map(|r| r.as_ref().err())
+        .expect("an error")
+        .to_string();
+    assert!(err.contains(&file) && err.contains("checksum"), "{err}");
+    assert!(results.last().unwrap().is_err(), "the error ends the epoch");
 }

@@ -94,7 +94,8 @@ pub struct LoaderFigures {
     /// On a GPU: `gb_per_s` / the pinned host-to-device bound of the same run.
     pub ratio_to_pinned_h2d: Option<f64>,
     /// On a GPU: the fraction of the consumer's GPU time spent idle between steps,
-    /// waiting for data (event-timed).
+    /// waiting for data (event-timed on one step in 8: timing events are too dear to
+    /// record around every short step).
     pub gpu_waiting_fraction: Option<f64>,
     /// Shuffle quality (epochs 0 and 1).
     pub quality: Quality,

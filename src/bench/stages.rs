@@ -129,11 +129,18 @@ pub struct DeviceConsumer {
     stream: Arc<CudaStream>,
     work: BusyWork,
     passes: usize,
-    /// The last step's start and end events.
-    last: Option<(CudaEvent, CudaEvent)>,
-    idle_ms: f64,
-    busy_ms: f64,
+    steps: u64,
+    /// Plain events after the last two steps: the host waits on the older one.
+    done: [CudaEvent; 2],
+    /// Timing events around sampled steps: (end of the step before, start, end).
+    samples: Vec<(CudaEvent, CudaEvent, CudaEvent)>,
+    /// The timing event recorded after a step whose successor is sampled.
+    before_sample: Option<CudaEvent>,
 }
+
+/// One step in this many is timed: timing events cost the host microseconds each to
+/// record (see `examples/h2d_overheads.rs`), too much to put around every short step.
+const SAMPLE_EVERY: u64 = 8;
 
 /// Device memory the GPU stand-in step clears per pass.
 const WORK_BYTES: usize = 64 << 20;
@@ -164,9 +171,10 @@ impl Consumer {
             stream,
             work,
             passes,
-            last: None,
-            idle_ms: 0.0,
-            busy_ms: 0.0,
+            steps: 0,
+            done: [device.new_event(false)?, device.new_event(false)?],
+            samples: Vec::new(),
+            before_sample: None,
         }))
     }
 
@@ -184,17 +192,19 @@ impl Consumer {
         Ok(started.elapsed().as_secs_f64())
     }
 
-    /// Waits for the queued GPU work; returns (GPU ms idle between steps, GPU ms busy in
-    /// steps), `None` on the CPU.
+    /// Waits for the queued GPU work; returns (GPU ms idle before sampled steps, GPU ms
+    /// busy in them), `None` on the CPU.
     pub fn finish(&mut self) -> Result<Option<(f64, f64)>> {
         match self {
             Consumer::Host { .. } => Ok(None),
             Consumer::Device(d) => {
-                if let Some((start, end)) = d.last.take() {
-                    d.busy_ms += f64::from(elapsed_ms(&start, &end)?);
-                }
                 d.stream.synchronize().map_err(time_error)?;
-                Ok(Some((d.idle_ms, d.busy_ms)))
+                let (mut idle, mut busy) = (0.0, 0.0);
+                for (before, start, end) in d.samples.drain(..) {
+                    idle += f64::from(elapsed_ms(&before, &start)?).max(0.0);
+                    busy += f64::from(elapsed_ms(&start, &end)?);
+                }
+                Ok(Some((idle, busy)))
             }
         }
     }
@@ -203,21 +213,35 @@ impl Consumer {
 impl DeviceConsumer {
     /// Waits for the batch's copy on the compute stream and queues the step. The host
     /// runs at most one step ahead of the GPU (as a training loop that reads its loss
-    /// does): it waits until the GPU starts this step before taking the next batch.
+    /// does): once this step is queued it waits until the previous one has finished.
+    /// One step in [`SAMPLE_EVERY`] is bracketed by timing events, with one after the
+    /// step before it, to estimate how long the GPU sits idle waiting for data.
     fn step(&mut self, batch: &mut Batch) -> Result<()> {
         batch.wait_on(&self.stream)?;
-        let start = self.device.new_event(true)?;
-        start.record(&self.stream).map_err(time_error)?;
+        let timed = |device: &CudaDevice, stream: &Arc<CudaStream>| -> Result<CudaEvent> {
+            let event = device.new_event(true)?;
+            event.record(stream).map_err(time_error)?;
+            Ok(event)
+        };
+        let sample = self.before_sample.take();
+        let start = match sample {
+            Some(_) => Some(timed(&self.device, &self.stream)?),
+            None => None,
+        };
         self.work.run(self.passes)?;
-        let end = self.device.new_event(true)?;
-        end.record(&self.stream).map_err(time_error)?;
-        if let Some((last_start, last_end)) = self.last.take() {
-            self.busy_ms += f64::from(elapsed_ms(&last_start, &last_end)?);
-            // From the end of the last step to the start of this one the GPU waited for
-            // this batch's copy (or for the host).
-            self.idle_ms += f64::from(elapsed_ms(&last_end, &start)?).max(0.0);
+        if let (Some(before), Some(start)) = (sample, start) {
+            self.samples
+                .push((before, start, timed(&self.device, &self.stream)?));
         }
-        self.last = Some((start, end));
+        if (self.steps + 1) % SAMPLE_EVERY == 0 {
+            self.before_sample = Some(timed(&self.device, &self.stream)?);
+        }
+        let n = self.steps as usize;
+        self.done[n % 2].record(&self.stream).map_err(time_error)?;
+        if n > 0 {
+            self.done[(n + 1) % 2].synchronize().map_err(time_error)?;
+        }
+        self.steps += 1;
         Ok(())
     }
 }

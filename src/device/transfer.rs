@@ -27,6 +27,9 @@ struct DeviceSlot {
     copy_started: Option<CudaEvent>,
     copied: CudaEvent,
     released: Vec<CudaEvent>,
+    /// Release events already waited on, reused by the next release (no event is created
+    /// per batch in the steady state).
+    spare: Vec<CudaEvent>,
 }
 
 /// The device buffers of one loader.
@@ -94,6 +97,7 @@ impl DeviceSlots {
             },
             copied: self.device.new_event(self.timed)?,
             released: Vec::new(),
+            spare: Vec::new(),
         })
     }
 
@@ -120,6 +124,8 @@ impl DeviceSlots {
             stream
                 .wait(&released)
                 .map_err(|e| driver_error("copy stream cannot wait for the consumer", e))?;
+            // Re-recording it later does not affect the wait just queued.
+            slot.spare.push(released);
         }
         if slot.memory.as_ref().is_none_or(|m| m.len() < bytes.len()) {
             // The old buffer is freed on the copy stream, after the waits above.
@@ -239,7 +245,11 @@ impl Drop for DeviceCopy {
             return;
         };
         for stream in &self.consumers {
-            match stream.record_event(None) {
+            let event = match slot.spare.pop() {
+                Some(event) => event.record(stream).map(|()| event),
+                None => stream.record_event(None),
+            };
+            match event {
                 Ok(event) => slot.released.push(event),
                 Err(e) => {
                     // Cannot track the consumer's work: wait for it instead.
