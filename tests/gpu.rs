@@ -280,9 +280,15 @@ fn on_the_gpu_a_loader_dropped_mid_epoch_stops_and_a_resumed_one_finishes_identi
         std::thread::spawn(move || {
             let stream = device.new_stream().unwrap();
             let mut loader = Loader::on(ds, config, START, Placement::Cuda(device)).unwrap();
-            let mut taken: Vec<Vec<u8>> = (0..7)
-                .map(|_| device_bytes(&mut loader.next().unwrap().unwrap(), &stream))
-                .collect();
+            // Four batches held at once, twice the device buffers: the uploader must make
+            // more slots rather than wait for one forever.
+            let mut four: Vec<_> = (0..4).map(|_| loader.next().unwrap().unwrap()).collect();
+            let mut taken: Vec<Vec<u8>> =
+                four.iter_mut().map(|b| device_bytes(b, &stream)).collect();
+            drop(four);
+            taken.extend(
+                (0..3).map(|_| device_bytes(&mut loader.next().unwrap().unwrap(), &stream)),
+            );
             // Held across the drop, with the next copy queued behind it.
             let mut held = loader.next().unwrap().unwrap();
             taken.push(device_bytes(&mut held, &stream));

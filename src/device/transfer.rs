@@ -9,10 +9,11 @@
 //! event recorded on every stream the consumer declared ([`DeviceCopy::wait_on`]); the
 //! next copy into it makes the copy stream wait on those events, so a device buffer is
 //! overwritten only after the consumer's queued work on it, without blocking the host.
-//! With two slots the copy of batch n+1 runs while the consumer computes on batch n.
+//! With two slots the copy of batch n+1 runs while the consumer computes on batch n. The
+//! loader's uploader thread waits for a free slot ([`DeviceSlots::upload_when_free`]).
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
 
 use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, CudaView, DevicePtrMut};
 
@@ -32,11 +33,20 @@ struct DeviceSlot {
     spare: Vec<CudaEvent>,
 }
 
+/// What [`DeviceSlots::upload_when_free`] waits on.
+struct SlotState {
+    free: Vec<DeviceSlot>,
+    made: usize,
+    /// The consumer is blocked waiting for its next batch.
+    consumer_waiting: bool,
+    stopping: bool,
+}
+
 /// The device buffers of one loader.
 pub struct DeviceSlots {
     device: Arc<CudaDevice>,
-    free: Mutex<Vec<DeviceSlot>>,
-    made: AtomicUsize,
+    state: Mutex<SlotState>,
+    changed: Condvar,
     target: usize,
     timed: bool,
     allocations: AtomicU64,
@@ -50,8 +60,13 @@ impl DeviceSlots {
     pub fn new(device: Arc<CudaDevice>, target: usize, timed: bool) -> Arc<DeviceSlots> {
         Arc::new(DeviceSlots {
             device,
-            free: Mutex::new(Vec::new()),
-            made: AtomicUsize::new(0),
+            state: Mutex::new(SlotState {
+                free: Vec::new(),
+                made: 0,
+                consumer_waiting: false,
+                stopping: false,
+            }),
+            changed: Condvar::new(),
             target: target.max(2),
             timed,
             allocations: AtomicU64::new(0),
@@ -68,9 +83,17 @@ impl DeviceSlots {
         self.target
     }
 
-    /// Whether a slot is free or may be made without exceeding the target.
-    pub fn has_room(&self) -> bool {
-        !self.free_list().is_empty() || self.made.load(Ordering::Acquire) < self.target
+    /// Tells a waiting [`DeviceSlots::upload_when_free`] whether the consumer is blocked
+    /// on its next batch (then, with nothing ready for it, it holds every slot).
+    pub fn set_consumer_waiting(&self, waiting: bool) {
+        self.lock().consumer_waiting = waiting;
+        self.changed.notify_all();
+    }
+
+    /// Ends every wait in [`DeviceSlots::upload_when_free`] (the loader is going away).
+    pub fn stop(&self) {
+        self.lock().stopping = true;
+        self.changed.notify_all();
     }
 
     /// Device allocations so far (constant in the steady state).
@@ -78,16 +101,50 @@ impl DeviceSlots {
         self.allocations.load(Ordering::Relaxed)
     }
 
-    fn free_list(&self) -> std::sync::MutexGuard<'_, Vec<DeviceSlot>> {
-        // A panic while holding the lock cannot leave the list inconsistent (push/pop).
-        self.free.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> std::sync::MutexGuard<'_, SlotState> {
+        // A panic while holding the lock cannot leave the state inconsistent (each
+        // change is a single push, pop or assignment).
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    fn give_back(&self, slot: DeviceSlot) {
+        self.lock().free.push(slot);
+        self.changed.notify_all();
+    }
+
+    /// A free slot, or a new one.
     fn take(&self) -> Result<DeviceSlot> {
-        if let Some(slot) = self.free_list().pop() {
+        let mut state = self.lock();
+        if let Some(slot) = state.free.pop() {
             return Ok(slot);
         }
-        self.made.fetch_add(1, Ordering::AcqRel);
+        state.made += 1;
+        drop(state);
+        self.new_slot()
+    }
+
+    /// A free slot once there is one; a new one below the target, or when the consumer
+    /// waits with `nothing_ready()` (it holds every slot: waiting would deadlock). `None`
+    /// once stopped.
+    fn take_when_free(&self, nothing_ready: &dyn Fn() -> bool) -> Result<Option<DeviceSlot>> {
+        let mut state = self.lock();
+        loop {
+            if state.stopping {
+                return Ok(None);
+            }
+            if let Some(slot) = state.free.pop() {
+                return Ok(Some(slot));
+            }
+            if state.made < self.target || (state.consumer_waiting && nothing_ready()) {
+                state.made += 1;
+                drop(state);
+                return self.new_slot().map(Some);
+            }
+            state = self.changed.wait(state).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    fn new_slot(&self) -> Result<DeviceSlot> {
         Ok(DeviceSlot {
             memory: None,
             len: 0,
@@ -102,9 +159,27 @@ impl DeviceSlots {
     }
 
     /// Queues the copy of `bytes` (pinned memory, which must stay untouched until
-    /// [`DeviceCopy::wait_for_copy`]) into a slot, after the consumer released it.
+    /// [`DeviceCopy::wait_for_copy`]) into a free slot, or a new one if none is free.
     pub fn upload(self: &Arc<Self>, bytes: &[u8]) -> Result<DeviceCopy> {
-        let mut slot = self.take()?;
+        let slot = self.take()?;
+        self.upload_into(slot, bytes)
+    }
+
+    /// As [`DeviceSlots::upload`], but waits for a free slot while the loader's target
+    /// number is in use (see [`DeviceSlots::set_consumer_waiting`]); `None` once stopped.
+    pub fn upload_when_free(
+        self: &Arc<Self>,
+        bytes: &[u8],
+        nothing_ready: &dyn Fn() -> bool,
+    ) -> Option<Result<DeviceCopy>> {
+        match self.take_when_free(nothing_ready) {
+            Ok(Some(slot)) => Some(self.upload_into(slot, bytes)),
+            Ok(None) => None,
+            Err(e) => Some(Err(e)),
+        }
+    }
+
+    fn upload_into(self: &Arc<Self>, mut slot: DeviceSlot, bytes: &[u8]) -> Result<DeviceCopy> {
         match self.copy_into(&mut slot, bytes) {
             Ok(()) => Ok(DeviceCopy {
                 slot: Some(slot),
@@ -112,7 +187,7 @@ impl DeviceSlots {
                 consumers: Vec::new(),
             }),
             Err(e) => {
-                self.free_list().push(slot);
+                self.give_back(slot);
                 Err(e)
             }
         }
@@ -258,6 +333,6 @@ impl Drop for DeviceCopy {
                 }
             }
         }
-        self.slots.free_list().push(slot);
+        self.slots.give_back(slot);
     }
 }

@@ -3,26 +3,28 @@
 //! ```text
 //! planner thread --plans--> worker threads --filled buffers--> consumer (in order)
 //!   (sampler)        (bounded)  (gather into staging)   (bounded: prefetch)
-//!                                                          |
-//!                            on a GPU: copy stream -> device slots (double-buffered)
+//!
+//! on a GPU:                     ... --filled buffers--> uploader thread --copies--> consumer
+//!                                                       (in order; copy stream -> device slots)
 //! ```
 //! A worker takes a free staging buffer *before* it takes the next plan, so the oldest
 //! batch in flight always owns a buffer and reordering can never starve it. On a GPU the
-//! staging buffers are pinned, and the consumer's thread queues each batch's copy onto the
-//! device's copy stream ([`crate::device::transfer`]) one step ahead: when batch n is
-//! handed out, the copy of batch n+1 is already queued, so it runs while the consumer's
-//! GPU work on batch n does. Dropping a [`Batch`] returns its buffers; dropping the
-//! [`Loader`] stops and joins every thread. Errors (a corrupt or missing shard, a failed
-//! driver call) come out of the iterator.
+//! staging buffers are pinned, and an uploader thread queues each batch's copy onto the
+//! device's copy stream ([`crate::device::transfer`]) as soon as a device buffer is free:
+//! with two, the copy of batch n+1 runs while the consumer's GPU work on batch n does, and
+//! the consumer's thread makes no copy calls. Dropping a [`Batch`] returns its buffers;
+//! dropping the [`Loader`] stops and joins every thread. Errors (a corrupt or missing
+//! shard, a failed driver call) come out of the iterator.
 
 mod delivered;
+mod in_order;
+mod uploader;
 mod workers;
 
-use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use crossbeam_channel::{bounded, Receiver, Sender};
+use crossbeam_channel::{bounded, unbounded, Receiver, Sender, TryRecvError};
 use serde::{Deserialize, Serialize};
 
 pub use delivered::{Batch, DeviceSection, PackedView, PaddedView};
@@ -34,6 +36,8 @@ use crate::device::transfer::{DeviceCopy, DeviceSlots};
 use crate::device::{DeviceChoice, Placement};
 use crate::error::{Error, Result};
 use crate::sampler::{SamplerConfig, SamplerState};
+use in_order::InOrder;
+use uploader::{upload_batches, Uploaded};
 use workers::{gather_batches, plan_epoch, Filled};
 
 /// How a loader runs.
@@ -96,17 +100,22 @@ pub struct Loader {
     config: LoaderConfig,
     placement: Placement,
     pool: Arc<StagingPool>,
-    results: Receiver<(u64, Result<Filled>)>,
+    delivery: Delivery,
     stop: Option<Sender<()>>,
     threads: Vec<JoinHandle<()>>,
-    pending: BTreeMap<u64, Result<Filled>>,
-    next_seq: u64,
-    /// Device buffers, on a GPU.
-    slots: Option<Arc<DeviceSlots>>,
-    /// Batches whose copy is queued, oldest first (errors keep their place).
-    in_flight: VecDeque<Result<(Filled, DeviceCopy)>>,
     position: SamplerState,
     finished: bool,
+}
+
+/// Where the consumer takes its batches from.
+enum Delivery {
+    /// On the CPU: straight from the workers, put back in order here.
+    Host(InOrder),
+    /// On a GPU: from the uploader thread, copies queued.
+    Device {
+        slots: Arc<DeviceSlots>,
+        uploaded: Receiver<Uploaded>,
+    },
 }
 
 /// Initial staging buffer size in bytes; buffers grow to the largest batch seen.
@@ -153,8 +162,9 @@ impl Loader {
             ),
         };
         let device_buffers = slots.as_ref().map_or(0, |s| s.target());
+        // One more on a GPU: the batch the uploader holds while it waits for a slot.
         let pool = Arc::new(StagingPool::new(
-            config.workers + config.prefetch + device_buffers + 2,
+            config.workers + config.prefetch + device_buffers + 2 + usize::from(slots.is_some()),
             INITIAL_BUFFER_BYTES,
             allocate,
         ));
@@ -182,17 +192,25 @@ impl Loader {
                 gather_batches(&dataset, layout, &pool, plans, results, stop)
             }));
         }
+        let order = InOrder::new(results);
+        let delivery = match slots {
+            None => Delivery::Host(order),
+            Some(slots) => {
+                let (uploaded_tx, uploaded) = unbounded();
+                let for_thread = slots.clone();
+                threads.push(std::thread::spawn(move || {
+                    upload_batches(order, for_thread, uploaded_tx)
+                }));
+                Delivery::Device { slots, uploaded }
+            }
+        };
         Ok(Loader {
             config,
             placement,
             pool,
-            results,
+            delivery,
             stop: Some(stop_tx),
             threads,
-            pending: BTreeMap::new(),
-            next_seq: 0,
-            slots,
-            in_flight: VecDeque::new(),
             position,
             finished: false,
         })
@@ -235,59 +253,32 @@ impl Loader {
 
     /// Device buffer allocations so far (0 on the CPU; constant in the steady state).
     pub fn device_allocations(&self) -> u64 {
-        self.slots.as_ref().map_or(0, |s| s.allocations())
+        match &self.delivery {
+            Delivery::Host(_) => 0,
+            Delivery::Device { slots, .. } => slots.allocations(),
+        }
     }
 
-    /// The next gathered batch in order: waits for it when `wait`, else only takes what
-    /// has arrived. `None`: the epoch is over (or, without `wait`, nothing is ready).
-    fn next_filled(&mut self, wait: bool) -> Option<Result<Filled>> {
-        loop {
-            if let Some(result) = self.pending.remove(&self.next_seq) {
-                self.next_seq += 1;
-                return Some(result);
+    /// The next batch, with its copy queued on a GPU; `None` once the epoch is over.
+    fn next_delivered(&mut self) -> Option<Result<(Filled, Option<DeviceCopy>)>> {
+        match &mut self.delivery {
+            Delivery::Host(order) => Some(order.next()?.map(|filled| (filled, None))),
+            Delivery::Device { slots, uploaded } => {
+                let next = match uploaded.try_recv() {
+                    Ok(next) => Some(next),
+                    Err(TryRecvError::Disconnected) => None,
+                    Err(TryRecvError::Empty) => {
+                        // Blocked: the uploader may need to know (if we hold every slot).
+                        slots.set_consumer_waiting(true);
+                        let next = uploaded.recv().ok();
+                        slots.set_consumer_waiting(false);
+                        next
+                    }
+                };
+                Some(next?.map(|(filled, copy)| (filled, Some(copy))))
             }
-            let received = if wait {
-                self.results.recv().ok()
-            } else {
-                // Empty or disconnected alike: nothing more right now.
-                self.results.try_recv().ok()
-            };
-            let (seq, result) = received?;
-            self.pending.insert(seq, result);
         }
     }
-
-    /// Queues the copy of the next batches while device buffers are free, and returns the
-    /// oldest one queued (waiting for the first gather if nothing is queued).
-    fn next_on_device(&mut self, slots: &Arc<DeviceSlots>) -> Option<Result<(Filled, DeviceCopy)>> {
-        if self.in_flight.is_empty() {
-            let filled = self.next_filled(true)?;
-            self.in_flight.push_back(upload(slots, filled));
-        }
-        while self.in_flight.len() < slots.target()
-            && self.in_flight.back().is_some_and(|b| b.is_ok())
-            && slots.has_room()
-        {
-            let Some(filled) = self.next_filled(false) else {
-                break;
-            };
-            self.in_flight.push_back(upload(slots, filled));
-        }
-        self.in_flight.pop_front()
-    }
-}
-
-/// Queues the copy of a gathered batch (errors pass through).
-fn upload(slots: &Arc<DeviceSlots>, filled: Result<Filled>) -> Result<(Filled, DeviceCopy)> {
-    let filled = filled?;
-    if !filled.buffer.is_pinned() {
-        tracing::debug!(
-            "batch {} is copied from pageable memory",
-            filled.plan.global_index
-        );
-    }
-    let copy = slots.upload(&filled.buffer.bytes()[..filled.sections.total])?;
-    Ok((filled, copy))
 }
 
 impl Iterator for Loader {
@@ -297,15 +288,7 @@ impl Iterator for Loader {
         if self.finished {
             return None;
         }
-        let next = match self.slots.clone() {
-            Some(slots) => self
-                .next_on_device(&slots)
-                .map(|r| r.map(|(filled, copy)| (filled, Some(copy)))),
-            None => self
-                .next_filled(true)
-                .map(|r| r.map(|filled| (filled, None))),
-        };
-        let Some(next) = next else {
+        let Some(next) = self.next_delivered() else {
             // Every thread is done: the epoch is over.
             self.finished = true;
             self.position = SamplerState {
@@ -336,15 +319,17 @@ impl Iterator for Loader {
 impl Drop for Loader {
     fn drop(&mut self) {
         drop(self.stop.take());
-        self.pending.clear();
-        while self.results.try_recv().is_ok() {}
+        match &mut self.delivery {
+            Delivery::Host(order) => order.clear(),
+            Delivery::Device { slots, .. } => slots.stop(),
+        }
         for thread in self.threads.drain(..) {
             let _ = thread.join();
         }
-        if let Some(slots) = &self.slots {
+        if let Delivery::Device { slots, uploaded } = &self.delivery {
             // Queued copies still read their staging buffers: let them finish first.
             let _ = slots.device().copy_stream().synchronize();
+            while uploaded.try_recv().is_ok() {}
         }
-        self.in_flight.clear();
     }
 }
