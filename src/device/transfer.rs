@@ -112,30 +112,23 @@ impl DeviceSlots {
         self.changed.notify_all();
     }
 
-    /// A free slot, or a new one.
-    fn take(&self) -> Result<DeviceSlot> {
-        let mut state = self.lock();
-        if let Some(slot) = state.free.pop() {
-            return Ok(slot);
-        }
-        state.made += 1;
-        drop(state);
-        self.new_slot()
-    }
-
-    /// A free slot once there is one; a new one below the target, or when the consumer
-    /// waits with `nothing_ready()` (it holds every slot: waiting would deadlock). `None`
-    /// once stopped.
-    fn take_when_free(&self, nothing_ready: &dyn Fn() -> bool) -> Result<Option<DeviceSlot>> {
+    /// A free slot, else a new one. With `wait_for_free`, a new one only below the target
+    /// or when the consumer waits with `nothing_ready()` (it holds every slot: waiting
+    /// would deadlock); otherwise it waits for a slot to come back, and gives `None` once
+    /// stopped. Without it, never `None`.
+    fn take_slot(&self, wait_for_free: Option<&dyn Fn() -> bool>) -> Result<Option<DeviceSlot>> {
         let mut state = self.lock();
         loop {
-            if state.stopping {
+            if state.stopping && wait_for_free.is_some() {
                 return Ok(None);
             }
             if let Some(slot) = state.free.pop() {
                 return Ok(Some(slot));
             }
-            if state.made < self.target || (state.consumer_waiting && nothing_ready()) {
+            let grow = wait_for_free.is_none_or(|nothing_ready| {
+                state.made < self.target || (state.consumer_waiting && nothing_ready())
+            });
+            if grow {
                 state.made += 1;
                 drop(state);
                 return self.new_slot().map(Some);
@@ -161,7 +154,7 @@ impl DeviceSlots {
     /// Queues the copy of `bytes` (pinned memory, which must stay untouched until
     /// [`DeviceCopy::wait_for_copy`]) into a free slot, or a new one if none is free.
     pub fn upload(self: &Arc<Self>, bytes: &[u8]) -> Result<DeviceCopy> {
-        let slot = self.take()?;
+        let slot = self.take_slot(None)?.expect("only a wait ends at a stop");
         self.upload_into(slot, bytes)
     }
 
@@ -172,7 +165,7 @@ impl DeviceSlots {
         bytes: &[u8],
         nothing_ready: &dyn Fn() -> bool,
     ) -> Option<Result<DeviceCopy>> {
-        match self.take_when_free(nothing_ready) {
+        match self.take_slot(Some(nothing_ready)) {
             Ok(Some(slot)) => Some(self.upload_into(slot, bytes)),
             Ok(None) => None,
             Err(e) => Some(Err(e)),
