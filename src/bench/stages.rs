@@ -9,7 +9,7 @@ use cudarc::driver::{CudaEvent, CudaStream};
 use serde::Serialize;
 
 use crate::dataset::Dataset;
-use crate::device::cuda::{elapsed_ms, measure_h2d_gb_per_s, BusyWork, CudaDevice, PinnedMemory};
+use crate::device::cuda::{elapsed_ms, BusyWork, CudaDevice, H2dProbe, PinnedMemory};
 use crate::device::staging::HostMemory;
 use crate::device::transfer::DeviceSlots;
 use crate::device::Placement;
@@ -51,16 +51,17 @@ pub struct GpuBounds {
 
 impl GpuBounds {
     /// Measures both bounds with pieces of `chunk` bytes (about 1 GiB copied each, after
-    /// as much warm-up; the pinned one as the median of three).
+    /// as much warm-up, once per bound; the pinned one as the median of three passes).
     pub fn measure(device: &CudaDevice, chunk: usize) -> Result<GpuBounds> {
         let chunk = chunk.max(4096);
         let repeats = ((1usize << 30) / chunk).clamp(8, 8192);
+        let mut pinned = H2dProbe::new(device, chunk, repeats, true)?;
+        let pinned_h2d_gb_per_s = median_of_3(|| pinned.gb_per_s())?;
+        drop(pinned);
         Ok(GpuBounds {
             device: format!("cuda:{} ({})", device.ordinal(), device.name()),
-            pinned_h2d_gb_per_s: median_of_3(|| {
-                measure_h2d_gb_per_s(device, chunk, repeats, true)
-            })?,
-            pageable_h2d_gb_per_s: measure_h2d_gb_per_s(device, chunk, repeats / 4, false)?,
+            pinned_h2d_gb_per_s,
+            pageable_h2d_gb_per_s: H2dProbe::new(device, chunk, repeats / 4, false)?.gb_per_s()?,
             chunk_bytes: chunk,
         })
     }
@@ -218,23 +219,18 @@ impl DeviceConsumer {
     /// step before it, to estimate how long the GPU sits idle waiting for data.
     fn step(&mut self, batch: &mut Batch) -> Result<()> {
         batch.wait_on(&self.stream)?;
-        let timed = |device: &CudaDevice, stream: &Arc<CudaStream>| -> Result<CudaEvent> {
-            let event = device.new_event(true)?;
-            event.record(stream).map_err(time_error)?;
-            Ok(event)
-        };
         let sample = self.before_sample.take();
         let start = match sample {
-            Some(_) => Some(timed(&self.device, &self.stream)?),
+            Some(_) => Some(self.timing_event()?),
             None => None,
         };
         self.work.run(self.passes)?;
         if let (Some(before), Some(start)) = (sample, start) {
-            self.samples
-                .push((before, start, timed(&self.device, &self.stream)?));
+            let end = self.timing_event()?;
+            self.samples.push((before, start, end));
         }
         if (self.steps + 1) % SAMPLE_EVERY == 0 {
-            self.before_sample = Some(timed(&self.device, &self.stream)?);
+            self.before_sample = Some(self.timing_event()?);
         }
         let n = self.steps as usize;
         self.done[n % 2].record(&self.stream).map_err(time_error)?;
@@ -243,6 +239,13 @@ impl DeviceConsumer {
         }
         self.steps += 1;
         Ok(())
+    }
+
+    /// A timing event recorded on the consumer's stream now.
+    fn timing_event(&self) -> Result<CudaEvent> {
+        let event = self.device.new_event(true)?;
+        event.record(&self.stream).map_err(time_error)?;
+        Ok(event)
     }
 }
 

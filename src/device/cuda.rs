@@ -191,55 +191,83 @@ impl HostMemory for PinnedMemory {
     }
 }
 
-/// Host-to-device bandwidth in GB/s for copies of `bytes` from pinned (or, with
-/// `pinned = false`, pageable) memory, timed with events on the copy stream: the bound the
-/// loader's copy stage is measured against.
-pub fn measure_h2d_gb_per_s(
-    device: &CudaDevice,
+/// Host-to-device copies of one piece size from pinned (or, with `pinned = false`,
+/// pageable) memory, timed on the copy stream: the bound the loader's copy stage is
+/// measured against. Made once (buffers allocated, link and copy engine warmed up),
+/// measured as often as wanted.
+pub struct H2dProbe<'d> {
+    device: &'d CudaDevice,
+    source: Box<dyn HostMemory>,
+    target: CudaSlice<u8>,
     bytes: usize,
     repeats: usize,
     pinned: bool,
-) -> Result<f64> {
-    let stream = device.copy_stream();
-    let source: Box<dyn HostMemory> = if pinned {
-        Box::new(PinnedMemory::new(device.context(), bytes)?)
-    } else {
-        Box::new(PlainMemory::new(bytes))
-    };
-    let source = &source.bytes()[..bytes];
-    // SAFETY: the device memory is only written (by the copies) before it is freed.
-    let mut target = unsafe { stream.alloc::<u8>(bytes) }
-        .map_err(|e| driver_error(&format!("cannot allocate {bytes} device bytes"), e))?;
-    let copy = |target: &mut CudaSlice<u8>| -> Result<()> {
-        stream
-            .memcpy_htod(source, target)
-            .map_err(|e| driver_error("host-to-device copy failed", e))
-    };
-    // Warm-up as long as the measurement: an idle link and copy engine start slower.
-    for _ in 0..repeats.max(1) {
-        copy(&mut target)?;
+}
+
+impl<'d> H2dProbe<'d> {
+    /// Pieces of `bytes`, `repeats` per measurement, after as many untimed (an idle link
+    /// and copy engine start slower).
+    pub fn new(
+        device: &'d CudaDevice,
+        bytes: usize,
+        repeats: usize,
+        pinned: bool,
+    ) -> Result<H2dProbe<'d>> {
+        let source: Box<dyn HostMemory> = if pinned {
+            Box::new(PinnedMemory::new(device.context(), bytes)?)
+        } else {
+            Box::new(PlainMemory::new(bytes))
+        };
+        // SAFETY: the device memory is only written (by the copies) before it is freed.
+        let target = unsafe { device.copy_stream().alloc::<u8>(bytes) }
+            .map_err(|e| driver_error(&format!("cannot allocate {bytes} device bytes"), e))?;
+        let mut probe = H2dProbe {
+            device,
+            source,
+            target,
+            bytes,
+            repeats: repeats.max(1),
+            pinned,
+        };
+        probe.copies()?;
+        device
+            .copy_stream()
+            .synchronize()
+            .map_err(|e| driver_error("host-to-device copy failed", e))?;
+        Ok(probe)
     }
-    stream
-        .synchronize()
-        .map_err(|e| driver_error("host-to-device copy failed", e))?;
-    let (start, end) = (device.new_event(true)?, device.new_event(true)?);
-    let wall = Instant::now();
-    start
-        .record(stream)
-        .map_err(|e| driver_error("cannot record an event", e))?;
-    for _ in 0..repeats.max(1) {
-        copy(&mut target)?;
+
+    /// GB/s of one timed pass (event time for pinned copies; wall time for pageable
+    /// ones, which the driver stages on the host thread).
+    pub fn gb_per_s(&mut self) -> Result<f64> {
+        let stream = self.device.copy_stream();
+        let (start, end) = (self.device.new_event(true)?, self.device.new_event(true)?);
+        let wall = Instant::now();
+        start
+            .record(stream)
+            .map_err(|e| driver_error("cannot record an event", e))?;
+        self.copies()?;
+        end.record(stream)
+            .map_err(|e| driver_error("cannot record an event", e))?;
+        let ms = elapsed_ms(&start, &end)?;
+        let seconds = if self.pinned {
+            f64::from(ms) / 1e3
+        } else {
+            wall.elapsed().as_secs_f64()
+        };
+        Ok((self.bytes * self.repeats) as f64 / seconds.max(1e-12) / 1e9)
     }
-    end.record(stream)
-        .map_err(|e| driver_error("cannot record an event", e))?;
-    let ms = elapsed_ms(&start, &end)?;
-    let seconds = if pinned {
-        f64::from(ms) / 1e3
-    } else {
-        // Pageable copies are staged by the driver on the host thread: wall time is fairer.
-        wall.elapsed().as_secs_f64()
-    };
-    Ok((bytes * repeats.max(1)) as f64 / seconds.max(1e-12) / 1e9)
+
+    fn copies(&mut self) -> Result<()> {
+        let source = &self.source.bytes()[..self.bytes];
+        for _ in 0..self.repeats {
+            self.device
+                .copy_stream()
+                .memcpy_htod(source, &mut self.target)
+                .map_err(|e| driver_error("host-to-device copy failed", e))?;
+        }
+        Ok(())
+    }
 }
 
 /// Stand-in for a model's GPU work: clears a scratch buffer on a stream, a fixed amount
