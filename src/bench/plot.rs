@@ -73,6 +73,22 @@ fn format_tick(v: f64) -> String {
     }
 }
 
+/// One row's bar in a panel starting at `x0`, `width` long, with its value after it.
+fn bar(svg: &mut String, x0: f64, y: f64, width: f64, color: &str, label: &str) {
+    let _ = write!(
+        svg,
+        r#"<rect x="{x0:.1}" y="{:.1}" width="{width:.1}" height="{:.1}" fill="{color}"/>"#,
+        y + 4.0,
+        ROW - 8.0
+    );
+    let _ = write!(
+        svg,
+        r#"<text x="{:.1}" y="{:.1}" font-size="11">{label}</text>"#,
+        x0 + width + 4.0,
+        y + 16.0
+    );
+}
+
 /// The SVG document.
 pub fn svg(report: &Report) -> String {
     let rows = report.loaders.len() as f64;
@@ -136,34 +152,20 @@ pub fn svg(report: &Report) -> String {
             escape(&name)
         );
         let w = log_x(l.events_per_s, rate_lo, rate_hi);
-        let _ = write!(
-            svg,
-            r#"<rect x="{x_rate:.1}" y="{:.1}" width="{w:.1}" height="{:.1}" fill="{color}"/>"#,
-            y + 4.0,
-            ROW - 8.0
-        );
-        let _ = write!(
-            svg,
-            r#"<text x="{:.1}" y="{:.1}" font-size="11">{:.0}</text>"#,
-            x_rate + w + 4.0,
-            y + 16.0,
-            l.events_per_s
+        bar(
+            &mut svg,
+            x_rate,
+            y,
+            w,
+            color,
+            &format!("{:.0}", l.events_per_s),
         );
         let w = log_x(l.quality.pair_repeat, rep_lo, rep_hi);
-        let _ = write!(
-            svg,
-            r#"<rect x="{x_rep:.1}" y="{:.1}" width="{w:.1}" height="{:.1}" fill="{color}"/>"#,
-            y + 4.0,
-            ROW - 8.0
+        let label = format!(
+            "{:.4} (mixing {:.2})",
+            l.quality.pair_repeat, l.quality.file_mixing
         );
-        let _ = write!(
-            svg,
-            r#"<text x="{:.1}" y="{:.1}" font-size="11">{:.4} (mixing {:.2})</text>"#,
-            x_rep + w + 4.0,
-            y + 16.0,
-            l.quality.pair_repeat,
-            l.quality.file_mixing
-        );
+        bar(&mut svg, x_rep, y, w, color, &label);
     }
     let _ = write!(
         svg,
