@@ -328,11 +328,8 @@ fn a_corrupt_or_missing_shard_is_an_error_naming_it() {
     let ds = dataset(dir.path());
     let file = &ds.manifest().shards[2].file;
     let path = dir.path().join("ds").join(file);
-    let mut bytes = std::fs::read(&path).unwrap();
-    let n = bytes.len();
-    bytes[n - 1] ^= 0xff;
-    std::fs::write(&path, &bytes).unwrap();
-    let (err, ended) = first_error(&dir.path().join("ds"), ChecksumPolicy::Lazy);
+    flip_last_byte(&path);
+    let (err, ended) = epoch_error(&dir.path().join("ds"), ChecksumPolicy::Lazy);
     assert!(
         err.contains(file.as_str()) && err.contains("checksum"),
         "{err}"
@@ -340,24 +337,16 @@ fn a_corrupt_or_missing_shard_is_an_error_naming_it() {
     assert!(ended, "the error ends the iteration");
 
     std::fs::remove_file(&path).unwrap();
-    let (err, _) = first_error(&dir.path().join("ds"), ChecksumPolicy::Off);
+    let (err, _) = epoch_error(&dir.path().join("ds"), ChecksumPolicy::Off);
     assert!(err.contains(file.as_str()), "{err}");
 }
 
 /// The first error an epoch over `dir` yields, and whether it ended the iteration.
-fn first_error(dir: &Path, policy: ChecksumPolicy) -> (String, bool) {
+fn epoch_error(dir: &Path, policy: ChecksumPolicy) -> (String, bool) {
     let fresh = Arc::new(Dataset::open(dir, policy).unwrap());
     let state = SamplerState {
         epoch: 0,
         batches_taken: 0,
     };
-    let results: Vec<_> = Loader::new(fresh, config(Batching::Events(10), 2), state)
-        .unwrap()
-        .collect();
-    let err = results
-        .iter()
-        .find_map(|r| r.as_ref().err())
-        .expect("an error")
-        .to_string();
-    (err, results.last().unwrap().is_err())
+    first_error(Loader::new(fresh, config(Batching::Events(10), 2), state).unwrap())
 }

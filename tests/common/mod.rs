@@ -9,6 +9,7 @@ use arrow_array::{ArrayRef, RecordBatch};
 use arrow_schema::{Field, Schema};
 use shardify::convert::{convert, ConvertOptions, Phase, Silent, Summary, TaskSlice};
 use shardify::dataset::{dump::dump, ChecksumPolicy, Dataset};
+use shardify::pipeline::Loader;
 use shardify::rng::Rng;
 use shardify::source::InputSet;
 use shardify::synth::{self, Codec, MetaTable, PulseTable};
@@ -148,4 +149,23 @@ pub fn replace_column(batch: &RecordBatch, name: &str, array: Option<ArrayRef>) 
         }
     }
     RecordBatch::try_new(Arc::new(Schema::new(fields)), arrays).unwrap()
+}
+
+/// Flips every bit of the file's last byte: damaged, same size.
+pub fn flip_last_byte(path: &Path) {
+    let mut bytes = std::fs::read(path).unwrap();
+    let n = bytes.len();
+    bytes[n - 1] ^= 0xff;
+    std::fs::write(path, &bytes).unwrap();
+}
+
+/// The first error `loader` yields in its epoch, and whether it ended the iteration.
+pub fn first_error(loader: Loader) -> (String, bool) {
+    let results: Vec<_> = loader.collect();
+    let err = results
+        .iter()
+        .find_map(|r| r.as_ref().err())
+        .expect("an error")
+        .to_string();
+    (err, results.last().unwrap().is_err())
 }
