@@ -1,20 +1,23 @@
 //! Micro benches of the hot paths, each with its throughput in bytes:
-//! DOM packing, gathering a batch from mapped shards, and the checksum.
+//! DOM packing, gathering a batch from mapped shards (random events, and whole epochs of
+//! block-shuffled batches), and the checksum.
 //!
 //! `cargo bench --bench hot_paths`
 
 use std::hint::black_box;
 use std::sync::Arc;
 
-use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use criterion::measurement::WallTime;
+use criterion::{criterion_group, criterion_main, BenchmarkGroup, Criterion, Throughput};
 use shardify::batch::{plan_sections, BatchLayout, Gatherer};
 use shardify::convert::{convert, ConvertOptions, Phase, Silent, TaskSlice};
 use shardify::dataset::{ChecksumPolicy, Dataset};
+use shardify::device::staging::{HostMemory, PlainMemory};
 use shardify::event::{EventHeader, RawEvent};
 use shardify::format::checksum;
 use shardify::pack::{PackedColumns, Packer};
 use shardify::rng::Rng;
-use shardify::sampler::{BatchPlan, EventRef};
+use shardify::sampler::{BatchPlan, Batching, EpochBatches, EventRef, EventSizes, SamplerConfig};
 use shardify::source::InputSet;
 use shardify::synth::{generate_batch, write_dataset, SynthOptions};
 
@@ -61,6 +64,49 @@ fn packing(c: &mut Criterion) {
     group.finish();
 }
 
+/// Events per shard; the sampler needs no pulse counts to batch by events.
+struct ShardSizes(Vec<usize>);
+
+impl EventSizes for ShardSizes {
+    fn shard_events(&self) -> Vec<usize> {
+        self.0.clone()
+    }
+
+    fn pulses(&self, _: EventRef) -> usize {
+        unreachable!("batches by event count")
+    }
+}
+
+/// Gathers `plans` into one reused buffer, as a loader worker does: the shape pass (which
+/// locates each event), then the gather.
+fn bench_gather(
+    group: &mut BenchmarkGroup<'_, WallTime>,
+    dataset: &Dataset,
+    name: &str,
+    plans: &[BatchPlan],
+) {
+    let types = dataset.manifest().schema.types;
+    let mut gatherer = Gatherer::new(dataset);
+    let sections: Vec<_> = plans
+        .iter()
+        .map(|p| plan_sections(BatchLayout::Packed, gatherer.shape(p).unwrap(), &types))
+        .collect();
+    let bytes: usize = sections.iter().map(|s| s.payload_bytes()).sum();
+    let mut buffer = PlainMemory::new(sections.iter().map(|s| s.total).max().unwrap());
+    group.throughput(Throughput::Bytes(bytes as u64));
+    group.bench_function(format!("{name}, packed (shape + gather)"), |b| {
+        b.iter(|| {
+            for (plan, s) in plans.iter().zip(&sections) {
+                black_box(gatherer.shape(plan).unwrap());
+                gatherer
+                    .gather(plan, BatchLayout::Packed, s, buffer.bytes_mut())
+                    .unwrap();
+            }
+            black_box(buffer.bytes());
+        })
+    });
+}
+
 fn gather_and_checksum(c: &mut Criterion) {
     let dir = std::env::temp_dir().join(format!("shardify-hot-paths-{}", std::process::id()));
     write_dataset(
@@ -88,10 +134,9 @@ fn gather_and_checksum(c: &mut Criterion) {
     )
     .unwrap();
     let dataset = Arc::new(Dataset::open(&dir.join("ds"), ChecksumPolicy::Full).unwrap());
-    let types = dataset.manifest().schema.types;
     let events = dataset.manifest().shards[0].events as u32;
     let mut rng = Rng::new(3);
-    let plans: Vec<BatchPlan> = (0..64)
+    let random: Vec<BatchPlan> = (0..64)
         .map(|k| BatchPlan {
             global_index: k,
             events: (0..256)
@@ -102,35 +147,36 @@ fn gather_and_checksum(c: &mut Criterion) {
                 .collect(),
         })
         .collect();
-    let mut gatherer = Gatherer::new(&dataset);
-    let shapes: Vec<_> = plans.iter().map(|p| gatherer.shape(p).unwrap()).collect();
-    let sections: Vec<_> = shapes
-        .iter()
-        .map(|&s| plan_sections(BatchLayout::Packed, s, &types))
-        .collect();
-    let bytes: usize = sections.iter().map(|s| s.payload_bytes()).sum();
-    let mut buffer = shardify::device::staging::PlainMemory::new(
-        sections.iter().map(|s| s.total).max().unwrap(),
-    );
     let mut group = c.benchmark_group("gather");
-    group.throughput(Throughput::Bytes(bytes as u64));
-    // As a loader worker does: the shape pass (which brings each event's offsets into
-    // cache), then the gather. Timing the gather alone would start it on cold offsets.
-    group.bench_function(
-        "64 batches of 256 random events, packed (shape + gather)",
-        |b| {
-            use shardify::device::staging::HostMemory;
-            b.iter(|| {
-                for (plan, s) in plans.iter().zip(&sections) {
-                    black_box(gatherer.shape(plan).unwrap());
-                    gatherer
-                        .gather(plan, BatchLayout::Packed, s, buffer.bytes_mut())
-                        .unwrap();
-                }
-                black_box(buffer.bytes());
-            })
-        },
+    bench_gather(
+        &mut group,
+        &dataset,
+        "64 batches of 256 random events",
+        &random,
     );
+    let sizes = ShardSizes(
+        dataset
+            .manifest()
+            .shards
+            .iter()
+            .map(|s| s.events as usize)
+            .collect(),
+    );
+    for window in [1, 16] {
+        let config = SamplerConfig {
+            seed: 4,
+            block_events: 256,
+            window_blocks: window,
+            batching: Batching::Events(256),
+            ..SamplerConfig::default()
+        };
+        let plans: Vec<BatchPlan> = EpochBatches::new(&sizes, &config, 0, 0).collect();
+        let name = format!(
+            "an epoch ({} batches of 256), blocks of 256, window {window}",
+            plans.len()
+        );
+        bench_gather(&mut group, &dataset, &name, &plans);
+    }
     group.finish();
     let shard = dataset.shard(0).unwrap().bytes();
     let mut group = c.benchmark_group("checksum");

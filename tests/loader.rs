@@ -350,3 +350,76 @@ fn epoch_error(dir: &Path, policy: ChecksumPolicy) -> (String, bool) {
     };
     first_error(Loader::new(fresh, config(Batching::Events(10), 2), state).unwrap())
 }
+
+/// The gather visits events in storage order and copies runs at once; whatever the order,
+/// duplicates, shards or runs of a plan, every event must land at its batch position.
+#[test]
+fn the_gather_places_every_event_of_any_plan() {
+    use shardify::batch::{plan_sections, sections, Gatherer};
+    use shardify::device::staging::{HostMemory, PlainMemory};
+    use shardify::sampler::{BatchPlan, EventRef};
+
+    let dir = tempfile::tempdir().unwrap();
+    let ds = dataset(dir.path());
+    assert!(ds.shard_count() >= 2, "the plans below mix shards");
+    let e = |shard, index| EventRef { shard, index };
+    let plans: Vec<Vec<EventRef>> = vec![
+        (0..10).rev().map(|i| e(0, i)).collect(), // consecutive, descending in storage
+        vec![e(1, 5), e(0, 5), e(1, 6), e(0, 6), e(0, 7)], // shards interleaved
+        vec![e(0, 3), e(0, 3), e(0, 4), e(0, 3)], // duplicates
+        vec![e(0, 10), e(0, 11), e(0, 12), e(1, 0), e(1, 1), e(0, 13)], // runs, then a break
+        vec![e(1, 2)],
+    ];
+    let types = ds.manifest().schema.types;
+    let mut gatherer = Gatherer::new(&ds);
+    let mut buffer = PlainMemory::new(1 << 20);
+    for (k, events) in plans.into_iter().enumerate() {
+        let plan = BatchPlan {
+            global_index: k as u64,
+            events,
+        };
+        let shape = gatherer.shape(&plan).unwrap();
+        let s = plan_sections(BatchLayout::Packed, shape, &types);
+        gatherer
+            .gather(&plan, BatchLayout::Packed, &s, buffer.bytes_mut())
+            .unwrap();
+        let bytes = buffer.bytes();
+        let section = |name| {
+            let info = s.get(name).unwrap();
+            &bytes[info.offset..info.offset + info.len]
+        };
+        let words = |name, size: usize| -> Vec<i64> {
+            section(name)
+                .chunks_exact(size)
+                .map(|c| match size {
+                    4 => i32::from_le_bytes(c.try_into().unwrap()) as i64,
+                    _ => i64::from_le_bytes(c.try_into().unwrap()),
+                })
+                .collect()
+        };
+        let (ids, event_doms, dom_pulses) = (
+            words(sections::EVENT_ID, 8),
+            words(sections::EVENT_DOM_OFFSETS, 4),
+            words(sections::DOM_PULSE_OFFSETS, 4),
+        );
+        let (time, time_size) = (section(sections::PULSE_TIME), types.time.size());
+        for (b, r) in plan.events.iter().enumerate() {
+            let v = ds.shard(r.shard as usize).unwrap().view().unwrap();
+            let i = r.index as usize;
+            assert_eq!(ids[b], v.event_id[i], "plan {k}, position {b}: event id");
+            let doms = v.dom_range(i);
+            let (d0, d1) = (event_doms[b] as usize, event_doms[b + 1] as usize);
+            assert_eq!(d1 - d0, doms.len(), "plan {k}, position {b}: DOM count");
+            let (p0, p1) = (dom_pulses[d0] as usize, dom_pulses[d1] as usize);
+            let pulses =
+                v.dom_pulse_offsets[doms.start] as usize..v.dom_pulse_offsets[doms.end] as usize;
+            assert_eq!(p1 - p0, pulses.len(), "plan {k}, position {b}: pulse count");
+            let (source, _) = v.pulse_time.raw();
+            assert_eq!(
+                &time[p0 * time_size..p1 * time_size],
+                &source[pulses.start * time_size..pulses.end * time_size],
+                "plan {k}, position {b}: pulse times"
+            );
+        }
+    }
+}

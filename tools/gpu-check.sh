@@ -46,8 +46,10 @@ echo "== data: $events events"
 "$bin/shardify-gen" "$work/src" --events "$events" --files 8 >/dev/null
 "$bin/shardify" convert "$work/src" "$work/ds" --split train 2>&1 | tail -3 | tee "$out/convert.log"
 
-echo "== example training loop on cuda:0"
-"$bin/train_loop" "$work/ds" 2 cuda:0 2>&1 | tee "$out/train_loop.log"
+echo "== example training loop on cuda:0 (lazy checksums: epoch 0 hashes each shard; then full)"
+for policy in lazy full; do
+    "$bin/train_loop" "$work/ds" 2 cuda:0 "$policy" 2>&1 | tee -a "$out/train_loop.log"
+done
 
 bench() { # NAME ARGS...: one shardbench run on cuda:0, log and JSON under $out
     local name=$1

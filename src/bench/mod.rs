@@ -9,6 +9,16 @@ pub mod stages;
 
 use std::time::Instant;
 
+/// The median of `n` measurements (these machines are shared: one pass can land on another
+/// tenant's burst).
+pub fn median_of<E>(n: usize, mut measure: impl FnMut() -> Result<f64, E>) -> Result<f64, E> {
+    let mut values = (0..n.max(1))
+        .map(|_| measure())
+        .collect::<Result<Vec<_>, E>>()?;
+    values.sort_by(f64::total_cmp);
+    Ok(values[values.len() / 2])
+}
+
 /// memcpy bandwidth in GB/s with `threads` threads, each copying `chunk`-byte pieces of its
 /// share of `source` into one reused buffer (as a loader copies into a reused staging
 /// buffer): the bound a loader's delivered GB/s is measured against, in the same run.

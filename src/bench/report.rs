@@ -8,9 +8,9 @@ use std::time::Instant;
 use serde::Serialize;
 
 use super::baselines::{SourceIndex, Throughput};
-use super::memcpy_gb_per_s;
 use super::quality::{quality, EventInfo, Quality};
 use super::stages::{copy_stage_gb_per_s, shard_read_gb_per_s, Consumer, GpuBounds};
+use super::{median_of, memcpy_gb_per_s};
 use crate::batch::BatchLayout;
 use crate::dataset::Dataset;
 use crate::device::{DeviceChoice, Placement};
@@ -45,6 +45,8 @@ pub struct BenchConfig {
     /// On a GPU, time every copy in the run with timing events (a diagnostic that costs
     /// copy throughput; see `LoaderConfig::time_copies`).
     pub time_copies: bool,
+    /// On a GPU, device buffers the loader keeps busy (`LoaderConfig::device_buffers`).
+    pub device_buffers: usize,
 }
 
 /// Figures of one loader.
@@ -134,6 +136,8 @@ pub struct Report {
     pub shard_read_seconds: f64,
     /// Host-to-device bounds, when batches went to a GPU.
     pub gpu: Option<GpuBounds>,
+    /// Device buffers the loader kept busy, when batches went to a GPU.
+    pub device_buffers: Option<usize>,
     /// Best shardify window: events/s.
     pub events_per_s: f64,
     /// Best shardify window: pulses/s.
@@ -193,7 +197,7 @@ fn run_epoch(
         prefetch: 4,
         device: config.device,
         time_copies: config.time_copies,
-        ..LoaderConfig::default()
+        device_buffers: config.device_buffers,
     };
     let mut consumer = Consumer::new(placement, config.simulate_compute_ms)?;
     let mut loader = Loader::on(
@@ -318,9 +322,17 @@ pub fn run(
         );
     }
     let m = dataset.manifest();
-    // One bound for the whole run: copies of an average batch's size, with the loader's threads.
+    // One bound for the whole run: copies of an average batch's size, with the loader's
+    // threads; the median of 5 passes over 256 MiB (one pass lasts ~20 ms, and single
+    // passes on a shared 2-core machine ranged 13-20 GB/s within minutes).
     let batch_bytes = (m.totals.bytes / m.totals.events.max(1)) as usize * config.batch_events;
-    let bound = memcpy_gb_per_s(&sample, batch_bytes.max(4096), config.workers);
+    let bound = median_of(5, || {
+        Ok::<_, crate::Error>(memcpy_gb_per_s(
+            &sample,
+            batch_bytes.max(4096),
+            config.workers,
+        ))
+    })?;
     drop(sample);
     let (shard_read_gb_per_s, shard_read_seconds) = shard_read_gb_per_s(&dataset)?;
     let placement = Placement::resolve(config.device)?;
@@ -432,6 +444,7 @@ pub fn run(
         memcpy_chunk_bytes: batch_bytes.max(4096),
         shard_read_gb_per_s,
         shard_read_seconds,
+        device_buffers: gpu.as_ref().map(|_| config.device_buffers.max(2)),
         gpu,
         events_per_s: best.as_ref().map_or(0.0, |b| b.events_per_s),
         pulses_per_s: best.as_ref().map_or(0.0, |b| b.pulses_per_s),
@@ -551,8 +564,12 @@ pub fn table(report: &Report) -> String {
         }
         Some(g) => {
             out += &format!(
-                "device: {}; bound: pinned H2D {:.2} GB/s (pageable {:.2} GB/s), {} B pieces\n",
-                g.device, g.pinned_h2d_gb_per_s, g.pageable_h2d_gb_per_s, g.chunk_bytes
+                "device: {}, {} device buffers; bound: pinned H2D {:.2} GB/s (pageable {:.2} GB/s), {} B pieces\n",
+                g.device,
+                report.device_buffers.unwrap_or_default(),
+                g.pinned_h2d_gb_per_s,
+                g.pageable_h2d_gb_per_s,
+                g.chunk_bytes
             )
         }
     }

@@ -106,10 +106,8 @@ pub fn copy_stage_gb_per_s(device: &Arc<CudaDevice>, sizes: &[usize]) -> Result<
 }
 
 /// The median of three measurements (GPU timings on a shared host vary run to run).
-fn median_of_3(mut measure: impl FnMut() -> Result<f64>) -> Result<f64> {
-    let mut values = [measure()?, measure()?, measure()?];
-    values.sort_by(f64::total_cmp);
-    Ok(values[1])
+fn median_of_3(measure: impl FnMut() -> Result<f64>) -> Result<f64> {
+    super::median_of(3, measure)
 }
 
 /// The training step a bench runs per batch: a sleep on the CPU, memory-bound work on the

@@ -63,6 +63,10 @@ struct Args {
     /// the events cost copy throughput).
     #[arg(long)]
     time_copies: bool,
+    /// On a GPU, device buffers the loader keeps busy (at least 2); more hide the host's
+    /// latency in reusing a buffer when steps are very short.
+    #[arg(long, default_value_t = 2)]
+    device_buffers: usize,
     /// Small and fast: windows 1 and 4, baselines for 2 s at most.
     #[arg(long)]
     quick: bool,
@@ -113,6 +117,7 @@ fn main() -> Result<()> {
         },
         device: args.device,
         time_copies: args.time_copies,
+        device_buffers: args.device_buffers,
     };
     let report = run(dataset, source.as_ref(), &config)?;
     print!("{}", table(&report));

@@ -1,0 +1,378 @@
+//! The gather: fills a batch buffer from memory-mapped shards.
+//!
+//! A plan lists its events in delivery order, which is random. Copying them in that order
+//! starts every column of every event with a cache miss. So the gather first *locates* the
+//! batch: it visits the events in storage order (by shard, then index), reads each one's
+//! DOM and pulse ranges, and groups events that follow each other both in the shard and in
+//! the batch into runs. Then it copies run by run, still in storage order, each to its place
+//! in delivery order. The bytes are those of a copy in delivery order; the reads climb
+//! through each shard, which the hardware prefetcher follows, and for a batch drawn from
+//! few blocks (a small window) they sweep those blocks almost as a memcpy would.
+
+use super::{features_per_dom, sections, split_sections, typed, BatchLayout, BatchShape};
+use super::{Sections, SECTION_ALIGN};
+use crate::dataset::Dataset;
+use crate::error::{Error, Result};
+use crate::format::safetensors::Dtype;
+use crate::format::ShardView;
+use crate::prefetch::prefetch;
+use crate::sampler::{BatchPlan, EventRef};
+
+/// Runs ahead of the one being read whose memory is prefetched.
+const PREFETCH_AHEAD: usize = 6;
+
+/// Gathers batches from a dataset's shards, caching one validated view per shard.
+pub struct Gatherer<'a> {
+    views: Views<'a>,
+    located: Located,
+}
+
+/// The validated view of each shard touched so far.
+struct Views<'a> {
+    dataset: &'a Dataset,
+    views: Vec<Option<ShardView<'a>>>,
+}
+
+impl<'a> Views<'a> {
+    /// Validates shard `shard` (and, with a lazy checksum policy, checks it) on first use.
+    fn open(&mut self, shard: u32) -> Result<()> {
+        let slot = &mut self.views[shard as usize];
+        if slot.is_none() {
+            *slot = Some(self.dataset.shard(shard as usize)?.view()?);
+        }
+        Ok(())
+    }
+
+    /// An opened shard's view.
+    fn get(&self, shard: u32) -> &ShardView<'a> {
+        self.views[shard as usize]
+            .as_ref()
+            .expect("located batches open their shards first")
+    }
+}
+
+/// Where one event of a batch lies in its shard, and where it goes in the batch.
+#[derive(Debug, Clone, Copy, Default)]
+struct EventSpan {
+    /// Its DOMs in the shard (`start..end`).
+    doms: (usize, usize),
+    /// Its pulses in the shard.
+    pulses: (usize, usize),
+    /// Its first DOM in the batch.
+    dom_at: usize,
+    /// Its first pulse in the batch.
+    pulse_at: usize,
+}
+
+/// Events consecutive both in one shard and in the batch, copied column by column at once.
+#[derive(Debug, Clone, Copy)]
+struct Run {
+    shard: u32,
+    /// Index of its first event in the shard.
+    index: usize,
+    /// Position of its first event in the batch.
+    at: usize,
+    /// Events.
+    len: usize,
+}
+
+/// A located batch: what [`Gatherer::shape`] works out and [`Gatherer::gather`] reuses.
+#[derive(Debug, Default)]
+struct Located {
+    /// The plan's events (to tell whether a plan is the one located).
+    events: Vec<EventRef>,
+    /// Per event, in delivery order.
+    spans: Vec<EventSpan>,
+    /// In storage order.
+    runs: Vec<Run>,
+    shape: BatchShape,
+    /// Scratch: events with their batch position ([`storage_key`]), sorted.
+    sorted: Vec<u128>,
+}
+
+impl Run {
+    /// The run's DOMs and pulses in the shard, and where they go in the batch.
+    fn extent(&self, spans: &[EventSpan]) -> (EventSpan, std::ops::Range<usize>) {
+        let (first, last) = (spans[self.at], spans[self.at + self.len - 1]);
+        let span = EventSpan {
+            doms: (first.doms.0, last.doms.1),
+            pulses: (first.pulses.0, last.pulses.1),
+            ..first
+        };
+        (span, self.index..self.index + self.len)
+    }
+}
+
+impl<'a> Gatherer<'a> {
+    /// A gatherer over `dataset`.
+    pub fn new(dataset: &'a Dataset) -> Gatherer<'a> {
+        Gatherer {
+            views: Views {
+                dataset,
+                views: (0..dataset.shard_count()).map(|_| None).collect(),
+            },
+            located: Located::default(),
+        }
+    }
+
+    /// The shape of the batch `plan` describes. Locating it here is work
+    /// [`Gatherer::gather`] then reuses for the same plan.
+    pub fn shape(&mut self, plan: &BatchPlan) -> Result<BatchShape> {
+        if self.located.events != plan.events {
+            self.locate(plan)?;
+        }
+        Ok(self.located.shape)
+    }
+
+    fn locate(&mut self, plan: &BatchPlan) -> Result<()> {
+        let Located {
+            events,
+            spans,
+            runs,
+            shape,
+            sorted,
+        } = &mut self.located;
+        events.clear();
+        sorted.clear();
+        sorted.extend(plan.events.iter().zip(0..).map(storage_key));
+        sorted.sort_unstable();
+        let sorted = sorted.iter().map(|&k| from_storage_key(k));
+        let mut shard = None;
+        for (e, _) in sorted.clone() {
+            if shard != Some(e.shard) {
+                self.views.open(e.shard)?;
+                shard = Some(e.shard);
+            }
+        }
+        spans.clear();
+        spans.resize(sorted.len(), EventSpan::default());
+        let (mut near, mut far) = (
+            sorted.clone().skip(PREFETCH_AHEAD),
+            sorted.clone().skip(2 * PREFETCH_AHEAD),
+        );
+        for (EventRef { shard, index }, at) in sorted.clone() {
+            // Two steps ahead: the event's DOM offsets, then (once those are in cache) its
+            // pulse offsets.
+            if let Some((far, _)) = far.next() {
+                let i = far.index as usize;
+                prefetch(&self.views.get(far.shard).event_dom_offsets[i..i + 2]);
+            }
+            if let Some((near, _)) = near.next() {
+                let v = self.views.get(near.shard);
+                let doms = v.dom_range(near.index as usize);
+                prefetch(&v.dom_pulse_offsets[doms.start..=doms.end]);
+            }
+            let v = self.views.get(shard);
+            let doms = v.dom_range(index as usize);
+            let pulses =
+                v.dom_pulse_offsets[doms.start] as usize..v.dom_pulse_offsets[doms.end] as usize;
+            spans[at].doms = (doms.start, doms.end);
+            spans[at].pulses = (pulses.start, pulses.end);
+        }
+        *shape = BatchShape {
+            events: spans.len(),
+            ..BatchShape::default()
+        };
+        for span in spans.iter_mut() {
+            span.dom_at = shape.doms;
+            span.pulse_at = shape.pulses;
+            let doms = span.doms.1 - span.doms.0;
+            shape.doms += doms;
+            shape.max_doms = shape.max_doms.max(doms);
+            shape.pulses += span.pulses.1 - span.pulses.0;
+        }
+        runs.clear();
+        for (e, at) in sorted {
+            match runs.last_mut() {
+                Some(run)
+                    if run.shard == e.shard
+                        && run.index + run.len == e.index as usize
+                        && run.at + run.len == at =>
+                {
+                    run.len += 1
+                }
+                _ => runs.push(Run {
+                    shard: e.shard,
+                    index: e.index as usize,
+                    at,
+                    len: 1,
+                }),
+            }
+        }
+        events.extend_from_slice(&plan.events);
+        Ok(())
+    }
+
+    /// Fills `buffer` (at least `sections.total` bytes, aligned to [`SECTION_ALIGN`]) with
+    /// the batch `plan` in `layout`.
+    pub fn gather(
+        &mut self,
+        plan: &BatchPlan,
+        layout: BatchLayout,
+        sections: &Sections,
+        buffer: &mut [u8],
+    ) -> Result<()> {
+        if buffer.len() < sections.total || (buffer.as_ptr() as usize) % SECTION_ALIGN != 0 {
+            return Err(Error::Config("batch buffer too small or misaligned".into()));
+        }
+        self.shape(plan)?;
+        let mut parts = split_sections(&mut buffer[..sections.total], sections).into_iter();
+        let mut next = || parts.next().expect("one part per section");
+        let (ids, azimuth, zenith) = (
+            typed::<i64>(next()),
+            typed::<f64>(next()),
+            typed::<f64>(next()),
+        );
+        self.gather_headers(ids, azimuth, zenith);
+        match layout {
+            BatchLayout::Packed => {
+                let rest: Vec<&mut [u8]> = std::iter::from_fn(|| Some(next())).take(7).collect();
+                self.gather_packed(rest);
+            }
+            BatchLayout::Padded { pulses_per_dom, .. } => {
+                let m = sections
+                    .get(sections::DOM_MASK)
+                    .expect("padded layout")
+                    .shape[1];
+                let (features, mask) = (typed::<f32>(next()), next());
+                self.gather_padded(m, pulses_per_dom, features, mask);
+            }
+        }
+        Ok(())
+    }
+
+    /// Event ids and labels (NaN without labels).
+    fn gather_headers(&self, ids: &mut [i64], azimuth: &mut [f64], zenith: &mut [f64]) {
+        let runs = &self.located.runs;
+        for (r, run) in runs.iter().enumerate() {
+            if let Some(ahead) = runs.get(r + PREFETCH_AHEAD) {
+                let v = self.views.get(ahead.shard);
+                let events = ahead.index..ahead.index + ahead.len;
+                prefetch(&v.event_id[events.clone()]);
+                for labels in [v.event_azimuth, v.event_zenith].into_iter().flatten() {
+                    prefetch(&labels[events.clone()]);
+                }
+            }
+            let v = self.views.get(run.shard);
+            let (events, out) = (run.index..run.index + run.len, run.at..run.at + run.len);
+            ids[out.clone()].copy_from_slice(&v.event_id[events.clone()]);
+            for (labels, dst) in [(v.event_azimuth, &mut *azimuth), (v.event_zenith, zenith)] {
+                match labels {
+                    Some(labels) => dst[out.clone()].copy_from_slice(&labels[events.clone()]),
+                    None => dst[out.clone()].fill(f64::NAN),
+                }
+            }
+        }
+    }
+
+    /// Prefetches the column data of a run.
+    fn prefetch_run(&self, run: &Run) {
+        let v = self.views.get(run.shard);
+        let (span, _) = run.extent(&self.located.spans);
+        let ((d0, d1), (p0, p1)) = (span.doms, span.pulses);
+        prefetch(element_bytes(sized(v.dom_sensor_id.raw()), d0, d1));
+        prefetch(element_bytes(sized(v.dom_position.raw()), 3 * d0, 3 * d1));
+        prefetch(element_bytes(sized(v.pulse_time.raw()), p0, p1));
+        prefetch(element_bytes(sized(v.pulse_charge.raw()), p0, p1));
+        prefetch(element_bytes((v.pulse_auxiliary, 1), p0, p1));
+    }
+
+    fn gather_packed(&self, mut parts: Vec<&mut [u8]>) {
+        let [event_doms, dom_pulses, sensor, position, time, charge, aux] = &mut parts[..] else {
+            unreachable!("seven packed sections");
+        };
+        let event_doms = typed::<i32>(event_doms);
+        let dom_pulses = typed::<i32>(dom_pulses);
+        event_doms[0] = 0;
+        dom_pulses[0] = 0;
+        let runs = &self.located.runs;
+        for (r, run) in runs.iter().enumerate() {
+            if let Some(ahead) = runs.get(r + PREFETCH_AHEAD) {
+                self.prefetch_run(ahead);
+            }
+            let v = self.views.get(run.shard);
+            let (span, events) = run.extent(&self.located.spans);
+            let ((d0, d1), (p0, p1)) = (span.doms, span.pulses);
+            let (d_out, p_out) = (span.dom_at, span.pulse_at);
+            copy_elements(sized(v.dom_sensor_id.raw()), d0, d1, sensor, d_out);
+            copy_elements(
+                sized(v.dom_position.raw()),
+                3 * d0,
+                3 * d1,
+                position,
+                3 * d_out,
+            );
+            copy_elements(sized(v.pulse_time.raw()), p0, p1, time, p_out);
+            copy_elements(sized(v.pulse_charge.raw()), p0, p1, charge, p_out);
+            copy_elements((v.pulse_auxiliary, 1), p0, p1, aux, p_out);
+            let pulse_shift = p_out as i64 - p0 as i64;
+            for (dst, &o) in dom_pulses[d_out + 1..=d_out + d1 - d0]
+                .iter_mut()
+                .zip(&v.dom_pulse_offsets[d0 + 1..=d1])
+            {
+                *dst = (o + pulse_shift) as i32;
+            }
+            let dom_shift = d_out as i64 - d0 as i64;
+            for (dst, &o) in event_doms[run.at + 1..=run.at + run.len]
+                .iter_mut()
+                .zip(&v.event_dom_offsets[events.start + 1..=events.end])
+            {
+                *dst = (o + dom_shift) as i32;
+            }
+        }
+    }
+
+    fn gather_padded(&self, m: usize, k: usize, features: &mut [f32], mask: &mut [u8]) {
+        let f = features_per_dom(k);
+        features.fill(0.0);
+        mask.fill(0);
+        for run in &self.located.runs {
+            let v = self.views.get(run.shard);
+            for b in run.at..run.at + run.len {
+                let span = self.located.spans[b];
+                for (slot, d) in (span.doms.0..span.doms.1).take(m).enumerate() {
+                    let row = &mut features[(b * m + slot) * f..(b * m + slot + 1) * f];
+                    let pulses = v.pulse_range(d);
+                    row[0] = v.dom_position.get(3 * d) as f32;
+                    row[1] = v.dom_position.get(3 * d + 1) as f32;
+                    row[2] = v.dom_position.get(3 * d + 2) as f32;
+                    row[3] = pulses.len() as f32;
+                    for (j, p) in pulses.take(k).enumerate() {
+                        row[4 + 3 * j] = v.pulse_time.get(p) as f32;
+                        row[5 + 3 * j] = v.pulse_charge.get(p) as f32;
+                        row[6 + 3 * j] = v.pulse_auxiliary[p] as f32;
+                    }
+                    mask[b * m + slot] = 1;
+                }
+            }
+        }
+    }
+}
+
+/// Sorts events by shard, then index, then batch position.
+fn storage_key((e, at): (&EventRef, usize)) -> u128 {
+    (u128::from(e.shard) << 96) | (u128::from(e.index) << 64) | at as u128
+}
+
+fn from_storage_key(key: u128) -> (EventRef, usize) {
+    let event = EventRef {
+        shard: (key >> 96) as u32,
+        index: (key >> 64) as u32,
+    };
+    (event, key as u64 as usize)
+}
+
+/// The bytes of elements `from..to` of a column.
+fn element_bytes((src, size): (&[u8], usize), from: usize, to: usize) -> &[u8] {
+    &src[from * size..to * size]
+}
+
+/// Copies elements `from..to` of a raw column of `size`-byte elements into `dst` at
+/// element `at`.
+fn copy_elements((src, size): (&[u8], usize), from: usize, to: usize, dst: &mut [u8], at: usize) {
+    dst[at * size..(at + to - from) * size].copy_from_slice(element_bytes((src, size), from, to));
+}
+
+fn sized((bytes, dtype): (&[u8], Dtype)) -> (&[u8], usize) {
+    (bytes, dtype.size())
+}

@@ -1,0 +1,193 @@
+//! Batch layouts and the gather that fills a batch buffer from memory-mapped shards.
+//!
+//! A batch is one contiguous byte buffer cut into **sections** (one per tensor, each aligned
+//! to [`SECTION_ALIGN`] bytes), so it moves to a GPU in a single copy and the same section
+//! table describes the host and the device copy.
+//!
+//! **Packed** (two-level CSR, like varlen attention's `cu_seqlens`): `event_id` I64 `[B]`,
+//! `event_azimuth`/`event_zenith` F64 `[B]` (NaN without labels), `event_dom_offsets` I32
+//! `[B+1]`, `dom_pulse_offsets` I32 `[D+1]` (both rebased to the batch), `dom_sensor_id`,
+//! `dom_position` `[D,3]`, `pulse_time`, `pulse_charge`, `pulse_auxiliary` in the dataset's
+//! stored dtypes (copied, never converted).
+//!
+//! **Padded** (DOM-flat): `event_id`, labels, `dom_features` F32 `[B, M, 4 + 3K]` and
+//! `dom_mask` U8 `[B, M]`, where `M` is the largest DOM count in the batch capped at
+//! `max_doms`. Per DOM: x, y, z, its pulse count, then `(time, charge, auxiliary)` of its
+//! first `K` pulses (zeros past the last). When capped, an event keeps its first `max_doms`
+//! DOMs in stored order, which are its earliest-hit DOMs; a DOM keeps its first `K` pulses in
+//! time order.
+
+mod gather;
+
+pub use gather::Gatherer;
+
+use crate::format::pod::{try_cast_mut, Pod};
+use crate::format::safetensors::Dtype;
+use crate::format::StorageTypes;
+
+/// Alignment of every section, in bytes (a cache line; also what GPU copies like).
+pub const SECTION_ALIGN: usize = 64;
+
+/// How a batch is laid out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum BatchLayout {
+    /// Two-level CSR in stored dtypes.
+    Packed,
+    /// DOM-flat padded features with a mask.
+    Padded {
+        /// Cap on DOMs per event (`M` is at most this).
+        max_doms: usize,
+        /// Pulses kept per DOM (`K`).
+        pulses_per_dom: usize,
+    },
+}
+
+/// Section names, in one place.
+pub mod sections {
+    /// `[B]` I64.
+    pub const EVENT_ID: &str = "event_id";
+    /// `[B]` F64.
+    pub const EVENT_AZIMUTH: &str = "event_azimuth";
+    /// `[B]` F64.
+    pub const EVENT_ZENITH: &str = "event_zenith";
+    /// `[B+1]` I32.
+    pub const EVENT_DOM_OFFSETS: &str = "event_dom_offsets";
+    /// `[D+1]` I32.
+    pub const DOM_PULSE_OFFSETS: &str = "dom_pulse_offsets";
+    /// `[D]` stored dtype.
+    pub const DOM_SENSOR_ID: &str = "dom_sensor_id";
+    /// `[D,3]` stored dtype.
+    pub const DOM_POSITION: &str = "dom_position";
+    /// `[P]` stored dtype.
+    pub const PULSE_TIME: &str = "pulse_time";
+    /// `[P]` stored dtype.
+    pub const PULSE_CHARGE: &str = "pulse_charge";
+    /// `[P]` U8.
+    pub const PULSE_AUXILIARY: &str = "pulse_auxiliary";
+    /// `[B, M, 4 + 3K]` F32.
+    pub const DOM_FEATURES: &str = "dom_features";
+    /// `[B, M]` U8.
+    pub const DOM_MASK: &str = "dom_mask";
+}
+
+/// One tensor inside a batch buffer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Section {
+    /// Its name (see [`sections`]).
+    pub name: &'static str,
+    /// Element type.
+    pub dtype: Dtype,
+    /// Shape.
+    pub shape: Vec<usize>,
+    /// Byte offset in the buffer (a multiple of [`SECTION_ALIGN`]).
+    pub offset: usize,
+    /// Length in bytes.
+    pub len: usize,
+}
+
+/// The sections of one batch, in buffer order.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Sections {
+    /// The sections.
+    pub list: Vec<Section>,
+    /// Bytes the buffer must hold.
+    pub total: usize,
+}
+
+impl Sections {
+    fn push(&mut self, name: &'static str, dtype: Dtype, shape: Vec<usize>) {
+        let offset = self.total.div_ceil(SECTION_ALIGN) * SECTION_ALIGN;
+        let len = shape.iter().product::<usize>() * dtype.size();
+        self.list.push(Section {
+            name,
+            dtype,
+            shape,
+            offset,
+            len,
+        });
+        self.total = offset + len;
+    }
+
+    /// The section called `name`.
+    pub fn get(&self, name: &str) -> Option<&Section> {
+        self.list.iter().find(|s| s.name == name)
+    }
+
+    /// Bytes of payload (without alignment padding): what a batch delivers.
+    pub fn payload_bytes(&self) -> usize {
+        self.list.iter().map(|s| s.len).sum()
+    }
+}
+
+/// The size of one batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct BatchShape {
+    /// Events.
+    pub events: usize,
+    /// DOMs.
+    pub doms: usize,
+    /// Pulses.
+    pub pulses: usize,
+    /// Largest DOM count of an event.
+    pub max_doms: usize,
+}
+
+/// The section table of a batch of `shape` in `layout`.
+pub fn plan_sections(layout: BatchLayout, shape: BatchShape, types: &StorageTypes) -> Sections {
+    use sections::*;
+    let mut s = Sections::default();
+    let b = shape.events;
+    s.push(EVENT_ID, Dtype::I64, vec![b]);
+    s.push(EVENT_AZIMUTH, Dtype::F64, vec![b]);
+    s.push(EVENT_ZENITH, Dtype::F64, vec![b]);
+    match layout {
+        BatchLayout::Packed => {
+            s.push(EVENT_DOM_OFFSETS, Dtype::I32, vec![b + 1]);
+            s.push(DOM_PULSE_OFFSETS, Dtype::I32, vec![shape.doms + 1]);
+            s.push(DOM_SENSOR_ID, types.sensor_id, vec![shape.doms]);
+            s.push(DOM_POSITION, types.position, vec![shape.doms, 3]);
+            s.push(PULSE_TIME, types.time, vec![shape.pulses]);
+            s.push(PULSE_CHARGE, types.charge, vec![shape.pulses]);
+            s.push(PULSE_AUXILIARY, Dtype::BOOL, vec![shape.pulses]);
+        }
+        BatchLayout::Padded {
+            max_doms,
+            pulses_per_dom,
+        } => {
+            let m = shape.max_doms.min(max_doms);
+            s.push(
+                DOM_FEATURES,
+                Dtype::F32,
+                vec![b, m, features_per_dom(pulses_per_dom)],
+            );
+            s.push(DOM_MASK, Dtype::U8, vec![b, m]);
+        }
+    }
+    s
+}
+
+/// Features per DOM in the padded layout: x, y, z, pulse count, then 3 per kept pulse.
+pub fn features_per_dom(pulses_per_dom: usize) -> usize {
+    4 + 3 * pulses_per_dom
+}
+
+/// Splits `buffer` into one mutable slice per section, zeroing the alignment gaps between
+/// them so a batch's bytes never carry data of an earlier batch.
+pub(crate) fn split_sections<'b>(buffer: &'b mut [u8], sections: &Sections) -> Vec<&'b mut [u8]> {
+    let mut parts = Vec::with_capacity(sections.list.len());
+    let mut rest = buffer;
+    let mut at = 0;
+    for s in &sections.list {
+        let (gap, tail) = std::mem::take(&mut rest).split_at_mut(s.offset - at);
+        gap.fill(0);
+        let (part, tail) = tail.split_at_mut(s.len);
+        parts.push(part);
+        rest = tail;
+        at = s.offset + s.len;
+    }
+    parts
+}
+
+pub(crate) fn typed<T: Pod>(bytes: &mut [u8]) -> &mut [T] {
+    try_cast_mut(bytes).expect("sections are aligned to SECTION_ALIGN and hold whole elements")
+}
