@@ -411,8 +411,7 @@ fn the_gather_places_every_event_of_any_plan() {
             let (d0, d1) = (event_doms[b] as usize, event_doms[b + 1] as usize);
             assert_eq!(d1 - d0, doms.len(), "plan {k}, position {b}: DOM count");
             let (p0, p1) = (dom_pulses[d0] as usize, dom_pulses[d1] as usize);
-            let pulses =
-                v.dom_pulse_offsets[doms.start] as usize..v.dom_pulse_offsets[doms.end] as usize;
+            let pulses = v.event_pulse_range(i);
             assert_eq!(p1 - p0, pulses.len(), "plan {k}, position {b}: pulse count");
             let (source, _) = v.pulse_time.raw();
             assert_eq!(

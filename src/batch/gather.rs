@@ -175,9 +175,10 @@ impl<'a> Gatherer<'a> {
                 prefetch(&v.dom_pulse_offsets[doms.start..=doms.end]);
             }
             let v = self.views.get(shard);
-            let doms = v.dom_range(index as usize);
-            let pulses =
-                v.dom_pulse_offsets[doms.start] as usize..v.dom_pulse_offsets[doms.end] as usize;
+            let (doms, pulses) = (
+                v.dom_range(index as usize),
+                v.event_pulse_range(index as usize),
+            );
             spans[at].doms = (doms.start, doms.end);
             spans[at].pulses = (pulses.start, pulses.end);
         }
@@ -223,7 +224,7 @@ impl<'a> Gatherer<'a> {
         }
         if extent > DENSE_EXTENT * spans.len() {
             // Spread out: storage order saves no cache misses on the reads, and the scattered
-            // writes into the batch then cost more (5-9% at windows 4-16 on 2 cores).
+            // writes into the batch then cost more (see DENSE_EXTENT).
             runs.sort_unstable_by_key(|run| run.at);
         }
         events.extend_from_slice(&plan.events);

@@ -397,26 +397,14 @@ pub fn run(
         ];
         let q = quality(&index.infos(&naive[0]), &index.infos(&naive[1]));
         let t = index.run_naive(&naive[0], config.naive_cache_files, config.baseline_seconds)?;
-        loaders.push(figures(
-            "naive random access (LRU of decoded files)",
-            None,
-            t,
-            bound,
-            q,
-        ));
+        loaders.push(figures(NAIVE, None, t, bound, q));
         let blocks = [
             index.block_shuffle_order(config.seed, 0, b),
             index.block_shuffle_order(config.seed, 1, b),
         ];
         let q = quality(&index.infos(&blocks[0]), &index.infos(&blocks[1]));
         let t = index.run_block_shuffle(&blocks[0], config.baseline_seconds)?;
-        loaders.push(figures(
-            "parquet block shuffle (file-aware)",
-            None,
-            t,
-            bound,
-            q,
-        ));
+        loaders.push(figures(BLOCK_SHUFFLE, None, t, bound, q));
     }
     let best = loaders
         .iter()

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use cudarc::driver::{CudaEvent, CudaStream};
 use serde::Serialize;
 
+use super::median_of;
 use crate::dataset::Dataset;
 use crate::device::cuda::{elapsed_ms, BusyWork, CudaDevice, H2dProbe, PinnedMemory};
 use crate::device::staging::HostMemory;
@@ -56,7 +57,7 @@ impl GpuBounds {
         let chunk = chunk.max(4096);
         let repeats = ((1usize << 30) / chunk).clamp(8, 8192);
         let mut pinned = H2dProbe::new(device, chunk, repeats, true)?;
-        let pinned_h2d_gb_per_s = median_of_3(|| pinned.gb_per_s())?;
+        let pinned_h2d_gb_per_s = median_of(3, || pinned.gb_per_s())?;
         drop(pinned);
         Ok(GpuBounds {
             device: format!("cuda:{} ({})", device.ordinal(), device.name()),
@@ -93,7 +94,7 @@ pub fn copy_stage_gb_per_s(device: &Arc<CudaDevice>, sizes: &[usize]) -> Result<
     };
     pass()?;
     let stream = device.copy_stream();
-    let mut seconds = median_of_3(|| {
+    let mut seconds = median_of(3, || {
         let (start, end) = (device.new_event(true)?, device.new_event(true)?);
         start.record(stream).map_err(time_error)?;
         pass()?;
@@ -103,11 +104,6 @@ pub fn copy_stage_gb_per_s(device: &Arc<CudaDevice>, sizes: &[usize]) -> Result<
     seconds = seconds.max(1e-12);
     let bytes: usize = sizes.iter().sum();
     Ok((bytes as f64 / seconds / 1e9, seconds))
-}
-
-/// The median of three measurements (GPU timings on a shared host vary run to run).
-fn median_of_3(measure: impl FnMut() -> Result<f64>) -> Result<f64> {
-    super::median_of(3, measure)
 }
 
 /// The training step a bench runs per batch: a sleep on the CPU, memory-bound work on the

@@ -143,8 +143,7 @@ pub fn inspect(dataset: &Dataset) -> Result<Inspection> {
         for e in 0..view.events() {
             let doms = view.dom_range(e);
             doms_per_event.add(doms.len() as u64);
-            let pulses = view.dom_pulse_offsets[doms.end] - view.dom_pulse_offsets[doms.start];
-            pulses_per_event.add(pulses as u64);
+            pulses_per_event.add(view.event_pulse_range(e).len() as u64);
         }
         for w in view.dom_pulse_offsets.windows(2) {
             pulses_per_dom.add((w[1] - w[0]) as u64);

@@ -677,6 +677,12 @@ impl<'a> ShardView<'a> {
         self.event_dom_offsets[e] as usize..self.event_dom_offsets[e + 1] as usize
     }
 
+    /// The pulse index range of event `e` (all its DOMs' pulses).
+    pub fn event_pulse_range(&self, e: usize) -> std::ops::Range<usize> {
+        let doms = self.dom_range(e);
+        self.dom_pulse_offsets[doms.start] as usize..self.dom_pulse_offsets[doms.end] as usize
+    }
+
     /// The pulse index range of DOM `d`.
     pub fn pulse_range(&self, d: usize) -> std::ops::Range<usize> {
         self.dom_pulse_offsets[d] as usize..self.dom_pulse_offsets[d + 1] as usize

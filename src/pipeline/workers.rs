@@ -9,15 +9,14 @@ use crate::batch::{plan_sections, BatchLayout, BatchShape, Gatherer, Sections};
 use crate::dataset::Dataset;
 use crate::device::staging::{StagingBuffer, StagingPool};
 use crate::error::{Error, Result};
+use crate::format::ShardView;
 use crate::sampler::{BatchPlan, EpochBatches, EventRef, EventSizes, SamplerConfig, SamplerState};
-
-/// A shard's `event_dom_offsets` and `dom_pulse_offsets`; `None` when it failed to open.
-type ShardOffsets<'a> = Option<(&'a [i64], &'a [i64])>;
 
 /// The sampler's view of a dataset's sizes, reading offsets straight from the shards.
 struct DatasetSizes<'a> {
     dataset: &'a Dataset,
-    offsets: Vec<OnceCell<ShardOffsets<'a>>>,
+    /// Each shard's view once opened; `None` when it failed to open.
+    views: Vec<OnceCell<Option<ShardView<'a>>>>,
     error: OnceCell<Error>,
 }
 
@@ -25,7 +24,7 @@ impl<'a> DatasetSizes<'a> {
     fn new(dataset: &'a Dataset) -> Self {
         DatasetSizes {
             dataset,
-            offsets: (0..dataset.shard_count())
+            views: (0..dataset.shard_count())
                 .map(|_| OnceCell::new())
                 .collect(),
             error: OnceCell::new(),
@@ -44,19 +43,17 @@ impl EventSizes for DatasetSizes<'_> {
     }
 
     fn pulses(&self, e: EventRef) -> usize {
-        let offsets = self.offsets[e.shard as usize].get_or_init(|| {
+        let view = self.views[e.shard as usize].get_or_init(|| {
             match self.dataset.shard(e.shard as usize).and_then(|s| s.view()) {
-                Ok(v) => Some((v.event_dom_offsets, v.dom_pulse_offsets)),
+                Ok(v) => Some(v),
                 Err(err) => {
                     let _ = self.error.set(err);
                     None
                 }
             }
         });
-        offsets.map_or(0, |(events, doms)| {
-            let i = e.index as usize;
-            (doms[events[i + 1] as usize] - doms[events[i] as usize]) as usize
-        })
+        view.as_ref()
+            .map_or(0, |v| v.event_pulse_range(e.index as usize).len())
     }
 }
 
