@@ -1,23 +1,36 @@
 //! The block-shuffle sampler: which events each batch holds, for every rank, every epoch.
 //!
-//! The dataset is cut into **blocks**: runs of `block_events` consecutive events inside one
-//! shard (the last block of a shard may be shorter), read sequentially. For epoch `e`:
-//! 1. the blocks are permuted with a generator seeded by `(seed, e)`;
-//! 2. the permuted blocks are taken `window_blocks` at a time; the events of a window, in
+//! For epoch `e`:
+//! 1. the dataset's stored order (its shards concatenated in manifest order) is rotated by
+//!    an offset drawn from `(seed, e)` and cut into **blocks** of `block_events`
+//!    consecutive events, read sequentially (a block that crosses from one shard into the
+//!    next, or wraps from the last shard to the first, is read as two sequential pieces);
+//! 2. the blocks are permuted with a generator seeded by `(seed, e)`, except the one short
+//!    block (when `block_events` does not divide the dataset), which comes last: it would
+//!    otherwise shift every later batch off the block boundaries. Thanks to the rotation
+//!    it holds different events every epoch;
+//! 3. the permuted blocks are taken `window_blocks` at a time; the events of a window, in
 //!    runs of `run_events` consecutive events of a block, are shuffled run by run (seeded by
 //!    `(seed, e, window)`) and emitted (runs turn many small copies into few large ones);
-//! 3. the resulting global event sequence is cut into batches: `Events(n)` takes `n`
+//! 4. the resulting global event sequence is cut into batches: `Events(n)` takes `n`
 //!    events at a time; `Pulses { max_pulses, max_events }` adds events while the batch stays
 //!    within the pulse budget (an event larger than the budget forms a batch of its own);
-//! 4. global batch `k` goes to rank `k % world`.
+//!    with [`BatchOrder::Stored`] (the default) a batch's events are then put in stored
+//!    order, which changes no batch's content;
+//! 5. global batch `k` goes to rank `k % world`.
 //!
-//! The global sequence depends only on the dataset, seed, epoch, block size, window and
-//! batching, never on the world size or thread counts. Without `drop_last` every event is
-//! delivered exactly once per epoch across ranks (ranks' batch counts differ by at most
-//! one). With `drop_last` the final batch is dropped when it is incomplete (fewer than `n`
-//! events; in pulse mode, closed by the end of the epoch rather than by the budget), then
-//! trailing batches are dropped until every rank has the same number: at most `world`
-//! batches' worth of events are skipped, and they differ from epoch to epoch.
+//! The global sequence depends only on the dataset, seed, epoch, block size, window,
+//! batching and batch order, never on the world size or thread counts. Without `drop_last`
+//! every event is delivered exactly once per epoch across ranks (ranks' batch counts differ
+//! by at most one). With `drop_last` the final batch is dropped when it is incomplete
+//! (fewer than `n` events; in pulse mode, closed by the end of the epoch rather than by the
+//! budget), then trailing batches are dropped until every rank has the same number: at
+//! most `world` batches' worth of events are skipped, and they differ from epoch to epoch.
+//!
+//! When the block size is a multiple of the batch size, no batch but the last straddles
+//! two windows: at window 1 with blocks the size of a batch, a batch is one whole block, so
+//! in stored order it is one contiguous run of each shard column (two where the block
+//! crosses a shard boundary).
 //!
 //! Shards are pre-shuffled, so a block is itself a random sample: small windows cost little
 //! randomness (see the shuffle-quality report of the bench).
@@ -41,6 +54,43 @@ pub enum Batching {
     },
 }
 
+/// The order of the events inside a batch (which events a batch holds does not depend on
+/// it).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BatchOrder {
+    /// In stored order (by shard, then index). The stored order is itself a seeded uniform
+    /// shuffle, so this tells a model nothing, and it turns a batch's reads into a few
+    /// ascending sweeps: at window 1 with blocks the size of a batch, one or two memcpys
+    /// per column.
+    #[default]
+    Stored,
+    /// In the order the window shuffle drew them.
+    Drawn,
+}
+
+impl std::str::FromStr for BatchOrder {
+    type Err = String;
+
+    /// `stored` or `drawn`.
+    fn from_str(s: &str) -> Result<BatchOrder, String> {
+        match s {
+            "stored" => Ok(BatchOrder::Stored),
+            "drawn" => Ok(BatchOrder::Drawn),
+            _ => Err(format!("batch order `{s}`: expected stored or drawn")),
+        }
+    }
+}
+
+impl std::fmt::Display for BatchOrder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            BatchOrder::Stored => "stored",
+            BatchOrder::Drawn => "drawn",
+        })
+    }
+}
+
 /// Everything that decides the order and partition of batches.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SamplerConfig {
@@ -54,6 +104,9 @@ pub struct SamplerConfig {
     pub run_events: usize,
     /// Batching rule.
     pub batching: Batching,
+    /// The order of events inside each batch.
+    #[serde(default)]
+    pub batch_order: BatchOrder,
     /// Drop incomplete trailing batches (see the module docs).
     pub drop_last: bool,
     /// This rank.
@@ -70,6 +123,7 @@ impl Default for SamplerConfig {
             window_blocks: 16,
             run_events: 1,
             batching: Batching::Events(256),
+            batch_order: BatchOrder::Stored,
             drop_last: false,
             rank: 0,
             world: 1,
@@ -82,6 +136,13 @@ impl SamplerConfig {
     pub fn validate(&self) -> Result<(), String> {
         if self.block_events == 0 || self.window_blocks == 0 || self.run_events == 0 {
             return Err("block size, window and run length must be at least 1".into());
+        }
+        if self
+            .block_events
+            .checked_mul(self.window_blocks)
+            .is_none_or(|n| n > u32::MAX as usize)
+        {
+            return Err("a window (block size x window) must hold at most 2^32 - 1 events".into());
         }
         if self.world == 0 || self.rank >= self.world {
             return Err(format!(
@@ -110,8 +171,9 @@ pub struct EventRef {
     pub index: u32,
 }
 
-/// The sizes the sampler needs to know: events per shard, pulses per event.
-pub trait EventSizes {
+/// The sizes the sampler needs to know: events per shard, pulses per event (shared by the
+/// loader's workers, hence `Sync`).
+pub trait EventSizes: Sync {
     /// Events in each shard, in manifest order.
     fn shard_events(&self) -> Vec<usize>;
     /// Pulses of one event (asked only when batching by a pulse budget).
@@ -136,139 +198,295 @@ pub struct SamplerState {
     pub batches_taken: u64,
 }
 
+/// `len` consecutive events of the stored order from global position `start`.
 #[derive(Debug, Clone, Copy)]
 struct Block {
-    shard: u32,
-    start: u32,
-    len: u32,
+    start: u64,
+    len: u64,
 }
 
 const STREAM_BLOCKS: u64 = 0x0b10_c4b1;
 const STREAM_WINDOW: u64 = 0x3a7d_0e11;
 
-/// The global event sequence of one epoch, produced window by window (memory bounded by a
-/// window, whatever the epoch length).
-struct EventStream {
-    blocks: Vec<Block>,
-    window_blocks: usize,
-    run_events: u32,
-    seed: u64,
-    epoch: u64,
-    next_window: usize,
-    buffered: std::vec::IntoIter<EventRef>,
+const STREAM_ROTATION: u64 = 0x5107_a7e5;
+
+/// The stored order (shards concatenated in manifest order), rotated by an epoch's offset:
+/// position `p` is the event at stored position `(p + rotation) % total`.
+#[derive(Debug, Clone)]
+struct StoredOrder {
+    /// Stored position of each shard's first event, and the total at the end.
+    shard_starts: Vec<u64>,
+    rotation: u64,
 }
 
-impl EventStream {
-    fn new(shard_events: &[usize], config: &SamplerConfig, epoch: u64) -> EventStream {
-        let mut blocks = Vec::new();
-        for (shard, &n) in shard_events.iter().enumerate() {
-            let mut start = 0;
-            while start < n {
-                let len = config.block_events.min(n - start);
-                blocks.push(Block {
-                    shard: shard as u32,
-                    start: start as u32,
-                    len: len as u32,
-                });
-                start += len;
-            }
+impl StoredOrder {
+    fn new(shard_events: &[usize], rotation: impl FnOnce(u64) -> u64) -> StoredOrder {
+        let mut shard_starts = Vec::with_capacity(shard_events.len() + 1);
+        let mut total = 0u64;
+        shard_starts.push(0);
+        for &n in shard_events {
+            total += n as u64;
+            shard_starts.push(total);
         }
-        Rng::stream(config.seed ^ STREAM_BLOCKS, epoch).shuffle(&mut blocks);
-        EventStream {
-            blocks,
-            window_blocks: config.window_blocks,
-            run_events: config.run_events.min(u32::MAX as usize) as u32,
-            seed: config.seed,
-            epoch,
-            next_window: 0,
-            buffered: Vec::new().into_iter(),
+        let rotation = if total == 0 { 0 } else { rotation(total) };
+        StoredOrder {
+            shard_starts,
+            rotation,
+        }
+    }
+
+    fn total(&self) -> u64 {
+        *self.shard_starts.last().expect("at least the total")
+    }
+
+    /// Appends the events at (rotated) positions `start..end` to `out`.
+    fn extend(&self, start: u64, end: u64, out: &mut Vec<EventRef>) {
+        let total = self.total();
+        let from = start + self.rotation;
+        if from >= total {
+            self.extend_stored(from - total, end + self.rotation - total, out);
+        } else if end + self.rotation <= total {
+            self.extend_stored(from, end + self.rotation, out);
+        } else {
+            self.extend_stored(from, total, out);
+            self.extend_stored(0, end + self.rotation - total, out);
+        }
+    }
+
+    /// Appends the events at stored positions `start..end` (`end <= total`) to `out`.
+    fn extend_stored(&self, start: u64, end: u64, out: &mut Vec<EventRef>) {
+        // The last shard starting at or before `start` (empty shards skipped).
+        let mut shard = self.shard_starts.partition_point(|&s| s <= start) - 1;
+        let mut position = start;
+        while position < end {
+            let shard_end = self.shard_starts[shard + 1];
+            let stop = end.min(shard_end);
+            let first = position - self.shard_starts[shard];
+            out.extend((first..first + (stop - position)).map(|index| EventRef {
+                shard: shard as u32,
+                index: index as u32,
+            }));
+            position = stop;
+            shard += 1;
         }
     }
 }
 
-impl Iterator for EventStream {
-    type Item = EventRef;
+/// The global event sequence of one epoch, produced window by window (memory bounded by a
+/// window, whatever the epoch length).
+struct EventStream {
+    stored: StoredOrder,
+    blocks: Vec<Block>,
+    window_blocks: usize,
+    run_events: u64,
+    seed: u64,
+    epoch: u64,
+    next_window: usize,
+    window: Window,
+}
 
-    fn next(&mut self) -> Option<EventRef> {
-        loop {
-            if let Some(e) = self.buffered.next() {
-                return Some(e);
+/// One window's events and the order they are drawn in.
+#[derive(Debug, Default)]
+struct Window {
+    /// The window's events in rotated order (its blocks sorted by start): in stored order
+    /// but for at most one wrap from the last shard to the first.
+    events: Vec<EventRef>,
+    /// Indexes into `events`, in drawn order.
+    drawn: Vec<u32>,
+    /// How many of `drawn` were handed out.
+    taken: usize,
+    /// Scratch: one bit per event of the window.
+    bitmap: Vec<u64>,
+}
+
+impl Window {
+    fn remaining(&self) -> usize {
+        self.drawn.len() - self.taken
+    }
+
+    /// The next event to hand out.
+    fn peek(&self, ahead: usize) -> EventRef {
+        self.events[self.drawn[self.taken + ahead] as usize]
+    }
+
+    /// Hands out the next `n` events, appended to `out` in drawn or in stored order.
+    fn take(&mut self, n: usize, order: BatchOrder, out: &mut Vec<EventRef>) {
+        let piece = &self.drawn[self.taken..self.taken + n];
+        self.taken += n;
+        let from = out.len();
+        match order {
+            BatchOrder::Drawn => out.extend(piece.iter().map(|&i| self.events[i as usize])),
+            BatchOrder::Stored if self.events.len() <= BITMAP_SPREAD * n => {
+                // Sorted through a bitmap of the window: linear, where a comparison sort
+                // of a 256-event batch costs 2.5 µs, as much as gathering 50 KB.
+                let bits = &mut self.bitmap;
+                bits.clear();
+                bits.resize(self.events.len().div_ceil(64), 0);
+                for &i in piece {
+                    bits[i as usize / 64] |= 1 << (i % 64);
+                }
+                for (w, &word) in bits.iter().enumerate() {
+                    let mut word = word;
+                    while word != 0 {
+                        out.push(self.events[w * 64 + word.trailing_zeros() as usize]);
+                        word &= word - 1;
+                    }
+                }
             }
+            BatchOrder::Stored => {
+                out.extend(piece.iter().map(|&i| self.events[i as usize]));
+                out[from..].sort_unstable();
+            }
+        }
+        if order == BatchOrder::Stored {
+            // Rotated order is stored order from the rotation offset on: bring the events
+            // past the wrap (the first shard's) to the front.
+            let piece = &mut out[from..];
+            if let Some(wrap) = piece.windows(2).position(|w| w[1] < w[0]) {
+                piece.rotate_left(wrap + 1);
+            }
+        }
+    }
+}
+
+/// A piece of a batch is put in stored order through a bitmap of its window when the
+/// window holds at most this many times as many events as the piece.
+const BITMAP_SPREAD: usize = 64;
+
+impl EventStream {
+    fn new(shard_events: &[usize], config: &SamplerConfig, epoch: u64) -> EventStream {
+        let stored = StoredOrder::new(shard_events, |total| {
+            Rng::stream(config.seed ^ STREAM_ROTATION, epoch).below(total)
+        });
+        let size = config.block_events as u64;
+        let mut blocks: Vec<Block> = (0..stored.total().div_ceil(size))
+            .map(|b| Block {
+                start: b * size,
+                len: size.min(stored.total() - b * size),
+            })
+            .collect();
+        // The short block, if any, stays last: a short block in the middle of the epoch
+        // would shift every later batch off the block boundaries.
+        let full = (stored.total() / size) as usize;
+        Rng::stream(config.seed ^ STREAM_BLOCKS, epoch).shuffle(&mut blocks[..full]);
+        EventStream {
+            stored,
+            blocks,
+            window_blocks: config.window_blocks,
+            run_events: config.run_events as u64,
+            seed: config.seed,
+            epoch,
+            next_window: 0,
+            window: Window::default(),
+        }
+    }
+
+    /// The current window while it has events left, else the next one; `None` at the end
+    /// of the epoch.
+    fn window(&mut self) -> Option<&mut Window> {
+        while self.window.remaining() == 0 {
             let first = self.next_window * self.window_blocks;
             if first >= self.blocks.len() {
                 return None;
             }
-            let window = &self.blocks[first..(first + self.window_blocks).min(self.blocks.len())];
-            let run = self.run_events;
-            let mut runs: Vec<(u32, u32, u32)> = window
-                .iter()
-                .flat_map(|b| {
-                    (b.start..b.start + b.len)
-                        .step_by(run as usize)
-                        .map(move |start| (b.shard, start, (b.start + b.len).min(start + run)))
-                })
-                .collect();
+            let mut blocks =
+                self.blocks[first..(first + self.window_blocks).min(self.blocks.len())].to_vec();
+            blocks.sort_unstable_by_key(|b| b.start);
+            let w = &mut self.window;
+            w.events.clear();
+            w.drawn.clear();
+            w.taken = 0;
+            let mut runs: Vec<(u32, u32)> = Vec::new();
+            for b in &blocks {
+                let first_event = w.events.len() as u64;
+                self.stored.extend(b.start, b.start + b.len, &mut w.events);
+                if self.run_events > 1 {
+                    runs.extend((0..b.len).step_by(self.run_events as usize).map(|start| {
+                        let len = self.run_events.min(b.len - start);
+                        ((first_event + start) as u32, len as u32)
+                    }));
+                }
+            }
             let stream = (self.epoch << 32) ^ self.next_window as u64;
-            Rng::stream(self.seed ^ STREAM_WINDOW, stream).shuffle(&mut runs);
-            let events: Vec<EventRef> = runs
-                .into_iter()
-                .flat_map(|(shard, start, end)| {
-                    (start..end).map(move |index| EventRef { shard, index })
-                })
-                .collect();
-            self.buffered = events.into_iter();
+            let mut rng = Rng::stream(self.seed ^ STREAM_WINDOW, stream);
+            if self.run_events > 1 {
+                rng.shuffle(&mut runs);
+                w.drawn
+                    .extend(runs.iter().flat_map(|&(start, len)| start..start + len));
+            } else {
+                w.drawn.extend(0..w.events.len() as u32);
+                rng.shuffle(&mut w.drawn);
+            }
             self.next_window += 1;
         }
+        Some(&mut self.window)
     }
 }
 
 /// All batches of one epoch, in global order (every rank's).
 struct GlobalBatches<'a> {
-    events: std::iter::Peekable<EventStream>,
+    events: EventStream,
     sizes: &'a dyn EventSizes,
     batching: Batching,
+    order: BatchOrder,
     next_index: u64,
 }
 
 impl GlobalBatches<'_> {
     /// The next batch, and whether it is complete (see `drop_last`).
     fn next_batch(&mut self) -> Option<(BatchPlan, bool)> {
+        let capacity = match self.batching {
+            Batching::Events(n) => n,
+            Batching::Pulses { max_events, .. } => max_events.unwrap_or(0),
+        };
         let mut plan = BatchPlan {
             global_index: self.next_index,
-            events: Vec::new(),
+            events: Vec::with_capacity(capacity.min(1 << 16)),
         };
-        let mut batch_pulses = 0;
+        let (mut batch_pulses, mut pieces) = (0, 0);
+        // Taken window by window: each window's piece is put in order on its own.
         let complete = loop {
-            let Some(&event) = self.events.peek() else {
+            let Some(window) = self.events.window() else {
                 break false;
             };
-            match self.batching {
+            let (n, full) = match self.batching {
                 Batching::Events(n) => {
-                    plan.events.push(event);
-                    self.events.next();
-                    if plan.events.len() == n {
-                        break true;
-                    }
+                    let k = (n - plan.events.len()).min(window.remaining());
+                    (k, plan.events.len() + k == n)
                 }
                 Batching::Pulses {
                     max_pulses,
                     max_events,
                 } => {
-                    let pulses = self.sizes.pulses(event);
-                    if !plan.events.is_empty() && batch_pulses + pulses > max_pulses {
-                        break true;
+                    let (mut k, mut full) = (0, false);
+                    while k < window.remaining() {
+                        let pulses = self.sizes.pulses(window.peek(k));
+                        let held = plan.events.len() + k;
+                        if held > 0 && batch_pulses + pulses > max_pulses {
+                            full = true;
+                            break;
+                        }
+                        batch_pulses += pulses;
+                        k += 1;
+                        if max_events.is_some_and(|m| held + 1 == m) {
+                            full = true;
+                            break;
+                        }
                     }
-                    plan.events.push(event);
-                    batch_pulses += pulses;
-                    self.events.next();
-                    if max_events.is_some_and(|m| plan.events.len() == m) {
-                        break true;
-                    }
+                    (k, full)
                 }
+            };
+            window.take(n, self.order, &mut plan.events);
+            pieces += 1;
+            if full {
+                break true;
             }
         };
         if plan.events.is_empty() {
             return None;
+        }
+        if self.order == BatchOrder::Stored && pieces > 1 {
+            plan.events.sort_unstable();
         }
         self.next_index += 1;
         Some((plan, complete))
@@ -294,9 +512,10 @@ impl<'a> EpochBatches<'a> {
     ) -> EpochBatches<'a> {
         let shard_events = sizes.shard_events();
         let make = || GlobalBatches {
-            events: EventStream::new(&shard_events, config, epoch).peekable(),
+            events: EventStream::new(&shard_events, config, epoch),
             sizes,
             batching: config.batching,
+            order: config.batch_order,
             next_index: 0,
         };
         let limit = config.drop_last.then(|| {
@@ -375,6 +594,15 @@ mod tests {
         ]
     }
 
+    fn order() -> impl Strategy<Value = BatchOrder> {
+        prop_oneof![Just(BatchOrder::Stored), Just(BatchOrder::Drawn)]
+    }
+
+    /// Each event's position in the stored order (shards concatenated).
+    fn stored_position(sizes: &Sizes, e: EventRef) -> u64 {
+        sizes.0[..e.shard as usize].iter().sum::<usize>() as u64 + u64::from(e.index)
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(200))]
 
@@ -382,11 +610,11 @@ mod tests {
         fn every_event_once_per_epoch_across_ranks(
             shards in proptest::collection::vec(0usize..300, 1..6),
             seed in any::<u64>(), epoch in 0u64..5, block in 1usize..64, window in 1usize..8,
-            batching in batching(), world in 1usize..9, run in 1usize..12,
+            batching in batching(), world in 1usize..9, run in 1usize..12, batch_order in order(),
         ) {
             let sizes = Sizes(shards.clone());
             let total: usize = shards.iter().sum();
-            let base = SamplerConfig { seed, block_events: block, window_blocks: window, run_events: run, batching, drop_last: false, rank: 0, world: 1 };
+            let base = SamplerConfig { seed, block_events: block, window_blocks: window, run_events: run, batching, batch_order, drop_last: false, rank: 0, world: 1 };
             let reference: Vec<BatchPlan> = all(&sizes, &base, epoch);
             let mut union = Vec::new();
             for rank in 0..world {
@@ -414,10 +642,10 @@ mod tests {
         fn drop_last_gives_equal_counts_and_loses_little(
             shards in proptest::collection::vec(0usize..300, 1..6),
             seed in any::<u64>(), block in 1usize..64, window in 1usize..8,
-            batching in batching(), world in 1usize..9, run in 1usize..12,
+            batching in batching(), world in 1usize..9, run in 1usize..12, batch_order in order(),
         ) {
             let sizes = Sizes(shards.clone());
-            let base = SamplerConfig { seed, block_events: block, window_blocks: window, run_events: run, batching, drop_last: true, rank: 0, world };
+            let base = SamplerConfig { seed, block_events: block, window_blocks: window, run_events: run, batching, batch_order, drop_last: true, rank: 0, world };
             let per_rank: Vec<Vec<BatchPlan>> = (0..world).map(|rank| all(&sizes, &SamplerConfig { rank, ..base.clone() }, 1)).collect();
             let counts: BTreeSet<usize> = per_rank.iter().map(|r| r.len()).collect();
             prop_assert!(counts.len() <= 1, "every rank the same number of batches: {:?}", counts);
@@ -434,10 +662,10 @@ mod tests {
         fn resume_yields_exactly_the_rest(
             shards in proptest::collection::vec(1usize..200, 1..4), seed in any::<u64>(),
             batching in batching(), world in 1usize..4, rank_pick in 0usize..4, skip in 0u64..30, drop_last: bool,
-            run in 1usize..12,
+            run in 1usize..12, batch_order in order(),
         ) {
             let sizes = Sizes(shards);
-            let config = SamplerConfig { seed, block_events: 16, window_blocks: 3, run_events: run, batching, drop_last, rank: rank_pick % world, world };
+            let config = SamplerConfig { seed, block_events: 16, window_blocks: 3, run_events: run, batching, batch_order, drop_last, rank: rank_pick % world, world };
             let whole = all(&sizes, &config, 2);
             let rest: Vec<BatchPlan> = EpochBatches::new(&sizes, &config, 2, skip).collect();
             prop_assert_eq!(&rest[..], &whole[(skip as usize).min(whole.len())..]);
@@ -452,51 +680,95 @@ mod tests {
             window_blocks: 3,
             run_events: 8,
             batching: Batching::Events(1000),
+            batch_order: BatchOrder::Drawn,
             ..SamplerConfig::default()
         };
-        let events: Vec<EventRef> = all(&sizes, &config, 0)
-            .into_iter()
-            .flat_map(|b| b.events)
-            .collect();
-        let mut i = 0;
-        while i < events.len() {
-            let e = events[i];
-            // A run starts at a multiple of 8 inside its block and ends at 8 events or the block's end.
-            assert_eq!((e.index % 20) % 8, 0, "{e:?}");
-            let block_end = ((e.index / 20 + 1) * 20).min(sizes.0[e.shard as usize] as u32);
-            let len = 8.min(block_end - e.index) as usize;
-            for k in 0..len {
-                assert_eq!(
-                    events[i + k],
-                    EventRef {
-                        shard: e.shard,
-                        index: e.index + k as u32
-                    }
-                );
+        for epoch in 0..4 {
+            let rotation = EventStream::new(&sizes.0, &config, epoch).stored.rotation;
+            // Positions in the epoch's rotated order, where blocks start at multiples of 20.
+            let rotated: Vec<u64> = all(&sizes, &config, epoch)
+                .into_iter()
+                .flat_map(|b| b.events)
+                .map(|e| (stored_position(&sizes, e) + 137 - rotation) % 137)
+                .collect();
+            let mut i = 0;
+            while i < rotated.len() {
+                let p = rotated[i];
+                // A run starts at a multiple of 8 inside its block, ends after 8 events or at
+                // the block's end.
+                assert_eq!((p % 20) % 8, 0, "epoch {epoch}: {p}");
+                let len = 8.min(((p / 20 + 1) * 20).min(137) - p) as usize;
+                assert_eq!(rotated[i..i + len], (p..p + len as u64).collect::<Vec<_>>());
+                i += len;
             }
-            i += len;
         }
     }
 
     #[test]
-    fn epochs_differ_and_blocks_stay_sequential() {
-        let sizes = Sizes(vec![1000, 1000]);
+    fn window_one_batches_are_whole_blocks_in_stored_order() {
+        let sizes = Sizes(vec![1000, 1000, 37]);
         let config = SamplerConfig {
             block_events: 50,
             window_blocks: 1,
             batching: Batching::Events(50),
             ..SamplerConfig::default()
         };
-        let e0 = all(&sizes, &config, 0);
-        let e1 = all(&sizes, &config, 1);
-        assert_ne!(e0, e1);
-        for b in &e0 {
-            // Window of one block: each batch is one whole block, from one shard, in some order.
-            let mut idx: Vec<u32> = b.events.iter().map(|e| e.index).collect();
-            idx.sort();
-            assert!(b.events.iter().all(|e| e.shard == b.events[0].shard));
-            assert_eq!(idx.last().unwrap() - idx[0], 49);
-            assert_eq!(idx[0] % 50, 0);
+        let epochs: Vec<Vec<BatchPlan>> = (0..3).map(|e| all(&sizes, &config, e)).collect();
+        assert_ne!(epochs[0], epochs[1]);
+        let mut short_blocks = BTreeSet::new();
+        for batches in &epochs {
+            let (last, full) = batches.split_last().unwrap();
+            assert_eq!(last.events.len(), 2037 % 50, "the short block comes last");
+            short_blocks.insert(last.events.clone());
+            for b in batches {
+                assert!(b.events.windows(2).all(|w| w[0] < w[1]), "stored order");
+                // One block: consecutive stored positions, cyclically (rotated epochs wrap).
+                let mut p: Vec<u64> = b
+                    .events
+                    .iter()
+                    .map(|&e| stored_position(&sizes, e))
+                    .collect();
+                let gap = p.windows(2).position(|w| w[1] != w[0] + 1);
+                if let Some(g) = gap {
+                    assert_eq!(
+                        (p[0], *p.last().unwrap()),
+                        (0, 2036),
+                        "only the wrap breaks a block"
+                    );
+                    p.rotate_left(g + 1);
+                }
+                assert!(p.windows(2).all(|w| (w[0] + 1) % 2037 == w[1]), "{p:?}");
+                if full.contains(b) {
+                    assert_eq!(b.events.len(), 50);
+                }
+            }
+        }
+        assert_eq!(
+            short_blocks.len(),
+            3,
+            "the short block holds other events each epoch"
+        );
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(100))]
+
+        #[test]
+        fn batch_order_changes_no_batch_content(
+            shards in proptest::collection::vec(0usize..400, 1..5),
+            seed in any::<u64>(), epoch in 0u64..4, block in 1usize..80, window in 1usize..20,
+            batching in batching(), run in 1usize..6,
+        ) {
+            let sizes = Sizes(shards);
+            let drawn = SamplerConfig { seed, block_events: block, window_blocks: window, run_events: run, batching, batch_order: BatchOrder::Drawn, ..SamplerConfig::default() };
+            let stored = SamplerConfig { batch_order: BatchOrder::Stored, ..drawn.clone() };
+            let (a, b) = (all(&sizes, &stored, epoch), all(&sizes, &drawn, epoch));
+            prop_assert_eq!(a.len(), b.len());
+            for (a, b) in a.iter().zip(&b) {
+                let mut sorted = b.events.clone();
+                sorted.sort();
+                prop_assert_eq!(&a.events, &sorted, "stored order: the drawn batch, sorted");
+            }
         }
     }
 }

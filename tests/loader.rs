@@ -12,7 +12,7 @@ use shardify::batch::BatchLayout;
 use shardify::dataset::{ChecksumPolicy, Dataset};
 use shardify::device::DeviceChoice;
 use shardify::pipeline::{Batch, Loader, LoaderConfig, LoaderState};
-use shardify::sampler::{Batching, SamplerConfig, SamplerState};
+use shardify::sampler::{BatchOrder, Batching, SamplerConfig, SamplerState};
 
 fn dataset(dir: &Path) -> Arc<Dataset> {
     let out = dir.join("ds");
@@ -30,6 +30,8 @@ fn config(batching: Batching, workers: usize) -> LoaderConfig {
             window_blocks: 4,
             run_events: 3,
             batching,
+            // Shuffled inside batches: the gather's general case (runs scattered in the batch).
+            batch_order: BatchOrder::Drawn,
             drop_last: false,
             rank: 0,
             world: 1,

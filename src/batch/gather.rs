@@ -1,15 +1,18 @@
 //! The gather: fills a batch buffer from memory-mapped shards.
 //!
-//! A plan lists its events in delivery order, which is random. Copying them in that order
-//! starts every column of every event with a cache miss. So the gather first *locates* the
-//! batch: it visits the events in storage order (by shard, then index), reads each one's
-//! DOM and pulse ranges, and groups events that follow each other both in the shard and in
-//! the batch into runs. Then it copies run by run, still in storage order, each to its place
-//! in delivery order. The bytes are those of a copy in delivery order; the reads climb
-//! through each shard, which the hardware prefetcher follows, and for a batch drawn from
-//! few blocks (a small window) they sweep those blocks almost as a memcpy would. A batch
-//! whose events are spread out gains nothing on its reads that way and loses on its
-//! scattered writes, so its runs are copied in delivery order instead ([`DENSE_EXTENT`]).
+//! A plan lists its events in delivery order: stored order by default
+//! ([`crate::sampler::BatchOrder::Stored`]), else the random order the shuffle drew. The
+//! gather first *locates* the batch: it visits the events in storage order (by shard, then
+//! index) and groups those that follow each other both in the shard and in the batch into
+//! runs, then reads each run's first and last offsets (and its largest DOM count). Then it
+//! copies run by run, each column of a run in one piece, to its place in the batch. In
+//! stored order a batch drawn from whole blocks (window 1, blocks the size of a batch) is
+//! one run: a handful of memcpys. In drawn order, runs are single events; copied in
+//! storage order their reads climb through each shard, which the hardware prefetcher
+//! follows, and for a batch drawn from few blocks sweep those blocks almost as a memcpy
+//! would. A batch whose events are spread out gains nothing on its reads that way and loses
+//! on its scattered writes, so its runs are copied in delivery order instead
+//! ([`DENSE_EXTENT`]).
 
 use super::{features_per_dom, sections, split_sections, typed, BatchLayout, BatchShape};
 use super::{Sections, SECTION_ALIGN};
@@ -22,9 +25,10 @@ use crate::sampler::{BatchPlan, EventRef};
 
 /// A batch whose events span at most this many times as many indexes as it holds is
 /// copied in storage order (its reads then sweep the shard), else in delivery order (its
-/// writes then fill the batch front to back). At window 1 a batch spans 1x (one block)
-/// or about 2x (the shuffled ends of two blocks), at window 2 about 2-3x, at window 4 about
-/// 4x. Storage order gathered those window-1 batches 10% faster, random events 3% slower.
+/// writes then fill the batch front to back). At window 1 a batch spans 1x (one block), or
+/// about 2x when the block size is not a multiple of the batch size (the shuffled ends of
+/// two blocks), at window 2 about 2-3x, at window 4 about 4x. In drawn order, storage order
+/// gathered those window-1 batches 10% faster, random events 3% slower.
 const DENSE_EXTENT: usize = 3;
 
 /// The most one step between events in storage order adds to a batch's extent.
@@ -63,9 +67,16 @@ impl<'a> Views<'a> {
     }
 }
 
-/// Where one event of a batch lies in its shard, and where it goes in the batch.
+/// Events consecutive both in one shard and in the batch, copied column by column at once.
 #[derive(Debug, Clone, Copy, Default)]
-struct EventSpan {
+struct Run {
+    shard: u32,
+    /// Index of its first event in the shard.
+    index: usize,
+    /// Position of its first event in the batch.
+    at: usize,
+    /// Events.
+    len: usize,
     /// Its DOMs in the shard (`start..end`).
     doms: (usize, usize),
     /// Its pulses in the shard.
@@ -76,42 +87,27 @@ struct EventSpan {
     pulse_at: usize,
 }
 
-/// Events consecutive both in one shard and in the batch, copied column by column at once.
-#[derive(Debug, Clone, Copy)]
-struct Run {
-    shard: u32,
-    /// Index of its first event in the shard.
-    index: usize,
-    /// Position of its first event in the batch.
-    at: usize,
-    /// Events.
-    len: usize,
-}
-
 /// A located batch: what [`Gatherer::shape`] works out and [`Gatherer::gather`] reuses.
 #[derive(Debug, Default)]
 struct Located {
     /// The plan's events (to tell whether a plan is the one located).
     events: Vec<EventRef>,
-    /// Per event, in delivery order.
-    spans: Vec<EventSpan>,
     /// In copy order: storage order for a dense batch, else delivery order.
     runs: Vec<Run>,
     shape: BatchShape,
     /// Scratch: events with their batch position ([`storage_key`]), sorted.
     sorted: Vec<u128>,
+    /// Scratch: per batch position, the DOMs (then the DOMs before) of the run starting
+    /// there.
+    doms_at: Vec<usize>,
+    /// Scratch: the same for pulses.
+    pulses_at: Vec<usize>,
 }
 
 impl Run {
-    /// The run's DOMs and pulses in the shard, and where they go in the batch.
-    fn extent(&self, spans: &[EventSpan]) -> (EventSpan, std::ops::Range<usize>) {
-        let (first, last) = (spans[self.at], spans[self.at + self.len - 1]);
-        let span = EventSpan {
-            doms: (first.doms.0, last.doms.1),
-            pulses: (first.pulses.0, last.pulses.1),
-            ..first
-        };
-        (span, self.index..self.index + self.len)
+    /// The run's events in its shard.
+    fn events(&self) -> std::ops::Range<usize> {
+        self.index..self.index + self.len
     }
 }
 
@@ -139,73 +135,28 @@ impl<'a> Gatherer<'a> {
     fn locate(&mut self, plan: &BatchPlan) -> Result<()> {
         let Located {
             events,
-            spans,
             runs,
             shape,
             sorted,
+            doms_at,
+            pulses_at,
         } = &mut self.located;
         events.clear();
         sorted.clear();
         sorted.extend(plan.events.iter().zip(0..).map(storage_key));
+        // Linear when the plan is already in stored order (`BatchOrder::Stored`).
         sorted.sort_unstable();
-        let sorted = sorted.iter().map(|&k| from_storage_key(k));
-        let mut shard = None;
-        for (e, _) in sorted.clone() {
-            if shard != Some(e.shard) {
-                self.views.open(e.shard)?;
-                shard = Some(e.shard);
-            }
-        }
-        spans.clear();
-        spans.resize(sorted.len(), EventSpan::default());
-        let (mut near, mut far) = (
-            sorted.clone().skip(PREFETCH_AHEAD),
-            sorted.clone().skip(2 * PREFETCH_AHEAD),
-        );
-        for (EventRef { shard, index }, at) in sorted.clone() {
-            // Two steps ahead: the event's DOM offsets, then (once those are in cache) its
-            // pulse offsets.
-            if let Some((far, _)) = far.next() {
-                let i = far.index as usize;
-                prefetch(&self.views.get(far.shard).event_dom_offsets[i..i + 2]);
-            }
-            if let Some((near, _)) = near.next() {
-                let v = self.views.get(near.shard);
-                let doms = v.dom_range(near.index as usize);
-                prefetch(&v.dom_pulse_offsets[doms.start..=doms.end]);
-            }
-            let v = self.views.get(shard);
-            let (doms, pulses) = (
-                v.dom_range(index as usize),
-                v.event_pulse_range(index as usize),
-            );
-            spans[at].doms = (doms.start, doms.end);
-            spans[at].pulses = (pulses.start, pulses.end);
-        }
-        *shape = BatchShape {
-            events: spans.len(),
-            ..BatchShape::default()
-        };
-        for span in spans.iter_mut() {
-            span.dom_at = shape.doms;
-            span.pulse_at = shape.pulses;
-            let doms = span.doms.1 - span.doms.0;
-            shape.doms += doms;
-            shape.max_doms = shape.max_doms.max(doms);
-            shape.pulses += span.pulses.1 - span.pulses.0;
-        }
         runs.clear();
         // Index distance covered in storage order, each step capped (a jump to another
         // block is one step, wherever the block is): about the batch size when its events
         // are packed together (a small window), several times it when they are spread out.
         let mut extent = 0usize;
         let mut previous: Option<EventRef> = None;
-        for (e, at) in sorted {
+        for (e, at) in sorted.iter().map(|&k| from_storage_key(k)) {
             extent += match previous {
                 Some(p) if p.shard == e.shard => ((e.index - p.index) as usize).min(MAX_STEP),
                 _ => 1,
             };
-            previous = Some(e);
             match runs.last_mut() {
                 Some(run)
                     if run.shard == e.shard
@@ -214,15 +165,69 @@ impl<'a> Gatherer<'a> {
                 {
                     run.len += 1
                 }
-                _ => runs.push(Run {
-                    shard: e.shard,
-                    index: e.index as usize,
-                    at,
-                    len: 1,
-                }),
+                _ => {
+                    if previous.is_none_or(|p| p.shard != e.shard) {
+                        self.views.open(e.shard)?;
+                    }
+                    runs.push(Run {
+                        shard: e.shard,
+                        index: e.index as usize,
+                        at,
+                        len: 1,
+                        ..Run::default()
+                    })
+                }
             }
+            previous = Some(e);
         }
-        if extent > DENSE_EXTENT * spans.len() {
+        // Each run's DOMs (prefetching the event offsets of runs ahead), then its pulses
+        // (prefetching the DOM offsets those gave).
+        *shape = BatchShape {
+            events: plan.events.len(),
+            ..BatchShape::default()
+        };
+        for r in 0..runs.len() {
+            if let Some(ahead) = runs.get(r + PREFETCH_AHEAD) {
+                let v = self.views.get(ahead.shard);
+                prefetch(&v.event_dom_offsets[ahead.index..=ahead.index + ahead.len]);
+            }
+            let run = &mut runs[r];
+            let offsets =
+                &self.views.get(run.shard).event_dom_offsets[run.index..=run.index + run.len];
+            run.doms = (offsets[0] as usize, offsets[run.len] as usize);
+            let most = offsets.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0);
+            shape.max_doms = shape.max_doms.max(most as usize);
+        }
+        for r in 0..runs.len() {
+            if let Some(ahead) = runs.get(r + PREFETCH_AHEAD) {
+                let v = self.views.get(ahead.shard);
+                prefetch(&v.dom_pulse_offsets[ahead.doms.0..=ahead.doms.0]);
+                prefetch(&v.dom_pulse_offsets[ahead.doms.1..=ahead.doms.1]);
+            }
+            let run = &mut runs[r];
+            let v = self.views.get(run.shard);
+            run.pulses = (
+                v.dom_pulse_offsets[run.doms.0] as usize,
+                v.dom_pulse_offsets[run.doms.1] as usize,
+            );
+        }
+        // Where each run goes: the DOMs and pulses of the runs before it in the batch.
+        doms_at.clear();
+        doms_at.resize(plan.events.len(), 0);
+        pulses_at.clear();
+        pulses_at.resize(plan.events.len(), 0);
+        for run in runs.iter() {
+            doms_at[run.at] = run.doms.1 - run.doms.0;
+            pulses_at[run.at] = run.pulses.1 - run.pulses.0;
+        }
+        for (d, p) in doms_at.iter_mut().zip(pulses_at.iter_mut()) {
+            (*d, shape.doms) = (shape.doms, shape.doms + *d);
+            (*p, shape.pulses) = (shape.pulses, shape.pulses + *p);
+        }
+        for run in runs.iter_mut() {
+            (run.dom_at, run.pulse_at) = (doms_at[run.at], pulses_at[run.at]);
+        }
+        if extent > DENSE_EXTENT * plan.events.len() {
             // Spread out: storage order saves no cache misses on the reads, and the scattered
             // writes into the batch then cost more (see DENSE_EXTENT).
             runs.sort_unstable_by_key(|run| run.at);
@@ -275,14 +280,14 @@ impl<'a> Gatherer<'a> {
         for (r, run) in runs.iter().enumerate() {
             if let Some(ahead) = runs.get(r + PREFETCH_AHEAD) {
                 let v = self.views.get(ahead.shard);
-                let events = ahead.index..ahead.index + ahead.len;
+                let events = ahead.events();
                 prefetch(&v.event_id[events.clone()]);
                 for labels in [v.event_azimuth, v.event_zenith].into_iter().flatten() {
                     prefetch(&labels[events.clone()]);
                 }
             }
             let v = self.views.get(run.shard);
-            let (events, out) = (run.index..run.index + run.len, run.at..run.at + run.len);
+            let (events, out) = (run.events(), run.at..run.at + run.len);
             ids[out.clone()].copy_from_slice(&v.event_id[events.clone()]);
             for (labels, dst) in [(v.event_azimuth, &mut *azimuth), (v.event_zenith, zenith)] {
                 match labels {
@@ -296,8 +301,7 @@ impl<'a> Gatherer<'a> {
     /// Prefetches the column data of a run.
     fn prefetch_run(&self, run: &Run) {
         let v = self.views.get(run.shard);
-        let (span, _) = run.extent(&self.located.spans);
-        let ((d0, d1), (p0, p1)) = (span.doms, span.pulses);
+        let ((d0, d1), (p0, p1)) = (run.doms, run.pulses);
         prefetch(element_bytes(sized(v.dom_sensor_id.raw()), d0, d1));
         prefetch(element_bytes(sized(v.dom_position.raw()), 3 * d0, 3 * d1));
         prefetch(element_bytes(sized(v.pulse_time.raw()), p0, p1));
@@ -319,9 +323,8 @@ impl<'a> Gatherer<'a> {
                 self.prefetch_run(ahead);
             }
             let v = self.views.get(run.shard);
-            let (span, events) = run.extent(&self.located.spans);
-            let ((d0, d1), (p0, p1)) = (span.doms, span.pulses);
-            let (d_out, p_out) = (span.dom_at, span.pulse_at);
+            let ((d0, d1), (p0, p1)) = (run.doms, run.pulses);
+            let (d_out, p_out, events) = (run.dom_at, run.pulse_at, run.events());
             copy_elements(sized(v.dom_sensor_id.raw()), d0, d1, sensor, d_out);
             copy_elements(
                 sized(v.dom_position.raw()),
@@ -356,9 +359,8 @@ impl<'a> Gatherer<'a> {
         mask.fill(0);
         for run in &self.located.runs {
             let v = self.views.get(run.shard);
-            for b in run.at..run.at + run.len {
-                let span = self.located.spans[b];
-                for (slot, d) in (span.doms.0..span.doms.1).take(m).enumerate() {
+            for (b, e) in (run.at..).zip(run.events()) {
+                for (slot, d) in v.dom_range(e).take(m).enumerate() {
                     let row = &mut features[(b * m + slot) * f..(b * m + slot + 1) * f];
                     let pulses = v.pulse_range(d);
                     row[0] = v.dom_position.get(3 * d) as f32;

@@ -7,8 +7,9 @@
 //!   reads one file at a time scores near 0);
 //! - **label autocorrelation**: Pearson correlation of the zenith label of consecutive
 //!   events along the stream (0 is ideal; neighbours in the source are correlated);
-//! - **pair repeat**: of the pairs of events that share a batch in one epoch, the fraction
-//!   that share a batch again in the next epoch, against `(B - 1) / (N - 1)` for i.i.d.;
+//! - **pair repeat**: of all the pairs of events that share a batch in one epoch, the
+//!   fraction that share a batch again in the next epoch, against `(B - 1) / (N - 1)` for
+//!   i.i.d.;
 //! - **displacement**: mean distance between an event's position in the stream and its
 //!   stored position, as a fraction of the dataset size (1/3 for a uniform permutation).
 
@@ -110,8 +111,10 @@ pub fn label_autocorrelation(epoch: &[Vec<EventInfo>]) -> Option<f64> {
     Some(cov / var)
 }
 
-/// Pair repeat between two epochs and its i.i.d. expectation. Uses the pairs of
-/// neighbours inside each batch of the first epoch.
+/// Pair repeat between two epochs and its i.i.d. expectation, over every pair of events
+/// that share a batch of the first epoch (so the order inside a batch does not matter):
+/// a batch whose events fall `c_1, c_2, ...` to a batch of the second epoch contributes
+/// `sum c_k (c_k - 1) / 2` repeats out of `B (B - 1) / 2` pairs.
 pub fn pair_repeat(first: &[Vec<EventInfo>], second: &[Vec<EventInfo>]) -> (f64, f64) {
     let batch_of: HashMap<i64, usize> = second
         .iter()
@@ -119,13 +122,16 @@ pub fn pair_repeat(first: &[Vec<EventInfo>], second: &[Vec<EventInfo>]) -> (f64,
         .flat_map(|(k, b)| b.iter().map(move |e| (e.event_id, k)))
         .collect();
     let (mut pairs, mut repeats) = (0u64, 0u64);
+    let mut later: Vec<usize> = Vec::new();
     for batch in first {
-        for w in batch.windows(2) {
-            pairs += 1;
-            if let (Some(a), Some(b)) = (batch_of.get(&w[0].event_id), batch_of.get(&w[1].event_id))
-            {
-                repeats += u64::from(a == b);
-            }
+        let b = batch.len() as u64;
+        pairs += b * b.saturating_sub(1) / 2;
+        later.clear();
+        later.extend(batch.iter().filter_map(|e| batch_of.get(&e.event_id)));
+        later.sort_unstable();
+        for group in later.chunk_by(|a, b| a == b) {
+            let c = group.len() as u64;
+            repeats += c * (c - 1) / 2;
         }
     }
     let n: usize = second.iter().map(Vec::len).sum();
@@ -209,5 +215,16 @@ mod tests {
         assert!(good.pair_repeat < 0.02 && (good.pair_repeat_iid - 99.0 / 19_999.0).abs() < 1e-9);
         assert!(poor.displacement < 1e-9);
         assert!((good.displacement - 1.0 / 3.0).abs() < 0.02, "{good:?}");
+    }
+
+    #[test]
+    fn pair_repeat_counts_every_pair_whatever_the_order_in_a_batch() {
+        let info = |ids: &[u64]| -> Vec<EventInfo> { stream(ids, 1, ids.len())[0].clone() };
+        // 6 pairs in the first epoch's batch; {1,2} and {3,4} share a batch again.
+        let first = vec![info(&[1, 2, 3, 4])];
+        let second = vec![info(&[1, 2]), info(&[3, 4])];
+        assert_eq!(pair_repeat(&first, &second).0, 2.0 / 6.0);
+        let reordered = vec![info(&[3, 1, 4, 2])];
+        assert_eq!(pair_repeat(&reordered, &second).0, 2.0 / 6.0);
     }
 }

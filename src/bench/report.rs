@@ -16,7 +16,7 @@ use crate::dataset::Dataset;
 use crate::device::{DeviceChoice, Placement};
 use crate::error::Result;
 use crate::pipeline::{Loader, LoaderConfig};
-use crate::sampler::{BatchPlan, Batching, SamplerConfig, SamplerState};
+use crate::sampler::{BatchOrder, BatchPlan, Batching, SamplerConfig, SamplerState};
 use crate::source::InputSet;
 
 /// What to run.
@@ -30,6 +30,8 @@ pub struct BenchConfig {
     pub block_events: usize,
     /// Consecutive events drawn together.
     pub run_events: usize,
+    /// The order of events inside a shardify batch.
+    pub batch_order: BatchOrder,
     /// Gather threads.
     pub workers: usize,
     /// Seed of every loader's order.
@@ -152,6 +154,16 @@ pub struct Report {
     pub speedup_vs_block_shuffle: Option<f64>,
     /// Simulated compute per batch, ms.
     pub simulate_compute_ms: f64,
+    /// Events per batch.
+    pub batch_events: usize,
+    /// Events per block (shardify).
+    pub block_events: usize,
+    /// Consecutive events drawn together (shardify).
+    pub run_events: usize,
+    /// The order of events inside a shardify batch.
+    pub batch_order: BatchOrder,
+    /// Gather threads (shardify).
+    pub workers: usize,
     /// Every loader.
     pub loaders: Vec<LoaderFigures>,
 }
@@ -168,6 +180,7 @@ fn sampler(config: &BenchConfig, window: usize) -> SamplerConfig {
         window_blocks: window,
         run_events: config.run_events,
         batching: Batching::Events(config.batch_events),
+        batch_order: config.batch_order,
         ..SamplerConfig::default()
     }
 }
@@ -441,6 +454,11 @@ pub fn run(
         speedup_vs_naive,
         speedup_vs_block_shuffle,
         simulate_compute_ms: config.simulate_compute_ms,
+        batch_events: config.batch_events,
+        block_events: config.block_events,
+        run_events: config.run_events,
+        batch_order: config.batch_order,
+        workers: config.workers,
         loaders,
     })
 }
@@ -503,6 +521,10 @@ pub fn table(report: &Report) -> String {
     let mut out = format!(
         "dataset {} events, {} pulses; {} CPUs; memcpy {:.2} GB/s (same threads, same run); compute step {} ms\n",
         report.dataset_events, report.dataset_pulses, report.machine.cpus, report.memcpy_gb_per_s, report.simulate_compute_ms
+    );
+    out += &format!(
+        "batches of {} events; shardify: blocks of {} events, runs of {}, batch order {}, {} workers\n",
+        report.batch_events, report.block_events, report.run_events, report.batch_order, report.workers
     );
     out += &format!(
         "{:<44} {:>6} {:>11} {:>12} {:>7} {:>6} {:>7} {:>7} {:>7} {:>7} {:>6}\n",

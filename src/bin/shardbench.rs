@@ -9,6 +9,7 @@ use clap::Parser;
 use shardify::bench::report::{run, table, BenchConfig};
 use shardify::dataset::{ChecksumPolicy, Dataset};
 use shardify::device::DeviceChoice;
+use shardify::sampler::BatchOrder;
 use shardify::source::InputSet;
 
 /// Throughput, per-stage time and shuffle quality of the shardify loader and of Parquet
@@ -40,6 +41,9 @@ struct Args {
     /// Consecutive events drawn together.
     #[arg(long, default_value_t = 1)]
     run_events: usize,
+    /// Events inside a batch in stored order (ascending reads) or as the shuffle drew them.
+    #[arg(long, default_value_t = BatchOrder::Stored)]
+    batch_order: BatchOrder,
     /// Gather threads.
     #[arg(long, default_value_t = 2)]
     workers: usize,
@@ -106,6 +110,7 @@ fn main() -> Result<()> {
         batch_events: args.batch_events,
         block_events: args.block_events,
         run_events: args.run_events,
+        batch_order: args.batch_order,
         workers: args.workers,
         seed: args.seed,
         simulate_compute_ms: args.simulate_compute,

@@ -14,7 +14,7 @@ use shardify::convert::{convert, ConvertOptions, Phase, Progress, TaskSlice};
 use shardify::dataset::{dump::dump, inspect::inspect, verify::verify, ChecksumPolicy, Dataset};
 use shardify::device::DeviceChoice;
 use shardify::pipeline::{Loader, LoaderConfig, LoaderState};
-use shardify::sampler::{Batching, SamplerConfig, SamplerState};
+use shardify::sampler::{BatchOrder, Batching, SamplerConfig, SamplerState};
 use shardify::source::InputSet;
 use std::sync::Arc;
 
@@ -97,6 +97,9 @@ struct OrderArgs {
     /// Consecutive events drawn together inside a window.
     #[arg(long, default_value_t = 1)]
     run_events: usize,
+    /// Events inside a batch in stored order (ascending reads) or as the shuffle drew them.
+    #[arg(long, default_value_t = BatchOrder::Stored)]
+    batch_order: BatchOrder,
     /// Worker threads (the order does not depend on it).
     #[arg(long, default_value_t = 2)]
     threads: usize,
@@ -396,6 +399,7 @@ fn run_order(args: OrderArgs) -> Result<()> {
             window_blocks: args.window,
             run_events: args.run_events,
             batching,
+            batch_order: args.batch_order,
             drop_last: args.drop_last,
             rank: args.rank,
             world: args.world,

@@ -1,14 +1,17 @@
 //! The loader: threads and channels from the sampler to delivered batches.
 //!
 //! ```text
-//! planner thread --plans--> worker threads --filled buffers--> consumer (in order)
-//!   (sampler)        (bounded)  (gather into staging)   (bounded: prefetch)
+//! worker threads --filled buffers--> consumer (in order)
+//! (each takes the sampler's     (bounded: prefetch)
+//!  next plan, gathers it into staging)
 //!
-//! on a GPU:                     ... --filled buffers--> uploader thread --copies--> consumer
-//!                                                       (in order; copy stream -> device slots)
+//! on a GPU: ... --filled buffers--> uploader thread --copies--> consumer
+//!                                   (in order; copy stream -> device slots)
 //! ```
-//! A worker takes a free staging buffer *before* it takes the next plan, so the oldest
-//! batch in flight always owns a buffer and reordering can never starve it. On a GPU the
+//! The workers share the sampler under a lock (planning a batch costs a small fraction of
+//! gathering it), so no planner thread is woken per batch. A worker takes a free staging
+//! buffer *before* it takes the next plan, so the oldest batch in flight always owns a
+//! buffer and reordering can never starve it. On a GPU the
 //! staging buffers are pinned, and an uploader thread queues each batch's copy onto the
 //! device's copy stream ([`crate::device::transfer`]) as soon as a device buffer is free:
 //! with two, the copy of batch n+1 runs while the consumer's GPU work on batch n does, and
@@ -38,7 +41,7 @@ use crate::error::{Error, Result};
 use crate::sampler::{SamplerConfig, SamplerState};
 use in_order::InOrder;
 use uploader::{upload_batches, Uploaded};
-use workers::{gather_batches, plan_epoch, Filled};
+use workers::{run_workers, Filled, Stop};
 
 /// How a loader runs.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -101,7 +104,8 @@ pub struct Loader {
     placement: Placement,
     pool: Arc<StagingPool>,
     delivery: Delivery,
-    stop: Option<Sender<()>>,
+    stop: Arc<Stop>,
+    stop_signal: Option<Sender<()>>,
     threads: Vec<JoinHandle<()>>,
     position: SamplerState,
     finished: bool,
@@ -168,28 +172,15 @@ impl Loader {
             INITIAL_BUFFER_BYTES,
             allocate,
         ));
-        let (stop_tx, stop_rx) = bounded::<()>(0);
-        let (plan_tx, plan_rx) = bounded(config.workers);
+        let (stop_signal, stop_rx) = bounded::<()>(0);
+        let stop = Arc::new(Stop::new(stop_rx));
         let (result_tx, results) = bounded(config.prefetch);
         let mut threads = Vec::new();
         {
-            let (dataset, sampler, stop) =
-                (dataset.clone(), config.sampler.clone(), stop_rx.clone());
+            let (dataset, config, pool, stop) =
+                (dataset.clone(), config.clone(), pool.clone(), stop.clone());
             threads.push(std::thread::spawn(move || {
-                plan_epoch(&dataset, &sampler, position, plan_tx, stop)
-            }));
-        }
-        for _ in 0..config.workers {
-            let (dataset, pool, plans, results, stop) = (
-                dataset.clone(),
-                pool.clone(),
-                plan_rx.clone(),
-                result_tx.clone(),
-                stop_rx.clone(),
-            );
-            let layout = config.layout;
-            threads.push(std::thread::spawn(move || {
-                gather_batches(&dataset, layout, &pool, plans, results, stop)
+                run_workers(&dataset, &config, position, &pool, result_tx, &stop)
             }));
         }
         let order = InOrder::new(results);
@@ -209,7 +200,8 @@ impl Loader {
             placement,
             pool,
             delivery,
-            stop: Some(stop_tx),
+            stop,
+            stop_signal: Some(stop_signal),
             threads,
             position,
             finished: false,
@@ -318,7 +310,8 @@ impl Iterator for Loader {
 
 impl Drop for Loader {
     fn drop(&mut self) {
-        drop(self.stop.take());
+        self.stop.request();
+        drop(self.stop_signal.take());
         match &mut self.delivery {
             Delivery::Host(order) => order.clear(),
             Delivery::Device { slots, .. } => slots.stop(),

@@ -1,23 +1,25 @@
-//! The pipeline's threads: a planner that runs the sampler, and workers that gather each
-//! planned batch into a staging buffer.
+//! The pipeline's workers: each takes the epoch's next batch plan from the sampler they
+//! share and gathers it into a staging buffer.
 
-use std::cell::OnceCell;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, OnceLock};
 
-use crossbeam_channel::{select, Receiver, Sender};
+use crossbeam_channel::{select, Receiver, Sender, TrySendError};
 
+use super::LoaderConfig;
 use crate::batch::{plan_sections, BatchLayout, BatchShape, Gatherer, Sections};
 use crate::dataset::Dataset;
 use crate::device::staging::{StagingBuffer, StagingPool};
 use crate::error::{Error, Result};
 use crate::format::ShardView;
-use crate::sampler::{BatchPlan, EpochBatches, EventRef, EventSizes, SamplerConfig, SamplerState};
+use crate::sampler::{BatchPlan, EpochBatches, EventRef, EventSizes, SamplerState};
 
 /// The sampler's view of a dataset's sizes, reading offsets straight from the shards.
 struct DatasetSizes<'a> {
     dataset: &'a Dataset,
     /// Each shard's view once opened; `None` when it failed to open.
-    views: Vec<OnceCell<Option<ShardView<'a>>>>,
-    error: OnceCell<Error>,
+    views: Vec<OnceLock<Option<ShardView<'a>>>>,
+    error: OnceLock<Error>,
 }
 
 impl<'a> DatasetSizes<'a> {
@@ -25,9 +27,9 @@ impl<'a> DatasetSizes<'a> {
         DatasetSizes {
             dataset,
             views: (0..dataset.shard_count())
-                .map(|_| OnceCell::new())
+                .map(|_| OnceLock::new())
                 .collect(),
-            error: OnceCell::new(),
+            error: OnceLock::new(),
         }
     }
 }
@@ -66,53 +68,128 @@ pub(crate) struct Filled {
     pub(crate) gather_seconds: f64,
 }
 
-/// Runs the sampler for one epoch from `position`, sending numbered plans until the end,
-/// an error, or a stop signal.
-pub(crate) fn plan_epoch(
-    dataset: &Dataset,
-    sampler: &SamplerConfig,
-    position: SamplerState,
-    plans: Sender<(u64, Result<BatchPlan>)>,
-    stop: Receiver<()>,
-) {
-    let sizes = DatasetSizes::new(dataset);
-    let batches = EpochBatches::new(&sizes, sampler, position.epoch, position.batches_taken);
-    for (seq, plan) in batches.enumerate() {
-        let item = match sizes.error.get() {
-            Some(e) => Err(Error::shard(dataset.dir(), e.to_string())),
-            None => Ok(plan),
-        };
-        let failed = item.is_err();
-        select! {
-            send(plans, (seq as u64, item)) -> sent => if sent.is_err() { return },
-            recv(stop) -> _ => return,
+/// Asks the pipeline's threads to stop: a flag they check between batches, and a channel
+/// whose disconnection wakes the ones blocked on a channel.
+pub(crate) struct Stop {
+    requested: AtomicBool,
+    signal: Receiver<()>,
+}
+
+impl Stop {
+    /// A stop that `signal`'s sender, dropped after [`Stop::request`], completes.
+    pub(crate) fn new(signal: Receiver<()>) -> Stop {
+        Stop {
+            requested: AtomicBool::new(false),
+            signal,
         }
-        if failed {
-            return;
-        }
+    }
+
+    /// Asks every thread to stop at its next check.
+    pub(crate) fn request(&self) {
+        self.requested.store(true, Ordering::Release);
+    }
+
+    fn requested(&self) -> bool {
+        self.requested.load(Ordering::Acquire)
     }
 }
 
+/// The epoch's batch plans, numbered, shared by the workers: each takes the next under a
+/// lock (planning a batch costs far less than gathering it, so the lock is rarely
+/// contended, and no planner thread has to be woken per batch).
+struct Plans<'a> {
+    batches: Mutex<(EpochBatches<'a>, u64)>,
+    sizes: &'a DatasetSizes<'a>,
+    dataset: &'a Dataset,
+    /// Set once a plan or a gather failed: the epoch ends at that error.
+    failed: AtomicBool,
+}
+
+impl Plans<'_> {
+    /// The next plan and its number; `None` at the end of the epoch or after an error.
+    fn next(&self) -> Option<(u64, Result<BatchPlan>)> {
+        if self.failed.load(Ordering::Acquire) {
+            return None;
+        }
+        let mut guard = self.batches.lock().unwrap_or_else(|e| e.into_inner());
+        let (batches, seq) = &mut *guard;
+        let plan = batches.next()?;
+        *seq += 1;
+        let plan = match self.sizes.error.get() {
+            Some(e) => {
+                self.fail();
+                Err(Error::shard(self.dataset.dir(), e.to_string()))
+            }
+            None => Ok(plan),
+        };
+        Some((*seq - 1, plan))
+    }
+
+    /// Ends the epoch for every worker (after an error).
+    fn fail(&self) {
+        self.failed.store(true, Ordering::Release);
+    }
+}
+
+/// Runs the epoch from `position` with `config.workers` gathering threads (this one and
+/// `workers - 1` more), until the plans run out, an error, or a stop.
+pub(crate) fn run_workers(
+    dataset: &Dataset,
+    config: &LoaderConfig,
+    position: SamplerState,
+    pool: &StagingPool,
+    results: Sender<(u64, Result<Filled>)>,
+    stop: &Stop,
+) {
+    let sizes = DatasetSizes::new(dataset);
+    let (workers, layout) = (config.workers, config.layout);
+    let plans = Plans {
+        batches: Mutex::new((
+            EpochBatches::new(
+                &sizes,
+                &config.sampler,
+                position.epoch,
+                position.batches_taken,
+            ),
+            0,
+        )),
+        sizes: &sizes,
+        dataset,
+        failed: AtomicBool::new(false),
+    };
+    std::thread::scope(|scope| {
+        for _ in 1..workers {
+            let (plans, results) = (&plans, results.clone());
+            scope.spawn(move || gather_batches(dataset, layout, pool, plans, results, stop));
+        }
+        gather_batches(dataset, layout, pool, &plans, results, stop);
+    });
+}
+
 /// Takes a free buffer, then a plan, gathers, and sends the result; until the plans run
-/// out or a stop signal.
-pub(crate) fn gather_batches(
+/// out, an error, or a stop. The channels are tried first and only waited on (with the
+/// stop signal) when they are empty or full: the steady state takes no shared lock.
+fn gather_batches(
     dataset: &Dataset,
     layout: BatchLayout,
     pool: &StagingPool,
-    plans: Receiver<(u64, Result<BatchPlan>)>,
+    plans: &Plans<'_>,
     results: Sender<(u64, Result<Filled>)>,
-    stop: Receiver<()>,
+    stop: &Stop,
 ) {
     let mut gatherer = Gatherer::new(dataset);
     let types = dataset.manifest().schema.types;
-    loop {
-        let mut buffer = select! {
-            recv(pool.free()) -> b => match b { Ok(b) => b, Err(_) => return },
-            recv(stop) -> _ => return,
+    while !stop.requested() {
+        let mut buffer = match pool.free().try_recv() {
+            Ok(b) => b,
+            Err(_) => select! {
+                recv(pool.free()) -> b => match b { Ok(b) => b, Err(_) => return },
+                recv(stop.signal) -> _ => return,
+            },
         };
-        let (seq, plan) = select! {
-            recv(plans) -> p => match p { Ok(p) => p, Err(_) => { pool.give_back(buffer); return } },
-            recv(stop) -> _ => return,
+        let Some((seq, plan)) = plans.next() else {
+            pool.give_back(buffer);
+            return;
         };
         let started = std::time::Instant::now();
         let filled = plan.and_then(|plan| {
@@ -135,12 +212,21 @@ pub(crate) fn gather_batches(
             }
             Err(e) => {
                 pool.give_back(buffer);
+                plans.fail();
                 Err(e)
             }
         };
-        select! {
-            send(results, (seq, item)) -> sent => if sent.is_err() { return },
-            recv(stop) -> _ => return,
+        let failed = item.is_err();
+        match results.try_send((seq, item)) {
+            Ok(()) => {}
+            Err(TrySendError::Disconnected(_)) => return,
+            Err(TrySendError::Full(item)) => select! {
+                send(results, item) -> sent => if sent.is_err() { return },
+                recv(stop.signal) -> _ => return,
+            },
+        }
+        if failed {
+            return;
         }
     }
 }
