@@ -174,8 +174,12 @@ def quality(index, epochs, batch_events):
     batch_of = np.empty(len(files), dtype=np.int64)
     for k, b in enumerate(second):
         batch_of[b] = k
-    pairs = np.concatenate([np.stack([b[:-1], b[1:]], 1) for b in first if len(b) > 1])
-    repeat = float(np.mean(batch_of[pairs[:, 0]] == batch_of[pairs[:, 1]]))
+    # Every same-batch pair of the first epoch, counted exactly: a batch whose events fall
+    # c_1, c_2, ... to batches of the second epoch repeats sum c_k (c_k - 1) / 2 pairs.
+    sizes = np.array([len(b) for b in first], dtype=np.int64)
+    key = np.repeat(np.arange(len(first)), sizes) * len(second) + batch_of[np.concatenate(first)]
+    _, together = np.unique(key, return_counts=True)
+    repeat = float((together * (together - 1) // 2).sum() / max((sizes * (sizes - 1) // 2).sum(), 1))
     stream = np.concatenate(first)
     displacement = float(np.mean(np.abs(np.arange(len(stream)) - stream)) / len(stream))
     return {"file_mixing": float(mixing), "label_autocorrelation": autocorr, "pair_repeat": repeat,
