@@ -111,19 +111,37 @@ fn check_packed(ds: &Dataset, batch: &Batch) {
 fn a_whole_epoch_delivers_every_event_once_with_exact_content() {
     let dir = tempfile::tempdir().unwrap();
     let ds = dataset(dir.path());
-    for batching in [
+    let drawn = [
         Batching::Events(7),
         Batching::Pulses {
             max_pulses: 600,
             max_events: None,
         },
-    ] {
-        let batches = epoch(&ds, &config(batching, 3), 0);
+    ]
+    .map(|batching| config(batching, 3));
+    let stored = drawn.clone().map(|mut c| {
+        c.sampler.batch_order = BatchOrder::Stored;
+        c
+    });
+    // Window 1, blocks the size of a batch: every batch but the last is one block, one run.
+    let mut whole_blocks = config(Batching::Events(8), 2);
+    whole_blocks.sampler = SamplerConfig {
+        block_events: 8,
+        window_blocks: 1,
+        run_events: 1,
+        batch_order: BatchOrder::Stored,
+        ..whole_blocks.sampler
+    };
+    for config in drawn.iter().chain(&stored).chain([&whole_blocks]) {
+        let batches = epoch(&ds, config, 0);
         let mut ids = BTreeSet::new();
         for (k, batch) in batches.iter().enumerate() {
             assert_eq!(batch.plan().global_index, k as u64, "in order");
             check_packed(&ds, batch);
             ids.extend(batch.packed().unwrap().event_id.iter().copied());
+            if config.sampler.batch_order == BatchOrder::Stored {
+                assert!(batch.plan().events.windows(2).all(|w| w[0] < w[1]));
+            }
         }
         assert_eq!(ids.len(), 300);
         assert_eq!(
