@@ -257,4 +257,16 @@ fn order_is_the_same_global_sequence_for_any_world_and_resumes_exactly() {
     next_epoch[3] = "2";
     let other = order_lines(&[&[ds.as_str()], &next_epoch[..]].concat());
     assert_ne!(other, whole, "another epoch, another order");
+    // The batch order changes the order inside each batch, never which events it holds.
+    let drawn = order_lines(&[&[ds.as_str()], &common[..], &["--batch-order", "drawn"]].concat());
+    let sorted = |line: &String| {
+        let mut ids: Vec<&str> = line.split(' ').collect();
+        ids.sort();
+        ids.join(" ")
+    };
+    assert_eq!(
+        drawn.iter().map(sorted).collect::<Vec<_>>(),
+        whole.iter().map(sorted).collect::<Vec<_>>()
+    );
+    assert_ne!(drawn, whole, "drawn order is not stored order");
 }
