@@ -27,7 +27,7 @@ mod workers;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use crossbeam_channel::{bounded, unbounded, Receiver, Sender, TryRecvError};
+use crossbeam_channel::{bounded, unbounded, Receiver, TryRecvError};
 use serde::{Deserialize, Serialize};
 
 pub use delivered::{Batch, DeviceSection, PackedView, PaddedView};
@@ -105,7 +105,6 @@ pub struct Loader {
     pool: Arc<StagingPool>,
     delivery: Delivery,
     stop: Arc<Stop>,
-    stop_signal: Option<Sender<()>>,
     threads: Vec<JoinHandle<()>>,
     position: SamplerState,
     finished: bool,
@@ -172,8 +171,7 @@ impl Loader {
             INITIAL_BUFFER_BYTES,
             allocate,
         ));
-        let (stop_signal, stop_rx) = bounded::<()>(0);
-        let stop = Arc::new(Stop::new(stop_rx));
+        let stop = Arc::new(Stop::new());
         let (result_tx, results) = bounded(config.prefetch);
         let mut threads = Vec::new();
         {
@@ -201,7 +199,6 @@ impl Loader {
             pool,
             delivery,
             stop,
-            stop_signal: Some(stop_signal),
             threads,
             position,
             finished: false,
@@ -311,7 +308,6 @@ impl Iterator for Loader {
 impl Drop for Loader {
     fn drop(&mut self) {
         self.stop.request();
-        drop(self.stop_signal.take());
         match &mut self.delivery {
             Delivery::Host(order) => order.clear(),
             Delivery::Device { slots, .. } => slots.stop(),

@@ -4,7 +4,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, OnceLock};
 
-use crossbeam_channel::{select, Receiver, Sender, TrySendError};
+use crossbeam_channel::{bounded, select, Receiver, Sender, TrySendError};
 
 use super::LoaderConfig;
 use crate::batch::{plan_sections, BatchLayout, BatchShape, Gatherer, Sections};
@@ -72,21 +72,26 @@ pub(crate) struct Filled {
 /// whose disconnection wakes the ones blocked on a channel.
 pub(crate) struct Stop {
     requested: AtomicBool,
+    /// Dropped by [`Stop::request`]: never sent on.
+    sender: Mutex<Option<Sender<()>>>,
     signal: Receiver<()>,
 }
 
 impl Stop {
-    /// A stop that `signal`'s sender, dropped after [`Stop::request`], completes.
-    pub(crate) fn new(signal: Receiver<()>) -> Stop {
+    /// A stop not yet requested.
+    pub(crate) fn new() -> Stop {
+        let (sender, signal) = bounded(0);
         Stop {
             requested: AtomicBool::new(false),
+            sender: Mutex::new(Some(sender)),
             signal,
         }
     }
 
-    /// Asks every thread to stop at its next check.
+    /// Asks every thread to stop: at its next check, or at once if it is blocked.
     pub(crate) fn request(&self) {
         self.requested.store(true, Ordering::Release);
+        drop(self.sender.lock().unwrap_or_else(|e| e.into_inner()).take());
     }
 
     fn requested(&self) -> bool {
