@@ -89,7 +89,14 @@ fn bench_gather(
     let mut gatherer = Gatherer::new(dataset);
     let sections: Vec<_> = plans
         .iter()
-        .map(|p| plan_sections(BatchLayout::Packed, gatherer.shape(p).unwrap(), &types))
+        .map(|p| {
+            plan_sections(
+                BatchLayout::Packed,
+                gatherer.shape(p).unwrap(),
+                &types,
+                true,
+            )
+        })
         .collect();
     let bytes: usize = sections.iter().map(|s| s.payload_bytes()).sum();
     let mut buffer = PlainMemory::new(sections.iter().map(|s| s.total).max().unwrap());

@@ -27,13 +27,16 @@ use shardify::sampler::{Batching, SamplerConfig, SamplerState};
 /// The CPU stand-in model's squared error summed over the batch.
 fn host_loss(v: &PackedView<'_>) -> f64 {
     let mut loss = 0.0;
+    let positions = v
+        .dom_position
+        .expect("the loader keeps dom_position by default");
     for b in 0..v.event_id.len() {
         let doms = v.event_dom_offsets[b] as usize..v.event_dom_offsets[b + 1] as usize;
         let (mut weighted_z, mut total) = (0.0, 0.0);
         for d in doms {
             let pulses = v.dom_pulse_offsets[d] as usize..v.dom_pulse_offsets[d + 1] as usize;
             let q: f64 = pulses.map(|p| v.pulse_charge.get(p)).sum();
-            weighted_z += q * v.dom_position.get(3 * d + 2);
+            weighted_z += q * positions.get(3 * d + 2);
             total += q;
         }
         let prediction = (weighted_z / total.max(1e-9) / 500.0)

@@ -101,13 +101,21 @@ pub enum Error {
         /// What is missing or ambiguous.
         problem: String,
     },
-    /// A shard file is malformed.
+    /// A shard file (or the sensor table) is malformed or does not match the manifest.
     #[error("shard {path}: {problem}")]
     Shard {
         /// The shard file.
         path: PathBuf,
         /// What is wrong.
-        problem: String,
+        problem: crate::format::ShardProblem,
+    },
+    /// A dataset written in another format version than this crate reads.
+    #[error("{path}: the dataset is {found}; this shardify reads {} version {}: convert the source again with `shardify convert`", crate::format::FORMAT, crate::format::FORMAT_VERSION)]
+    FormatVersion {
+        /// The manifest.
+        path: PathBuf,
+        /// The format and version found.
+        found: String,
     },
     /// A manifest, plan or work file is malformed or does not match.
     #[error("{path}: {problem}")]
@@ -161,7 +169,7 @@ impl Error {
     }
 
     /// A malformed shard.
-    pub fn shard(path: impl AsRef<Path>, problem: impl Into<String>) -> Self {
+    pub fn shard(path: impl AsRef<Path>, problem: impl Into<crate::format::ShardProblem>) -> Self {
         Error::Shard {
             path: path.as_ref().to_path_buf(),
             problem: problem.into(),

@@ -47,6 +47,7 @@ fn config(layout: BatchLayout, device: DeviceChoice) -> LoaderConfig {
         device,
         device_buffers: 2,
         time_copies: true,
+        dom_positions: true,
     }
 }
 

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use shardify::batch::BatchLayout;
+use shardify::batch::{sections, BatchLayout};
 use shardify::dataset::{ChecksumPolicy, Dataset};
 use shardify::device::DeviceChoice;
 use shardify::pipeline::{Batch, Loader, LoaderConfig, LoaderState};
@@ -75,12 +75,13 @@ fn check_packed(ds: &Dataset, batch: &Batch) {
         let out_doms = v.event_dom_offsets[b] as usize..v.event_dom_offsets[b + 1] as usize;
         assert_eq!(out_doms.len(), doms.len());
         for (od, d) in out_doms.zip(doms) {
-            assert_eq!(v.dom_sensor_id.get(od), shard.dom_sensor_id.get(d));
-            for k in 0..3 {
-                assert_eq!(
-                    v.dom_position.get(3 * od + k),
-                    shard.dom_position.get(3 * d + k)
-                );
+            let sensor = shard.dom_sensor_id.get(d);
+            assert_eq!(v.dom_sensor_id.get(od), sensor);
+            if let Some(position) = v.dom_position {
+                let row = ds.sensor_table().position(sensor).unwrap();
+                for (k, expected) in row.into_iter().enumerate() {
+                    assert_eq!(position.get(3 * od + k).to_bits(), expected.to_bits());
+                }
             }
             let (op, p) = (
                 v.dom_pulse_offsets[od] as usize..v.dom_pulse_offsets[od + 1] as usize,
@@ -152,6 +153,61 @@ fn a_whole_epoch_delivers_every_event_once_with_exact_content() {
 }
 
 #[test]
+fn positions_can_be_left_out_of_packed_batches() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = dataset(dir.path());
+    let with = config(Batching::Events(16), 2);
+    let without = LoaderConfig {
+        dom_positions: false,
+        ..with.clone()
+    };
+    let (a, b) = (epoch(&ds, &with, 1), epoch(&ds, &without, 1));
+    assert_eq!(a.len(), b.len());
+    let position_size = ds.sensor_table().dtype().size();
+    for (a, b) in a.iter().zip(&b) {
+        check_packed(&ds, b);
+        assert!(a.packed().unwrap().dom_position.is_some());
+        assert!(b.packed().unwrap().dom_position.is_none());
+        assert!(b.sections().get(sections::DOM_POSITION).is_none());
+        for s in &b.sections().list {
+            let other = a.sections().get(s.name).unwrap();
+            assert_eq!(
+                (s.dtype, &s.shape),
+                (other.dtype, &other.shape),
+                "{}",
+                s.name
+            );
+            assert_eq!(
+                &b.bytes()[s.offset..s.offset + s.len],
+                &a.bytes()[other.offset..other.offset + other.len],
+                "{}",
+                s.name
+            );
+        }
+        assert_eq!(
+            a.sections().payload_bytes() - b.sections().payload_bytes(),
+            a.shape().doms * 3 * position_size
+        );
+    }
+    let padded = LoaderConfig {
+        layout: BatchLayout::Padded {
+            max_doms: 8,
+            pulses_per_dom: 2,
+        },
+        ..without
+    };
+    let start = SamplerState {
+        epoch: 0,
+        batches_taken: 0,
+    };
+    let err = Loader::new(ds, padded, start).err().unwrap();
+    assert!(
+        matches!(&err, shardify::Error::Config(text) if text.contains("dom_positions")),
+        "{err}"
+    );
+}
+
+#[test]
 fn batches_do_not_depend_on_worker_count() {
     let dir = tempfile::tempdir().unwrap();
     let ds = dataset(dir.path());
@@ -203,8 +259,10 @@ fn padded_layout_matches_the_packed_one() {
                 }
                 let d = doms.start + slot;
                 assert_eq!(q.dom_mask[b * m + slot], 1);
-                assert_eq!(row[0], p.dom_position.get(3 * d) as f32);
-                assert_eq!(row[2], p.dom_position.get(3 * d + 2) as f32);
+                let position = p.dom_position.unwrap();
+                assert_eq!(row[0], position.get(3 * d) as f32);
+                assert_eq!(row[1], position.get(3 * d + 1) as f32);
+                assert_eq!(row[2], position.get(3 * d + 2) as f32);
                 let pulses = p.dom_pulse_offsets[d] as usize..p.dom_pulse_offsets[d + 1] as usize;
                 assert_eq!(row[3], pulses.len() as f32);
                 for j in 0..k {
@@ -399,7 +457,7 @@ fn the_gather_places_every_event_of_any_plan() {
             events,
         };
         let shape = gatherer.shape(&plan).unwrap();
-        let s = plan_sections(BatchLayout::Packed, shape, &types);
+        let s = plan_sections(BatchLayout::Packed, shape, &types, true);
         gatherer
             .gather(&plan, BatchLayout::Packed, &s, buffer.bytes_mut())
             .unwrap();

@@ -175,6 +175,64 @@ fn both_fixture_splits_convert_and_verify() {
     }
 }
 
+#[test]
+fn a_dataset_of_format_version_1_is_refused_with_the_fix() {
+    use shardify::dataset::{ChecksumPolicy, Dataset};
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("ds");
+    convert_all(&fixture(), "train", &out, &options(5, 2)).unwrap();
+    let path = out.join("manifest.json");
+    let mut manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    // What version 1 wrote: no sensor table, a position per DOM in every shard.
+    manifest["format_version"] = 1.into();
+    manifest.as_object_mut().unwrap().remove("sensor_table");
+    std::fs::write(&path, serde_json::to_vec(&manifest).unwrap()).unwrap();
+    let err = Dataset::open(&out, ChecksumPolicy::Off).err().unwrap();
+    assert!(
+        matches!(&err, shardify::Error::FormatVersion { found, .. } if found == "shardify version 1"),
+        "{err}"
+    );
+    let text = err.to_string();
+    assert!(
+        text.contains("the dataset is shardify version 1")
+            && text.contains("reads shardify version 2")
+            && text.contains("convert the source again with `shardify convert`"),
+        "{text}"
+    );
+}
+
+#[test]
+fn verify_against_the_source_checks_every_row_of_the_sensor_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("ds");
+    convert_all(&fixture(), "train", &out, &options(5, 2)).unwrap();
+    // Move sensor 7 by one ulp and record the new checksum, so only the comparison with
+    // the geometry can notice.
+    let table = out.join("geometry.safetensors");
+    let mut bytes = std::fs::read(&table).unwrap();
+    let data = bytes.len() - 8 * 3 * 5160 + 8 * 3 * 7;
+    bytes[data] ^= 1;
+    std::fs::write(&table, &bytes).unwrap();
+    let path = out.join("manifest.json");
+    let mut manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    manifest["sensor_table"]["xxh3"] = shardify::format::checksum::of_bytes(&bytes).into();
+    std::fs::write(&path, serde_json::to_vec(&manifest).unwrap()).unwrap();
+    assert!(
+        verify(&out, None).unwrap().ok(),
+        "structure alone cannot tell"
+    );
+    let source = InputSet::discover(&fixture(), Some("train")).unwrap();
+    let report = verify(&out, Some(&source)).unwrap();
+    assert_eq!(report.problem_count, 1, "{:?}", report.problems);
+    assert!(
+        report.problems[0].starts_with("geometry.safetensors: sensor 7 is at"),
+        "{:?}",
+        report.problems
+    );
+}
+
 /// Rewrites `path` with the charge of row `row` changed.
 fn change_charge(path: &std::path::Path, row: usize) {
     use arrow_array::cast::AsArray;

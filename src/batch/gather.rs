@@ -18,8 +18,9 @@ use super::{features_per_dom, sections, split_sections, typed, BatchLayout, Batc
 use super::{Sections, SECTION_ALIGN};
 use crate::dataset::Dataset;
 use crate::error::{Error, Result};
+use crate::format::pod::Pod;
 use crate::format::safetensors::Dtype;
-use crate::format::ShardView;
+use crate::format::{FloatColumn, IntColumn, SensorTable, ShardView};
 use crate::prefetch::prefetch;
 use crate::sampler::{BatchPlan, EventRef};
 
@@ -259,7 +260,10 @@ impl<'a> Gatherer<'a> {
         self.gather_headers(ids, azimuth, zenith);
         match layout {
             BatchLayout::Packed => {
-                let rest: Vec<&mut [u8]> = std::iter::from_fn(|| Some(next())).take(7).collect();
+                let positions = sections.get(sections::DOM_POSITION).is_some();
+                let columns = 6 + usize::from(positions);
+                let rest: Vec<&mut [u8]> =
+                    std::iter::from_fn(|| Some(next())).take(columns).collect();
                 self.gather_packed(rest);
             }
             BatchLayout::Padded { pulses_per_dom, .. } => {
@@ -303,16 +307,20 @@ impl<'a> Gatherer<'a> {
         let v = self.views.get(run.shard);
         let ((d0, d1), (p0, p1)) = (run.doms, run.pulses);
         prefetch(element_bytes(sized(v.dom_sensor_id.raw()), d0, d1));
-        prefetch(element_bytes(sized(v.dom_position.raw()), 3 * d0, 3 * d1));
         prefetch(element_bytes(sized(v.pulse_time.raw()), p0, p1));
         prefetch(element_bytes(sized(v.pulse_charge.raw()), p0, p1));
         prefetch(element_bytes((v.pulse_auxiliary, 1), p0, p1));
     }
 
+    /// `parts`: the packed sections after the headers, `dom_position` among them or not.
     fn gather_packed(&self, mut parts: Vec<&mut [u8]>) {
-        let [event_doms, dom_pulses, sensor, position, time, charge, aux] = &mut parts[..] else {
-            unreachable!("seven packed sections");
+        let (event_doms, dom_pulses, sensor, mut position, time, charge, aux) = match &mut parts[..]
+        {
+            [a, b, c, p, t, q, x] => (a, b, c, Some(p), t, q, x),
+            [a, b, c, t, q, x] => (a, b, c, None, t, q, x),
+            _ => unreachable!("six or seven packed sections"),
         };
+        let table = self.views.dataset.sensor_table();
         let event_doms = typed::<i32>(event_doms);
         let dom_pulses = typed::<i32>(dom_pulses);
         event_doms[0] = 0;
@@ -326,35 +334,29 @@ impl<'a> Gatherer<'a> {
             let ((d0, d1), (p0, p1)) = (run.doms, run.pulses);
             let (d_out, p_out, events) = (run.dom_at, run.pulse_at, run.events());
             copy_elements(sized(v.dom_sensor_id.raw()), d0, d1, sensor, d_out);
-            copy_elements(
-                sized(v.dom_position.raw()),
-                3 * d0,
-                3 * d1,
-                position,
-                3 * d_out,
-            );
+            if let Some(position) = position.as_deref_mut() {
+                let rows = &mut position[3 * d_out * table.dtype().size()..];
+                look_up_positions(v.dom_sensor_id, d0..d1, table, rows);
+            }
             copy_elements(sized(v.pulse_time.raw()), p0, p1, time, p_out);
             copy_elements(sized(v.pulse_charge.raw()), p0, p1, charge, p_out);
             copy_elements((v.pulse_auxiliary, 1), p0, p1, aux, p_out);
-            let pulse_shift = p_out as i64 - p0 as i64;
-            for (dst, &o) in dom_pulses[d_out + 1..=d_out + d1 - d0]
-                .iter_mut()
-                .zip(&v.dom_pulse_offsets[d0 + 1..=d1])
-            {
-                *dst = (o + pulse_shift) as i32;
-            }
-            let dom_shift = d_out as i64 - d0 as i64;
-            for (dst, &o) in event_doms[run.at + 1..=run.at + run.len]
-                .iter_mut()
-                .zip(&v.event_dom_offsets[events.start + 1..=events.end])
-            {
-                *dst = (o + dom_shift) as i32;
-            }
+            rebase(
+                &v.dom_pulse_offsets[d0 + 1..=d1],
+                p_out as i32 - p0 as i32,
+                &mut dom_pulses[d_out + 1..=d_out + d1 - d0],
+            );
+            rebase(
+                &v.event_dom_offsets[events.start + 1..=events.end],
+                d_out as i32 - d0 as i32,
+                &mut event_doms[run.at + 1..=run.at + run.len],
+            );
         }
     }
 
     fn gather_padded(&self, m: usize, k: usize, features: &mut [f32], mask: &mut [u8]) {
         let f = features_per_dom(k);
+        let positions = self.views.dataset.sensor_table().column();
         features.fill(0.0);
         mask.fill(0);
         for run in &self.located.runs {
@@ -363,9 +365,10 @@ impl<'a> Gatherer<'a> {
                 for (slot, d) in v.dom_range(e).take(m).enumerate() {
                     let row = &mut features[(b * m + slot) * f..(b * m + slot + 1) * f];
                     let pulses = v.pulse_range(d);
-                    row[0] = v.dom_position.get(3 * d) as f32;
-                    row[1] = v.dom_position.get(3 * d + 1) as f32;
-                    row[2] = v.dom_position.get(3 * d + 2) as f32;
+                    let row_of = 3 * v.dom_sensor_id.get(d) as usize;
+                    for (k, x) in row[..3].iter_mut().enumerate() {
+                        *x = positions.get(row_of + k) as f32;
+                    }
                     row[3] = pulses.len() as f32;
                     for (j, p) in pulses.take(k).enumerate() {
                         row[4 + 3 * j] = v.pulse_time.get(p) as f32;
@@ -376,6 +379,39 @@ impl<'a> Gatherer<'a> {
                 }
             }
         }
+    }
+}
+
+/// Writes `offsets` shifted by `shift` (a run's offsets rebased to its place in the batch).
+fn rebase(offsets: &[i32], shift: i32, dst: &mut [i32]) {
+    for (dst, &o) in dst.iter_mut().zip(offsets) {
+        *dst = o + shift;
+    }
+}
+
+/// Writes the sensor-table rows of DOMs `doms` (x, y, z each) to the start of `out` (raw
+/// bytes of the table's dtype): a lookup in a table small enough to stay in cache.
+fn look_up_positions(
+    sensors: IntColumn,
+    doms: std::ops::Range<usize>,
+    table: &SensorTable,
+    out: &mut [u8],
+) {
+    fn rows<S: Copy + Into<i64>, T: Pod>(sensors: &[S], table: &[T], out: &mut [u8]) {
+        let out = &mut typed::<T>(out)[..3 * sensors.len()];
+        for (dst, &s) in out.chunks_exact_mut(3).zip(sensors) {
+            let row = 3 * s.into() as usize;
+            dst.copy_from_slice(&table[row..row + 3]);
+        }
+    }
+    let out = &mut out[..doms.len() * 3 * table.dtype().size()];
+    match (sensors, table.column()) {
+        (IntColumn::I16(s), FloatColumn::F32(t)) => rows(&s[doms], t, out),
+        (IntColumn::I16(s), FloatColumn::F64(t)) => rows(&s[doms], t, out),
+        (IntColumn::I32(s), FloatColumn::F32(t)) => rows(&s[doms], t, out),
+        (IntColumn::I32(s), FloatColumn::F64(t)) => rows(&s[doms], t, out),
+        (IntColumn::I64(s), FloatColumn::F32(t)) => rows(&s[doms], t, out),
+        (IntColumn::I64(s), FloatColumn::F64(t)) => rows(&s[doms], t, out),
     }
 }
 

@@ -7,8 +7,9 @@
 //! **Packed** (two-level CSR, like varlen attention's `cu_seqlens`): `event_id` I64 `[B]`,
 //! `event_azimuth`/`event_zenith` F64 `[B]` (NaN without labels), `event_dom_offsets` I32
 //! `[B+1]`, `dom_pulse_offsets` I32 `[D+1]` (both rebased to the batch), `dom_sensor_id`,
-//! `dom_position` `[D,3]`, `pulse_time`, `pulse_charge`, `pulse_auxiliary` in the dataset's
-//! stored dtypes (copied, never converted).
+//! `pulse_time`, `pulse_charge`, `pulse_auxiliary` in the dataset's stored dtypes (copied,
+//! never converted), and unless left out, `dom_position` `[D,3]` in the sensor table's
+//! dtype (each DOM's row of the table, looked up while gathering).
 //!
 //! **Padded** (DOM-flat): `event_id`, labels, `dom_features` F32 `[B, M, 4 + 3K]` and
 //! `dom_mask` U8 `[B, M]`, where `M` is the largest DOM count in the batch capped at
@@ -42,33 +43,9 @@ pub enum BatchLayout {
     },
 }
 
-/// Section names, in one place.
-pub mod sections {
-    /// `[B]` I64.
-    pub const EVENT_ID: &str = "event_id";
-    /// `[B]` F64.
-    pub const EVENT_AZIMUTH: &str = "event_azimuth";
-    /// `[B]` F64.
-    pub const EVENT_ZENITH: &str = "event_zenith";
-    /// `[B+1]` I32.
-    pub const EVENT_DOM_OFFSETS: &str = "event_dom_offsets";
-    /// `[D+1]` I32.
-    pub const DOM_PULSE_OFFSETS: &str = "dom_pulse_offsets";
-    /// `[D]` stored dtype.
-    pub const DOM_SENSOR_ID: &str = "dom_sensor_id";
-    /// `[D,3]` stored dtype.
-    pub const DOM_POSITION: &str = "dom_position";
-    /// `[P]` stored dtype.
-    pub const PULSE_TIME: &str = "pulse_time";
-    /// `[P]` stored dtype.
-    pub const PULSE_CHARGE: &str = "pulse_charge";
-    /// `[P]` U8.
-    pub const PULSE_AUXILIARY: &str = "pulse_auxiliary";
-    /// `[B, M, 4 + 3K]` F32.
-    pub const DOM_FEATURES: &str = "dom_features";
-    /// `[B, M]` U8.
-    pub const DOM_MASK: &str = "dom_mask";
-}
+/// Section names: the shard tensor names, plus the batch-only `dom_position`,
+/// `dom_features` and `dom_mask` (one table, [`crate::format::names`]).
+pub use crate::format::names as sections;
 
 /// One tensor inside a batch buffer.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -132,8 +109,15 @@ pub struct BatchShape {
     pub max_doms: usize,
 }
 
-/// The section table of a batch of `shape` in `layout`.
-pub fn plan_sections(layout: BatchLayout, shape: BatchShape, types: &StorageTypes) -> Sections {
+/// The section table of a batch of `shape` in `layout`; `dom_positions: false` leaves the
+/// packed layout's `dom_position` out (for models that embed sensor ids, or look positions
+/// up themselves in [`crate::dataset::Dataset::sensor_table`]).
+pub fn plan_sections(
+    layout: BatchLayout,
+    shape: BatchShape,
+    types: &StorageTypes,
+    dom_positions: bool,
+) -> Sections {
     use sections::*;
     let mut s = Sections::default();
     let b = shape.events;
@@ -145,7 +129,9 @@ pub fn plan_sections(layout: BatchLayout, shape: BatchShape, types: &StorageType
             s.push(EVENT_DOM_OFFSETS, Dtype::I32, vec![b + 1]);
             s.push(DOM_PULSE_OFFSETS, Dtype::I32, vec![shape.doms + 1]);
             s.push(DOM_SENSOR_ID, types.sensor_id, vec![shape.doms]);
-            s.push(DOM_POSITION, types.position, vec![shape.doms, 3]);
+            if dom_positions {
+                s.push(DOM_POSITION, types.position, vec![shape.doms, 3]);
+            }
             s.push(PULSE_TIME, types.time, vec![shape.pulses]);
             s.push(PULSE_CHARGE, types.charge, vec![shape.pulses]);
             s.push(PULSE_AUXILIARY, Dtype::BOOL, vec![shape.pulses]);

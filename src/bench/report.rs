@@ -49,6 +49,8 @@ pub struct BenchConfig {
     pub time_copies: bool,
     /// On a GPU, device buffers the loader keeps busy (`LoaderConfig::device_buffers`).
     pub device_buffers: usize,
+    /// Whether batches carry `dom_position` (`LoaderConfig::dom_positions`).
+    pub dom_positions: bool,
 }
 
 /// Figures of one loader.
@@ -211,6 +213,7 @@ fn run_epoch(
         device: config.device,
         time_copies: config.time_copies,
         device_buffers: config.device_buffers,
+        dom_positions: config.dom_positions,
     };
     let mut consumer = Consumer::new(placement, config.simulate_compute_ms)?;
     let mut loader = Loader::on(

@@ -71,6 +71,10 @@ struct Args {
     /// latency in reusing a buffer when steps are very short.
     #[arg(long, default_value_t = 2)]
     device_buffers: usize,
+    /// Leave `dom_position` out of the batches (models that embed sensor ids, or look
+    /// positions up themselves).
+    #[arg(long)]
+    no_dom_positions: bool,
     /// Small and fast: windows 1 and 4, baselines for 2 s at most.
     #[arg(long)]
     quick: bool,
@@ -123,6 +127,7 @@ fn main() -> Result<()> {
         device: args.device,
         time_copies: args.time_copies,
         device_buffers: args.device_buffers,
+        dom_positions: !args.no_dom_positions,
     };
     let report = run(dataset, source.as_ref(), &config)?;
     print!("{}", table(&report));

@@ -9,18 +9,15 @@ use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use super::plan::Plan;
+use super::shard_writer::{write_shard, ShardContents};
 use super::spill::{BucketEvents, SpillIndex};
 use super::work::WorkDir;
 use crate::error::{Error, IoContext, Result};
 use crate::event::{EventHeader, ValueRange};
-use crate::format::checksum;
-use crate::format::manifest::FORMAT_VERSION;
 use crate::format::safetensors::Dtype;
-use crate::format::shard::{write_shard, ShardContents};
-use crate::format::{ShardEntry, StorageTypes};
+use crate::format::{checksum, format_metadata, ShardEntry, StorageTypes};
 use crate::pack::{PackedColumns, Packer};
 use crate::prefetch::prefetch;
-use crate::source::Geometry;
 
 /// What became of a bucket (the marker of a finished gather unit).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -128,7 +125,6 @@ pub fn gather_bucket(
     plan: &Plan,
     bucket: u64,
     indexes: &[SpillIndex],
-    geometry: &Geometry,
     types: StorageTypes,
     work: &WorkDir,
     scratch: &mut GatherScratch,
@@ -166,9 +162,7 @@ pub fn gather_bucket(
     } else {
         BucketRecord {
             bucket,
-            shard: Some(write_bucket_shard(
-                plan, bucket, geometry, types, work, scratch,
-            )?),
+            shard: Some(write_bucket_shard(plan, bucket, types, work, scratch)?),
         }
     };
     work.write_json(&work.bucket_record(bucket), &record)?;
@@ -184,7 +178,6 @@ const MIN_EVENTS_PER_PART: usize = 4096;
 fn write_bucket_shard(
     plan: &Plan,
     bucket: u64,
-    geometry: &Geometry,
     types: StorageTypes,
     work: &WorkDir,
     scratch: &mut GatherScratch,
@@ -249,9 +242,7 @@ fn write_bucket_shard(
         .iter_mut()
         .map(|(_, p)| std::mem::take(p))
         .collect();
-    let metadata = BTreeMap::from([
-        ("format".to_string(), "shardify".to_string()),
-        ("format_version".to_string(), FORMAT_VERSION.to_string()),
+    let metadata = format_metadata(BTreeMap::from([
         ("shard".to_string(), bucket.to_string()),
         ("seed".to_string(), plan.parameters.seed.to_string()),
         ("events".to_string(), headers.len().to_string()),
@@ -263,11 +254,10 @@ fn write_bucket_shard(
             "pulses".to_string(),
             packed.iter().map(|p| p.pulses()).sum::<usize>().to_string(),
         ),
-    ]);
+    ]));
     let contents = ShardContents {
         headers,
         parts: &packed,
-        geometry,
         types,
         metadata,
     };

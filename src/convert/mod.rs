@@ -15,6 +15,7 @@ pub mod gather;
 pub mod meta_split;
 pub mod plan;
 pub mod scatter;
+pub mod shard_writer;
 pub mod spill;
 pub mod work;
 
@@ -27,8 +28,8 @@ use rayon::prelude::*;
 use crate::error::{Error, Result};
 use crate::format::atomic::{sync_dir, sync_file};
 use crate::format::manifest::{Schema, Totals, FORMAT, FORMAT_VERSION};
-use crate::format::Manifest;
-use crate::source::InputSet;
+use crate::format::{Manifest, SensorTable};
+use crate::source::{Geometry, InputSet};
 use gather::{bucket_memory, storage_types, BucketRecord, GatherScratch};
 use plan::Plan;
 use spill::SpillIndex;
@@ -296,15 +297,8 @@ fn run_phases(
                     .expect("scratch pool lock")
                     .pop()
                     .unwrap_or_default();
-                let record = gather::gather_bucket(
-                    &plan,
-                    bucket,
-                    &indexes,
-                    &geometry,
-                    types,
-                    &work,
-                    &mut scratch,
-                );
+                let record =
+                    gather::gather_bucket(&plan, bucket, &indexes, types, &work, &mut scratch);
                 scratch_pool
                     .lock()
                     .expect("scratch pool lock")
@@ -321,7 +315,7 @@ fn run_phases(
     }
     if matches!(phase, Phase::All | Phase::Finalize) {
         let started = Instant::now();
-        summary.manifest = Some(finalize(&plan, &work)?);
+        summary.manifest = Some(finalize(&plan, &geometry, &work)?);
         summary.units_run.push(("finalize", 1));
         summary
             .seconds
@@ -365,7 +359,7 @@ fn load_spill_indexes(plan: &Plan, work: &WorkDir) -> Result<Vec<SpillIndex>> {
         .collect()
 }
 
-fn finalize(plan: &Plan, work: &WorkDir) -> Result<Manifest> {
+fn finalize(plan: &Plan, geometry: &Geometry, work: &WorkDir) -> Result<Manifest> {
     let indexes = load_spill_indexes(plan, work)?;
     let mut shards = Vec::new();
     for bucket in 0..plan.parameters.bucket_count {
@@ -399,14 +393,17 @@ fn finalize(plan: &Plan, work: &WorkDir) -> Result<Manifest> {
         .par_iter()
         .map(|s| sync_file(&work.out().join(&s.file)))
         .collect::<Result<Vec<()>>>()?;
+    let types = storage_types(plan, &indexes);
+    let sensor_table = SensorTable::new(&geometry.positions(), types.position).write(work.out())?;
     sync_dir(work.out())?;
     let manifest = Manifest {
         format: FORMAT.into(),
         format_version: FORMAT_VERSION,
         parameters: plan.parameters.clone(),
-        schema: Schema::current(storage_types(plan, &indexes)),
+        schema: Schema::current(types),
         totals,
         shards,
+        sensor_table,
         sources: plan.sources.clone(),
     };
     manifest.write(work.out())?;

@@ -16,12 +16,17 @@ use crate::format::manifest::{Parameters, SourceFile, Sources, FORMAT_VERSION};
 use crate::source::columns::ParquetSource;
 use crate::source::{has_labels, Geometry, InputSet};
 
-/// Estimated shard bytes per pulse before narrowing (time, charge, auxiliary and the
-/// DOM level's share); used only to choose the bucket count.
-const SHARD_BYTES_PER_PULSE: u64 = 24;
-/// Peak memory of gathering one bucket, as a multiple of its shard size (see
-/// `gather::bucket_memory`: ~48 bytes of memory per pulse against ~24 of shard).
-pub const GATHER_MEMORY_FACTOR: u64 = 3;
+/// Estimated shard bytes per pulse (9 per pulse, ~6 per DOM at ~0.4 DOMs per pulse, the
+/// event level's share); used only to choose the bucket count.
+const SHARD_BYTES_PER_PULSE: u64 = 12;
+/// Memory planned per input pulse of a bucket being gathered: `gather::bucket_memory`
+/// estimates ~48 bytes (decoded pulses, their packed copy, the spill chunk read) and the
+/// allocator's slack takes the rest.
+pub const GATHER_MEMORY_PER_PULSE: u64 = 72;
+/// The most pulses one bucket is planned to hold on average: buckets are filled by a
+/// hash, so their sizes vary by a few standard deviations at most, and a shard must stay
+/// under 2^31 pulses and DOMs for its I32 offsets ([`crate::format::shard::MAX_SHARD_ITEMS`]).
+const MAX_BUCKET_PULSES: u64 = 1 << 29;
 /// Buckets the memory limit must let gather at once: while one bucket's shard is being
 /// written (bounded by the disk), another is read and packed (bounded by the CPU). With one
 /// at a time the two alternate; measured on 1M events under a 512 MiB limit, two in flight
@@ -104,13 +109,10 @@ impl Plan {
             .collect::<Result<Vec<_>>>()?;
         let labels = has_labels(&inputs.meta)?;
         let total_pulses: u64 = batches.iter().filter_map(|b| b.rows).sum();
-        let bucket_bytes = options
-            .shard_target_bytes
-            .min(options.working_memory() / (GATHER_MEMORY_FACTOR * GATHER_BUCKETS_IN_FLIGHT))
-            .max(1);
-        let bucket_count = (total_pulses * SHARD_BYTES_PER_PULSE)
-            .div_ceil(bucket_bytes)
-            .max(1);
+        let bucket_pulses = (options.shard_target_bytes / SHARD_BYTES_PER_PULSE)
+            .min(options.working_memory() / (GATHER_MEMORY_PER_PULSE * GATHER_BUCKETS_IN_FLIGHT))
+            .clamp(1, MAX_BUCKET_PULSES);
+        let bucket_count = total_pulses.div_ceil(bucket_pulses).max(1);
         let plan = Plan {
             format_version: FORMAT_VERSION,
             parameters: Parameters {

@@ -10,7 +10,7 @@ use std::io::Write;
 
 use super::Dataset;
 use crate::error::{Error, Result};
-use crate::format::ShardView;
+use crate::format::{SensorTable, ShardView};
 
 fn number_or_null(v: f64) -> String {
     if v.is_finite() {
@@ -20,8 +20,13 @@ fn number_or_null(v: f64) -> String {
     }
 }
 
-/// Writes event `e` of `view` as one JSON line.
-pub fn write_event(out: &mut impl Write, view: &ShardView, e: usize) -> std::io::Result<()> {
+/// Writes event `e` of `view` as one JSON line, with each DOM's position from `table`.
+pub fn write_event(
+    out: &mut impl Write,
+    view: &ShardView,
+    table: &SensorTable,
+    e: usize,
+) -> std::io::Result<()> {
     let h = view.header(e);
     write!(
         out,
@@ -33,13 +38,14 @@ pub fn write_event(out: &mut impl Write, view: &ShardView, e: usize) -> std::io:
     )?;
     for (k, d) in view.dom_range(e).enumerate() {
         let sep = if k == 0 { "" } else { ", " };
+        let sensor = view.dom_sensor_id.get(d);
+        let [x, y, z] = table.position(sensor).unwrap_or([f64::NAN; 3]);
         write!(
             out,
-            "{sep}{{\"sensor_id\": {}, \"x\": {:?}, \"y\": {:?}, \"z\": {:?}, \"pulses\": [",
-            view.dom_sensor_id.get(d),
-            view.dom_position.get(3 * d),
-            view.dom_position.get(3 * d + 1),
-            view.dom_position.get(3 * d + 2)
+            "{sep}{{\"sensor_id\": {sensor}, \"x\": {}, \"y\": {}, \"z\": {}, \"pulses\": [",
+            number_or_null(x),
+            number_or_null(y),
+            number_or_null(z)
         )?;
         for (j, p) in view.pulse_range(d).enumerate() {
             let sep = if j == 0 { "" } else { ", " };
@@ -64,7 +70,7 @@ pub fn dump(dataset: &Dataset, only_event: Option<i64>, out: &mut impl Write) ->
         let view = dataset.shard(i)?.view()?;
         for e in 0..view.events() {
             if only_event.is_none_or(|id| id == view.event_id[e]) {
-                write_event(out, &view, e).map_err(io)?;
+                write_event(out, &view, dataset.sensor_table(), e).map_err(io)?;
                 written += 1;
             }
         }

@@ -11,7 +11,9 @@ use std::sync::OnceLock;
 
 use crate::error::{Error, IoContext, Result};
 use crate::format::safetensors::{self, Header};
-use crate::format::{checksum, Manifest, ShardEntry, ShardView};
+use crate::format::{
+    checksum, Manifest, SensorTable, ShardEntry, ShardProblem, ShardView, Validation,
+};
 
 /// When shard checksums are checked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -45,18 +47,28 @@ pub struct Shard {
     path: PathBuf,
     bytes: ShardBytes,
     header: Header,
+    sensor_rows: usize,
 }
 
 impl Shard {
     /// Maps `path`, checks its size against `entry` (and its checksum when asked), and
-    /// validates its header and structure.
-    pub fn open(path: &Path, entry: &ShardEntry, check_checksum: bool) -> Result<Shard> {
+    /// validates its header and structure, and every sensor id against a `sensor_rows`-row
+    /// sensor table.
+    pub fn open(
+        path: &Path,
+        entry: &ShardEntry,
+        sensor_rows: usize,
+        check_checksum: bool,
+    ) -> Result<Shard> {
         let file = File::open(path).at(path)?;
         let len = file.metadata().at(path)?.len();
         if len != entry.bytes {
             return Err(Error::shard(
                 path,
-                format!("is {len} bytes, the manifest says {}", entry.bytes),
+                ShardProblem::Size {
+                    found: len,
+                    expected: entry.bytes,
+                },
             ));
         }
         // SAFETY: the map is read-only and shards are immutable once renamed into place (the
@@ -88,28 +100,33 @@ impl Shard {
             path: path.to_path_buf(),
             bytes,
             header,
+            sensor_rows,
         };
-        let view = ShardView::parse(&shard.path, shard.bytes.as_slice(), &shard.header)?;
-        let counts = (
-            view.events() as u64,
-            view.doms() as u64,
-            view.pulses() as u64,
-        );
-        if counts != (entry.events, entry.doms, entry.pulses) {
-            return Err(Error::shard(
-                path,
-                format!(
-                    "holds {counts:?} events/DOMs/pulses, the manifest says ({}, {}, {})",
-                    entry.events, entry.doms, entry.pulses
-                ),
-            ));
+        let view = ShardView::parse(
+            shard.bytes.as_slice(),
+            &shard.header,
+            sensor_rows,
+            Validation::Full,
+        )
+        .map_err(|problem| Error::shard(path, problem))?;
+        let found = [view.events(), view.doms(), view.pulses()].map(|n| n as u64);
+        let expected = [entry.events, entry.doms, entry.pulses];
+        if found != expected {
+            return Err(Error::shard(path, ShardProblem::Counts { found, expected }));
         }
         Ok(shard)
     }
 
-    /// Typed views of the shard's tensors (the offsets were validated when it was opened).
+    /// Typed views of the shard's tensors (the offsets and sensor ids were validated when
+    /// it was opened).
     pub fn view(&self) -> Result<ShardView<'_>> {
-        ShardView::parse_with(&self.path, self.bytes.as_slice(), &self.header, false)
+        ShardView::parse(
+            self.bytes.as_slice(),
+            &self.header,
+            self.sensor_rows,
+            Validation::Structure,
+        )
+        .map_err(|problem| Error::shard(&self.path, problem))
     }
 
     /// The shard's path.
@@ -132,20 +149,26 @@ impl Shard {
 pub struct Dataset {
     dir: PathBuf,
     manifest: Manifest,
+    sensor_table: SensorTable,
     policy: ChecksumPolicy,
     shards: Vec<OnceLock<Shard>>,
 }
 
 impl Dataset {
-    /// Opens `dir`; with [`ChecksumPolicy::Full`] every shard is opened and checked now.
+    /// Opens `dir` and reads its sensor table (checksummed unless the policy is
+    /// [`ChecksumPolicy::Off`]); with [`ChecksumPolicy::Full`] every shard is opened and
+    /// checked now.
     pub fn open(dir: &Path, policy: ChecksumPolicy) -> Result<Dataset> {
         let manifest = Manifest::read(dir)?;
+        let sensor_table =
+            SensorTable::read(dir, &manifest.sensor_table, policy != ChecksumPolicy::Off)?;
         let shards = (0..manifest.shards.len())
             .map(|_| OnceLock::new())
             .collect();
         let dataset = Dataset {
             dir: dir.to_path_buf(),
             manifest,
+            sensor_table,
             policy,
             shards,
         };
@@ -160,6 +183,12 @@ impl Dataset {
     /// The manifest.
     pub fn manifest(&self) -> &Manifest {
         &self.manifest
+    }
+
+    /// The sensor table: every sensor's position, by sensor id (a shard's
+    /// `dom_sensor_id` is a row of it).
+    pub fn sensor_table(&self) -> &SensorTable {
+        &self.sensor_table
     }
 
     /// The directory.
@@ -181,6 +210,7 @@ impl Dataset {
         let shard = Shard::open(
             &self.dir.join(&entry.file),
             entry,
+            self.sensor_table.rows(),
             self.policy != ChecksumPolicy::Off,
         )?;
         Ok(self.shards[i].get_or_init(|| shard))

@@ -5,15 +5,13 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+use super::sensor_table::SensorTableEntry;
 use super::shard::{ShardEntry, StorageTypes};
+pub use super::{FORMAT, FORMAT_VERSION};
 use crate::error::{Error, IoContext, Result};
 
 /// The manifest's file name inside a dataset directory.
 pub const MANIFEST_FILE: &str = "manifest.json";
-/// The value of `format`.
-pub const FORMAT: &str = "shardify";
-/// The version of the shard layout and manifest written by this crate.
-pub const FORMAT_VERSION: u32 = 1;
 
 /// Conversion parameters that decide the output bytes.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -112,6 +110,8 @@ pub struct Manifest {
     pub totals: Totals,
     /// Shards in global order.
     pub shards: Vec<ShardEntry>,
+    /// The sensor table (positions by sensor id), stored once for all shards.
+    pub sensor_table: SensorTableEntry,
     /// Lineage.
     pub sources: Sources,
 }
@@ -121,23 +121,29 @@ impl Manifest {
     pub fn read(dir: &Path) -> Result<Manifest> {
         let path = dir.join(MANIFEST_FILE);
         let text = std::fs::read(&path).at(&path)?;
-        let manifest: Manifest = serde_json::from_slice(&text)
-            .map_err(|e| Error::manifest(&path, format!("not a shardify manifest: {e}")))?;
-        if manifest.format != FORMAT || manifest.format_version != FORMAT_VERSION {
-            return Err(Error::manifest(
-                &path,
-                format!(
-                    "format {} version {} is not {FORMAT} version {FORMAT_VERSION}",
-                    manifest.format, manifest.format_version
-                ),
-            ));
+        let not_ours =
+            |e: serde_json::Error| Error::manifest(&path, format!("not a shardify manifest: {e}"));
+        // The version first: an older manifest has other fields, and saying which version
+        // it is helps more than naming a missing field.
+        let value: serde_json::Value = serde_json::from_slice(&text).map_err(not_ours)?;
+        let format = value.get("format").and_then(|v| v.as_str());
+        let version = value.get("format_version").and_then(|v| v.as_u64());
+        if format != Some(FORMAT) || version != Some(FORMAT_VERSION.into()) {
+            return Err(Error::FormatVersion {
+                path,
+                found: match (format, version) {
+                    (Some(f), Some(v)) => format!("{f} version {v}"),
+                    _ => "no shardify format version".into(),
+                },
+            });
         }
-        for shard in &manifest.shards {
-            if shard.file.contains('/') || shard.file.contains('\\') || shard.file.starts_with('.')
-            {
+        let manifest: Manifest = serde_json::from_value(value).map_err(not_ours)?;
+        let files = manifest.shards.iter().map(|s| &s.file);
+        for file in files.chain([&manifest.sensor_table.file]) {
+            if file.contains('/') || file.contains('\\') || file.starts_with('.') {
                 return Err(Error::manifest(
                     &path,
-                    format!("shard file name {:?} is not a plain file name", shard.file),
+                    format!("file name {file:?} is not a plain file name"),
                 ));
             }
         }

@@ -186,28 +186,119 @@ pub struct Header {
     pub tensors: BTreeMap<String, TensorInfo>,
 }
 
+/// Why a safetensors file was rejected.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HeaderError {
+    /// Fewer than the 8 bytes of the header length.
+    #[error("{file_bytes} bytes is too short for a safetensors file")]
+    TooShort {
+        /// The file's length.
+        file_bytes: usize,
+    },
+    /// The declared header length exceeds [`MAX_HEADER_BYTES`].
+    #[error("header length {declared} exceeds {MAX_HEADER_BYTES}")]
+    TooLong {
+        /// The declared length.
+        declared: u64,
+    },
+    /// The declared header length runs past the end of the file.
+    #[error("header length {declared} runs past the end of the {file_bytes}-byte file")]
+    PastEnd {
+        /// The declared length.
+        declared: u64,
+        /// The file's length.
+        file_bytes: usize,
+    },
+    /// The header is not JSON, or not a JSON object.
+    #[error("header is not a JSON object: {0}")]
+    NotJson(String),
+    /// `__metadata__` is not a map of strings to strings.
+    #[error("__metadata__ is not a string map: {0}")]
+    Metadata(String),
+    /// A tensor entry lacks a field or holds one of the wrong kind.
+    #[error("tensor `{tensor}`: field `{field}` is missing or malformed")]
+    Field {
+        /// The tensor.
+        tensor: String,
+        /// `dtype`, `shape` or `data_offsets`.
+        field: &'static str,
+    },
+    /// A dtype this reader does not know.
+    #[error("tensor `{tensor}`: unsupported dtype {dtype}")]
+    UnknownDtype {
+        /// The tensor.
+        tensor: String,
+        /// The dtype's name in the header.
+        dtype: String,
+    },
+    /// `data_offsets` reversed or past the data section.
+    #[error("tensor `{tensor}`: data_offsets [{start}, {end}] outside the {data_bytes}-byte data section")]
+    OutsideData {
+        /// The tensor.
+        tensor: String,
+        /// First byte (relative to the data section).
+        start: usize,
+        /// One past the last byte.
+        end: usize,
+        /// Bytes in the data section.
+        data_bytes: usize,
+    },
+    /// The shape's byte size differs from the span of `data_offsets` (or overflows).
+    #[error("tensor `{tensor}`: shape {shape:?} of {dtype:?} does not fill data_offsets spanning {span} bytes")]
+    ShapeSpan {
+        /// The tensor.
+        tensor: String,
+        /// Its shape.
+        shape: Vec<usize>,
+        /// Its dtype.
+        dtype: Dtype,
+        /// Bytes between its data offsets.
+        span: usize,
+    },
+    /// Tensors that leave a gap or overlap: the data must be contiguous from offset 0.
+    #[error(
+        "tensor `{tensor}` starts at data offset {start}, expected {expected} (gap or overlap)"
+    )]
+    NotContiguous {
+        /// The tensor.
+        tensor: String,
+        /// Where it starts.
+        start: usize,
+        /// Where the previous tensor ended.
+        expected: usize,
+    },
+    /// Bytes after the last tensor.
+    #[error("tensors end at data offset {end} but the data section has {data_bytes} bytes")]
+    Trailing {
+        /// Where the last tensor ends.
+        end: usize,
+        /// Bytes in the data section.
+        data_bytes: usize,
+    },
+}
+
 /// Parses and validates the header of a whole safetensors file held in `bytes`.
-pub fn parse(bytes: &[u8]) -> Result<Header, String> {
+pub fn parse(bytes: &[u8]) -> Result<Header, HeaderError> {
     let len_bytes: [u8; 8] = bytes
         .get(..8)
-        .ok_or_else(|| format!("{} bytes is too short for a safetensors file", bytes.len()))?
+        .ok_or(HeaderError::TooShort {
+            file_bytes: bytes.len(),
+        })?
         .try_into()
         .expect("8 bytes");
     let n = u64::from_le_bytes(len_bytes);
     if n > MAX_HEADER_BYTES as u64 {
-        return Err(format!("header length {n} exceeds {MAX_HEADER_BYTES}"));
+        return Err(HeaderError::TooLong { declared: n });
     }
     let data_start = 8 + n as usize;
-    let text = bytes.get(8..data_start).ok_or_else(|| {
-        format!(
-            "header length {n} runs past the end of the {}-byte file",
-            bytes.len()
-        )
+    let text = bytes.get(8..data_start).ok_or(HeaderError::PastEnd {
+        declared: n,
+        file_bytes: bytes.len(),
     })?;
     let value: Value =
-        serde_json::from_slice(text).map_err(|e| format!("header is not valid JSON: {e}"))?;
+        serde_json::from_slice(text).map_err(|e| HeaderError::NotJson(e.to_string()))?;
     let Value::Object(entries) = value else {
-        return Err("header is not a JSON object".into());
+        return Err(HeaderError::NotJson("not an object".into()));
     };
     let data_len = bytes.len() - data_start;
     let mut header = Header {
@@ -217,8 +308,8 @@ pub fn parse(bytes: &[u8]) -> Result<Header, String> {
     let mut spans = Vec::new();
     for (name, entry) in entries {
         if name == "__metadata__" {
-            header.metadata = serde_json::from_value(entry)
-                .map_err(|e| format!("__metadata__ is not a string map: {e}"))?;
+            header.metadata =
+                serde_json::from_value(entry).map_err(|e| HeaderError::Metadata(e.to_string()))?;
             continue;
         }
         let info = parse_entry(&name, &entry, data_len)?;
@@ -233,63 +324,74 @@ pub fn parse(bytes: &[u8]) -> Result<Header, String> {
     }
     spans.sort();
     let mut expected = 0;
-    for (start, end, name) in &spans {
-        if *start != expected {
-            return Err(format!("tensor `{name}` starts at data offset {start}, expected {expected} (gap or overlap)"));
+    for (start, end, name) in spans {
+        if start != expected {
+            return Err(HeaderError::NotContiguous {
+                tensor: name,
+                start,
+                expected,
+            });
         }
-        expected = *end;
+        expected = end;
     }
     if expected != data_len {
-        return Err(format!(
-            "tensors end at data offset {expected} but the data section has {data_len} bytes"
-        ));
+        return Err(HeaderError::Trailing {
+            end: expected,
+            data_bytes: data_len,
+        });
     }
     Ok(header)
 }
 
-fn parse_entry(name: &str, entry: &Value, data_len: usize) -> Result<TensorInfo, String> {
-    let field = |key: &str| {
-        entry
-            .get(key)
-            .ok_or_else(|| format!("tensor `{name}` lacks `{key}`"))
+fn parse_entry(name: &str, entry: &Value, data_len: usize) -> Result<TensorInfo, HeaderError> {
+    let malformed = |field| HeaderError::Field {
+        tensor: name.to_string(),
+        field,
     };
-    let dtype_name = field("dtype")?
-        .as_str()
-        .ok_or_else(|| format!("tensor `{name}`: dtype is not a string"))?;
-    let dtype = Dtype::parse(dtype_name)
-        .ok_or_else(|| format!("tensor `{name}`: unsupported dtype {dtype_name}"))?;
-    let numbers = |key: &str| -> Result<Vec<usize>, String> {
-        field(key)?
-            .as_array()
-            .ok_or_else(|| format!("tensor `{name}`: {key} is not an array"))?
+    let dtype_name = entry
+        .get("dtype")
+        .and_then(Value::as_str)
+        .ok_or_else(|| malformed("dtype"))?;
+    let dtype = Dtype::parse(dtype_name).ok_or_else(|| HeaderError::UnknownDtype {
+        tensor: name.to_string(),
+        dtype: dtype_name.to_string(),
+    })?;
+    let numbers = |field: &'static str| -> Result<Vec<usize>, HeaderError> {
+        entry
+            .get(field)
+            .and_then(Value::as_array)
+            .ok_or_else(|| malformed(field))?
             .iter()
             .map(|v| {
                 v.as_u64()
-                    .map(|x| x as usize)
-                    .ok_or_else(|| format!("tensor `{name}`: {key} holds a non-integer"))
+                    .and_then(|x| usize::try_from(x).ok())
+                    .ok_or_else(|| malformed(field))
             })
             .collect()
     };
     let shape = numbers("shape")?;
     let offsets = numbers("data_offsets")?;
     let [start, end] = offsets[..] else {
-        return Err(format!(
-            "tensor `{name}`: data_offsets must have two entries"
-        ));
+        return Err(malformed("data_offsets"));
     };
     if start > end || end > data_len {
-        return Err(format!("tensor `{name}`: data_offsets [{start}, {end}] outside the {data_len}-byte data section"));
+        return Err(HeaderError::OutsideData {
+            tensor: name.to_string(),
+            start,
+            end,
+            data_bytes: data_len,
+        });
     }
-    let elements = shape
+    let bytes = shape
         .iter()
-        .try_fold(1usize, |acc, &d| acc.checked_mul(d))
-        .ok_or_else(|| format!("tensor `{name}`: shape {shape:?} overflows"))?;
-    if elements.checked_mul(dtype.size()) != Some(end - start) {
-        return Err(format!(
-            "tensor `{name}`: shape {shape:?} of {dtype_name} needs {} bytes, data_offsets span {}",
-            elements.saturating_mul(dtype.size()),
-            end - start
-        ));
+        .try_fold(dtype.size(), |acc, &d| acc.checked_mul(d));
+    if bytes != Some(end - start) {
+        return Err(HeaderError::ShapeSpan {
+            tensor: name.to_string(),
+            shape,
+            dtype,
+            span: end - start,
+        });
     }
     Ok(TensorInfo {
         dtype,
@@ -356,15 +458,161 @@ mod tests {
     #[test]
     fn rejects_damage() {
         let bytes = sample();
-        assert!(parse(&bytes[..bytes.len() - 1])
-            .unwrap_err()
-            .contains("outside"));
+        assert!(matches!(
+            parse(&bytes[..bytes.len() - 1]).unwrap_err(),
+            HeaderError::OutsideData { ref tensor, .. } if tensor == "b"
+        ));
         let mut long = bytes.clone();
         long.push(0);
-        assert!(parse(&long).unwrap_err().contains("data section has"));
+        assert!(matches!(
+            parse(&long).unwrap_err(),
+            HeaderError::Trailing { data_bytes, .. } if data_bytes == 3 * 8 + 4 * 4 + 2 + 1
+        ));
         let mut huge = bytes.clone();
         huge[..8].copy_from_slice(&(u64::MAX).to_le_bytes());
-        assert!(parse(&huge).unwrap_err().contains("exceeds"));
-        assert!(parse(&bytes[..5]).unwrap_err().contains("too short"));
+        assert_eq!(
+            parse(&huge).unwrap_err(),
+            HeaderError::TooLong { declared: u64::MAX }
+        );
+        assert_eq!(
+            parse(&bytes[..5]).unwrap_err(),
+            HeaderError::TooShort { file_bytes: 5 }
+        );
+    }
+
+    /// A file with `header` (JSON text) and `data`, unpadded.
+    fn file(header: &str, data: &[u8]) -> Vec<u8> {
+        let mut out = (header.len() as u64).to_le_bytes().to_vec();
+        out.extend_from_slice(header.as_bytes());
+        out.extend_from_slice(data);
+        out
+    }
+
+    #[test]
+    fn every_header_rejection_is_typed() {
+        let ok = r#"{"a":{"dtype":"I32","shape":[2],"data_offsets":[0,8]}}"#;
+        assert!(parse(&file(ok, &[0; 8])).is_ok());
+        let mut past = file(ok, &[0; 8]);
+        past[..8].copy_from_slice(&1000u64.to_le_bytes());
+        assert_eq!(
+            parse(&past).unwrap_err(),
+            HeaderError::PastEnd {
+                declared: 1000,
+                file_bytes: past.len()
+            }
+        );
+        assert!(matches!(
+            parse(&file("{not json", &[])).unwrap_err(),
+            HeaderError::NotJson(_)
+        ));
+        assert!(matches!(
+            parse(&file("[1,2]", &[])).unwrap_err(),
+            HeaderError::NotJson(_)
+        ));
+        assert!(matches!(
+            parse(&file(r#"{"__metadata__":{"k":1}}"#, &[])).unwrap_err(),
+            HeaderError::Metadata(_)
+        ));
+        let field = |tensor: &str, field| HeaderError::Field {
+            tensor: tensor.into(),
+            field,
+        };
+        for (header, expected) in [
+            (
+                r#"{"a":{"shape":[2],"data_offsets":[0,8]}}"#,
+                field("a", "dtype"),
+            ),
+            (
+                r#"{"a":{"dtype":"I32","data_offsets":[0,8]}}"#,
+                field("a", "shape"),
+            ),
+            (
+                r#"{"a":{"dtype":"I32","shape":[-2],"data_offsets":[0,8]}}"#,
+                field("a", "shape"),
+            ),
+            (
+                r#"{"a":{"dtype":"I32","shape":[2],"data_offsets":[0]}}"#,
+                field("a", "data_offsets"),
+            ),
+            (
+                r#"{"a":{"dtype":"I32","shape":[2],"data_offsets":[0,8,9]}}"#,
+                field("a", "data_offsets"),
+            ),
+        ] {
+            assert_eq!(
+                parse(&file(header, &[0; 8])).unwrap_err(),
+                expected,
+                "{header}"
+            );
+        }
+        assert_eq!(
+            parse(&file(
+                r#"{"a":{"dtype":"C64","shape":[1],"data_offsets":[0,8]}}"#,
+                &[0; 8]
+            ))
+            .unwrap_err(),
+            HeaderError::UnknownDtype {
+                tensor: "a".into(),
+                dtype: "C64".into()
+            }
+        );
+        assert_eq!(
+            parse(&file(
+                r#"{"a":{"dtype":"I32","shape":[2],"data_offsets":[8,0]}}"#,
+                &[0; 8]
+            ))
+            .unwrap_err(),
+            HeaderError::OutsideData {
+                tensor: "a".into(),
+                start: 8,
+                end: 0,
+                data_bytes: 8
+            }
+        );
+        assert_eq!(
+            parse(&file(
+                r#"{"a":{"dtype":"I32","shape":[3],"data_offsets":[0,8]}}"#,
+                &[0; 8]
+            ))
+            .unwrap_err(),
+            HeaderError::ShapeSpan {
+                tensor: "a".into(),
+                shape: vec![3],
+                dtype: Dtype::I32,
+                span: 8
+            }
+        );
+        let overflow = format!(
+            r#"{{"a":{{"dtype":"I64","shape":[{},{}],"data_offsets":[0,8]}}}}"#,
+            u64::MAX / 2,
+            4
+        );
+        assert!(matches!(
+            parse(&file(&overflow, &[0; 8])).unwrap_err(),
+            HeaderError::ShapeSpan { .. }
+        ));
+        let gap = r#"{"a":{"dtype":"I32","shape":[1],"data_offsets":[0,4]},"b":{"dtype":"I32","shape":[1],"data_offsets":[8,12]}}"#;
+        assert_eq!(
+            parse(&file(gap, &[0; 12])).unwrap_err(),
+            HeaderError::NotContiguous {
+                tensor: "b".into(),
+                start: 8,
+                expected: 4
+            }
+        );
+        let overlap = r#"{"a":{"dtype":"I32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"I32","shape":[1],"data_offsets":[4,8]}}"#;
+        assert!(matches!(
+            parse(&file(overlap, &[0; 8])).unwrap_err(),
+            HeaderError::NotContiguous { .. }
+        ));
+        let late = r#"{"a":{"dtype":"I32","shape":[1],"data_offsets":[4,8]}}"#;
+        assert_eq!(
+            parse(&file(late, &[0; 8])).unwrap_err(),
+            HeaderError::NotContiguous {
+                tensor: "a".into(),
+                start: 4,
+                expected: 0
+            }
+        );
     }
 }

@@ -1,4 +1,5 @@
-//! One shard: a safetensors file of whole DOM-packed columns for a run of events.
+//! One shard: a safetensors file of whole DOM-packed columns for a run of events, and the
+//! validating reader that turns its bytes into typed views.
 //!
 //! | tensor | shape | dtype |
 //! |---|---|---|
@@ -6,62 +7,35 @@
 //! | `event_batch_id` | `[E]` | I64 (lineage: source batch) |
 //! | `event_first_row` | `[E]` | I64 (lineage: first row in the source batch file) |
 //! | `event_azimuth`, `event_zenith` | `[E]` | F64 (train split only) |
-//! | `event_dom_offsets` | `[E+1]` | I64, DOMs of event e: `[o[e], o[e+1])` |
+//! | `event_dom_offsets` | `[E+1]` | I32, DOMs of event e: `[o[e], o[e+1])` |
 //! | `dom_sensor_id` | `[D]` | I16 (I32 when the geometry has larger ids) |
-//! | `dom_position` | `[D, 3]` | F64 x,y,z in metres (F32 when exact, or with `--lossy`) |
-//! | `dom_pulse_offsets` | `[D+1]` | I64, pulses of DOM d: `[o[d], o[d+1])` |
+//! | `dom_pulse_offsets` | `[D+1]` | I32, pulses of DOM d: `[o[d], o[d+1])` |
 //! | `pulse_time` | `[P]` | I64 ns (I32 when every value fits) |
 //! | `pulse_charge` | `[P]` | F64 (F32 when exact, or with `--lossy`) |
 //! | `pulse_auxiliary` | `[P]` | BOOL |
 //!
-//! Offsets are local to the shard and start at 0.
+//! Offsets are local to the shard and start at 0; a shard holds fewer than 2^31 DOMs and
+//! pulses, so I32 offsets always hold them. Positions are not in the shard: each DOM's
+//! `dom_sensor_id` is a row of the dataset's sensor table ([`super::sensor_table`]).
 
-use std::collections::BTreeMap;
-use std::io::Write;
-use std::path::Path;
+use serde::{Deserialize, Serialize};
 
-use super::atomic::Durability;
-use super::pod::{as_bytes, try_cast, Pod};
-use super::safetensors::{self, Dtype, Header, TensorBytes, TensorOut};
-use crate::error::{Error, Result};
+use super::columns::{FloatColumn, IntColumn};
+use super::names;
+use super::pod::{try_cast, Pod};
+use super::safetensors::{Dtype, Element, Header, HeaderError, TensorInfo};
+use super::{FORMAT, FORMAT_VERSION};
 use crate::event::EventHeader;
-use crate::pack::PackedColumns;
-use crate::source::Geometry;
 
-/// Tensor names, in one place.
-pub mod names {
-    /// `[E]` event ids.
-    pub const EVENT_ID: &str = "event_id";
-    /// `[E]` source batch ids.
-    pub const EVENT_BATCH_ID: &str = "event_batch_id";
-    /// `[E]` first source rows.
-    pub const EVENT_FIRST_ROW: &str = "event_first_row";
-    /// `[E]` azimuth labels.
-    pub const EVENT_AZIMUTH: &str = "event_azimuth";
-    /// `[E]` zenith labels.
-    pub const EVENT_ZENITH: &str = "event_zenith";
-    /// `[E+1]` DOM offsets.
-    pub const EVENT_DOM_OFFSETS: &str = "event_dom_offsets";
-    /// `[D]` sensor ids.
-    pub const DOM_SENSOR_ID: &str = "dom_sensor_id";
-    /// `[D,3]` positions.
-    pub const DOM_POSITION: &str = "dom_position";
-    /// `[D+1]` pulse offsets.
-    pub const DOM_PULSE_OFFSETS: &str = "dom_pulse_offsets";
-    /// `[P]` times.
-    pub const PULSE_TIME: &str = "pulse_time";
-    /// `[P]` charges.
-    pub const PULSE_CHARGE: &str = "pulse_charge";
-    /// `[P]` auxiliary flags.
-    pub const PULSE_AUXILIARY: &str = "pulse_auxiliary";
-}
+/// The most DOMs or pulses one shard may hold: its offsets are I32.
+pub const MAX_SHARD_ITEMS: u64 = i32::MAX as u64;
 
 /// The storage type of each column whose width is decided per dataset.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StorageTypes {
     /// `dom_sensor_id`: I16 or I32.
     pub sensor_id: Dtype,
-    /// `dom_position`: F32 or F64.
+    /// The sensor table's `sensor_position` (and a batch's `dom_position`): F32 or F64.
     pub position: Dtype,
     /// `pulse_time`: I32 or I64.
     pub time: Dtype,
@@ -72,7 +46,7 @@ pub struct StorageTypes {
 }
 
 /// What the manifest records of a written shard.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ShardEntry {
     /// File name inside the dataset directory.
     pub file: String,
@@ -88,399 +62,259 @@ pub struct ShardEntry {
     pub xxh3: String,
 }
 
-/// Everything a shard holds, before writing. The packed columns may come in several
-/// parts (packed in parallel); the shard holds their concatenation.
-pub struct ShardContents<'a> {
-    /// Event headers in stored order (all parts).
-    pub headers: &'a [EventHeader],
-    /// Packed columns, part after part.
-    pub parts: &'a [PackedColumns],
-    /// Geometry to join per DOM.
-    pub geometry: &'a Geometry,
-    /// Column widths.
-    pub types: StorageTypes,
-    /// Shard-level `__metadata__`.
-    pub metadata: BTreeMap<String, String>,
+/// Why a shard (or the sensor table) was rejected: a caller can match on the kind.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ShardProblem {
+    /// The safetensors container itself is malformed.
+    #[error(transparent)]
+    Header(#[from] HeaderError),
+    /// The file's `__metadata__` names another format or version.
+    #[error("format {found:?} is not {FORMAT} version {FORMAT_VERSION}: convert the source again with this version of shardify")]
+    Version {
+        /// `format` and `format_version` as found (empty when absent).
+        found: String,
+    },
+    /// A required tensor is absent.
+    #[error("missing tensor `{0}`")]
+    MissingTensor(&'static str),
+    /// A tensor this format does not define.
+    #[error("unexpected tensor `{0}`")]
+    ExtraTensor(String),
+    /// A tensor of the wrong element type.
+    #[error("tensor `{tensor}` is {found:?}, expected {expected}")]
+    Dtype {
+        /// The tensor.
+        tensor: String,
+        /// Its dtype.
+        found: Dtype,
+        /// What is accepted.
+        expected: &'static str,
+    },
+    /// A tensor of the wrong shape.
+    #[error("tensor `{tensor}` has shape {found:?}, expected {expected:?}")]
+    Shape {
+        /// The tensor.
+        tensor: String,
+        /// Its shape.
+        found: Vec<usize>,
+        /// The shape the other tensors imply.
+        expected: Vec<usize>,
+    },
+    /// A tensor whose data is not aligned to its element size.
+    #[error("tensor `{tensor}` is not aligned to its element size")]
+    Misaligned {
+        /// The tensor.
+        tensor: String,
+    },
+    /// An offsets array whose first entry is not 0.
+    #[error("`{tensor}` does not start at 0")]
+    OffsetsStart {
+        /// The offsets tensor.
+        tensor: &'static str,
+    },
+    /// An offsets array that does not increase (an empty event or DOM, or going back).
+    #[error("`{tensor}` is not increasing at index {index} (empty entry or decreasing)")]
+    OffsetsNotIncreasing {
+        /// The offsets tensor.
+        tensor: &'static str,
+        /// The first index `i` with `o[i+1] <= o[i]`.
+        index: usize,
+    },
+    /// An offsets array whose last entry is not the length of the level it indexes.
+    #[error("`{tensor}` ends at {found}, expected {expected}")]
+    OffsetsEnd {
+        /// The offsets tensor.
+        tensor: &'static str,
+        /// Its last entry.
+        found: i64,
+        /// The length of the indexed level.
+        expected: usize,
+    },
+    /// A DOM whose sensor id is not a row of the sensor table.
+    #[error("dom_sensor_id {sensor} (DOM {dom}) is outside the {rows}-row sensor table")]
+    SensorOutsideTable {
+        /// The DOM index in the shard.
+        dom: usize,
+        /// Its sensor id.
+        sensor: i64,
+        /// Rows of the sensor table.
+        rows: usize,
+    },
+    /// The file's size differs from the manifest's record.
+    #[error("is {found} bytes, the manifest says {expected}")]
+    Size {
+        /// Bytes on disk.
+        found: u64,
+        /// Bytes recorded.
+        expected: u64,
+    },
+    /// The event, DOM and pulse counts differ from the manifest's record.
+    #[error("holds {found:?} events/DOMs/pulses, the manifest says {expected:?}")]
+    Counts {
+        /// Counts found.
+        found: [u64; 3],
+        /// Counts recorded.
+        expected: [u64; 3],
+    },
 }
 
-/// Where a run of a tensor's elements comes from; converted to the tensor's dtype while
-/// writing.
-enum Elements<'a> {
-    Bytes(&'a [u8]),
-    Ints(&'a [i64]),
-    Sensors(&'a [i32]),
-    Floats(&'a [f64]),
-    Positions(&'a [i32], &'a Geometry),
-    Offsets { values: &'a [i64], base: i64 },
+/// A validated safetensors header checked against the set of tensors a file may hold.
+pub(crate) struct TensorCheck<'h> {
+    header: &'h Header,
 }
 
-/// Elements converted per write call: bounds the converter's scratch memory.
-const CONVERT_CHUNK: usize = 16 * 1024;
+impl<'h> TensorCheck<'h> {
+    /// Checks the format metadata and that every tensor is one of `allowed`.
+    pub(crate) fn new(header: &'h Header, allowed: &[&str]) -> Result<Self, ShardProblem> {
+        let format = header.metadata.get("format").map(String::as_str);
+        let version = header.metadata.get("format_version").map(String::as_str);
+        if format != Some(FORMAT) || version != Some(&FORMAT_VERSION.to_string()) {
+            return Err(ShardProblem::Version {
+                found: format!("{} {}", format.unwrap_or(""), version.unwrap_or("")),
+            });
+        }
+        if let Some(extra) = header
+            .tensors
+            .keys()
+            .find(|name| !allowed.contains(&name.as_str()))
+        {
+            return Err(ShardProblem::ExtraTensor(extra.clone()));
+        }
+        Ok(TensorCheck { header })
+    }
 
-fn write_mapped<T: Copy, U: Pod>(
-    values: &[T],
-    map: impl Fn(T) -> U,
-    out: &mut dyn Write,
-) -> std::io::Result<()> {
-    let mut buf: Vec<U> = Vec::with_capacity(CONVERT_CHUNK.min(values.len()));
-    for chunk in values.chunks(CONVERT_CHUNK) {
-        buf.clear();
-        buf.extend(chunk.iter().map(|&v| map(v)));
-        out.write_all(as_bytes(&buf))?;
+    /// The tensor called `name`.
+    pub(crate) fn info(&self, name: &'static str) -> Result<&'h TensorInfo, ShardProblem> {
+        self.header
+            .tensors
+            .get(name)
+            .ok_or(ShardProblem::MissingTensor(name))
+    }
+
+    /// Checks that tensor `name` has shape `expected`.
+    pub(crate) fn shape(&self, name: &'static str, expected: &[usize]) -> Result<(), ShardProblem> {
+        let info = self.info(name)?;
+        if info.shape != expected {
+            return Err(ShardProblem::Shape {
+                tensor: name.into(),
+                found: info.shape.clone(),
+                expected: expected.to_vec(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// A shard's tensors, checked one by one against the file's bytes.
+struct Tensors<'a> {
+    bytes: &'a [u8],
+    check: TensorCheck<'a>,
+}
+
+impl<'a> Tensors<'a> {
+    /// The length of the first dimension of tensor `name`.
+    fn len(&self, name: &'static str) -> Result<usize, ShardProblem> {
+        Ok(self.check.info(name)?.shape.first().copied().unwrap_or(0))
+    }
+
+    fn dtype(&self, name: &'static str) -> Result<Dtype, ShardProblem> {
+        Ok(self.check.info(name)?.dtype)
+    }
+
+    /// Tensor `name` of `shape` as elements of `T`.
+    fn typed<T: Pod>(
+        &self,
+        name: &'static str,
+        dtype: Dtype,
+        shape: &[usize],
+    ) -> Result<&'a [T], ShardProblem> {
+        let info = self.check.info(name)?;
+        if info.dtype != dtype {
+            return Err(ShardProblem::Dtype {
+                tensor: name.into(),
+                found: info.dtype,
+                expected: dtype.name(),
+            });
+        }
+        self.check.shape(name, shape)?;
+        try_cast::<T>(&self.bytes[info.range.clone()]).ok_or(ShardProblem::Misaligned {
+            tensor: name.into(),
+        })
+    }
+
+    fn exact<T: Element>(&self, name: &'static str, len: usize) -> Result<&'a [T], ShardProblem> {
+        self.typed(name, T::DTYPE, &[len])
+    }
+
+    fn ints(&self, name: &'static str, len: usize) -> Result<IntColumn<'a>, ShardProblem> {
+        Ok(match self.dtype(name)? {
+            Dtype::I16 => IntColumn::I16(self.typed(name, Dtype::I16, &[len])?),
+            Dtype::I32 => IntColumn::I32(self.typed(name, Dtype::I32, &[len])?),
+            Dtype::I64 => IntColumn::I64(self.typed(name, Dtype::I64, &[len])?),
+            found => return Err(wrong_dtype(name, found, "I16, I32 or I64")),
+        })
+    }
+
+    fn floats(&self, name: &'static str, len: usize) -> Result<FloatColumn<'a>, ShardProblem> {
+        Ok(match self.dtype(name)? {
+            Dtype::F32 => FloatColumn::F32(self.typed(name, Dtype::F32, &[len])?),
+            Dtype::F64 => FloatColumn::F64(self.typed(name, Dtype::F64, &[len])?),
+            found => return Err(wrong_dtype(name, found, "F32 or F64")),
+        })
+    }
+}
+
+fn wrong_dtype(tensor: &str, found: Dtype, expected: &'static str) -> ShardProblem {
+    ShardProblem::Dtype {
+        tensor: tensor.into(),
+        found,
+        expected,
+    }
+}
+
+/// Checks that `offsets` start at 0, increase strictly and end at `total`.
+fn check_offsets(tensor: &'static str, offsets: &[i32], total: usize) -> Result<(), ShardProblem> {
+    if offsets.first() != Some(&0) {
+        return Err(ShardProblem::OffsetsStart { tensor });
+    }
+    if let Some(index) = offsets.windows(2).position(|w| w[1] <= w[0]) {
+        return Err(ShardProblem::OffsetsNotIncreasing { tensor, index });
+    }
+    let last = *offsets.last().expect("starts at 0, so not empty");
+    if last as i64 != total as i64 {
+        return Err(ShardProblem::OffsetsEnd {
+            tensor,
+            found: last.into(),
+            expected: total,
+        });
     }
     Ok(())
 }
 
-fn write_ints(values: &[i64], dtype: Dtype, out: &mut dyn Write) -> std::io::Result<()> {
-    match dtype {
-        Dtype::I16 => write_mapped(values, |v| v as i16, out),
-        Dtype::I32 => write_mapped(values, |v| v as i32, out),
-        _ => out.write_all(as_bytes(values)),
-    }
-}
+/// The tensors a shard may hold.
+const SHARD_TENSORS: [&str; 11] = [
+    names::EVENT_ID,
+    names::EVENT_BATCH_ID,
+    names::EVENT_FIRST_ROW,
+    names::EVENT_AZIMUTH,
+    names::EVENT_ZENITH,
+    names::EVENT_DOM_OFFSETS,
+    names::DOM_SENSOR_ID,
+    names::DOM_PULSE_OFFSETS,
+    names::PULSE_TIME,
+    names::PULSE_CHARGE,
+    names::PULSE_AUXILIARY,
+];
 
-fn write_floats(values: &[f64], dtype: Dtype, out: &mut dyn Write) -> std::io::Result<()> {
-    match dtype {
-        Dtype::F32 => write_mapped(values, |v| v as f32, out),
-        _ => out.write_all(as_bytes(values)),
-    }
-}
-
-impl Elements<'_> {
-    fn count(&self) -> usize {
-        match self {
-            Elements::Bytes(v) => v.len(),
-            Elements::Ints(v) | Elements::Offsets { values: v, .. } => v.len(),
-            Elements::Floats(v) => v.len(),
-            Elements::Sensors(v) => v.len(),
-            Elements::Positions(v, _) => 3 * v.len(),
-        }
-    }
-
-    fn write(&self, dtype: Dtype, out: &mut dyn Write) -> std::io::Result<()> {
-        match *self {
-            Elements::Bytes(v) => out.write_all(v),
-            Elements::Ints(v) => write_ints(v, dtype, out),
-            Elements::Sensors(v) => match dtype {
-                Dtype::I16 => write_mapped(v, |s| s as i16, out),
-                _ => out.write_all(as_bytes(v)),
-            },
-            Elements::Floats(v) => write_floats(v, dtype, out),
-            Elements::Positions(sensors, g) => {
-                for chunk in sensors.chunks(CONVERT_CHUNK) {
-                    let xyz: Vec<f64> = chunk
-                        .iter()
-                        .flat_map(|&s| [g.x[s as usize], g.y[s as usize], g.z[s as usize]])
-                        .collect();
-                    write_floats(&xyz, dtype, out)?;
-                }
-                Ok(())
-            }
-            Elements::Offsets { values, base } => write_mapped(values, |v| v + base, out),
-        }
-    }
-}
-
-/// A tensor's elements, part after part, in one storage dtype.
-struct Column<'a> {
-    dtype: Dtype,
-    parts: Vec<Elements<'a>>,
-}
-
-impl TensorBytes for Column<'_> {
-    fn byte_len(&self) -> usize {
-        self.parts.iter().map(|p| p.count()).sum::<usize>() * self.dtype.size()
-    }
-
-    fn write_to(&self, out: &mut dyn Write) -> std::io::Result<()> {
-        self.parts.iter().try_for_each(|p| p.write(self.dtype, out))
-    }
-}
-
-/// A writer that hashes what passes through it.
-struct HashingWriter<'w, W: Write> {
-    inner: &'w mut W,
-    hasher: super::checksum::Checksum,
-}
-
-impl<W: Write> Write for HashingWriter<'_, W> {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let n = self.inner.write(buf)?;
-        self.hasher.update(&buf[..n]);
-        Ok(n)
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        self.inner.flush()
-    }
-}
-
-/// The offsets of all parts as one run: each part's offsets after its leading 0, shifted
-/// by the totals of the parts before it.
-fn offset_parts<'a>(
-    parts: &'a [PackedColumns],
-    offsets: fn(&PackedColumns) -> &[i64],
-    total: fn(&PackedColumns) -> usize,
-) -> Vec<Elements<'a>> {
-    let mut base = 0i64;
-    let mut runs = vec![Elements::Ints(&[0])];
-    for part in parts {
-        runs.push(Elements::Offsets {
-            values: &offsets(part)[1..],
-            base,
-        });
-        base += total(part) as i64;
-    }
-    runs
-}
-
-/// Writes `contents` atomically to `path`, leaving the fsync to the caller (the converter
-/// syncs every shard before it writes the manifest); returns its manifest entry.
-pub fn write_shard(path: &Path, contents: &ShardContents) -> Result<ShardEntry> {
-    let ShardContents {
-        headers,
-        parts,
-        geometry,
-        types,
-        ..
-    } = contents;
-    let e: usize = parts.iter().map(|p| p.events()).sum();
-    let d: usize = parts.iter().map(|p| p.doms()).sum();
-    let p: usize = parts.iter().map(|p| p.pulses()).sum();
-    assert_eq!(headers.len(), e, "one header per packed event");
-    let column = |f: fn(&EventHeader) -> i64| headers.iter().map(f).collect::<Vec<i64>>();
-    let event_id = column(|h| h.event_id);
-    let batch_id = column(|h| h.batch_id);
-    let first_row = column(|h| h.first_row as i64);
-    let azimuth: Vec<f64> = headers.iter().map(|h| h.azimuth).collect();
-    let zenith: Vec<f64> = headers.iter().map(|h| h.zenith).collect();
-    let each = |f: fn(&PackedColumns) -> Elements| parts.iter().map(f).collect::<Vec<_>>();
-    let one = |dtype, elements| Column {
-        dtype,
-        parts: vec![elements],
-    };
-    let columns: Vec<(&str, Column, Vec<usize>)> = vec![
-        (
-            names::EVENT_ID,
-            one(Dtype::I64, Elements::Ints(&event_id)),
-            vec![e],
-        ),
-        (
-            names::EVENT_BATCH_ID,
-            one(Dtype::I64, Elements::Ints(&batch_id)),
-            vec![e],
-        ),
-        (
-            names::EVENT_FIRST_ROW,
-            one(Dtype::I64, Elements::Ints(&first_row)),
-            vec![e],
-        ),
-        (
-            names::EVENT_DOM_OFFSETS,
-            Column {
-                dtype: Dtype::I64,
-                parts: offset_parts(parts, |c| &c.event_dom_offsets, PackedColumns::doms),
-            },
-            vec![e + 1],
-        ),
-        (
-            names::DOM_SENSOR_ID,
-            Column {
-                dtype: types.sensor_id,
-                parts: each(|c| Elements::Sensors(&c.dom_sensor_id)),
-            },
-            vec![d],
-        ),
-        (
-            names::DOM_POSITION,
-            Column {
-                dtype: types.position,
-                parts: parts
-                    .iter()
-                    .map(|c| Elements::Positions(&c.dom_sensor_id, geometry))
-                    .collect(),
-            },
-            vec![d, 3],
-        ),
-        (
-            names::DOM_PULSE_OFFSETS,
-            Column {
-                dtype: Dtype::I64,
-                parts: offset_parts(parts, |c| &c.dom_pulse_offsets, PackedColumns::pulses),
-            },
-            vec![d + 1],
-        ),
-        (
-            names::PULSE_TIME,
-            Column {
-                dtype: types.time,
-                parts: each(|c| Elements::Ints(&c.time)),
-            },
-            vec![p],
-        ),
-        (
-            names::PULSE_CHARGE,
-            Column {
-                dtype: types.charge,
-                parts: each(|c| Elements::Floats(&c.charge)),
-            },
-            vec![p],
-        ),
-        (
-            names::PULSE_AUXILIARY,
-            Column {
-                dtype: Dtype::BOOL,
-                parts: each(|c| Elements::Bytes(&c.auxiliary)),
-            },
-            vec![p],
-        ),
-    ];
-    let labels = [
-        (
-            names::EVENT_AZIMUTH,
-            one(Dtype::F64, Elements::Floats(&azimuth)),
-            vec![e],
-        ),
-        (
-            names::EVENT_ZENITH,
-            one(Dtype::F64, Elements::Floats(&zenith)),
-            vec![e],
-        ),
-    ];
-    let stored = columns.iter().chain(labels.iter().filter(|_| types.labels));
-    let tensors: Vec<TensorOut> = stored
-        .map(|(name, column, shape)| TensorOut {
-            name: name.to_string(),
-            dtype: column.dtype,
-            shape: shape.clone(),
-            data: column,
-        })
-        .collect();
-    let (bytes, xxh3) = super::atomic::write_atomic(path, Durability::Deferred, |w| {
-        let mut hashing = HashingWriter {
-            inner: w,
-            hasher: super::checksum::Checksum::new(),
-        };
-        let bytes = safetensors::write(&mut hashing, &contents.metadata, &tensors)
-            .map_err(|err| Error::io(path, err))?;
-        Ok((bytes, hashing.hasher.hex()))
-    })?;
-    Ok(ShardEntry {
-        file: path
-            .file_name()
-            .and_then(|n| n.to_str())
-            .unwrap_or_default()
-            .to_string(),
-        events: e as u64,
-        doms: d as u64,
-        pulses: p as u64,
-        bytes,
-        xxh3,
-    })
-}
-
-/// An integer column stored at one of several widths.
-#[derive(Debug, Clone, Copy)]
-pub enum IntColumn<'a> {
-    /// Stored as I16.
-    I16(&'a [i16]),
-    /// Stored as I32.
-    I32(&'a [i32]),
-    /// Stored as I64.
-    I64(&'a [i64]),
-}
-
-impl<'a> IntColumn<'a> {
-    /// The stored bytes and element type.
-    pub fn raw(&self) -> (&'a [u8], Dtype) {
-        match *self {
-            IntColumn::I16(v) => (as_bytes(v), Dtype::I16),
-            IntColumn::I32(v) => (as_bytes(v), Dtype::I32),
-            IntColumn::I64(v) => (as_bytes(v), Dtype::I64),
-        }
-    }
-
-    /// Views `bytes` (aligned, of whole elements) as a column of `dtype`.
-    pub fn from_raw(bytes: &'a [u8], dtype: Dtype) -> Option<IntColumn<'a>> {
-        Some(match dtype {
-            Dtype::I16 => IntColumn::I16(try_cast(bytes)?),
-            Dtype::I32 => IntColumn::I32(try_cast(bytes)?),
-            Dtype::I64 => IntColumn::I64(try_cast(bytes)?),
-            _ => return None,
-        })
-    }
-
-    /// Element `i`, widened.
-    pub fn get(&self, i: usize) -> i64 {
-        match self {
-            IntColumn::I16(v) => v[i] as i64,
-            IntColumn::I32(v) => v[i] as i64,
-            IntColumn::I64(v) => v[i],
-        }
-    }
-
-    /// The number of elements.
-    pub fn len(&self) -> usize {
-        match self {
-            IntColumn::I16(v) => v.len(),
-            IntColumn::I32(v) => v.len(),
-            IntColumn::I64(v) => v.len(),
-        }
-    }
-
-    /// Whether there are no elements.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-}
-
-/// A float column stored at one of several widths.
-#[derive(Debug, Clone, Copy)]
-pub enum FloatColumn<'a> {
-    /// Stored as F32.
-    F32(&'a [f32]),
-    /// Stored as F64.
-    F64(&'a [f64]),
-}
-
-impl<'a> FloatColumn<'a> {
-    /// The stored bytes and element type.
-    pub fn raw(&self) -> (&'a [u8], Dtype) {
-        match *self {
-            FloatColumn::F32(v) => (as_bytes(v), Dtype::F32),
-            FloatColumn::F64(v) => (as_bytes(v), Dtype::F64),
-        }
-    }
-
-    /// Views `bytes` (aligned, of whole elements) as a column of `dtype`.
-    pub fn from_raw(bytes: &'a [u8], dtype: Dtype) -> Option<FloatColumn<'a>> {
-        Some(match dtype {
-            Dtype::F32 => FloatColumn::F32(try_cast(bytes)?),
-            Dtype::F64 => FloatColumn::F64(try_cast(bytes)?),
-            _ => return None,
-        })
-    }
-
-    /// Element `i`, widened (exactly).
-    pub fn get(&self, i: usize) -> f64 {
-        match self {
-            FloatColumn::F32(v) => v[i] as f64,
-            FloatColumn::F64(v) => v[i],
-        }
-    }
-
-    /// The number of elements.
-    pub fn len(&self) -> usize {
-        match self {
-            FloatColumn::F32(v) => v.len(),
-            FloatColumn::F64(v) => v.len(),
-        }
-    }
-
-    /// Whether there are no elements.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
+/// How much of a shard's contents [`ShardView::parse`] checks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Validation {
+    /// Everything: the structure, and a scan of every offset and sensor id (O(events +
+    /// DOMs)).
+    Full,
+    /// The structure only (tensors, dtypes, shapes), for a shard checked fully once and
+    /// immutable since.
+    Structure,
 }
 
 /// Typed, validated views of a shard's tensors. Construction checks shapes and offsets, so
@@ -498,13 +332,11 @@ pub struct ShardView<'a> {
     /// `[E]` when labelled.
     pub event_zenith: Option<&'a [f64]>,
     /// `[E+1]`.
-    pub event_dom_offsets: &'a [i64],
-    /// `[D]`.
+    pub event_dom_offsets: &'a [i32],
+    /// `[D]`, rows of the sensor table.
     pub dom_sensor_id: IntColumn<'a>,
-    /// `[D*3]`, x,y,z per DOM.
-    pub dom_position: FloatColumn<'a>,
     /// `[D+1]`.
-    pub dom_pulse_offsets: &'a [i64],
+    pub dom_pulse_offsets: &'a [i32],
     /// `[P]`.
     pub pulse_time: IntColumn<'a>,
     /// `[P]`.
@@ -513,148 +345,77 @@ pub struct ShardView<'a> {
     pub pulse_auxiliary: &'a [u8],
 }
 
-struct Tensors<'a> {
-    path: &'a Path,
-    bytes: &'a [u8],
-    header: &'a Header,
-}
-
-impl<'a> Tensors<'a> {
-    fn info(&self, name: &str) -> Result<&'a super::safetensors::TensorInfo> {
-        self.header
-            .tensors
-            .get(name)
-            .ok_or_else(|| Error::shard(self.path, format!("missing tensor `{name}`")))
-    }
-
-    fn typed<T: Pod>(&self, name: &str, dtype: Dtype, len: Option<usize>) -> Result<&'a [T]> {
-        let info = self.info(name)?;
-        if info.dtype != dtype {
-            return Err(Error::shard(
-                self.path,
-                format!("tensor `{name}` is {:?}, expected {dtype:?}", info.dtype),
-            ));
-        }
-        let values = try_cast::<T>(&self.bytes[info.range.clone()]).ok_or_else(|| {
-            Error::shard(
-                self.path,
-                format!("tensor `{name}` is not aligned to its element size"),
-            )
-        })?;
-        if let Some(len) = len {
-            if values.len() != len {
-                return Err(Error::shard(
-                    self.path,
-                    format!(
-                        "tensor `{name}` has {} elements, expected {len}",
-                        values.len()
-                    ),
-                ));
-            }
-        }
-        Ok(values)
-    }
-
-    fn ints(&self, name: &str, len: usize) -> Result<IntColumn<'a>> {
-        Ok(match self.info(name)?.dtype {
-            Dtype::I16 => IntColumn::I16(self.typed(name, Dtype::I16, Some(len))?),
-            Dtype::I32 => IntColumn::I32(self.typed(name, Dtype::I32, Some(len))?),
-            _ => IntColumn::I64(self.typed(name, Dtype::I64, Some(len))?),
-        })
-    }
-
-    fn floats(&self, name: &str, len: usize) -> Result<FloatColumn<'a>> {
-        Ok(match self.info(name)?.dtype {
-            Dtype::F32 => FloatColumn::F32(self.typed(name, Dtype::F32, Some(len))?),
-            _ => FloatColumn::F64(self.typed(name, Dtype::F64, Some(len))?),
-        })
-    }
-}
-
-/// Checks that `offsets` start at 0, never decrease and end at `total`.
-fn check_offsets_of(path: &Path, name: &str, offsets: &[i64], total: usize) -> Result<()> {
-    if offsets.first() != Some(&0) {
-        return Err(Error::shard(path, format!("`{name}` does not start at 0")));
-    }
-    if let Some(i) = offsets.windows(2).position(|w| w[1] <= w[0]) {
-        return Err(Error::shard(
-            path,
-            format!("`{name}` is not increasing at index {i} (empty entry or decreasing)"),
-        ));
-    }
-    if *offsets.last().expect("non-empty") != total as i64 {
-        return Err(Error::shard(
-            path,
-            format!(
-                "`{name}` ends at {}, expected {total}",
-                offsets.last().unwrap()
-            ),
-        ));
-    }
-    Ok(())
-}
-
 impl<'a> ShardView<'a> {
-    /// Validates `bytes` (a whole shard file) and returns typed views into it.
-    pub fn parse(path: &'a Path, bytes: &'a [u8], header: &'a Header) -> Result<ShardView<'a>> {
-        Self::parse_with(path, bytes, header, true)
-    }
-
-    /// As [`ShardView::parse`]; `check_offsets: false` skips the scans of the offset arrays
-    /// (O(events + DOMs)), for a shard already validated once and immutable since.
-    pub fn parse_with(
-        path: &'a Path,
+    /// Validates `bytes` (a whole shard file, whose header is `header`) and returns typed
+    /// views into it; `sensor_rows` is the number of rows of the dataset's sensor table.
+    pub fn parse(
         bytes: &'a [u8],
         header: &'a Header,
-        check_offsets: bool,
-    ) -> Result<ShardView<'a>> {
+        sensor_rows: usize,
+        validation: Validation,
+    ) -> Result<ShardView<'a>, ShardProblem> {
         let t = Tensors {
-            path,
             bytes,
-            header,
+            check: TensorCheck::new(header, &SHARD_TENSORS)?,
         };
-        let event_id: &[i64] = t.typed(names::EVENT_ID, Dtype::I64, None)?;
-        let e = event_id.len();
-        let event_dom_offsets = t.typed(names::EVENT_DOM_OFFSETS, Dtype::I64, Some(e + 1))?;
-        let d = t
-            .info(names::DOM_SENSOR_ID)?
-            .shape
-            .first()
-            .copied()
-            .unwrap_or(0);
-        let dom_pulse_offsets = t.typed(names::DOM_PULSE_OFFSETS, Dtype::I64, Some(d + 1))?;
-        let p = t
-            .info(names::PULSE_TIME)?
-            .shape
-            .first()
-            .copied()
-            .unwrap_or(0);
-        if check_offsets {
-            check_offsets_of(path, names::EVENT_DOM_OFFSETS, event_dom_offsets, d)?;
-            check_offsets_of(path, names::DOM_PULSE_OFFSETS, dom_pulse_offsets, p)?;
-        }
-        let labels = header.tensors.contains_key(names::EVENT_AZIMUTH);
-        let label = |name| {
-            if labels {
-                t.typed(name, Dtype::F64, Some(e)).map(Some)
-            } else {
-                Ok(None)
+        let e = t.len(names::EVENT_ID)?;
+        let d = t.len(names::DOM_SENSOR_ID)?;
+        let p = t.len(names::PULSE_TIME)?;
+        let event_dom_offsets = t.exact::<i32>(names::EVENT_DOM_OFFSETS, e + 1)?;
+        let dom_pulse_offsets = t.exact::<i32>(names::DOM_PULSE_OFFSETS, d + 1)?;
+        let dom_sensor_id = match t.ints(names::DOM_SENSOR_ID, d)? {
+            IntColumn::I64(_) => {
+                return Err(wrong_dtype(names::DOM_SENSOR_ID, Dtype::I64, "I16 or I32"))
             }
+            narrow => narrow,
         };
-        Ok(ShardView {
-            event_id,
-            event_batch_id: t.typed(names::EVENT_BATCH_ID, Dtype::I64, Some(e))?,
-            event_first_row: t.typed(names::EVENT_FIRST_ROW, Dtype::I64, Some(e))?,
+        let labels = header.tensors.contains_key(names::EVENT_AZIMUTH)
+            || header.tensors.contains_key(names::EVENT_ZENITH);
+        let label = |name| -> Result<Option<&'a [f64]>, ShardProblem> {
+            labels.then(|| t.exact::<f64>(name, e)).transpose()
+        };
+        let view = ShardView {
+            event_id: t.exact(names::EVENT_ID, e)?,
+            event_batch_id: t.exact(names::EVENT_BATCH_ID, e)?,
+            event_first_row: t.exact(names::EVENT_FIRST_ROW, e)?,
             event_azimuth: label(names::EVENT_AZIMUTH)?,
             event_zenith: label(names::EVENT_ZENITH)?,
             event_dom_offsets,
-            dom_sensor_id: t.ints(names::DOM_SENSOR_ID, d)?,
-            dom_position: t.floats(names::DOM_POSITION, 3 * d)?,
+            dom_sensor_id,
             dom_pulse_offsets,
-            pulse_time: t.ints(names::PULSE_TIME, p)?,
+            pulse_time: match t.ints(names::PULSE_TIME, p)? {
+                IntColumn::I16(_) => {
+                    return Err(wrong_dtype(names::PULSE_TIME, Dtype::I16, "I32 or I64"))
+                }
+                wide => wide,
+            },
             pulse_charge: t.floats(names::PULSE_CHARGE, p)?,
-            pulse_auxiliary: t.typed(names::PULSE_AUXILIARY, Dtype::BOOL, Some(p))?,
-        })
+            pulse_auxiliary: t.typed(names::PULSE_AUXILIARY, Dtype::BOOL, &[p])?,
+        };
+        if validation == Validation::Full {
+            check_offsets(names::EVENT_DOM_OFFSETS, event_dom_offsets, d)?;
+            check_offsets(names::DOM_PULSE_OFFSETS, dom_pulse_offsets, p)?;
+            view.check_sensors(sensor_rows)?;
+        }
+        Ok(view)
+    }
+
+    /// Checks that every DOM's sensor id is a row of a `rows`-row sensor table.
+    fn check_sensors(&self, rows: usize) -> Result<(), ShardProblem> {
+        let outside = |s: i64| !(0..rows as i64).contains(&s);
+        let found = match self.dom_sensor_id {
+            IntColumn::I16(v) => v.iter().position(|&s| outside(s.into())),
+            IntColumn::I32(v) => v.iter().position(|&s| outside(s.into())),
+            IntColumn::I64(v) => v.iter().position(|&s| outside(s)),
+        };
+        match found {
+            Some(dom) => Err(ShardProblem::SensorOutsideTable {
+                dom,
+                sensor: self.dom_sensor_id.get(dom),
+                rows,
+            }),
+            None => Ok(()),
+        }
     }
 
     /// The number of events.
@@ -696,6 +457,391 @@ impl<'a> ShardView<'a> {
             first_row: self.event_first_row[e] as u64,
             azimuth: self.event_azimuth.map_or(f64::NAN, |a| a[e]),
             zenith: self.event_zenith.map_or(f64::NAN, |z| z[e]),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::convert::shard_writer::{write_shard, ShardContents};
+    use crate::event::RawEvent;
+    use crate::format::format_metadata;
+    use crate::format::safetensors::{self, Raw, TensorOut};
+    use crate::pack::{PackedColumns, Packer};
+
+    const SENSOR_ROWS: usize = 10;
+
+    /// A valid shard of three events over sensors below [`SENSOR_ROWS`].
+    fn valid_shard() -> Vec<u8> {
+        let events: [&[(i32, i64)]; 3] = [
+            &[(3, 10), (1, 12), (3, 15)],
+            &[(9, 7)],
+            &[(0, 5), (2, 5), (0, 6), (2, 9)],
+        ];
+        let (mut packer, mut packed) = (Packer::default(), PackedColumns::default());
+        let mut headers = Vec::new();
+        for (k, pulses) in events.iter().enumerate() {
+            let event = RawEvent {
+                header: None,
+                sensor_id: pulses.iter().map(|p| p.0).collect(),
+                time: pulses.iter().map(|p| p.1).collect(),
+                charge: pulses.iter().map(|p| p.1 as f64 / 4.0).collect(),
+                auxiliary: pulses.iter().map(|p| (p.1 % 2) as u8).collect(),
+            };
+            packer.pack(event.pulses(), &mut packed);
+            headers.push(EventHeader {
+                event_id: 100 + k as i64,
+                batch_id: 1,
+                first_row: 10 * k as u64,
+                azimuth: 0.5,
+                zenith: 1.5,
+            });
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("shard.safetensors");
+        let contents = ShardContents {
+            headers: &headers,
+            parts: &[packed],
+            types: StorageTypes {
+                sensor_id: Dtype::I16,
+                position: Dtype::F64,
+                time: Dtype::I32,
+                charge: Dtype::F32,
+                labels: true,
+            },
+            metadata: format_metadata(BTreeMap::new()),
+        };
+        write_shard(&path, &contents).unwrap();
+        std::fs::read(&path).unwrap()
+    }
+
+    fn parse_bytes(bytes: &[u8]) -> Result<usize, ShardProblem> {
+        let header = safetensors::parse(bytes)?;
+        let view = ShardView::parse(bytes, &header, SENSOR_ROWS, Validation::Full)?;
+        Ok(view.events())
+    }
+
+    /// The tensors of `bytes` as (name, dtype, shape, data).
+    type Parts = Vec<(String, Dtype, Vec<usize>, Vec<u8>)>;
+
+    fn parts(bytes: &[u8]) -> (BTreeMap<String, String>, Parts) {
+        let header = safetensors::parse(bytes).unwrap();
+        let parts = header
+            .tensors
+            .iter()
+            .map(|(name, t)| {
+                let data = bytes[t.range.clone()].to_vec();
+                (name.clone(), t.dtype, t.shape.clone(), data)
+            })
+            .collect();
+        (header.metadata, parts)
+    }
+
+    fn rebuild(metadata: &BTreeMap<String, String>, parts: &Parts) -> Vec<u8> {
+        let raws: Vec<Raw> = parts.iter().map(|p| Raw(&p.3)).collect();
+        let tensors: Vec<TensorOut> = parts
+            .iter()
+            .zip(&raws)
+            .map(|(p, raw)| TensorOut {
+                name: p.0.clone(),
+                dtype: p.1,
+                shape: p.2.clone(),
+                data: raw,
+            })
+            .collect();
+        let mut out = Vec::new();
+        safetensors::write(&mut out, metadata, &tensors).unwrap();
+        out
+    }
+
+    /// `bytes` with tensor `name` changed by `change` (its bytes, or anything else).
+    fn altered(
+        bytes: &[u8],
+        name: &str,
+        change: impl FnOnce(&mut (String, Dtype, Vec<usize>, Vec<u8>)),
+    ) -> Vec<u8> {
+        let (metadata, mut parts) = parts(bytes);
+        change(parts.iter_mut().find(|p| p.0 == name).unwrap());
+        rebuild(&metadata, &parts)
+    }
+
+    fn set_i32(data: &mut [u8], index: usize, value: i32) {
+        data[4 * index..4 * index + 4].copy_from_slice(&value.to_le_bytes());
+    }
+
+    #[test]
+    fn a_valid_shard_parses_with_i32_offsets_and_no_positions() {
+        let bytes = valid_shard();
+        assert_eq!(parse_bytes(&bytes), Ok(3));
+        let header = safetensors::parse(&bytes).unwrap();
+        assert_eq!(header.tensors[names::EVENT_DOM_OFFSETS].dtype, Dtype::I32);
+        assert_eq!(header.tensors[names::DOM_PULSE_OFFSETS].dtype, Dtype::I32);
+        assert!(!header.tensors.contains_key(names::DOM_POSITION));
+        let view = ShardView::parse(&bytes, &header, SENSOR_ROWS, Validation::Full).unwrap();
+        assert_eq!(view.event_dom_offsets, &[0, 2, 3, 5]);
+        assert_eq!(view.dom_pulse_offsets, &[0, 2, 3, 4, 6, 8]);
+    }
+
+    #[test]
+    fn every_structural_rejection_is_typed() {
+        let bytes = valid_shard();
+        let (metadata, all) = parts(&bytes);
+        let without = |name: &str| {
+            let kept: Parts = all.iter().filter(|p| p.0 != name).cloned().collect();
+            rebuild(&metadata, &kept)
+        };
+        assert_eq!(
+            parse_bytes(&without(names::PULSE_TIME)),
+            Err(ShardProblem::MissingTensor(names::PULSE_TIME))
+        );
+        assert_eq!(
+            parse_bytes(&without(names::EVENT_ZENITH)),
+            Err(ShardProblem::MissingTensor(names::EVENT_ZENITH))
+        );
+        let mut extra = all.clone();
+        extra.push(("dom_position".into(), Dtype::F64, vec![5, 3], vec![0; 120]));
+        assert_eq!(
+            parse_bytes(&rebuild(&metadata, &extra)),
+            Err(ShardProblem::ExtraTensor("dom_position".into()))
+        );
+        let as_i64 = altered(&bytes, names::EVENT_DOM_OFFSETS, |p| {
+            p.1 = Dtype::I64;
+            p.2 = vec![2];
+        });
+        assert_eq!(
+            parse_bytes(&as_i64),
+            Err(ShardProblem::Dtype {
+                tensor: names::EVENT_DOM_OFFSETS.into(),
+                found: Dtype::I64,
+                expected: "I32",
+            })
+        );
+        let bool_time = altered(&bytes, names::PULSE_TIME, |p| {
+            p.1 = Dtype::BOOL;
+            p.2 = vec![32];
+        });
+        assert!(matches!(
+            parse_bytes(&bool_time),
+            Err(ShardProblem::Dtype {
+                found: Dtype::BOOL,
+                ..
+            })
+        ));
+        let wide_sensor = altered(&bytes, names::DOM_SENSOR_ID, |p| {
+            p.1 = Dtype::I64;
+            p.3 = vec![0; 5 * 8];
+        });
+        assert_eq!(
+            parse_bytes(&wide_sensor),
+            Err(ShardProblem::Dtype {
+                tensor: names::DOM_SENSOR_ID.into(),
+                found: Dtype::I64,
+                expected: "I16 or I32",
+            })
+        );
+        let short = altered(&bytes, names::PULSE_CHARGE, |p| {
+            p.2 = vec![7];
+            p.3.truncate(28);
+        });
+        assert_eq!(
+            parse_bytes(&short),
+            Err(ShardProblem::Shape {
+                tensor: names::PULSE_CHARGE.into(),
+                found: vec![7],
+                expected: vec![8],
+            })
+        );
+        let two_d = altered(&bytes, names::EVENT_ID, |p| p.2 = vec![3, 1]);
+        assert!(matches!(
+            parse_bytes(&two_d),
+            Err(ShardProblem::Shape { .. })
+        ));
+        let mut old = metadata.clone();
+        old.insert("format_version".into(), "1".into());
+        assert_eq!(
+            parse_bytes(&rebuild(&old, &all)),
+            Err(ShardProblem::Version {
+                found: "shardify 1".into()
+            })
+        );
+        assert_eq!(
+            parse_bytes(&rebuild(&BTreeMap::new(), &all)),
+            Err(ShardProblem::Version { found: " ".into() })
+        );
+        assert!(matches!(
+            parse_bytes(&bytes[..bytes.len() - 1]),
+            Err(ShardProblem::Header(HeaderError::OutsideData { .. }))
+        ));
+    }
+
+    #[test]
+    fn misaligned_data_is_rejected() {
+        // One byte before everything shifts every wider tensor off its alignment.
+        let (metadata, mut all) = parts(&valid_shard());
+        all.push(("a".into(), Dtype::U8, vec![1], vec![7]));
+        let raws: Vec<Raw> = all.iter().map(|p| Raw(&p.3)).collect();
+        let mut header = serde_json::Map::new();
+        header.insert("__metadata__".into(), serde_json::json!(metadata));
+        let mut offset = 0;
+        let mut order: Vec<usize> = (0..all.len()).collect();
+        order.sort_by_key(|&i| (all[i].0 != "a", i));
+        for &i in &order {
+            let p = &all[i];
+            header.insert(
+                p.0.clone(),
+                serde_json::json!({"dtype": p.1.name(), "shape": p.2, "data_offsets": [offset, offset + p.3.len()]}),
+            );
+            offset += p.3.len();
+        }
+        let text = serde_json::to_vec(&serde_json::Value::Object(header)).unwrap();
+        let mut file = (text.len() as u64).to_le_bytes().to_vec();
+        file.extend_from_slice(&text);
+        let padding = (8 + text.len()).next_multiple_of(64) - (8 + text.len());
+        file.splice(
+            8 + text.len()..8 + text.len(),
+            std::iter::repeat_n(b' ', padding),
+        );
+        file[..8].copy_from_slice(&((text.len() + padding) as u64).to_le_bytes());
+        for &i in &order {
+            file.extend_from_slice(raws[i].0);
+        }
+        let header = safetensors::parse(&file).unwrap();
+        let problem = TensorCheck::new(&header, &["a"]);
+        assert!(matches!(problem, Err(ShardProblem::ExtraTensor(_))));
+        let mut allowed = SHARD_TENSORS.to_vec();
+        allowed.push("a");
+        let t = Tensors {
+            bytes: &file,
+            check: TensorCheck::new(&header, &allowed).unwrap(),
+        };
+        assert_eq!(
+            t.exact::<i64>(names::EVENT_ID, 3).unwrap_err(),
+            ShardProblem::Misaligned {
+                tensor: names::EVENT_ID.into()
+            }
+        );
+    }
+
+    #[test]
+    fn every_offset_rejection_is_typed() {
+        let bytes = valid_shard();
+        let offsets = |name: &'static str, index, value| {
+            altered(&bytes, name, |p| set_i32(&mut p.3, index, value))
+        };
+        assert_eq!(
+            parse_bytes(&offsets(names::EVENT_DOM_OFFSETS, 0, 1)),
+            Err(ShardProblem::OffsetsStart {
+                tensor: names::EVENT_DOM_OFFSETS
+            })
+        );
+        assert_eq!(
+            parse_bytes(&offsets(names::EVENT_DOM_OFFSETS, 2, 1)),
+            Err(ShardProblem::OffsetsNotIncreasing {
+                tensor: names::EVENT_DOM_OFFSETS,
+                index: 1
+            })
+        );
+        assert_eq!(
+            parse_bytes(&offsets(names::DOM_PULSE_OFFSETS, 2, 2)),
+            Err(ShardProblem::OffsetsNotIncreasing {
+                tensor: names::DOM_PULSE_OFFSETS,
+                index: 1
+            })
+        );
+        assert_eq!(
+            parse_bytes(&offsets(names::DOM_PULSE_OFFSETS, 5, 9)),
+            Err(ShardProblem::OffsetsEnd {
+                tensor: names::DOM_PULSE_OFFSETS,
+                found: 9,
+                expected: 8
+            })
+        );
+        assert_eq!(
+            parse_bytes(&offsets(names::EVENT_DOM_OFFSETS, 3, 4)),
+            Err(ShardProblem::OffsetsEnd {
+                tensor: names::EVENT_DOM_OFFSETS,
+                found: 4,
+                expected: 5
+            })
+        );
+        let outside = altered(&bytes, names::DOM_SENSOR_ID, |p| {
+            p.3[4..6].copy_from_slice(&(SENSOR_ROWS as i16).to_le_bytes())
+        });
+        assert_eq!(
+            parse_bytes(&outside),
+            Err(ShardProblem::SensorOutsideTable {
+                dom: 2,
+                sensor: SENSOR_ROWS as i64,
+                rows: SENSOR_ROWS
+            })
+        );
+        let negative = altered(&bytes, names::DOM_SENSOR_ID, |p| {
+            p.3[0..2].copy_from_slice(&(-1i16).to_le_bytes())
+        });
+        assert!(matches!(
+            parse_bytes(&negative),
+            Err(ShardProblem::SensorOutsideTable {
+                dom: 0,
+                sensor: -1,
+                ..
+            })
+        ));
+    }
+
+    /// Reads everything a valid view promises: every event's DOMs and pulses.
+    fn touch_everything(view: &ShardView) -> u64 {
+        let mut sum = 0u64;
+        for e in 0..view.events() {
+            let header = view.header(e);
+            sum = sum.wrapping_add(header.event_id as u64);
+            for d in view.dom_range(e) {
+                sum = sum.wrapping_add(view.dom_sensor_id.get(d) as u64);
+                for p in view.pulse_range(d) {
+                    sum = sum.wrapping_add(view.pulse_time.get(p) as u64);
+                    sum = sum.wrapping_add(view.pulse_charge.get(p).to_bits());
+                    sum = sum.wrapping_add(u64::from(view.pulse_auxiliary[p]));
+                }
+            }
+            assert!(view.event_pulse_range(e).end <= view.pulses());
+        }
+        sum
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(500))]
+
+        /// Any damage to the header or the body ends in a typed error or a view whose every
+        /// offset is safe to follow, never in a panic (the checksum would be recomputed by
+        /// whoever damaged it, so only the parser stands in the way).
+        #[test]
+        fn damaged_shards_give_typed_errors_never_panics(
+            damage in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..8),
+            in_header in any::<bool>(),
+            cut in proptest::option::of(any::<prop::sample::Index>()),
+        ) {
+            let mut bytes = valid_shard();
+            let header_len = 8 + u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+            let text_len = bytes[8..header_len].iter().rposition(|&b| b != b' ').unwrap() + 9;
+            for (at, value) in damage {
+                let at = if in_header { at.index(text_len) } else { header_len + at.index(bytes.len() - header_len) };
+                bytes[at] = value;
+            }
+            if let Some(cut) = cut {
+                bytes.truncate(cut.index(bytes.len()));
+            }
+            if let Ok(header) = safetensors::parse(&bytes) {
+                if let Ok(view) = ShardView::parse(&bytes, &header, SENSOR_ROWS, Validation::Full) {
+                    touch_everything(&view);
+                    for d in 0..view.doms() {
+                        prop_assert!((0..SENSOR_ROWS as i64).contains(&view.dom_sensor_id.get(d)));
+                    }
+                }
+            }
         }
     }
 }

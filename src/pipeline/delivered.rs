@@ -12,7 +12,7 @@ use crate::device::transfer::DeviceCopy;
 use crate::error::{Error, Result};
 use crate::format::pod::try_cast;
 use crate::format::safetensors::{Dtype, Element};
-use crate::format::shard::{FloatColumn, IntColumn};
+use crate::format::{FloatColumn, IntColumn};
 use crate::sampler::BatchPlan;
 
 /// One delivered batch; dropping it returns its buffers (host staging, and on a GPU the
@@ -74,8 +74,9 @@ pub struct PackedView<'a> {
     pub dom_pulse_offsets: &'a [i32],
     /// `[D]`.
     pub dom_sensor_id: IntColumn<'a>,
-    /// `[D*3]`.
-    pub dom_position: FloatColumn<'a>,
+    /// `[D*3]`, each DOM's row of the sensor table; `None` when the loader leaves
+    /// positions out ([`crate::pipeline::LoaderConfig::dom_positions`]).
+    pub dom_position: Option<FloatColumn<'a>>,
     /// `[P]`.
     pub pulse_time: IntColumn<'a>,
     /// `[P]`.
@@ -228,7 +229,10 @@ impl Batch {
             event_dom_offsets: self.typed(EVENT_DOM_OFFSETS),
             dom_pulse_offsets: self.typed(DOM_PULSE_OFFSETS),
             dom_sensor_id: ints(DOM_SENSOR_ID),
-            dom_position: floats(DOM_POSITION),
+            dom_position: self
+                .sections
+                .get(DOM_POSITION)
+                .map(|_| floats(DOM_POSITION)),
             pulse_time: ints(PULSE_TIME),
             pulse_charge: floats(PULSE_CHARGE),
             pulse_auxiliary: self.section(PULSE_AUXILIARY),

@@ -67,6 +67,36 @@ pub struct LoaderConfig {
     /// nothing measurable (`examples/h2d_overheads.rs`).
     #[serde(default)]
     pub time_copies: bool,
+    /// Whether packed batches carry `dom_position` (each DOM's row of the sensor table,
+    /// looked up while gathering). `false` leaves it out, for models that embed sensor ids
+    /// or look positions up on the GPU from [`Dataset::sensor_table`]; the padded layout
+    /// always has positions among its features, so it requires `true`.
+    #[serde(default = "default_dom_positions")]
+    pub dom_positions: bool,
+}
+
+fn default_dom_positions() -> bool {
+    true
+}
+
+impl LoaderConfig {
+    /// Rejects settings that cannot work.
+    pub fn validate(&self) -> Result<()> {
+        self.sampler.validate().map_err(Error::Config)?;
+        if self.workers == 0 || self.prefetch == 0 {
+            return Err(Error::Config(
+                "workers and prefetch must be at least 1".into(),
+            ));
+        }
+        if !self.dom_positions && self.layout != BatchLayout::Packed {
+            return Err(Error::Config(
+                "dom_positions: false applies to the packed layout only (the padded \
+                 layout's features hold x, y, z)"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
 }
 
 fn default_device_buffers() -> usize {
@@ -83,6 +113,7 @@ impl Default for LoaderConfig {
             device: DeviceChoice::Auto,
             device_buffers: default_device_buffers(),
             time_copies: false,
+            dom_positions: default_dom_positions(),
         }
     }
 }
@@ -144,12 +175,7 @@ impl Loader {
         position: SamplerState,
         placement: Placement,
     ) -> Result<Loader> {
-        config.sampler.validate().map_err(Error::Config)?;
-        if config.workers == 0 || config.prefetch == 0 {
-            return Err(Error::Config(
-                "workers and prefetch must be at least 1".into(),
-            ));
-        }
+        config.validate()?;
         let (allocate, slots): (Allocator, _) = match placement.cuda() {
             Some(device) => (
                 device.staging_allocator(),

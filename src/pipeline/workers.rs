@@ -7,7 +7,7 @@ use std::sync::{Mutex, OnceLock};
 use crossbeam_channel::{bounded, select, Receiver, Sender, TrySendError};
 
 use super::LoaderConfig;
-use crate::batch::{plan_sections, BatchLayout, BatchShape, Gatherer, Sections};
+use crate::batch::{plan_sections, BatchShape, Gatherer, Sections};
 use crate::dataset::Dataset;
 use crate::device::staging::{StagingBuffer, StagingPool};
 use crate::error::{Error, Result};
@@ -19,7 +19,8 @@ struct DatasetSizes<'a> {
     dataset: &'a Dataset,
     /// Each shard's view once opened; `None` when it failed to open.
     views: Vec<OnceLock<Option<ShardView<'a>>>>,
-    error: OnceLock<Error>,
+    /// The first shard that failed to open, handed once to the plan that needed it.
+    error: Mutex<Option<Error>>,
 }
 
 impl<'a> DatasetSizes<'a> {
@@ -29,7 +30,7 @@ impl<'a> DatasetSizes<'a> {
             views: (0..dataset.shard_count())
                 .map(|_| OnceLock::new())
                 .collect(),
-            error: OnceLock::new(),
+            error: Mutex::new(None),
         }
     }
 }
@@ -49,7 +50,10 @@ impl EventSizes for DatasetSizes<'_> {
             match self.dataset.shard(e.shard as usize).and_then(|s| s.view()) {
                 Ok(v) => Some(v),
                 Err(err) => {
-                    let _ = self.error.set(err);
+                    self.error
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .get_or_insert(err);
                     None
                 }
             }
@@ -105,7 +109,6 @@ impl Stop {
 struct Plans<'a> {
     batches: Mutex<(EpochBatches<'a>, u64)>,
     sizes: &'a DatasetSizes<'a>,
-    dataset: &'a Dataset,
     /// Set once a plan or a gather failed: the epoch ends at that error.
     failed: AtomicBool,
 }
@@ -120,10 +123,16 @@ impl Plans<'_> {
         let (batches, seq) = &mut *guard;
         let plan = batches.next()?;
         *seq += 1;
-        let plan = match self.sizes.error.get() {
+        let failed = self
+            .sizes
+            .error
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        let plan = match failed {
             Some(e) => {
                 self.fail();
-                Err(Error::shard(self.dataset.dir(), e.to_string()))
+                Err(e)
             }
             None => Ok(plan),
         };
@@ -147,7 +156,7 @@ pub(crate) fn run_workers(
     stop: &Stop,
 ) {
     let sizes = DatasetSizes::new(dataset);
-    let (workers, layout) = (config.workers, config.layout);
+    let workers = config.workers;
     let plans = Plans {
         batches: Mutex::new((
             EpochBatches::new(
@@ -159,15 +168,14 @@ pub(crate) fn run_workers(
             0,
         )),
         sizes: &sizes,
-        dataset,
         failed: AtomicBool::new(false),
     };
     std::thread::scope(|scope| {
         for _ in 1..workers {
             let (plans, results) = (&plans, results.clone());
-            scope.spawn(move || gather_batches(dataset, layout, pool, plans, results, stop));
+            scope.spawn(move || gather_batches(dataset, config, pool, plans, results, stop));
         }
-        gather_batches(dataset, layout, pool, &plans, results, stop);
+        gather_batches(dataset, config, pool, &plans, results, stop);
     });
 }
 
@@ -176,7 +184,7 @@ pub(crate) fn run_workers(
 /// stop signal) when they are empty or full: the steady state takes no shared lock.
 fn gather_batches(
     dataset: &Dataset,
-    layout: BatchLayout,
+    config: &LoaderConfig,
     pool: &StagingPool,
     plans: &Plans<'_>,
     results: Sender<(u64, Result<Filled>)>,
@@ -184,6 +192,7 @@ fn gather_batches(
 ) {
     let mut gatherer = Gatherer::new(dataset);
     let types = dataset.manifest().schema.types;
+    let layout = config.layout;
     while !stop.requested() {
         let mut buffer = match pool.free().try_recv() {
             Ok(b) => b,
@@ -199,7 +208,7 @@ fn gather_batches(
         let started = std::time::Instant::now();
         let filled = plan.and_then(|plan| {
             let shape = gatherer.shape(&plan)?;
-            let sections = plan_sections(layout, shape, &types);
+            let sections = plan_sections(layout, shape, &types, config.dom_positions);
             pool.ensure_capacity(&mut buffer, sections.total);
             gatherer.gather(&plan, layout, &sections, buffer.bytes_mut())?;
             Ok((sections, plan, shape))

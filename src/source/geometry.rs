@@ -133,6 +133,16 @@ impl Geometry {
         self.present.iter().rposition(|&p| p).unwrap_or(0)
     }
 
+    /// x, y, z of every id up to the largest, row by row; NaN rows for unlisted ids.
+    pub fn positions(&self) -> Vec<f64> {
+        (0..self.present.len())
+            .flat_map(|id| match self.present[id] {
+                true => [self.x[id], self.y[id], self.z[id]],
+                false => [f64::NAN; 3],
+            })
+            .collect()
+    }
+
     /// Whether every coordinate survives a round trip through `f32` exactly.
     pub fn fits_f32(&self) -> bool {
         [&self.x, &self.y, &self.z]

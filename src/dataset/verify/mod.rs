@@ -7,15 +7,13 @@
 
 mod source;
 
-use std::collections::HashMap;
 use std::path::Path;
 
 use super::{ChecksumPolicy, Dataset};
 use crate::error::Result;
 use crate::format::order::{bucket_of, shuffle_key};
 use crate::format::safetensors::Dtype;
-use crate::format::shard::names;
-use crate::format::ShardView;
+use crate::format::{names, SensorTable, ShardView};
 use crate::source::{Geometry, InputSet};
 use source::{BatchDigests, PulsePrint};
 
@@ -61,7 +59,19 @@ pub fn verify(dir: &Path, source: Option<&InputSet>) -> Result<VerifyReport> {
     let geometry = source.map(|s| Geometry::read(&s.geometry)).transpose()?;
     let mut digests = BatchDigests::default();
     let mut previous_key: Option<(u64, i64)> = None;
-    let mut positions: HashMap<i64, [u64; 3]> = HashMap::new();
+    let table = dataset.sensor_table();
+    let types = manifest.schema.types;
+    if table.dtype() != types.position {
+        report.problem(format!(
+            "{}: sensor_position is {:?}, the manifest schema says {:?}",
+            manifest.sensor_table.file,
+            table.dtype(),
+            types.position
+        ));
+    }
+    if let Some(g) = &geometry {
+        check_sensor_table(table, g, &manifest.sensor_table.file, &mut report);
+    }
     for i in 0..dataset.shard_count() {
         let shard = match dataset.shard(i) {
             Ok(shard) => shard,
@@ -80,10 +90,8 @@ pub fn verify(dir: &Path, source: Option<&InputSet>) -> Result<VerifyReport> {
         report.shards += 1;
         let file = &manifest.shards[i].file;
         let mut problem = |text: String| report.problem(format!("{file}: {text}"));
-        let types = manifest.schema.types;
         for (name, want) in [
             (names::DOM_SENSOR_ID, types.sensor_id),
-            (names::DOM_POSITION, types.position),
             (names::PULSE_TIME, types.time),
             (names::PULSE_CHARGE, types.charge),
         ] {
@@ -126,14 +134,10 @@ pub fn verify(dir: &Path, source: Option<&InputSet>) -> Result<VerifyReport> {
             for d in view.dom_range(e) {
                 print.add_dom(&view, d);
                 let sensor = view.dom_sensor_id.get(d);
-                let pos = [0, 1, 2].map(|k| view.dom_position.get(3 * d + k).to_bits());
-                if *positions.entry(sensor).or_insert(pos) != pos {
+                if table.position(sensor).is_none() {
                     problem(format!(
-                        "event {id}: sensor {sensor} has a position different from its other DOMs"
+                        "event {id}: sensor {sensor} has no position in the sensor table"
                     ));
-                }
-                if let Some(g) = &geometry {
-                    check_position(&view, d, g, types.position, id, &mut problem);
                 }
             }
             shard_pulses += print.count;
@@ -203,34 +207,29 @@ fn check_event(view: &ShardView, e: usize, problem: &mut impl FnMut(String)) {
     }
 }
 
-fn check_position(
-    view: &ShardView,
-    d: usize,
-    g: &Geometry,
-    dtype: Dtype,
-    id: i64,
-    problem: &mut impl FnMut(String),
-) {
-    let sensor = view.dom_sensor_id.get(d);
-    if !g.contains(sensor) {
-        problem(format!(
-            "event {id}: sensor {sensor} is not in the geometry"
+/// Checks every row of the sensor table against the geometry it was made from: listed
+/// ids at the stored precision, NaN rows for the others, and no row past the largest id.
+fn check_sensor_table(table: &SensorTable, g: &Geometry, file: &str, report: &mut VerifyReport) {
+    let rows = g.max_sensor_id() + 1;
+    if table.rows() != rows {
+        report.problem(format!(
+            "{file}: {} rows, the geometry's largest sensor id needs {rows}",
+            table.rows()
         ));
-        return;
     }
-    let s = sensor as usize;
-    let narrow = |v: f64| {
-        if dtype == Dtype::F32 {
-            v as f32 as f64
-        } else {
-            v
-        }
+    let narrow = |v: f64| match table.dtype() {
+        Dtype::F32 => v as f32 as f64,
+        _ => v,
     };
-    let want = [g.x[s], g.y[s], g.z[s]].map(narrow);
-    let found = [0, 1, 2].map(|k| view.dom_position.get(3 * d + k));
-    if want != found {
-        problem(format!(
-            "event {id}: sensor {sensor} is at {found:?}, the geometry says {want:?}"
-        ));
+    for sensor in 0..table.rows().min(rows) {
+        let want = g
+            .contains(sensor as i64)
+            .then(|| [g.x[sensor], g.y[sensor], g.z[sensor]].map(narrow));
+        let found = table.position(sensor as i64);
+        if want != found {
+            report.problem(format!(
+                "{file}: sensor {sensor} is at {found:?}, the geometry says {want:?}"
+            ));
+        }
     }
 }

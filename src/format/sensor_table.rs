@@ -1,0 +1,263 @@
+//! The sensor table: every sensor's position, stored once per dataset in
+//! `geometry.safetensors` beside the shards, instead of once per DOM in every shard.
+//!
+//! One tensor, `sensor_position` `[S, 3]` (F64, or F32 when every coordinate round-trips
+//! exactly or the conversion was `--lossy`): row `s` holds x, y, z in metres of sensor id
+//! `s`, NaN for ids the geometry does not list. A shard's `dom_sensor_id` indexes it
+//! directly: `positions[dom_sensor_id]` in numpy.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use super::atomic::Durability;
+use super::columns::FloatColumn;
+use super::names::SENSOR_POSITION;
+use super::pod::try_cast;
+use super::safetensors::{self, Dtype, Raw, TensorOut};
+use super::shard::{ShardProblem, TensorCheck};
+use super::{checksum, format_metadata};
+use crate::error::{Error, IoContext, Result};
+
+/// The sensor table's file name inside a dataset directory.
+pub const SENSOR_TABLE_FILE: &str = "geometry.safetensors";
+
+/// What the manifest records of the sensor table.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SensorTableEntry {
+    /// File name inside the dataset directory.
+    pub file: String,
+    /// Rows: the largest sensor id plus one.
+    pub rows: u64,
+    /// File size in bytes.
+    pub bytes: u64,
+    /// XXH3-64 of the whole file, hex.
+    pub xxh3: String,
+}
+
+/// Positions at their stored width, 3 per row.
+#[derive(Debug, Clone, PartialEq)]
+enum Positions {
+    F32(Vec<f32>),
+    F64(Vec<f64>),
+}
+
+/// Every sensor's position, indexed by sensor id.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SensorTable {
+    positions: Positions,
+}
+
+impl SensorTable {
+    /// A table of `xyz` (x, y, z per row; NaN rows for unlisted ids) stored as `dtype`
+    /// (F32 narrows each value; the caller decides whether that is exact or allowed).
+    pub fn new(xyz: &[f64], dtype: Dtype) -> SensorTable {
+        assert_eq!(xyz.len() % 3, 0, "three coordinates per sensor");
+        let positions = match dtype {
+            Dtype::F32 => Positions::F32(xyz.iter().map(|&v| v as f32).collect()),
+            Dtype::F64 => Positions::F64(xyz.to_vec()),
+            other => panic!("sensor positions are F32 or F64, not {other:?}"),
+        };
+        SensorTable { positions }
+    }
+
+    /// Rows (the largest sensor id plus one).
+    pub fn rows(&self) -> usize {
+        self.column().len() / 3
+    }
+
+    /// The stored element type.
+    pub fn dtype(&self) -> Dtype {
+        self.column().raw().1
+    }
+
+    /// All positions, row-major `[rows, 3]`, at the stored width.
+    pub fn column(&self) -> FloatColumn<'_> {
+        match &self.positions {
+            Positions::F32(v) => FloatColumn::F32(v),
+            Positions::F64(v) => FloatColumn::F64(v),
+        }
+    }
+
+    /// The position of `sensor`, widened exactly; `None` outside the table or for an id
+    /// the geometry does not list.
+    pub fn position(&self, sensor: i64) -> Option<[f64; 3]> {
+        let row = usize::try_from(sensor).ok().filter(|&r| r < self.rows())?;
+        let xyz = [0, 1, 2].map(|k| self.column().get(3 * row + k));
+        (!xyz[0].is_nan()).then_some(xyz)
+    }
+
+    /// Writes the table durably to `dir/geometry.safetensors`; returns its manifest entry.
+    pub fn write(&self, dir: &Path) -> Result<SensorTableEntry> {
+        let path = dir.join(SENSOR_TABLE_FILE);
+        let (bytes, dtype) = self.column().raw();
+        let raw = Raw(bytes);
+        let tensors = [TensorOut {
+            name: SENSOR_POSITION.to_string(),
+            dtype,
+            shape: vec![self.rows(), 3],
+            data: &raw,
+        }];
+        let metadata = format_metadata(BTreeMap::new());
+        let mut file = Vec::new();
+        safetensors::write(&mut file, &metadata, &tensors).map_err(|e| Error::io(&path, e))?;
+        super::atomic::write_atomic(&path, Durability::Now, |w| {
+            std::io::Write::write_all(w, &file).at(&path)
+        })?;
+        Ok(SensorTableEntry {
+            file: SENSOR_TABLE_FILE.to_string(),
+            rows: self.rows() as u64,
+            bytes: file.len() as u64,
+            xxh3: checksum::of_bytes(&file),
+        })
+    }
+
+    /// Reads `dir/<entry.file>`, checks its size, checksum (when asked) and structure.
+    pub fn read(dir: &Path, entry: &SensorTableEntry, check_checksum: bool) -> Result<SensorTable> {
+        let path = dir.join(&entry.file);
+        let bytes = std::fs::read(&path).at(&path)?;
+        if bytes.len() as u64 != entry.bytes {
+            return Err(Error::shard(
+                &path,
+                ShardProblem::Size {
+                    found: bytes.len() as u64,
+                    expected: entry.bytes,
+                },
+            ));
+        }
+        if check_checksum {
+            let found = checksum::of_bytes(&bytes);
+            if found != entry.xxh3 {
+                return Err(Error::Checksum {
+                    path,
+                    expected: entry.xxh3.clone(),
+                    found,
+                });
+            }
+        }
+        let table = SensorTable::parse(&bytes).map_err(|p| Error::shard(&path, p))?;
+        if table.rows() as u64 != entry.rows {
+            return Err(Error::shard(
+                &path,
+                ShardProblem::Shape {
+                    tensor: SENSOR_POSITION.into(),
+                    found: vec![table.rows(), 3],
+                    expected: vec![entry.rows as usize, 3],
+                },
+            ));
+        }
+        Ok(table)
+    }
+
+    /// Validates a whole `geometry.safetensors` file held in `bytes`.
+    pub fn parse(bytes: &[u8]) -> std::result::Result<SensorTable, ShardProblem> {
+        let header = safetensors::parse(bytes)?;
+        let check = TensorCheck::new(&header, &[SENSOR_POSITION])?;
+        let info = check.info(SENSOR_POSITION)?;
+        let rows = info.shape.first().copied().unwrap_or(0);
+        check.shape(SENSOR_POSITION, &[rows, 3])?;
+        let data = &bytes[info.range.clone()];
+        let misaligned = || ShardProblem::Misaligned {
+            tensor: SENSOR_POSITION.into(),
+        };
+        let positions = match info.dtype {
+            Dtype::F32 => Positions::F32(try_cast::<f32>(data).ok_or_else(misaligned)?.to_vec()),
+            Dtype::F64 => Positions::F64(try_cast::<f64>(data).ok_or_else(misaligned)?.to_vec()),
+            found => {
+                return Err(ShardProblem::Dtype {
+                    tensor: SENSOR_POSITION.into(),
+                    found,
+                    expected: "F32 or F64",
+                })
+            }
+        };
+        Ok(SensorTable { positions })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table() -> SensorTable {
+        let nan = f64::NAN;
+        SensorTable::new(
+            &[1.5, -2.25, 3.0, nan, nan, nan, -256.14, 0.0, 496.03],
+            Dtype::F64,
+        )
+    }
+
+    #[test]
+    fn round_trips_through_its_file_and_checks_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = table();
+        let entry = t.write(dir.path()).unwrap();
+        assert_eq!(entry.rows, 3);
+        let back = SensorTable::read(dir.path(), &entry, true).unwrap();
+        assert_eq!(back.dtype(), Dtype::F64);
+        assert_eq!(back.position(0), Some([1.5, -2.25, 3.0]));
+        assert_eq!(back.position(1), None, "an unlisted id");
+        assert_eq!(back.position(2), Some([-256.14, 0.0, 496.03]));
+        assert_eq!(back.position(3), None);
+        assert_eq!(back.position(-1), None);
+        let path = dir.path().join(SENSOR_TABLE_FILE);
+        let mut bytes = std::fs::read(&path).unwrap();
+        let last = bytes.len() - 1;
+        bytes[last] ^= 1;
+        std::fs::write(&path, &bytes).unwrap();
+        let err = SensorTable::read(dir.path(), &entry, true).unwrap_err();
+        assert!(matches!(err, Error::Checksum { .. }), "{err}");
+        let wrong_rows = SensorTableEntry { rows: 4, ..entry };
+        let err = SensorTable::read(dir.path(), &wrong_rows, false).unwrap_err();
+        assert!(
+            matches!(
+                &err,
+                Error::Shard {
+                    problem: ShardProblem::Shape { .. },
+                    ..
+                }
+            ),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn narrows_to_f32_when_asked() {
+        let t = SensorTable::new(&[0.5, 1.0, 2.0], Dtype::F32);
+        assert_eq!(t.dtype(), Dtype::F32);
+        assert_eq!(t.position(0), Some([0.5, 1.0, 2.0]));
+    }
+
+    #[test]
+    fn rejects_what_is_not_a_sensor_table() {
+        let file = |name: &str, dtype: Dtype, shape: Vec<usize>, data: &[u8]| {
+            let raw = Raw(data);
+            let tensors = [TensorOut {
+                name: name.into(),
+                dtype,
+                shape,
+                data: &raw,
+            }];
+            let mut out = Vec::new();
+            safetensors::write(&mut out, &format_metadata(BTreeMap::new()), &tensors).unwrap();
+            out
+        };
+        assert_eq!(
+            SensorTable::parse(&file(SENSOR_POSITION, Dtype::I32, vec![2, 3], &[0; 24])),
+            Err(ShardProblem::Dtype {
+                tensor: SENSOR_POSITION.into(),
+                found: Dtype::I32,
+                expected: "F32 or F64"
+            })
+        );
+        assert!(matches!(
+            SensorTable::parse(&file(SENSOR_POSITION, Dtype::F32, vec![3, 2], &[0; 24])),
+            Err(ShardProblem::Shape { .. })
+        ));
+        assert_eq!(
+            SensorTable::parse(&file("positions", Dtype::F32, vec![2, 3], &[0; 24])),
+            Err(ShardProblem::ExtraTensor("positions".into()))
+        );
+    }
+}
