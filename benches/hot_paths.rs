@@ -19,14 +19,21 @@ use shardify::pack::{PackedColumns, Packer};
 use shardify::rng::Rng;
 use shardify::sampler::{BatchPlan, Batching, EpochBatches, EventRef, EventSizes, SamplerConfig};
 use shardify::source::InputSet;
-use shardify::synth::{generate_batch, write_dataset, SynthOptions};
+use shardify::synth::{generate_batch, write_dataset, Profile, SynthOptions};
 
 /// Bytes of the pulse columns DOM packing reads (sensor, time, charge, auxiliary).
 const PULSE_BYTES: u64 = 4 + 8 + 8 + 1;
 
 fn packing(c: &mut Criterion) {
     let mut next = 0;
-    let (table, meta) = generate_batch(&mut Rng::new(1), 1, 2000, &mut next, false);
+    let (table, meta) = generate_batch(
+        &mut Rng::new(1),
+        1,
+        2000,
+        &mut next,
+        false,
+        Profile::default(),
+    );
     let events: Vec<RawEvent> = (0..meta.event_id.len())
         .map(|m| {
             let r = meta.first_pulse_index[m] as usize..meta.last_pulse_index[m] as usize + 1;

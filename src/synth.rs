@@ -1,10 +1,21 @@
 //! Synthetic datasets in the exact Kaggle schema, of any size, for fixtures, tests and
 //! benches.
 //!
-//! Shape (chosen to resemble the real data, see DESIGN.md): pulses per event log-normal
-//! (median ~40) with a rare power-law tail up to ~20,000; ~78% of DOMs hit once; rows sorted
-//! by event, then time; charges of `f32` precision stored as `f64`; event ids increasing
-//! with gaps. Geometry: 86 strings x 60 DOMs, coordinates with two decimals.
+//! Two shapes ([`Profile`]):
+//! - **real** (the default): the statistics of the real training set (DESIGN.md, section 1).
+//!   Pulses per event: a log-normal body (median 60) with a 5% power-law tail (from 200,
+//!   exponent 0.95) capped at 178,250, giving min 5, median ~62, mean ~160, p90 ~146,
+//!   p99 ~1.1k and ~1.1% of events above 1,001 pulses. DOMs: 75% hit once, 16% two or three
+//!   times, the rest a long tail (~0.39 DOMs per pulse), on strings near the event's
+//!   anchor string and depth, plus noise hits anywhere. Times 5.7k-85k ns, the first pulse
+//!   at median ~6,100 ns, events ~12 us long; charges float32 values of the 0.025 grid stored
+//!   as float64; auxiliary half true.
+//! - **simple**: the generator the fixtures were made with (median ~40 pulses per event,
+//!   nearly every DOM hit once).
+//!
+//! Rows are sorted by event, then time; event ids increase with gaps. Geometry: IceCube's
+//! layout, 78 strings on a 125 m hexagonal grid and 8 denser DeepCore strings, 60 DOMs each
+//! (sensor id = string * 60 + DOM), coordinates with two decimals.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -30,6 +41,29 @@ pub enum Codec {
     Uncompressed,
 }
 
+/// The statistical shape of generated events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Profile {
+    /// The real training set's statistics (see the module docs).
+    Real {
+        /// The most pulses one event gets (the real maximum is 178,250).
+        max_event_pulses: usize,
+    },
+    /// The older, lighter shape the committed fixtures were generated with.
+    Simple,
+}
+
+/// The largest event of the real training set, in pulses.
+pub const REAL_MAX_EVENT_PULSES: usize = 178_250;
+
+impl Default for Profile {
+    fn default() -> Self {
+        Profile::Real {
+            max_event_pulses: REAL_MAX_EVENT_PULSES,
+        }
+    }
+}
+
 /// What to generate.
 #[derive(Debug, Clone)]
 pub struct SynthOptions {
@@ -49,6 +83,8 @@ pub struct SynthOptions {
     pub meta_per_batch: bool,
     /// Seed.
     pub seed: u64,
+    /// The shape of the events.
+    pub profile: Profile,
 }
 
 impl Default for SynthOptions {
@@ -62,6 +98,7 @@ impl Default for SynthOptions {
             row_group_rows: None,
             meta_per_batch: false,
             seed: 0,
+            profile: Profile::default(),
         }
     }
 }
@@ -115,7 +152,7 @@ impl MetaTable {
     }
 }
 
-fn pulses_in_event(rng: &mut Rng) -> usize {
+fn simple_pulses_in_event(rng: &mut Rng) -> usize {
     let n = if rng.uniform() < 0.003 {
         // Power-law tail (Pareto, alpha 1.2) for the rare very bright events.
         200.0 / (1.0 - rng.uniform()).powf(1.0 / 1.2)
@@ -125,9 +162,9 @@ fn pulses_in_event(rng: &mut Rng) -> usize {
     (n as usize).clamp(5, 20_000)
 }
 
-/// Appends one event's rows (sorted by time) to `table`.
-fn generate_event(rng: &mut Rng, event_id: i64, table: &mut PulseTable) {
-    let target = pulses_in_event(rng);
+/// Appends one event's rows (sorted by time) to `table`, in the simple profile.
+fn generate_simple_event(rng: &mut Rng, event_id: i64, table: &mut PulseTable) {
+    let target = simple_pulses_in_event(rng);
     let t0 = 5000 + rng.below(7000) as i64;
     let string = rng.below(86) as i64;
     let mut rows: Vec<(i64, i16, f64, bool)> = Vec::with_capacity(target);
@@ -149,6 +186,12 @@ fn generate_event(rng: &mut Rng, event_id: i64, table: &mut PulseTable) {
             rows.push((time, sensor, charge, rng.uniform() < 0.6));
         }
     }
+    append_rows(rows, event_id, table);
+}
+
+/// Appends `rows` (time, sensor, charge, auxiliary) sorted by time, as the Kaggle files hold
+/// them.
+fn append_rows(mut rows: Vec<(i64, i16, f64, bool)>, event_id: i64, table: &mut PulseTable) {
     rows.sort_by_key(|r| r.0);
     for (time, sensor, charge, aux) in rows {
         table.sensor_id.push(sensor);
@@ -159,14 +202,125 @@ fn generate_event(rng: &mut Rng, event_id: i64, table: &mut PulseTable) {
     }
 }
 
-/// Generates one batch of `events` events starting after `next_event_id`.
+/// Strings in the generated geometry, and DOMs per string.
+const STRINGS: usize = 86;
+const DOMS_PER_STRING: usize = 60;
+/// Times of the real data, in ns.
+const FIRST_TIME: i64 = 5_700;
+const LAST_TIME: i64 = 85_000;
+
+/// Pulses of one event in the real profile (see the module docs).
+fn real_pulses_in_event(rng: &mut Rng, max: usize) -> usize {
+    let n = if rng.uniform() < 0.05 {
+        200.0 / (1.0 - rng.uniform()).powf(1.0 / 0.95)
+    } else {
+        (60f64.ln() + 0.55 * rng.normal()).exp()
+    };
+    (n as usize).clamp(5, max.max(5))
+}
+
+/// DOMs hit by an event of `pulses` pulses in the real profile: ~50 at the median event,
+/// fewer per pulse in bright events (~0.39 DOMs per pulse over the whole set).
+fn real_doms_in_event(pulses: usize) -> usize {
+    let doms = (3.5 * (pulses as f64).powf(0.64)).round() as usize;
+    doms.clamp(1, pulses.min(SENSORS))
+}
+
+/// Sensors already used by the event being generated (a DOM appears once per event).
+struct UsedSensors {
+    used: Vec<bool>,
+    list: Vec<usize>,
+}
+
+impl UsedSensors {
+    fn new() -> Self {
+        UsedSensors {
+            used: vec![false; SENSORS],
+            list: Vec::new(),
+        }
+    }
+
+    /// Takes `wanted`, or the next free sensor after it; `None` when every sensor is used.
+    fn take(&mut self, wanted: usize) -> Option<usize> {
+        if self.list.len() == SENSORS {
+            return None;
+        }
+        let mut s = wanted % SENSORS;
+        while self.used[s] {
+            s = (s + 1) % SENSORS;
+        }
+        self.used[s] = true;
+        self.list.push(s);
+        Some(s)
+    }
+
+    fn clear(&mut self) {
+        for &s in &self.list {
+            self.used[s] = false;
+        }
+        self.list.clear();
+    }
+}
+
+/// Appends one event's rows (sorted by time) to `table`, in the real profile: every hit
+/// DOM gets one pulse, and the rest go mostly to a few bright DOMs (DOM `k` of `D` drawn
+/// as `D * u^8`), which leaves ~75% of DOMs with a single pulse.
+fn generate_real_event(
+    rng: &mut Rng,
+    event_id: i64,
+    max_event_pulses: usize,
+    used: &mut UsedSensors,
+    table: &mut PulseTable,
+) {
+    let pulses = real_pulses_in_event(rng, max_event_pulses);
+    let dom_count = real_doms_in_event(pulses);
+    let t0 = FIRST_TIME + (-(1.0 - rng.uniform()).ln() * 580.0) as i64;
+    let (anchor_string, anchor_dom) = (rng.below(STRINGS as u64), rng.below(60) as f64);
+    used.clear();
+    let mut doms: Vec<(usize, i64, usize)> = (0..dom_count)
+        .map(|_| {
+            // Most DOMs near the anchor (its string or a neighbour, near its depth); noise
+            // hits anywhere.
+            let wanted = if rng.uniform() < 0.8 {
+                let string = (anchor_string + rng.below(5)) % STRINGS as u64;
+                let dom = (anchor_dom + 8.0 * rng.normal()).clamp(0.0, 59.0) as u64;
+                (string * DOMS_PER_STRING as u64 + dom) as usize
+            } else {
+                rng.below(SENSORS as u64) as usize
+            };
+            let sensor = used.take(wanted).expect("at most SENSORS DOMs per event");
+            let hit = t0 + (-(1.0 - rng.uniform()).ln() * 2500.0) as i64;
+            (sensor, hit.min(LAST_TIME), 1)
+        })
+        .collect();
+    for _ in dom_count..pulses {
+        let k = (dom_count as f64 * rng.uniform().powi(8)) as usize;
+        doms[k.min(dom_count - 1)].2 += 1;
+    }
+    let mut rows: Vec<(i64, i16, f64, bool)> = Vec::with_capacity(pulses);
+    for (sensor, first, count) in doms {
+        let mut time = first;
+        for _ in 0..count {
+            // Charge in 0.025 steps (median ~1), float32 values stored as float64.
+            let steps = (40.0 * (0.7 * rng.normal()).exp()).round().max(1.0);
+            let charge = (steps * 0.025) as f32 as f64;
+            rows.push((time, sensor as i16, charge, rng.uniform() < 0.5));
+            time = (time + 5 + rng.below(300) as i64).min(LAST_TIME);
+        }
+    }
+    append_rows(rows, event_id, table);
+}
+
+/// Generates one batch of `events` events of `profile` starting after `next_event_id`.
 pub fn generate_batch(
     rng: &mut Rng,
     batch_id: i64,
     events: u64,
     next_event_id: &mut i64,
     labels: bool,
+    profile: Profile,
 ) -> (PulseTable, MetaTable) {
+    let mut used = UsedSensors::new();
     let mut table = PulseTable::default();
     let mut meta = MetaTable {
         labels,
@@ -175,7 +329,12 @@ pub fn generate_batch(
     for _ in 0..events {
         *next_event_id += 1 + rng.below(5) as i64;
         let first = table.time.len() as i64;
-        generate_event(rng, *next_event_id, &mut table);
+        match profile {
+            Profile::Real { max_event_pulses } => {
+                generate_real_event(rng, *next_event_id, max_event_pulses, &mut used, &mut table)
+            }
+            Profile::Simple => generate_simple_event(rng, *next_event_id, &mut table),
+        }
         meta.batch_id.push(batch_id);
         meta.event_id.push(*next_event_id);
         meta.first_pulse_index.push(first);
@@ -277,17 +436,45 @@ pub fn write_parquet(
     Ok(())
 }
 
-/// Writes the synthetic geometry CSV.
+/// The x, y of every string: 78 on a 125 m hexagonal grid (the nearest to the centre),
+/// then 8 DeepCore strings within 75 m of it.
+fn string_positions() -> Vec<(f64, f64)> {
+    let mut grid: Vec<(f64, f64)> = (-6i32..=6)
+        .flat_map(|q| (-6i32..=6).map(move |r| (q, r)))
+        .map(|(q, r)| {
+            let (q, r) = (f64::from(q), f64::from(r));
+            (125.0 * (q + r / 2.0), 125.0 * r * 3f64.sqrt() / 2.0)
+        })
+        .collect();
+    grid.sort_by(|a, b| {
+        let key = |p: &(f64, f64)| (p.0.hypot(p.1), p.1.atan2(p.0));
+        key(a).partial_cmp(&key(b)).expect("finite")
+    });
+    grid.truncate(78);
+    grid.extend((0..8).map(|k| {
+        let angle = k as f64 * std::f64::consts::TAU / 8.0 + 0.3;
+        (75.0 * angle.cos(), 75.0 * angle.sin())
+    }));
+    grid
+}
+
+/// Writes the synthetic geometry CSV: IceCube's layout (see the module docs).
 pub fn write_geometry(path: &Path) -> Result<()> {
+    let round = |v: f64| (v * 100.0).round() / 100.0;
     let mut text = String::from("sensor_id,x,y,z\n");
-    for id in 0..SENSORS {
-        let (string, dom) = (id / 60, id % 60);
-        let angle = string as f64 * 0.7;
-        let radius = 25.0 + 60.0 * (string as f64).sqrt();
-        let x = (radius * angle.cos() * 100.0).round() / 100.0;
-        let y = (radius * angle.sin() * 100.0).round() / 100.0;
-        let z = ((500.0 - 17.02 * dom as f64) * 100.0).round() / 100.0;
-        text.push_str(&format!("{id},{x},{y},{z}\n"));
+    for (string, (x, y)) in string_positions().into_iter().enumerate() {
+        for dom in 0..DOMS_PER_STRING {
+            let z = if string < 78 {
+                500.0 - 17.02 * dom as f64
+            } else if dom < 10 {
+                // DeepCore: 10 DOMs above the dust layer, 50 densely below it.
+                190.0 - 10.0 * dom as f64
+            } else {
+                -155.0 - 7.0 * (dom - 10) as f64
+            };
+            let id = string * DOMS_PER_STRING + dom;
+            text.push_str(&format!("{id},{},{},{}\n", round(x), round(y), round(z)));
+        }
     }
     std::fs::write(path, text).at(path)
 }
@@ -327,7 +514,14 @@ pub fn write_dataset(root: &Path, options: &SynthOptions) -> Result<SynthSummary
             + u64::from(f < options.events % options.files as u64);
         let batch_id = options.first_batch_id + f as i64;
         let mut rng = Rng::stream(options.seed, f);
-        let (table, meta) = generate_batch(&mut rng, batch_id, events, &mut next_event_id, labels);
+        let (table, meta) = generate_batch(
+            &mut rng,
+            batch_id,
+            events,
+            &mut next_event_id,
+            labels,
+            options.profile,
+        );
         let path = split_dir.join(format!("batch_{batch_id}.parquet"));
         write_parquet(
             &path,

@@ -115,6 +115,12 @@ fn verify_against_other_source_reports_mismatches() {
         },
     )
     .unwrap();
+    // The same geometry: the events are what differs.
+    std::fs::copy(
+        fixture().join("sensor_geometry.csv"),
+        src.join("sensor_geometry.csv"),
+    )
+    .unwrap();
     let verify = shardify(&[
         "verify",
         &out.display().to_string(),

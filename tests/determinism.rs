@@ -216,7 +216,7 @@ fn a_dataset_larger_than_the_memory_limit_converts() {
     let dir = tempfile::tempdir().unwrap();
     let (src, written) = synthetic_source(dir.path(), 100_000, 4, 8);
     let mut opts = options(1, 2);
-    opts.memory_limit_bytes = 32 << 20;
+    opts.memory_limit_bytes = 48 << 20;
     opts.shard_target_bytes = 1 << 30;
     let out = dir.path().join("o");
     let manifest = convert_all(&src, "train", &out, &opts)

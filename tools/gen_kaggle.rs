@@ -5,7 +5,16 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::{Parser, ValueEnum};
-use shardify::synth::{write_dataset, Codec, SynthOptions};
+use shardify::synth::{write_dataset, Codec, Profile, SynthOptions, REAL_MAX_EVENT_PULSES};
+
+#[derive(Clone, Copy, ValueEnum)]
+enum ProfileArg {
+    /// The real training set's statistics (median ~62, mean ~160 pulses per event,
+    /// ~0.39 DOMs per pulse, 75% single-pulse DOMs).
+    Real,
+    /// The older, lighter shape of the committed fixtures.
+    Simple,
+}
 
 #[derive(Clone, Copy, ValueEnum)]
 enum CodecArg {
@@ -44,6 +53,12 @@ struct Args {
     /// Seed.
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// The shape of the events.
+    #[arg(long, value_enum, default_value = "real")]
+    profile: ProfileArg,
+    /// The most pulses one event gets, in the real profile.
+    #[arg(long, default_value_t = REAL_MAX_EVENT_PULSES)]
+    max_event_pulses: usize,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -64,6 +79,12 @@ fn main() -> anyhow::Result<()> {
         row_group_rows: args.row_group_rows,
         meta_per_batch: args.meta_per_batch,
         seed: args.seed,
+        profile: match args.profile {
+            ProfileArg::Real => Profile::Real {
+                max_event_pulses: args.max_event_pulses,
+            },
+            ProfileArg::Simple => Profile::Simple,
+        },
     };
     let started = std::time::Instant::now();
     let summary = write_dataset(&args.out, &options)

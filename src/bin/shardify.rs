@@ -368,6 +368,23 @@ fn run_inspect(dir: PathBuf, json: bool) -> Result<()> {
         "single-pulse DOMs {:.1}%",
         100.0 * report.single_pulse_dom_fraction
     );
+    let b = &report.bytes_by_level;
+    let mib = |bytes: u64| bytes as f64 / (1 << 20) as f64;
+    println!(
+        "bytes        {:.2} per event, {:.2} per DOM, {:.2} per pulse (levels); \
+         {:.2} MiB of headers, {:.3} MiB sensor table",
+        b.bytes_per_event,
+        b.bytes_per_dom,
+        b.bytes_per_pulse,
+        mib(b.header_bytes),
+        mib(b.sensor_table_bytes)
+    );
+    println!(
+        "per pulse    {:.2} bytes in all; format v1 would store {:.2} ({:.2} MiB)",
+        b.total_bytes_per_pulse,
+        b.v1_bytes_per_pulse,
+        mib(b.v1_bytes)
+    );
     let t = &m.schema.types;
     println!(
         "types        sensor_id {:?}, position {:?}, time {:?}, charge {:?}, labels {}",

@@ -22,7 +22,7 @@ const SHARD_BYTES_PER_PULSE: u64 = 12;
 /// Memory planned per input pulse of a bucket being gathered: `gather::bucket_memory`
 /// estimates ~48 bytes (decoded pulses, their packed copy, the spill chunk read) and the
 /// allocator's slack takes the rest.
-pub const GATHER_MEMORY_PER_PULSE: u64 = 72;
+pub const GATHER_MEMORY_PER_PULSE: u64 = 96;
 /// The most pulses one bucket is planned to hold on average: buckets are filled by a
 /// hash, so their sizes vary by a few standard deviations at most, and a shard must stay
 /// under 2^31 pulses and DOMs for its I32 offsets ([`crate::format::shard::MAX_SHARD_ITEMS`]).

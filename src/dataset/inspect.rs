@@ -4,6 +4,7 @@ use serde::Serialize;
 
 use super::Dataset;
 use crate::error::Result;
+use crate::format::safetensors::{Dtype, Header};
 
 /// Order statistics of a per-event count.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -129,6 +130,75 @@ pub struct Inspection {
     pub pulses_per_dom: Distribution,
     /// Fraction of DOMs with a single pulse.
     pub single_pulse_dom_fraction: f64,
+    /// Where the bytes go.
+    pub bytes_by_level: ByteBudget,
+}
+
+/// Bytes by level of the layout, measured from the shards' headers, beside what format
+/// version 1 stored for the same events.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct ByteBudget {
+    /// Bytes of the `event_*` tensors of all shards.
+    pub event_bytes: u64,
+    /// Bytes of the `dom_*` tensors.
+    pub dom_bytes: u64,
+    /// Bytes of the `pulse_*` tensors.
+    pub pulse_bytes: u64,
+    /// Shard headers and their padding.
+    pub header_bytes: u64,
+    /// The sensor table (`geometry.safetensors`), stored once.
+    pub sensor_table_bytes: u64,
+    /// `event_bytes` per event.
+    pub bytes_per_event: f64,
+    /// `dom_bytes` per DOM.
+    pub bytes_per_dom: f64,
+    /// `pulse_bytes` per pulse.
+    pub bytes_per_pulse: f64,
+    /// Everything (shards and the sensor table) per pulse.
+    pub total_bytes_per_pulse: f64,
+    /// What format version 1 stored for the same events: I64 offsets and a position per
+    /// DOM (at the sensor table's width) in every shard, and no sensor table.
+    pub v1_bytes: u64,
+    /// `v1_bytes` per pulse.
+    pub v1_bytes_per_pulse: f64,
+}
+
+impl ByteBudget {
+    /// Adds a shard's tensors (`file_bytes` long, described by `header`).
+    fn add_shard(&mut self, header: &Header, file_bytes: u64) {
+        let mut data = 0;
+        for (name, tensor) in &header.tensors {
+            let bytes = tensor.range.len() as u64;
+            data += bytes;
+            match name.split('_').next() {
+                Some("event") => self.event_bytes += bytes,
+                Some("dom") => self.dom_bytes += bytes,
+                _ => self.pulse_bytes += bytes,
+            }
+        }
+        self.header_bytes += file_bytes - data;
+    }
+
+    /// The per-item figures, and version 1's size, for these counts.
+    fn finish(mut self, counts: [u64; 3], shards: u64, position: Dtype) -> Self {
+        let [events, doms, pulses] = counts;
+        let per = |bytes: u64, items: u64| bytes as f64 / items.max(1) as f64;
+        self.bytes_per_event = per(self.event_bytes, events);
+        self.bytes_per_dom = per(self.dom_bytes, doms);
+        self.bytes_per_pulse = per(self.pulse_bytes, pulses);
+        let total = self.event_bytes
+            + self.dom_bytes
+            + self.pulse_bytes
+            + self.header_bytes
+            + self.sensor_table_bytes;
+        self.total_bytes_per_pulse = per(total, pulses);
+        // Version 1: both offset arrays at 8 bytes instead of 4, and x, y, z per DOM.
+        let wider_offsets = 4 * (events + doms + 2 * shards);
+        self.v1_bytes =
+            total - self.sensor_table_bytes + wider_offsets + 3 * position.size() as u64 * doms;
+        self.v1_bytes_per_pulse = per(self.v1_bytes, pulses);
+        self
+    }
 }
 
 /// Reads every shard and summarises the dataset.
@@ -138,8 +208,11 @@ pub fn inspect(dataset: &Dataset) -> Result<Inspection> {
         Histogram::default(),
         Histogram::default(),
     );
+    let mut budget = ByteBudget::default();
     for i in 0..dataset.shard_count() {
-        let view = dataset.shard(i)?.view()?;
+        let shard = dataset.shard(i)?;
+        budget.add_shard(shard.header(), shard.bytes().len() as u64);
+        let view = shard.view()?;
         for e in 0..view.events() {
             let doms = view.dom_range(e);
             doms_per_event.add(doms.len() as u64);
@@ -151,6 +224,9 @@ pub fn inspect(dataset: &Dataset) -> Result<Inspection> {
     }
     let single = pulses_per_dom.count(1);
     let m = dataset.manifest();
+    budget.sensor_table_bytes = m.sensor_table.bytes;
+    let counts = [m.totals.events, m.totals.doms, m.totals.pulses];
+    let budget = budget.finish(counts, m.shards.len() as u64, m.schema.types.position);
     Ok(Inspection {
         events: m.totals.events,
         doms: m.totals.doms,
@@ -161,6 +237,7 @@ pub fn inspect(dataset: &Dataset) -> Result<Inspection> {
         pulses_per_event: pulses_per_event.distribution(),
         doms_per_event: doms_per_event.distribution(),
         pulses_per_dom: pulses_per_dom.distribution(),
+        bytes_by_level: budget,
     })
 }
 

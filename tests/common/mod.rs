@@ -106,7 +106,7 @@ pub fn dump_lines(dir: &Path) -> Vec<String> {
         .collect()
 }
 
-/// A generated batch: its pulse and meta tables.
+/// A generated batch (the simple profile: light and fast): its pulse and meta tables.
 pub fn generated_batch(
     seed: u64,
     batch_id: i64,
@@ -114,7 +114,14 @@ pub fn generated_batch(
     next_event_id: &mut i64,
     labels: bool,
 ) -> (PulseTable, MetaTable) {
-    synth::generate_batch(&mut Rng::new(seed), batch_id, events, next_event_id, labels)
+    synth::generate_batch(
+        &mut Rng::new(seed),
+        batch_id,
+        events,
+        next_event_id,
+        labels,
+        synth::Profile::Simple,
+    )
 }
 
 /// Writes a Kaggle-layout train directory from record batches: `batches` as
