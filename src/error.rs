@@ -143,6 +143,16 @@ pub enum Error {
         /// What is wrong.
         problem: String,
     },
+    /// The output's filesystem cannot hold what the conversion will write.
+    #[error("{path}: the conversion needs about {needed} bytes more (spill files and shards) but the filesystem has {available} free; free some space or write elsewhere")]
+    NoSpace {
+        /// The output directory.
+        path: PathBuf,
+        /// Estimated bytes still to be written.
+        needed: u64,
+        /// Bytes free for this user.
+        available: u64,
+    },
     /// The parameters given do not make sense.
     #[error("invalid configuration: {0}")]
     Config(String),
@@ -185,6 +195,22 @@ impl Error {
     }
 }
 
+/// `error` and its causes as one line, each cause once: a message that already quotes its
+/// cause (as [`Error::Io`] does) does not repeat it.
+pub fn chain_text(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(c) = cause {
+        let line = c.to_string();
+        if !text.contains(&line) {
+            text.push_str(": ");
+            text.push_str(&line);
+        }
+        cause = c.source();
+    }
+    text
+}
+
 /// Adds the path to an `std::io::Result`.
 pub(crate) trait IoContext<T> {
     /// Attaches `path` to the error.
@@ -194,5 +220,19 @@ pub(crate) trait IoContext<T> {
 impl<T> IoContext<T> for std::io::Result<T> {
     fn at(self, path: &Path) -> Result<T> {
         self.map_err(|e| Error::io(path, e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_chain_names_each_cause_once() {
+        let full = std::io::Error::from_raw_os_error(28);
+        let error = Error::io("out/shard_00001.safetensors", full);
+        let text = chain_text(&error);
+        assert_eq!(text.matches("os error 28").count(), 1, "{text}");
+        assert!(text.starts_with("out/shard_00001.safetensors: "), "{text}");
     }
 }

@@ -181,14 +181,7 @@ fn peak_memory_stays_within_the_limit_on_a_dataset_several_times_larger() {
         "64MiB",
     ]);
     assert!(run.status.success(), "{}", text(&run.stderr));
-    let stdout = text(&run.stdout);
-    let mib: f64 = stdout
-        .lines()
-        .find_map(|l| l.strip_prefix("peak memory: "))
-        .and_then(|rest| rest.split(' ').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("no peak memory line in {stdout}"));
-    let peak = (mib * (1 << 20) as f64) as u64;
+    let peak = printed_peak_memory(&text(&run.stdout));
     let manifest: Value =
         serde_json::from_slice(&std::fs::read(out.join("manifest.json")).unwrap()).unwrap();
     let output_bytes = manifest["totals"]["bytes"].as_u64().unwrap();
@@ -277,4 +270,137 @@ fn order_is_the_same_global_sequence_for_any_world_and_resumes_exactly() {
         whole.iter().map(sorted).collect::<Vec<_>>()
     );
     assert_ne!(drawn, whole, "drawn order is not stored order");
+}
+
+/// The peak RSS a conversion printed, in bytes.
+fn printed_peak_memory(stdout: &str) -> u64 {
+    let mib: f64 = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("peak memory: "))
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no peak memory line in {stdout}"));
+    (mib * (1 << 20) as f64) as u64
+}
+
+#[test]
+fn the_plan_splits_a_shared_meta_of_tens_of_millions_of_rows_within_the_limit() {
+    use shardify::synth::{meta_batch, pulse_batch, write_geometry, write_parquet};
+    use shardify::synth::{Codec, MetaTable, PulseTable};
+    // As in the Kaggle originals: one meta file, one row group, for many batch files.
+    let (rows, batches) = (20_000_000u64, 200u64);
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    std::fs::create_dir_all(src.join("train")).unwrap();
+    write_geometry(&src.join("sensor_geometry.csv")).unwrap();
+    for b in 1..=batches {
+        let path = src.join(format!("train/batch_{b}.parquet"));
+        write_parquet(
+            &path,
+            &pulse_batch(&PulseTable::default()),
+            Codec::Snappy,
+            None,
+        )
+        .unwrap();
+    }
+    let meta_path = src.join("train_meta.parquet");
+    let mut writer: Option<parquet::arrow::ArrowWriter<std::fs::File>> = None;
+    let per_batch = rows / batches;
+    for start in (0..rows).step_by(1 << 20) {
+        let mut m = MetaTable {
+            labels: true,
+            ..MetaTable::default()
+        };
+        for i in start..(start + (1 << 20)).min(rows) {
+            let k = (i % per_batch) as i64;
+            m.batch_id.push((i / per_batch) as i64 + 1);
+            m.event_id.push(i as i64);
+            m.first_pulse_index.push(5 * k);
+            m.last_pulse_index.push(5 * k + 4);
+            m.azimuth.push(1.0);
+            m.zenith.push(0.5);
+        }
+        let batch = meta_batch(&m);
+        let w = writer.get_or_insert_with(|| {
+            let properties = parquet::file::properties::WriterProperties::builder()
+                .set_max_row_group_row_count(Some(usize::MAX))
+                .build();
+            let file = std::fs::File::create(&meta_path).unwrap();
+            parquet::arrow::ArrowWriter::try_new(file, batch.schema(), Some(properties)).unwrap()
+        });
+        w.write(&batch).unwrap();
+    }
+    writer.unwrap().close().unwrap();
+    let out = dir.path().join("out");
+    let run = shardify(&[
+        "convert",
+        src.to_str().unwrap(),
+        out.to_str().unwrap(),
+        "--phase",
+        "plan",
+        "--threads",
+        "2",
+        "--memory-limit",
+        "64MiB",
+    ]);
+    assert!(run.status.success(), "{}", text(&run.stderr));
+    let split = out.join(".work/meta");
+    let files = std::fs::read_dir(&split).unwrap().count();
+    assert_eq!(files as u64, batches + 1, "a file per batch and the index");
+    let one = std::fs::metadata(split.join("batch_7.meta")).unwrap().len();
+    assert_eq!(one, per_batch * 40, "every row of batch 7, 40 bytes each");
+    assert!(
+        text(&run.stderr).contains(&format!("split meta: {}/{} done", 19, 20)),
+        "progress while splitting: {}",
+        text(&run.stderr)
+    );
+    let peak = printed_peak_memory(&text(&run.stdout));
+    assert!(
+        peak <= 64 << 20,
+        "peak RSS {peak} bytes over the 64 MiB limit"
+    );
+}
+
+/// A small tmpfs mounted for the life of the value (needs root).
+struct SmallFilesystem(std::path::PathBuf);
+
+impl SmallFilesystem {
+    fn mount(dir: &std::path::Path, size: &str) -> Option<SmallFilesystem> {
+        let mounted = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir)
+            .output()
+            .is_ok_and(|o| o.status.success());
+        mounted.then(|| SmallFilesystem(dir.to_path_buf()))
+    }
+}
+
+impl Drop for SmallFilesystem {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+#[test]
+fn a_conversion_that_cannot_fit_stops_before_writing() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(small) = SmallFilesystem::mount(dir.path(), "64k") else {
+        println!("SKIPPED: cannot mount a 64 KiB tmpfs here (needs root)");
+        return;
+    };
+    let out = small.0.join("out");
+    let run = shardify(&[
+        "convert",
+        fixture().to_str().unwrap(),
+        out.to_str().unwrap(),
+        "--split",
+        "train",
+    ]);
+    assert!(!run.status.success());
+    let stderr = text(&run.stderr);
+    assert!(
+        stderr.contains("the conversion needs about") && stderr.contains("has 65536 free"),
+        "{stderr}"
+    );
+    assert!(!out.exists(), "nothing written");
 }

@@ -13,6 +13,7 @@ use shardify::batch::BatchLayout;
 use shardify::convert::{convert, ConvertOptions, Phase, Progress, TaskSlice};
 use shardify::dataset::{dump::dump, inspect::inspect, verify::verify, ChecksumPolicy, Dataset};
 use shardify::device::DeviceChoice;
+use shardify::error::chain_text;
 use shardify::pipeline::{Loader, LoaderConfig, LoaderState};
 use shardify::sampler::{BatchOrder, Batching, SamplerConfig, SamplerState};
 use shardify::source::InputSet;
@@ -513,7 +514,7 @@ fn main() -> std::process::ExitCode {
     match run(Cli::parse().command) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", chain_text(e.as_ref()));
             std::process::ExitCode::FAILURE
         }
     }

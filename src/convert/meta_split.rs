@@ -17,6 +17,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 use super::work::WorkDir;
+use super::Progress;
 use crate::error::{IoContext, Result};
 use crate::format::checksum::{self, Checksum};
 use crate::source::columns::ParquetSource;
@@ -88,19 +89,18 @@ impl Splitter {
         Ok(())
     }
 
+    /// Appends every buffer to its batch's file and frees it: a buffer kept with its
+    /// capacity would hold memory for a batch whose rows may be over (the Kaggle meta is
+    /// sorted by batch), and 660 of them held 5 GB.
     fn flush(&mut self) -> Result<()> {
-        for (batch_id, buffer) in &mut self.buffers {
-            if buffer.is_empty() {
-                continue;
-            }
-            let path = self.dir.join(file_name(*batch_id));
+        for (batch_id, buffer) in self.buffers.drain() {
+            let path = self.dir.join(file_name(batch_id));
             let mut file = std::fs::OpenOptions::new()
                 .create(true)
                 .append(true)
                 .open(&path)
                 .at(&path)?;
-            file.write_all(buffer).at(&path)?;
-            buffer.clear();
+            file.write_all(&buffer).at(&path)?;
         }
         self.buffered = 0;
         Ok(())
@@ -111,9 +111,19 @@ fn file_name(batch_id: i64) -> String {
     format!("batch_{batch_id}.meta")
 }
 
+/// Meta rows per unit of progress.
+const PROGRESS_ROWS: u64 = 1 << 20;
+
 /// Splits the meta of `inputs` by batch into the work directory, unless already done;
-/// `budget` bounds the bytes buffered in memory.
-pub fn build(work: &WorkDir, inputs: &InputSet, labels: bool, budget: usize) -> Result<()> {
+/// `budget` bounds the bytes buffered in memory (their allocations may take twice as
+/// much). Reports progress per [`PROGRESS_ROWS`] meta rows read.
+pub fn build(
+    work: &WorkDir,
+    inputs: &InputSet,
+    labels: bool,
+    budget: usize,
+    progress: &dyn Progress,
+) -> Result<()> {
     let done = work.meta_split_dir();
     if done.join("index.json").exists() {
         return Ok(());
@@ -146,16 +156,31 @@ pub fn build(work: &WorkDir, inputs: &InputSet, labels: bool, budget: usize) -> 
     };
     let wanted: std::collections::HashSet<i64> =
         inputs.batches.iter().map(|b| b.batch_id).collect();
-    for (file, path) in inputs.meta.iter().enumerate() {
+    let sources = inputs
+        .meta
+        .iter()
+        .map(|path| ParquetSource::open(path))
+        .collect::<Result<Vec<_>>>()?;
+    let total_rows: u64 = sources.iter().map(|s| s.num_rows()).sum();
+    progress.begin("split meta", total_rows.div_ceil(PROGRESS_ROWS));
+    let rows_read = std::cell::Cell::new(0u64);
+    for (file, source) in sources.into_iter().enumerate() {
         scan_meta_file(
-            ParquetSource::open(path)?,
+            source,
             labels,
             None,
-            |batch_id| wanted.contains(&batch_id),
+            |batch_id| {
+                rows_read.set(rows_read.get() + 1);
+                if rows_read.get() % PROGRESS_ROWS == 0 {
+                    progress.advance(0);
+                }
+                wanted.contains(&batch_id)
+            },
             |batch_id, _, row| splitter.push(batch_id, file, row),
         )?;
     }
     splitter.flush()?;
+    progress.end();
     let mut index = splitter.index;
     for (batch_id, entry) in &mut index.batches {
         entry.xxh3 = splitter

@@ -246,12 +246,25 @@ fn run_phases(
         summary.manifest = Some(manifest);
         return Ok(summary);
     }
+    if matches!(phase, Phase::All | Phase::Plan) {
+        plan.check_free_space(out)?;
+    }
     work.prepare()?;
     plan.store_or_check(&work)?;
     if plan.meta_split {
         if matches!(phase, Phase::All | Phase::Plan) {
             let started = Instant::now();
-            meta_split::build(&work, inputs, plan.labels, options.scatter_budget())?;
+            let budget = options
+                .working_memory()
+                .saturating_sub(SCATTER_DECODE_MEMORY)
+                / 2;
+            meta_split::build(
+                &work,
+                inputs,
+                plan.labels,
+                budget.max(MIN_SPILL_BUFFER) as usize,
+                progress,
+            )?;
             summary
                 .seconds
                 .push(("split meta", started.elapsed().as_secs_f64()));
