@@ -9,7 +9,9 @@ use serde::Serialize;
 
 use super::baselines::{SourceIndex, Throughput};
 use super::quality::{quality, EventInfo, Quality};
-use super::stages::{copy_stage_gb_per_s, shard_read_gb_per_s, Consumer, GpuBounds};
+use super::stages::{
+    cold_read_gb_per_s, copy_stage_gb_per_s, shard_read_gb_per_s, Consumer, GpuBounds,
+};
 use super::{median_of, memcpy_gb_per_s};
 use crate::batch::BatchLayout;
 use crate::dataset::Dataset;
@@ -51,6 +53,9 @@ pub struct BenchConfig {
     pub device_buffers: usize,
     /// Whether batches carry `dom_position` (`LoaderConfig::dom_positions`).
     pub dom_positions: bool,
+    /// Evict every shard from the page cache before each measured shardify epoch, and
+    /// measure a cold sequential read of the shards as the bound.
+    pub cold: bool,
 }
 
 /// Figures of one loader.
@@ -103,6 +108,13 @@ pub struct LoaderFigures {
     /// waiting for data (event-timed on one step in 8: timing events are too dear to
     /// record around every short step).
     pub gpu_waiting_fraction: Option<f64>,
+    /// With `--cold`: events/s over the epochs started with the shards out of the page
+    /// cache.
+    pub cold_events_per_s: Option<f64>,
+    /// With `--cold`: (the dataset's shard bytes / a cold epoch's seconds) /
+    /// `cold_read_gb_per_s`: how close a cold epoch comes to reading the shards once at the
+    /// disk's sequential rate.
+    pub cold_ratio_to_disk: Option<f64>,
     /// Shuffle quality (epochs 0 and 1).
     pub quality: Quality,
 }
@@ -138,6 +150,9 @@ pub struct Report {
     pub shard_read_gb_per_s: f64,
     /// Seconds of that pass.
     pub shard_read_seconds: f64,
+    /// With `--cold`: one cold sequential read of every shard file, GB/s (the disk's bound
+    /// on a cold epoch).
+    pub cold_read_gb_per_s: Option<f64>,
     /// Host-to-device bounds, when batches went to a GPU.
     pub gpu: Option<GpuBounds>,
     /// Device buffers the loader kept busy, when batches went to a GPU.
@@ -319,6 +334,8 @@ fn figures(
         timed_copy_gb_per_s: None,
         ratio_to_pinned_h2d: None,
         gpu_waiting_fraction: None,
+        cold_events_per_s: None,
+        cold_ratio_to_disk: None,
         quality,
     }
 }
@@ -351,6 +368,10 @@ pub fn run(
     })?;
     drop(sample);
     let (shard_read_gb_per_s, shard_read_seconds) = shard_read_gb_per_s(&dataset)?;
+    let cold_read = match config.cold {
+        true => Some(cold_read_gb_per_s(&dataset)?.0),
+        false => None,
+    };
     let placement = Placement::resolve(config.device)?;
     let gpu = match placement.cuda() {
         Some(device) => Some(GpuBounds::measure(device, batch_bytes)?),
@@ -358,10 +379,13 @@ pub fn run(
     };
     let mut loaders = Vec::new();
     for &window in &config.windows {
-        let epochs = [
-            run_epoch(&dataset, config, &placement, window, 0)?,
-            run_epoch(&dataset, config, &placement, window, 1)?,
-        ];
+        let epoch = |e| {
+            if config.cold {
+                dataset.evict_from_page_cache()?;
+            }
+            run_epoch(&dataset, config, &placement, window, e)
+        };
+        let epochs = [epoch(0)?, epoch(1)?];
         let q = quality(
             &shardify_infos(&dataset, &epochs[0].plans)?,
             &shardify_infos(&dataset, &epochs[1].plans)?,
@@ -382,6 +406,12 @@ pub fn run(
         f.wait_seconds = Some(wait);
         f.compute_seconds = Some(epochs.iter().map(|e| e.compute).sum());
         f.waiting_fraction = Some(wait / total.seconds.max(1e-9));
+        if let Some(disk) = cold_read {
+            let epoch_seconds = total.seconds / epochs.len() as f64;
+            f.cold_events_per_s = Some(f.events_per_s);
+            f.cold_ratio_to_disk =
+                Some(m.totals.bytes as f64 / epoch_seconds.max(1e-9) / 1e9 / disk);
+        }
         if let (Some(bounds), Some(device)) = (&gpu, placement.cuda()) {
             let timed = epochs
                 .iter()
@@ -448,6 +478,7 @@ pub fn run(
         memcpy_chunk_bytes: batch_bytes.max(4096),
         shard_read_gb_per_s,
         shard_read_seconds,
+        cold_read_gb_per_s: cold_read,
         device_buffers: gpu.as_ref().map(|_| config.device_buffers.max(2)),
         gpu,
         events_per_s: best.as_ref().map_or(0.0, |b| b.events_per_s),
@@ -568,6 +599,24 @@ pub fn table(report: &Report) -> String {
         report.shard_read_gb_per_s / report.memcpy_gb_per_s.max(1e-12),
         duration(report.shard_read_seconds)
     );
+    if let Some(disk) = report.cold_read_gb_per_s {
+        out += &format!(
+            "cold: every shardify epoch started with the shards evicted from the page cache; \
+             bound: a cold sequential read of the shards, {disk:.3} GB/s\n"
+        );
+        for l in report
+            .loaders
+            .iter()
+            .filter(|l| l.cold_ratio_to_disk.is_some())
+        {
+            out += &format!(
+                "  window {:>4}: {:.0} events/s cold, the shards read at {:.2} of the disk's sequential rate\n",
+                l.window.unwrap_or_default(),
+                l.cold_events_per_s.unwrap_or_default(),
+                l.cold_ratio_to_disk.unwrap_or_default()
+            );
+        }
+    }
     match &report.gpu {
         None => {
             out += &format!(

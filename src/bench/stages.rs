@@ -36,6 +36,31 @@ pub fn shard_read_gb_per_s(dataset: &Dataset) -> Result<(f64, f64)> {
     Ok((bytes as f64 / seconds.max(1e-9) / 1e9, seconds))
 }
 
+/// GB/s of one cold sequential read of every shard file (evicted from the page cache
+/// first), in 8 MiB reads: the disk's bound on a cold epoch. Returns it and its seconds.
+pub fn cold_read_gb_per_s(dataset: &Dataset) -> Result<(f64, f64)> {
+    use std::io::Read;
+    dataset.evict_from_page_cache()?;
+    let mut buffer = vec![0u8; 8 << 20];
+    let started = Instant::now();
+    let mut bytes = 0u64;
+    for entry in &dataset.manifest().shards {
+        let path = dataset.dir().join(&entry.file);
+        let mut file = std::fs::File::open(&path).map_err(|e| crate::Error::io(&path, e))?;
+        loop {
+            let n = file
+                .read(&mut buffer)
+                .map_err(|e| crate::Error::io(&path, e))?;
+            if n == 0 {
+                break;
+            }
+            bytes += n as u64;
+        }
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    Ok((bytes as f64 / seconds.max(1e-9) / 1e9, seconds))
+}
+
 /// Host-to-device bounds of one run.
 #[derive(Debug, Clone, Serialize)]
 pub struct GpuBounds {

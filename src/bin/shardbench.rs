@@ -75,6 +75,10 @@ struct Args {
     /// positions up themselves).
     #[arg(long)]
     no_dom_positions: bool,
+    /// Evict the shards from the page cache before each measured shardify epoch (no root
+    /// needed), and measure a cold sequential read of the shards as the bound.
+    #[arg(long)]
+    cold: bool,
     /// Small and fast: windows 1 and 4, baselines for 2 s at most.
     #[arg(long)]
     quick: bool,
@@ -128,6 +132,7 @@ fn main() -> Result<()> {
         time_copies: args.time_copies,
         device_buffers: args.device_buffers,
         dom_positions: !args.no_dom_positions,
+        cold: args.cold,
     };
     let report = run(dataset, source.as_ref(), &config)?;
     print!("{}", table(&report));

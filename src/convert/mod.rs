@@ -72,9 +72,12 @@ pub const MIN_MEMORY_LIMIT: u64 = 48 << 20;
 /// the limit is the working memory, shared by the units of a phase.
 pub const FIXED_OVERHEAD: u64 = 24 << 20;
 
-/// Memory of one scatter unit besides its spill buffers: a Parquet page reader per
-/// column, the decoded batch of rows and the event being assembled (measured: 8-10 MiB).
-pub const SCATTER_DECODE_MEMORY: u64 = 12 << 20;
+/// Memory of one scatter unit besides its spill buffers: the Parquet page readers and the
+/// decoded rows (11 MiB measured alone), the event being assembled and its encoded record
+/// (a few MiB for the largest real events), the spill file's write buffer, and what the
+/// allocator keeps of them (measured on data with the real statistics: each unit held
+/// 13-14 MiB above its budget with 16 MiB assumed here).
+pub const SCATTER_DECODE_MEMORY: u64 = 32 << 20;
 
 /// The smallest spill buffer of a scatter unit: smaller ones write tiny chunks.
 const MIN_SPILL_BUFFER: u64 = 4 << 20;
@@ -111,9 +114,11 @@ impl ConvertOptions {
             .max(MIN_SPILL_BUFFER) as usize
     }
 
-    /// The memory one scatter unit takes from the working memory.
-    fn scatter_unit_memory(&self) -> u64 {
-        SCATTER_DECODE_MEMORY + self.scatter_budget() as u64
+    /// The memory one scatter unit takes from the working memory with `buckets` buckets:
+    /// its spill buffers are never smaller than [`spill::MIN_BUFFER_BYTES`] per bucket.
+    fn scatter_unit_memory(&self, buckets: u64) -> u64 {
+        let buffers = (self.scatter_budget() as u64).max(buckets * spill::MIN_BUFFER_BYTES as u64);
+        SCATTER_DECODE_MEMORY + buffers
     }
 }
 
@@ -294,7 +299,8 @@ fn run_phases(
         let pulses = todo
             .par_iter()
             .map(|batch| {
-                let _lease = bank.acquire(options.scatter_unit_memory());
+                let _lease =
+                    bank.acquire(options.scatter_unit_memory(plan.parameters.bucket_count));
                 let index = scatter::scatter_batch(&plan, inputs, batch, &geometry, &work, budget)?;
                 progress.advance(index.pulses);
                 Ok(index.pulses)

@@ -93,6 +93,10 @@ pub fn encode_event(buf: &mut Vec<u8>, key: u64, event: &RawEvent) {
     buf.extend_from_slice(&event.auxiliary);
 }
 
+/// The smallest buffer per bucket: smaller ones write chunks too small to read back
+/// efficiently.
+pub const MIN_BUFFER_BYTES: usize = 16 << 10;
+
 /// Buffers records per bucket (each buffer of a fixed capacity, so memory stays within the
 /// budget) and writes a bucket's buffer out as a chunk when the next event would not fit.
 pub struct SpillWriter<'w, W: Write> {
@@ -113,7 +117,7 @@ impl<'w, W: Write> SpillWriter<'w, W> {
             offset: 0,
             buffers: vec![Vec::new(); buckets],
             counts: vec![(0, 0); buckets],
-            capacity: (budget / buckets.max(1)).max(64 << 10),
+            capacity: (budget / buckets.max(1)).max(MIN_BUFFER_BYTES),
             chunks: Vec::new(),
             record: Vec::new(),
         }

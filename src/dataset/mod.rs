@@ -143,6 +143,46 @@ impl Shard {
     pub fn bytes(&self) -> &[u8] {
         self.bytes.as_slice()
     }
+
+    /// Drops this process's mappings of the shard's pages (the next access reads them
+    /// again, from the page cache or the disk): a page mapped by a process stays in the
+    /// page cache whatever `posix_fadvise` asks.
+    fn unmap_pages(&self) -> Result<()> {
+        if let ShardBytes::Mapped(map) = &self.bytes {
+            // SAFETY: the map is a read-only shared mapping of an immutable file, so after
+            // MADV_DONTNEED every page reads back the same bytes from the file: no reference
+            // into the map observes a change.
+            unsafe { map.unchecked_advise(memmap2::UncheckedAdvice::DontNeed) }.at(&self.path)?;
+        }
+        Ok(())
+    }
+}
+
+/// Asks the kernel to drop `path` from the page cache (unmapped pages only), as for a cold
+/// read; no root needed.
+pub fn evict_file(path: &Path) -> Result<()> {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::fd::AsRawFd;
+        let file = File::open(path).at(path)?;
+        // SAFETY: the descriptor is open for the duration of the call; the advice only
+        // affects caching, never the file's contents.
+        let rc = unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+        if rc != 0 {
+            return Err(Error::io(path, std::io::Error::from_raw_os_error(rc)));
+        }
+        Ok(())
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        Err(Error::io(
+            path,
+            std::io::Error::new(
+                std::io::ErrorKind::Unsupported,
+                "evicting a file from the page cache needs Linux",
+            ),
+        ))
+    }
 }
 
 /// An open dataset directory.
@@ -199,6 +239,18 @@ impl Dataset {
     /// The number of shards.
     pub fn shard_count(&self) -> usize {
         self.shards.len()
+    }
+
+    /// Drops every shard and the sensor table from the page cache (this process's mappings
+    /// first), so the next reads come from the disk: how benches measure cold reads.
+    pub fn evict_from_page_cache(&self) -> Result<()> {
+        for (i, entry) in self.manifest.shards.iter().enumerate() {
+            if let Some(shard) = self.shards[i].get() {
+                shard.unmap_pages()?;
+            }
+            evict_file(&self.dir.join(&entry.file))?;
+        }
+        evict_file(&self.dir.join(&self.manifest.sensor_table.file))
     }
 
     /// Shard `i` (in global order), opened on first use.
