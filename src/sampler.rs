@@ -178,6 +178,10 @@ pub trait EventSizes: Sync {
     fn shard_events(&self) -> Vec<usize>;
     /// Pulses of one event (asked only when batching by a pulse budget).
     fn pulses(&self, event: EventRef) -> usize;
+    /// A hint that events `events` of `shard` will be read soon, given when the window
+    /// before theirs opens: a memory-mapped dataset asks the kernel to read them ahead.
+    /// Nothing by default.
+    fn read_ahead(&self, _shard: u32, _events: std::ops::Range<u32>) {}
 }
 
 /// One batch: its global number in the epoch and its events in order.
@@ -241,18 +245,32 @@ impl StoredOrder {
 
     /// Appends the events at (rotated) positions `start..end` to `out`.
     fn extend(&self, start: u64, end: u64, out: &mut Vec<EventRef>) {
+        self.pieces(start, end, |shard, indexes| {
+            out.extend(indexes.map(|index| EventRef { shard, index }))
+        });
+    }
+
+    /// Calls `piece` with each shard's run of the events at (rotated) positions
+    /// `start..end`, in order.
+    fn pieces(&self, start: u64, end: u64, mut piece: impl FnMut(u32, std::ops::Range<u32>)) {
         // Rotated position `wrap` is stored position 0.
         let wrap = self.total() - self.rotation;
         if start < wrap {
-            self.extend_stored(start + self.rotation, end.min(wrap) + self.rotation, out);
+            let (a, b) = (start + self.rotation, end.min(wrap) + self.rotation);
+            self.stored_pieces(a, b, &mut piece);
         }
         if end > wrap {
-            self.extend_stored(start.max(wrap) - wrap, end - wrap, out);
+            self.stored_pieces(start.max(wrap) - wrap, end - wrap, &mut piece);
         }
     }
 
-    /// Appends the events at stored positions `start..end` (`end <= total`) to `out`.
-    fn extend_stored(&self, start: u64, end: u64, out: &mut Vec<EventRef>) {
+    /// As [`StoredOrder::pieces`], for stored positions `start..end` (`end <= total`).
+    fn stored_pieces(
+        &self,
+        start: u64,
+        end: u64,
+        piece: &mut impl FnMut(u32, std::ops::Range<u32>),
+    ) {
         // The last shard starting at or before `start` (empty shards skipped).
         let mut shard = self.shard_starts.partition_point(|&s| s <= start) - 1;
         let mut position = start;
@@ -260,10 +278,7 @@ impl StoredOrder {
             let shard_end = self.shard_starts[shard + 1];
             let stop = end.min(shard_end);
             let first = position - self.shard_starts[shard];
-            out.extend((first..first + (stop - position)).map(|index| EventRef {
-                shard: shard as u32,
-                index: index as u32,
-            }));
+            piece(shard as u32, first as u32..(first + stop - position) as u32);
             position = stop;
             shard += 1;
         }
@@ -281,6 +296,8 @@ struct EventStream {
     epoch: u64,
     next_window: usize,
     window: Window,
+    /// Windows whose events were announced through [`EventSizes::read_ahead`].
+    announced: usize,
 }
 
 /// One window's events and the order they are drawn in.
@@ -376,6 +393,24 @@ impl EventStream {
             epoch,
             next_window: 0,
             window: Window::default(),
+            announced: 0,
+        }
+    }
+
+    /// Announces the events of the windows up to the one after the current, not announced
+    /// yet, to `sizes` (see [`EventSizes::read_ahead`]).
+    fn announce(&mut self, sizes: &dyn EventSizes) {
+        let through = (self.next_window + 1).min(self.blocks.len().div_ceil(self.window_blocks));
+        while self.announced < through {
+            let first = self.announced * self.window_blocks;
+            let last = (first + self.window_blocks).min(self.blocks.len());
+            for b in &self.blocks[first..last] {
+                self.stored
+                    .pieces(b.start, b.start + b.len, |shard, events| {
+                        sizes.read_ahead(shard, events)
+                    });
+            }
+            self.announced += 1;
         }
     }
 
@@ -428,6 +463,9 @@ struct GlobalBatches<'a> {
     batching: Batching,
     order: BatchOrder,
     next_index: u64,
+    /// Whether the windows' events are announced ahead (not for a counting pass, nor at
+    /// window 1).
+    read_ahead: bool,
 }
 
 impl GlobalBatches<'_> {
@@ -444,6 +482,9 @@ impl GlobalBatches<'_> {
         let (mut batch_pulses, mut pieces) = (0, 0);
         // Taken window by window: each window's piece is put in order on its own.
         let complete = loop {
+            if self.read_ahead {
+                self.events.announce(self.sizes);
+            }
             let Some(window) = self.events.window() else {
                 break false;
             };
@@ -509,16 +550,17 @@ impl<'a> EpochBatches<'a> {
         skip: u64,
     ) -> EpochBatches<'a> {
         let shard_events = sizes.shard_events();
-        let make = || GlobalBatches {
+        let make = |read_ahead| GlobalBatches {
             events: EventStream::new(&shard_events, config, epoch),
             sizes,
             batching: config.batching,
             order: config.batch_order,
             next_index: 0,
+            read_ahead,
         };
         let limit = config.drop_last.then(|| {
             // One pass over the epoch's order (indexes only, no data) to count its batches.
-            let mut counting = make();
+            let mut counting = make(false);
             let (mut total, mut last_complete) = (0u64, true);
             while let Some((_, complete)) = counting.next_batch() {
                 total += 1;
@@ -527,8 +569,11 @@ impl<'a> EpochBatches<'a> {
             let usable = if last_complete { total } else { total - 1 };
             usable - usable % config.world as u64
         });
+        // At window 1 the reads sweep one block at a time, which the kernel's own read-ahead
+        // follows: announcing the next block there measured 15% slower cold epochs, while at
+        // window 16 it measured 12% faster (0.58-0.67 -> 0.70-0.77 of the disk's rate).
         let mut batches = EpochBatches {
-            global: make(),
+            global: make(config.window_blocks > 1),
             config: config.clone(),
             limit,
             taken: 0,

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use crate::error::{Error, IoContext, Result};
+use crate::format::names;
 use crate::format::safetensors::{self, Header};
 use crate::format::{
     checksum, Manifest, SensorTable, ShardEntry, ShardProblem, ShardView, Validation,
@@ -142,6 +143,38 @@ impl Shard {
     /// The whole file's bytes.
     pub fn bytes(&self) -> &[u8] {
         self.bytes.as_slice()
+    }
+
+    /// Asks the kernel to read ahead every column's bytes of events `events` (when the shard
+    /// is memory-mapped): the reads that follow then find them in the page cache, and a
+    /// cold read becomes a few large reads instead of a page fault per column and block.
+    pub fn read_ahead(&self, events: std::ops::Range<usize>) -> Result<()> {
+        let ShardBytes::Mapped(map) = &self.bytes else {
+            return Ok(());
+        };
+        let view = self.view()?;
+        let events = events.start.min(view.events())..events.end.min(view.events());
+        let doms = view.event_dom_offsets[events.start] as usize
+            ..view.event_dom_offsets[events.end] as usize;
+        let pulses =
+            view.dom_pulse_offsets[doms.start] as usize..view.dom_pulse_offsets[doms.end] as usize;
+        for (name, tensor) in &self.header.tensors {
+            let items = match name.as_str() {
+                names::EVENT_DOM_OFFSETS => events.start..events.end + 1,
+                names::DOM_PULSE_OFFSETS => doms.start..doms.end + 1,
+                n if n.starts_with("event_") => events.clone(),
+                n if n.starts_with("dom_") => doms.clone(),
+                _ => pulses.clone(),
+            };
+            let size = tensor.dtype.size();
+            let start = tensor.range.start + items.start * size;
+            let len = (items.len() * size).min(tensor.range.end - start);
+            if len > 0 {
+                map.advise_range(memmap2::Advice::WillNeed, start, len)
+                    .at(&self.path)?;
+            }
+        }
+        Ok(())
     }
 
     /// Drops this process's mappings of the shard's pages (the next access reads them

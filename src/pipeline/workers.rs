@@ -61,6 +61,16 @@ impl EventSizes for DatasetSizes<'_> {
         view.as_ref()
             .map_or(0, |v| v.event_pulse_range(e.index as usize).len())
     }
+
+    fn read_ahead(&self, shard: u32, events: std::ops::Range<u32>) {
+        // A hint only: a shard that fails to open is reported by the gather that reads it.
+        if let Ok(shard) = self.dataset.shard(shard as usize) {
+            let events = events.start as usize..events.end as usize;
+            if let Err(e) = shard.read_ahead(events) {
+                tracing::debug!("read-ahead skipped: {e}");
+            }
+        }
+    }
 }
 
 /// A gathered batch on its way to the consumer.
