@@ -398,10 +398,11 @@ fn look_up_positions(
     out: &mut [u8],
 ) {
     fn rows<S: Copy + Into<i64>, T: Pod>(sensors: &[S], table: &[T], out: &mut [u8]) {
-        let out = &mut typed::<T>(out)[..3 * sensors.len()];
-        for (dst, &s) in out.chunks_exact_mut(3).zip(sensors) {
-            let row = 3 * s.into() as usize;
-            dst.copy_from_slice(&table[row..row + 3]);
+        // Rows as [T; 3]: one bounds check and one 3-element move per DOM.
+        let table: &[[T; 3]] = as_rows(table);
+        let out: &mut [[T; 3]] = as_rows_mut(&mut typed::<T>(out)[..3 * sensors.len()]);
+        for (dst, &s) in out.iter_mut().zip(sensors) {
+            *dst = table[s.into() as usize];
         }
     }
     let out = &mut out[..doms.len() * 3 * table.dtype().size()];
@@ -413,6 +414,20 @@ fn look_up_positions(
         (IntColumn::I64(s), FloatColumn::F32(t)) => rows(&s[doms], t, out),
         (IntColumn::I64(s), FloatColumn::F64(t)) => rows(&s[doms], t, out),
     }
+}
+
+/// `values` (a multiple of 3 long) as rows of 3.
+fn as_rows<T: Pod>(values: &[T]) -> &[[T; 3]] {
+    let (rows, rest) = values.as_chunks::<3>();
+    debug_assert!(rest.is_empty(), "whole rows");
+    rows
+}
+
+/// `values` (a multiple of 3 long) as mutable rows of 3.
+fn as_rows_mut<T: Pod>(values: &mut [T]) -> &mut [[T; 3]] {
+    let (rows, rest) = values.as_chunks_mut::<3>();
+    debug_assert!(rest.is_empty(), "whole rows");
+    rows
 }
 
 /// Sorts events by shard, then index, then batch position.
