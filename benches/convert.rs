@@ -59,13 +59,6 @@ fn parse_args() -> Args {
     args
 }
 
-fn dir_bytes(dir: &Path) -> u64 {
-    std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().metadata().unwrap().len())
-        .sum()
-}
-
 fn batch_files(root: &Path) -> Vec<PathBuf> {
     let mut files: Vec<PathBuf> = std::fs::read_dir(root.join("train"))
         .unwrap()
@@ -108,10 +101,20 @@ fn bare_decode(files: &[PathBuf], pool: &rayon::ThreadPool) -> (u64, f64) {
     (rows, started.elapsed().as_secs_f64())
 }
 
-/// Runs `shardify convert` as a child; returns seconds and the peak memory it reports
-/// (`VmHWM`: `ru_maxrss` of a child would include this process's memory from before exec).
-fn convert_once(input: &Path, out: &Path, args: &Args) -> (f64, u64) {
+/// What one conversion did.
+struct ConvertRun {
+    seconds: f64,
+    /// Peak memory it reported (`VmHWM`: `ru_maxrss` of a child would include this
+    /// process's memory from before exec).
+    peak_bytes: u64,
+    /// Bytes it wrote: spill files and the dataset.
+    written_bytes: u64,
+}
+
+/// Runs `shardify convert` as a child.
+fn convert_once(input: &Path, out: &Path, args: &Args) -> ConvertRun {
     let _ = std::fs::remove_dir_all(out);
+    let summary_path = out.with_extension("summary.json");
     let started = Instant::now();
     // SHARDIFY_BIN: run the bench binary on a machine without the build tree.
     let shardify = std::env::var_os("SHARDIFY_BIN").map_or_else(
@@ -125,6 +128,8 @@ fn convert_once(input: &Path, out: &Path, args: &Args) -> (f64, u64) {
             out.to_str().unwrap(),
             "--seed",
             "1",
+            "--summary",
+            summary_path.to_str().unwrap(),
         ])
         .args([
             "--threads",
@@ -138,16 +143,22 @@ fn convert_once(input: &Path, out: &Path, args: &Args) -> (f64, u64) {
     let seconds = started.elapsed().as_secs_f64();
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(output.status.success(), "convert failed: {stdout}");
-    let mib: f64 = stdout
-        .lines()
-        .find_map(|l| l.strip_prefix("peak memory: "))
-        .and_then(|rest| rest.split(' ').next())
-        .and_then(|n| n.parse().ok())
-        .expect("convert reports its peak memory");
-    (seconds, (mib * (1 << 20) as f64) as u64)
+    let summary: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&summary_path).unwrap()).unwrap();
+    let figure = |key: &str| {
+        summary[key]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{key} in {summary}"))
+    };
+    ConvertRun {
+        seconds,
+        peak_bytes: figure("peak_memory_bytes"),
+        written_bytes: figure("spill_bytes") + figure("output_bytes"),
+    }
 }
 
-/// The floor set by the disk: writing `bytes` (the size of the output) and fsyncing them.
+/// The floor set by the disk: writing `bytes` (what the conversion wrote: spill files and
+/// the dataset) and fsyncing them.
 fn durable_write_seconds(dir: &Path, bytes: u64) -> f64 {
     use std::io::Write;
     let path = dir.join(format!("shardify-write-floor-{}", std::process::id()));
@@ -217,16 +228,18 @@ fn main() {
         pulses = rows;
         decode.push(rows as f64 / secs);
         warm(&data);
-        let (secs, peak) = convert_once(&data, &out, &args);
-        convert.push(rows as f64 / secs);
-        rss.push(peak as f64);
-        let output_bytes = dir_bytes(&out);
-        floor.push(rows as f64 / durable_write_seconds(&std::env::temp_dir(), output_bytes));
+        let c = convert_once(&data, &out, &args);
+        convert.push(rows as f64 / c.seconds);
+        rss.push(c.peak_bytes as f64);
+        floor.push(rows as f64 / durable_write_seconds(&std::env::temp_dir(), c.written_bytes));
         eprintln!(
-            "run {run}: decode {:.1} M pulses/s, convert {:.1} M pulses/s ({secs:.2} s), peak RSS {:.0} MiB",
+            "run {run}: decode {:.1} M pulses/s, convert {:.1} M pulses/s ({:.2} s), disk floor {:.1} M pulses/s ({:.0} MiB written), peak RSS {:.0} MiB",
             decode[run] / 1e6,
             convert[run] / 1e6,
-            peak as f64 / (1 << 20) as f64
+            c.seconds,
+            floor[run] / 1e6,
+            c.written_bytes as f64 / (1 << 20) as f64,
+            c.peak_bytes as f64 / (1 << 20) as f64
         );
     }
     let manifest: serde_json::Value =
@@ -258,8 +271,12 @@ fn main() {
         args.runs
     );
     println!("convert / decode   {:.2}", c / d);
-    println!("disk floor         {:.2} M pulses/s: writing and fsyncing the output's bytes alone (median of {})", w / 1e6, args.runs);
-    println!("convert / floor    {:.2}", c / w);
+    println!("disk floor         {:.2} M pulses/s: writing and fsyncing as many bytes as the conversion wrote, spill files and shards (median of {})", w / 1e6, args.runs);
+    println!(
+        "convert / floor    {:.2} (the conversion takes {:.2}x the disk floor's time)",
+        c / w,
+        w / c
+    );
     println!(
         "peak RSS           {:.0} MiB of a {:.0} MiB limit ({:.0}%)",
         peak / 1048576.0,

@@ -555,3 +555,87 @@ pub fn write_dataset(root: &Path, options: &SynthOptions) -> Result<SynthSummary
     }
     Ok(summary)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_real_profile_has_the_real_statistics() {
+        let mut next = 0;
+        let (table, meta) = generate_batch(
+            &mut Rng::new(5),
+            1,
+            20_000,
+            &mut next,
+            true,
+            Profile::default(),
+        );
+        let mut pulses: Vec<usize> = (0..meta.event_id.len())
+            .map(|e| (meta.last_pulse_index[e] - meta.first_pulse_index[e] + 1) as usize)
+            .collect();
+        pulses.sort_unstable();
+        let n = pulses.len();
+        let (median, p99) = (pulses[n / 2], pulses[n * 99 / 100]);
+        let bright = pulses.iter().filter(|&&p| p > 1001).count() as f64 / n as f64;
+        assert!(
+            pulses[0] >= 5 && (55..=70).contains(&median),
+            "median {median}"
+        );
+        assert!((800..=1500).contains(&p99), "p99 {p99}");
+        assert!(
+            (0.006..=0.018).contains(&bright),
+            "{bright} above 1,001 pulses"
+        );
+        // DOMs: distinct sensors per event, and their pulse counts.
+        let (mut doms, mut single) = (0usize, 0usize);
+        for e in 0..n {
+            let rows = meta.first_pulse_index[e] as usize..=meta.last_pulse_index[e] as usize;
+            let mut count = std::collections::HashMap::new();
+            for r in rows {
+                *count.entry(table.sensor_id[r]).or_insert(0) += 1;
+            }
+            doms += count.len();
+            single += count.values().filter(|&&c| c == 1).count();
+        }
+        let doms_per_pulse = doms as f64 / table.time.len() as f64;
+        let single_fraction = single as f64 / doms as f64;
+        assert!(
+            (0.3..=0.55).contains(&doms_per_pulse),
+            "{doms_per_pulse} DOMs per pulse"
+        );
+        assert!(
+            (0.70..=0.82).contains(&single_fraction),
+            "{single_fraction} single-pulse DOMs"
+        );
+        assert!(table
+            .time
+            .iter()
+            .all(|t| (FIRST_TIME..=LAST_TIME).contains(t)));
+        assert!(table.charge.iter().all(|&c| {
+            let narrow = c as f32;
+            f64::from(narrow) == c && (f64::from(narrow) * 40.0 - (c * 40.0).round()).abs() < 1e-3
+        }));
+        let aux = table.auxiliary.iter().filter(|&&a| a).count() as f64 / table.time.len() as f64;
+        assert!((0.45..=0.55).contains(&aux), "{aux} auxiliary");
+    }
+
+    #[test]
+    fn the_geometry_has_icecube_layout() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("g.csv");
+        write_geometry(&path).unwrap();
+        let g = crate::source::Geometry::read(&path).unwrap();
+        assert_eq!((g.count, g.max_sensor_id()), (SENSORS, SENSORS - 1));
+        let mut strings: Vec<(i64, i64)> = (0..STRINGS)
+            .map(|s| {
+                let id = s * DOMS_PER_STRING;
+                ((g.x[id] * 100.0) as i64, (g.y[id] * 100.0) as i64)
+            })
+            .collect();
+        strings.sort_unstable();
+        strings.dedup();
+        assert_eq!(strings.len(), STRINGS, "every string at its own x, y");
+        assert!(!g.fits_f32(), "decimal coordinates, as in the real file");
+    }
+}

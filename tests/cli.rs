@@ -50,6 +50,48 @@ fn convert_inspect_dump_verify() {
     assert_eq!(v["parameters"]["seed"], 3);
     let ppe = &v["inspection"]["pulses_per_event"];
     assert!(ppe["min"].as_u64().unwrap() >= 5 && ppe["median"].as_u64() <= ppe["max"].as_u64());
+    // The byte budget, from the layout: every tensor's dtype and count in the manifest.
+    let b = &v["inspection"]["bytes_by_level"];
+    let m: Value =
+        serde_json::from_slice(&std::fs::read(out.join("manifest.json")).unwrap()).unwrap();
+    let n = |k: &str| m["totals"][k].as_u64().unwrap();
+    let (events, doms, pulses, shards) = (
+        n("events"),
+        n("doms"),
+        n("pulses"),
+        m["shards"].as_array().unwrap().len() as u64,
+    );
+    let size = |k: &str| match m["schema"]["types"][k].as_str().unwrap() {
+        "I16" => 2,
+        "I32" | "F32" => 4,
+        _ => 8,
+    };
+    let got = |k: &str| b[k].as_u64().unwrap();
+    assert_eq!(
+        got("event_bytes"),
+        40 * events + 4 * (events + shards),
+        "5 I64/F64 columns and I32 offsets"
+    );
+    assert_eq!(
+        got("dom_bytes"),
+        size("sensor_id") * doms + 4 * (doms + shards)
+    );
+    assert_eq!(
+        got("pulse_bytes"),
+        (size("time") + size("charge") + 1) * pulses
+    );
+    assert_eq!(
+        got("event_bytes") + got("dom_bytes") + got("pulse_bytes") + got("header_bytes"),
+        n("bytes")
+    );
+    let table = std::fs::metadata(out.join("geometry.safetensors"))
+        .unwrap()
+        .len();
+    assert_eq!(got("sensor_table_bytes"), table);
+    // Version 1: I64 offsets and x, y, z per DOM, no sensor table.
+    let v1 = n("bytes") + 4 * (events + doms + 2 * shards) + 3 * size("position") * doms;
+    assert_eq!(got("v1_bytes"), v1);
+    assert!(text(&shardify(&["inspect", &o]).stdout).contains("format v1 would store"));
 
     let dump = shardify(&["dump", &o]);
     assert!(dump.status.success());
@@ -170,6 +212,7 @@ fn peak_memory_stays_within_the_limit_on_a_dataset_several_times_larger() {
     )
     .unwrap();
     let out = dir.path().join("out");
+    let summary = dir.path().join("summary.json");
     let limit: u64 = 64 << 20;
     let run = shardify(&[
         "convert",
@@ -179,11 +222,27 @@ fn peak_memory_stays_within_the_limit_on_a_dataset_several_times_larger() {
         "2",
         "--memory-limit",
         "64MiB",
+        "--summary",
+        summary.to_str().unwrap(),
     ]);
     assert!(run.status.success(), "{}", text(&run.stderr));
-    let peak = printed_peak_memory(&text(&run.stdout));
+    let peak = summary_peak_memory(&summary);
     let manifest: Value =
         serde_json::from_slice(&std::fs::read(out.join("manifest.json")).unwrap()).unwrap();
+    let figures: Value = serde_json::from_slice(&std::fs::read(&summary).unwrap()).unwrap();
+    let table = std::fs::metadata(out.join("geometry.safetensors"))
+        .unwrap()
+        .len();
+    assert_eq!(
+        figures["output_bytes"].as_u64().unwrap(),
+        manifest["totals"]["bytes"].as_u64().unwrap() + table
+    );
+    // Spill records: 13 bytes per pulse (narrowed) and 56 per event at the least.
+    assert!(
+        figures["spill_bytes"].as_u64().unwrap()
+            >= 13 * manifest["totals"]["pulses"].as_u64().unwrap(),
+        "{figures}"
+    );
     let output_bytes = manifest["totals"]["bytes"].as_u64().unwrap();
     // Decoded, a pulse is 27 bytes (sensor_id, time, charge, auxiliary, event_id).
     let decoded_bytes = manifest["totals"]["pulses"].as_u64().unwrap() * 27;
@@ -272,15 +331,12 @@ fn order_is_the_same_global_sequence_for_any_world_and_resumes_exactly() {
     assert_ne!(drawn, whole, "drawn order is not stored order");
 }
 
-/// The peak RSS a conversion printed, in bytes.
-fn printed_peak_memory(stdout: &str) -> u64 {
-    let mib: f64 = stdout
-        .lines()
-        .find_map(|l| l.strip_prefix("peak memory: "))
-        .and_then(|rest| rest.split(' ').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("no peak memory line in {stdout}"));
-    (mib * (1 << 20) as f64) as u64
+/// The peak RSS a conversion recorded in its `--summary` file, in bytes.
+fn summary_peak_memory(summary: &std::path::Path) -> u64 {
+    let figures: Value = serde_json::from_slice(&std::fs::read(summary).unwrap()).unwrap();
+    figures["peak_memory_bytes"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no peak memory in {figures}"))
 }
 
 #[test]
@@ -332,6 +388,7 @@ fn the_plan_splits_a_shared_meta_of_tens_of_millions_of_rows_within_the_limit() 
     }
     writer.unwrap().close().unwrap();
     let out = dir.path().join("out");
+    let summary = dir.path().join("summary.json");
     let run = shardify(&[
         "convert",
         src.to_str().unwrap(),
@@ -342,6 +399,8 @@ fn the_plan_splits_a_shared_meta_of_tens_of_millions_of_rows_within_the_limit() 
         "2",
         "--memory-limit",
         "64MiB",
+        "--summary",
+        summary.to_str().unwrap(),
     ]);
     assert!(run.status.success(), "{}", text(&run.stderr));
     let split = out.join(".work/meta");
@@ -354,7 +413,7 @@ fn the_plan_splits_a_shared_meta_of_tens_of_millions_of_rows_within_the_limit() 
         "progress while splitting: {}",
         text(&run.stderr)
     );
-    let peak = printed_peak_memory(&text(&run.stdout));
+    let peak = summary_peak_memory(&summary);
     assert!(
         peak <= 64 << 20,
         "peak RSS {peak} bytes over the 64 MiB limit"

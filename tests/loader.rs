@@ -500,3 +500,42 @@ fn the_gather_places_every_event_of_any_plan() {
         }
     }
 }
+
+/// Pages of `path` in the page cache.
+fn resident_pages(path: &Path) -> usize {
+    let file = std::fs::File::open(path).unwrap();
+    // SAFETY: a read-only map of a file nothing writes during the test.
+    let map = unsafe { memmap2::Mmap::map(&file) }.unwrap();
+    let page = 4096;
+    let mut flags = vec![0u8; map.len().div_ceil(page)];
+    // SAFETY: the map is `map.len()` bytes long and page-aligned; `flags` has a byte per page.
+    let rc = unsafe { libc::mincore(map.as_ptr() as *mut _, map.len(), flags.as_mut_ptr()) };
+    assert_eq!(rc, 0, "mincore");
+    flags.iter().filter(|&&f| f & 1 == 1).count()
+}
+
+#[test]
+fn evicting_drops_every_shard_from_the_page_cache_and_reads_stay_exact() {
+    let dir = tempfile::tempdir().unwrap();
+    dataset(dir.path());
+    let out = dir.path().join("ds");
+    let ds = Arc::new(Dataset::open(&out, ChecksumPolicy::Full).unwrap());
+    let files: Vec<_> = ds
+        .manifest()
+        .shards
+        .iter()
+        .map(|s| out.join(&s.file))
+        .collect();
+    let before: usize = files.iter().map(|f| resident_pages(f)).sum();
+    assert!(before > 0, "a full checksum reads every shard");
+    let batches = epoch(&ds, &config(Batching::Events(16), 2), 0);
+    ds.evict_from_page_cache().unwrap();
+    let after: usize = files.iter().map(|f| resident_pages(f)).sum();
+    assert_eq!(after, 0, "{before} pages resident before, {after} after");
+    // Read again from the disk, through read-ahead (window 4): the same bytes.
+    let again = epoch(&ds, &config(Batching::Events(16), 2), 0);
+    assert_eq!(batches.len(), again.len());
+    for (a, b) in batches.iter().zip(&again) {
+        assert_eq!(a.bytes(), b.bytes());
+    }
+}

@@ -139,3 +139,67 @@ fn quick_report_is_complete_and_consistent() {
             && shardify[1]["quality"]["file_mixing"].as_f64().unwrap() > 0.8
     );
 }
+
+#[test]
+fn cold_report_measures_the_disk_bound_and_each_window_against_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = dir.path().join("ds");
+    let manifest = convert_all(&fixture(), "train", &ds, &options(1, 2))
+        .unwrap()
+        .manifest
+        .unwrap();
+    let run = |cold: bool| {
+        let json = dir.path().join(format!("cold-{cold}.json"));
+        let mut command = Command::new(env!("CARGO_BIN_EXE_shardbench"));
+        command.args([
+            ds.to_str().unwrap(),
+            "--quick",
+            "--no-baselines",
+            "--batch-events",
+            "32",
+            "--block-events",
+            "16",
+            "--json",
+            json.to_str().unwrap(),
+        ]);
+        if cold {
+            command.arg("--cold");
+        }
+        let out = command.output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let table = String::from_utf8_lossy(&out.stdout).to_string();
+        let report: Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+        (table, report)
+    };
+    let (table, r) = run(true);
+    let disk = r["cold_read_gb_per_s"].as_f64().unwrap();
+    assert!(disk > 0.0, "{r}");
+    assert!(
+        table.contains("cold sequential read of the shards"),
+        "{table}"
+    );
+    let loaders = r["loaders"].as_array().unwrap();
+    assert_eq!(loaders.len(), 2, "windows 1 and 4, no baselines");
+    for l in loaders {
+        let epoch_seconds = l["seconds"].as_f64().unwrap() / 2.0;
+        let shard_gb = manifest.totals.bytes as f64 / 1e9;
+        let ratio = l["cold_ratio_to_disk"].as_f64().unwrap();
+        assert!(
+            (ratio - shard_gb / epoch_seconds / disk).abs() <= 1e-9 * ratio.max(1.0),
+            "{l}"
+        );
+        assert_eq!(l["cold_events_per_s"], l["events_per_s"]);
+        let window = l["window"].as_u64().unwrap();
+        assert!(
+            table.contains(&format!("window {window:>4}: ")) && table.contains("events/s cold"),
+            "{table}"
+        );
+    }
+    let (table, warm) = run(false);
+    assert!(warm["cold_read_gb_per_s"].is_null() && !table.contains("events/s cold"));
+    assert!(warm["loaders"][0]["cold_ratio_to_disk"].is_null());
+}

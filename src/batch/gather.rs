@@ -418,16 +418,19 @@ fn look_up_positions(
 
 /// `values` (a multiple of 3 long) as rows of 3.
 fn as_rows<T: Pod>(values: &[T]) -> &[[T; 3]] {
-    let (rows, rest) = values.as_chunks::<3>();
-    debug_assert!(rest.is_empty(), "whole rows");
-    rows
+    assert_eq!(values.len() % 3, 0, "whole rows");
+    // SAFETY: `[T; 3]` has `T`'s alignment and three times its size, so `len / 3` rows
+    // cover exactly the elements of `values`, which the result borrows.
+    unsafe { std::slice::from_raw_parts(values.as_ptr().cast::<[T; 3]>(), values.len() / 3) }
 }
 
 /// `values` (a multiple of 3 long) as mutable rows of 3.
 fn as_rows_mut<T: Pod>(values: &mut [T]) -> &mut [[T; 3]] {
-    let (rows, rest) = values.as_chunks_mut::<3>();
-    debug_assert!(rest.is_empty(), "whole rows");
-    rows
+    assert_eq!(values.len() % 3, 0, "whole rows");
+    // SAFETY: as in `as_rows`; the result borrows `values` mutably, so nothing aliases it.
+    unsafe {
+        std::slice::from_raw_parts_mut(values.as_mut_ptr().cast::<[T; 3]>(), values.len() / 3)
+    }
 }
 
 /// Sorts events by shard, then index, then batch position.

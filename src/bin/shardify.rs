@@ -169,6 +169,10 @@ struct ConvertArgs {
     /// Number of tasks in the job array.
     #[arg(long, default_value_t = 1)]
     task_count: u64,
+    /// Also write the run's figures as JSON here (peak memory, bytes written, seconds per
+    /// phase), for scripts and benches.
+    #[arg(long)]
+    summary: Option<PathBuf>,
 }
 
 /// Parses `123`, `64KiB`, `512MiB`, `4GiB`, `1TiB` (also KB/MB/GB/K/M/G as powers of 1024).
@@ -314,13 +318,29 @@ fn run_convert(args: ConvertArgs) -> Result<()> {
         ),
         None => println!("phase done in {elapsed:.2} s"),
     }
-    if let Some(peak) = peak_memory_bytes() {
+    let peak = peak_memory_bytes();
+    if let Some(peak) = peak {
         let mib = |b: u64| b as f64 / (1 << 20) as f64;
         println!(
             "peak memory: {:.1} MiB (limit {:.1} MiB)",
             mib(peak),
             mib(options.memory_limit_bytes)
         );
+    }
+    if let Some(path) = &args.summary {
+        let figures = serde_json::json!({
+            "seconds": elapsed,
+            "peak_memory_bytes": peak,
+            "memory_limit_bytes": options.memory_limit_bytes,
+            "pulses_scattered": summary.pulses_scattered,
+            "spill_bytes": summary.spill_bytes,
+            "output_bytes": summary.manifest.as_ref().map(|m| m.totals.bytes + m.sensor_table.bytes),
+            "units_run": summary.units_run,
+            "units_skipped": summary.units_skipped,
+            "phase_seconds": summary.seconds,
+        });
+        std::fs::write(path, serde_json::to_vec_pretty(&figures)?)
+            .with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(())
 }

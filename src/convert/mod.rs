@@ -192,6 +192,8 @@ pub struct Summary {
     pub pulses_scattered: u64,
     /// Seconds per phase run.
     pub seconds: Vec<(&'static str, f64)>,
+    /// Bytes of spill files the conversion wrote (known once finalized).
+    pub spill_bytes: Option<u64>,
 }
 
 /// Runs `phase` of the conversion of `inputs` into `out` (see the module docs).
@@ -355,7 +357,9 @@ fn run_phases(
     }
     if matches!(phase, Phase::All | Phase::Finalize) {
         let started = Instant::now();
-        summary.manifest = Some(finalize(&plan, &geometry, &work)?);
+        let (manifest, spill_bytes) = finalize(&plan, &geometry, &work)?;
+        summary.manifest = Some(manifest);
+        summary.spill_bytes = Some(spill_bytes);
         summary.units_run.push(("finalize", 1));
         summary
             .seconds
@@ -399,7 +403,9 @@ fn load_spill_indexes(plan: &Plan, work: &WorkDir) -> Result<Vec<SpillIndex>> {
         .collect()
 }
 
-fn finalize(plan: &Plan, geometry: &Geometry, work: &WorkDir) -> Result<Manifest> {
+/// Writes the sensor table and the manifest; returns the manifest and the bytes of spill
+/// files the conversion wrote.
+fn finalize(plan: &Plan, geometry: &Geometry, work: &WorkDir) -> Result<(Manifest, u64)> {
     let indexes = load_spill_indexes(plan, work)?;
     let mut shards = Vec::new();
     for bucket in 0..plan.parameters.bucket_count {
@@ -448,7 +454,7 @@ fn finalize(plan: &Plan, geometry: &Geometry, work: &WorkDir) -> Result<Manifest
     };
     manifest.write(work.out())?;
     work.clean_up()?;
-    Ok(manifest)
+    Ok((manifest, indexes.iter().map(|i| i.spill_bytes).sum()))
 }
 
 /// Hands freed memory back to the operating system: glibc keeps freed heap memory for
