@@ -214,17 +214,7 @@ fn peak_memory_stays_within_the_limit_on_a_dataset_several_times_larger() {
     let out = dir.path().join("out");
     let summary = dir.path().join("summary.json");
     let limit: u64 = 64 << 20;
-    let run = shardify(&[
-        "convert",
-        src.to_str().unwrap(),
-        out.to_str().unwrap(),
-        "--threads",
-        "2",
-        "--memory-limit",
-        "64MiB",
-        "--summary",
-        summary.to_str().unwrap(),
-    ]);
+    let run = convert_within_64_mib(&src, &out, &summary, &[]);
     assert!(run.status.success(), "{}", text(&run.stderr));
     let peak = summary_peak_memory(&summary);
     let manifest: Value =
@@ -331,6 +321,26 @@ fn order_is_the_same_global_sequence_for_any_world_and_resumes_exactly() {
     assert_ne!(drawn, whole, "drawn order is not stored order");
 }
 
+/// Converts `src` into `out` on 2 threads under a 64 MiB limit, with its figures in
+/// `summary` and `extra` arguments.
+fn convert_within_64_mib(
+    src: &std::path::Path,
+    out: &std::path::Path,
+    summary: &std::path::Path,
+    extra: &[&str],
+) -> Output {
+    let paths = [src, out].map(|p| p.to_str().unwrap());
+    let mut args = vec!["convert", paths[0], paths[1], "--threads", "2"];
+    args.extend([
+        "--memory-limit",
+        "64MiB",
+        "--summary",
+        summary.to_str().unwrap(),
+    ]);
+    args.extend(extra);
+    shardify(&args)
+}
+
 /// The peak RSS a conversion recorded in its `--summary` file, in bytes.
 fn summary_peak_memory(summary: &std::path::Path) -> u64 {
     let figures: Value = serde_json::from_slice(&std::fs::read(summary).unwrap()).unwrap();
@@ -389,19 +399,7 @@ fn the_plan_splits_a_shared_meta_of_tens_of_millions_of_rows_within_the_limit() 
     writer.unwrap().close().unwrap();
     let out = dir.path().join("out");
     let summary = dir.path().join("summary.json");
-    let run = shardify(&[
-        "convert",
-        src.to_str().unwrap(),
-        out.to_str().unwrap(),
-        "--phase",
-        "plan",
-        "--threads",
-        "2",
-        "--memory-limit",
-        "64MiB",
-        "--summary",
-        summary.to_str().unwrap(),
-    ]);
+    let run = convert_within_64_mib(&src, &out, &summary, &["--phase", "plan"]);
     assert!(run.status.success(), "{}", text(&run.stderr));
     let split = out.join(".work/meta");
     let files = std::fs::read_dir(&split).unwrap().count();

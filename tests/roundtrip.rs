@@ -181,13 +181,11 @@ fn a_dataset_of_format_version_1_is_refused_with_the_fix() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("ds");
     convert_all(&fixture(), "train", &out, &options(5, 2)).unwrap();
-    let path = out.join("manifest.json");
-    let mut manifest: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
     // What version 1 wrote: no sensor table, a position per DOM in every shard.
-    manifest["format_version"] = 1.into();
-    manifest.as_object_mut().unwrap().remove("sensor_table");
-    std::fs::write(&path, serde_json::to_vec(&manifest).unwrap()).unwrap();
+    edit_manifest(&out, |m| {
+        m["format_version"] = 1.into();
+        m.as_object_mut().unwrap().remove("sensor_table");
+    });
     let err = Dataset::open(&out, ChecksumPolicy::Off).err().unwrap();
     assert!(
         matches!(&err, shardify::Error::FormatVersion { found, .. } if found == "shardify version 1"),
@@ -214,11 +212,9 @@ fn verify_against_the_source_checks_every_row_of_the_sensor_table() {
     let data = bytes.len() - 8 * 3 * 5160 + 8 * 3 * 7;
     bytes[data] ^= 1;
     std::fs::write(&table, &bytes).unwrap();
-    let path = out.join("manifest.json");
-    let mut manifest: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
-    manifest["sensor_table"]["xxh3"] = shardify::format::checksum::of_bytes(&bytes).into();
-    std::fs::write(&path, serde_json::to_vec(&manifest).unwrap()).unwrap();
+    edit_manifest(&out, |m| {
+        m["sensor_table"]["xxh3"] = shardify::format::checksum::of_bytes(&bytes).into()
+    });
     assert!(
         verify(&out, None).unwrap().ok(),
         "structure alone cannot tell"

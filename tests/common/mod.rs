@@ -106,6 +106,15 @@ pub fn dump_lines(dir: &Path) -> Vec<String> {
         .collect()
 }
 
+/// Rewrites `dir/manifest.json` after `edit` changed it.
+pub fn edit_manifest(dir: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
+    let path = dir.join("manifest.json");
+    let mut manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    edit(&mut manifest);
+    std::fs::write(&path, serde_json::to_vec(&manifest).unwrap()).unwrap();
+}
+
 /// A generated batch (the simple profile: light and fast): its pulse and meta tables.
 pub fn generated_batch(
     seed: u64,
