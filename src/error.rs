@@ -159,6 +159,13 @@ pub enum Error {
     /// A CUDA device could not be used: no driver, no such device, or a driver call failed.
     #[error("CUDA: {0}")]
     Device(String),
+    /// A host-to-device copy failed after it was queued, and its completion could not be
+    /// confirmed: the copy may still read its source and write its destination, so both
+    /// are kept (leaked) rather than reused.
+    #[error(
+        "CUDA: {0} (after the copy was queued: its source and device buffer are kept, not reused)"
+    )]
+    CopyInFlight(String),
 }
 
 impl Error {

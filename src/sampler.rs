@@ -538,7 +538,6 @@ pub struct EpochBatches<'a> {
     config: SamplerConfig,
     /// Global batches to deliver (across ranks) when `drop_last` trims the epoch.
     limit: Option<u64>,
-    taken: u64,
 }
 
 impl<'a> EpochBatches<'a> {
@@ -576,7 +575,6 @@ impl<'a> EpochBatches<'a> {
             global: make(config.window_blocks > 1),
             config: config.clone(),
             limit,
-            taken: 0,
         };
         for _ in 0..skip {
             if batches.next().is_none() {
@@ -597,7 +595,6 @@ impl Iterator for EpochBatches<'_> {
                 return None;
             }
             if plan.global_index % self.config.world as u64 == self.config.rank as u64 {
-                self.taken += 1;
                 return Some(plan);
             }
         }

@@ -4,7 +4,6 @@
 mod common;
 
 use std::process::Command;
-use std::time::Duration;
 
 use common::*;
 use shardify::convert::{convert, Phase, Silent, TaskSlice};
@@ -130,6 +129,7 @@ fn leftovers_of_a_crash_are_never_mistaken_for_output() {
 
 #[test]
 fn a_killed_conversion_restarted_gives_the_same_result() {
+    use std::io::BufRead;
     let dir = tempfile::tempdir().unwrap();
     let (src, _) = synthetic_source(dir.path(), 20_000, 6, 5);
     let command = |out: &std::path::Path| {
@@ -146,41 +146,45 @@ fn a_killed_conversion_restarted_gives_the_same_result() {
         .args(["--shard-size", "1MiB", "--memory-limit", "64MiB"]);
         c
     };
-    let run = |out: &std::path::Path| {
-        Command::new(env!("CARGO_BIN_EXE_shardify"))
-            .args([
-                "convert",
-                src.to_str().unwrap(),
-                out.to_str().unwrap(),
-                "--seed",
-                "1",
-                "--threads",
-                "2",
-            ])
-            .args(["--shard-size", "1MiB", "--memory-limit", "64MiB"])
-            .stderr(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .spawn()
-            .unwrap()
-    };
     let reference = dir.path().join("ref");
-    assert!(run(&reference).wait().unwrap().success());
+    assert!(command(&reference).output().unwrap().status.success());
     let expected = dir_files(&reference);
-    for (i, delay_ms) in [5u64, 40, 120, 250].into_iter().enumerate() {
+    // Kill points chosen from the conversion's own progress lines: after the plan, in the
+    // middle of the scatter, as the gather starts, after its first bucket.
+    let kill_points = [
+        "scatter: 6 units to do",
+        "scatter: 3/6 done",
+        "gather: ",
+        "gather: 1/",
+    ];
+    for (i, point) in kill_points.into_iter().enumerate() {
         let out = dir.path().join(format!("killed{i}"));
-        let mut child = run(&out);
-        std::thread::sleep(Duration::from_millis(delay_ms));
+        let mut child = command(&out)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+        let reached = stderr
+            .lines()
+            .map_while(|l| l.ok())
+            .any(|line| line.starts_with(point));
         let _ = child.kill();
         child.wait().unwrap();
+        assert!(reached, "the conversion never printed {point:?}");
+        assert!(
+            !out.join("manifest.json").exists() && out.join(".work").is_dir(),
+            "killed at {point:?}: an unfinished conversion is left behind"
+        );
         let restart = command(&out).output().unwrap();
         assert!(
             restart.status.success(),
-            "restart after {delay_ms} ms: {}",
+            "restart after a kill at {point:?}: {}",
             String::from_utf8_lossy(&restart.stderr)
         );
         assert!(
             dir_files(&out) == expected,
-            "restart after a kill at {delay_ms} ms differs"
+            "restart after a kill at {point:?} differs"
         );
     }
 }

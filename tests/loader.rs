@@ -511,7 +511,10 @@ fn on_tmpfs(path: &Path) -> bool {
         assert_eq!(libc::statfs(c_path.as_ptr(), stats.as_mut_ptr()), 0);
         stats.assume_init()
     };
-    stats.f_type as i64 == libc::TMPFS_MAGIC as i64
+    // The field's type differs between platforms.
+    #[allow(clippy::unnecessary_cast)]
+    let tmpfs = stats.f_type as i64 == libc::TMPFS_MAGIC as i64;
+    tmpfs
 }
 
 /// Pages of `path` in the page cache.
@@ -540,7 +543,10 @@ fn evicting_drops_every_shard_from_the_page_cache_and_reads_stay_exact() {
         .map(|s| out.join(&s.file))
         .collect();
     if on_tmpfs(&out) {
-        println!("SKIPPED: {} is on tmpfs, whose pages cannot leave memory", out.display());
+        println!(
+            "SKIPPED: {} is on tmpfs, whose pages cannot leave memory",
+            out.display()
+        );
         return;
     }
     let before: usize = files.iter().map(|f| resident_pages(f)).sum();
@@ -554,5 +560,38 @@ fn evicting_drops_every_shard_from_the_page_cache_and_reads_stay_exact() {
     assert_eq!(batches.len(), again.len());
     for (a, b) in batches.iter().zip(&again) {
         assert_eq!(a.bytes(), b.bytes());
+    }
+}
+
+#[test]
+fn a_config_that_cannot_work_is_refused_naming_what_is_wrong() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = dataset(dir.path());
+    let good = config(Batching::Events(16), 2);
+    for (bad, words) in [
+        (
+            LoaderConfig {
+                device_buffers: 1,
+                ..good.clone()
+            },
+            "device_buffers must be at least 2",
+        ),
+        (
+            LoaderConfig {
+                workers: 0,
+                ..good.clone()
+            },
+            "workers and prefetch",
+        ),
+    ] {
+        let start = SamplerState {
+            epoch: 0,
+            batches_taken: 0,
+        };
+        let err = Loader::new(ds.clone(), bad, start).err().unwrap();
+        assert!(
+            matches!(&err, shardify::Error::Config(text) if text.contains(words)),
+            "{err}"
+        );
     }
 }

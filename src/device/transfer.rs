@@ -53,8 +53,9 @@ pub struct DeviceSlots {
 }
 
 impl DeviceSlots {
-    /// Up to `target` (at least 2) slots, made on first use; more only when the consumer
-    /// holds all of them. With `timed`, every copy is bracketed by timing events
+    /// Up to `target` slots, made on first use; more only when the consumer holds all of
+    /// them. Fewer than 2 would serialise copies and compute ([`crate::pipeline::LoaderConfig::validate`]
+    /// rejects that). With `timed`, every copy is bracketed by timing events
     /// ([`DeviceCopy::copy_ms`]); that costs host time per copy (timing events are far
     /// dearer to record than plain ones), so loaders leave it off unless asked.
     pub fn new(device: Arc<CudaDevice>, target: usize, timed: bool) -> Arc<DeviceSlots> {
@@ -67,7 +68,7 @@ impl DeviceSlots {
                 stopping: false,
             }),
             changed: Condvar::new(),
-            target: target.max(2),
+            target,
             timed,
             allocations: AtomicU64::new(0),
         })
@@ -172,6 +173,8 @@ impl DeviceSlots {
         }
     }
 
+    /// Copies `bytes` into `slot`. On an [`Error::CopyInFlight`] the slot is leaked (the
+    /// copy may still write it) and the caller must not reuse `bytes` either.
     fn upload_into(self: &Arc<Self>, mut slot: DeviceSlot, bytes: &[u8]) -> Result<DeviceCopy> {
         match self.copy_into(&mut slot, bytes) {
             Ok(()) => Ok(DeviceCopy {
@@ -179,6 +182,10 @@ impl DeviceSlots {
                 slots: self.clone(),
                 consumers: Vec::new(),
             }),
+            Err(e @ Error::CopyInFlight(_)) => {
+                std::mem::forget(slot);
+                Err(e)
+            }
             Err(e) => {
                 self.give_back(slot);
                 Err(e)
@@ -186,6 +193,9 @@ impl DeviceSlots {
         }
     }
 
+    /// Queues the copy of `bytes` into `slot` and records its events. A failure after the
+    /// copy was queued waits for the copy stream; when even that fails, the copy may still
+    /// be running and the error is [`Error::CopyInFlight`].
     fn copy_into(&self, slot: &mut DeviceSlot, bytes: &[u8]) -> Result<()> {
         let stream = self.device.copy_stream();
         for released in slot.released.drain(..) {
@@ -235,7 +245,16 @@ impl DeviceSlots {
         // unmodified until the `copied` event below has completed.
         unsafe { cudarc::driver::result::memcpy_htod_async(target, bytes, stream.cu_stream()) }
             .map_err(|e| driver_error("host-to-device copy failed", e))?;
-        record(copied)?;
+        if let Err(e) = record(copied) {
+            // Nothing will tell when the queued copy is over: wait for the whole stream.
+            return Err(match stream.synchronize() {
+                Ok(()) => e,
+                Err(_) => match e {
+                    Error::Device(problem) => Error::CopyInFlight(problem),
+                    other => other,
+                },
+            });
+        }
         slot.len = bytes.len();
         Ok(())
     }

@@ -87,14 +87,19 @@ pub fn sync_file(path: &Path) -> Result<()> {
 }
 
 /// Asks the kernel to start writing `file` back now, without waiting (a hint: failures are
-/// caught by the later fsync).
+/// caught by the later fsync). Linux only; elsewhere the later fsync does all the work.
 fn start_writeback(file: &File) {
-    use std::os::fd::AsRawFd;
-    // SAFETY: the descriptor is open for the duration of the call; the call only schedules
-    // writeback of the file's dirty pages and touches no memory of ours.
-    unsafe {
-        libc::sync_file_range(file.as_raw_fd(), 0, 0, libc::SYNC_FILE_RANGE_WRITE);
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::fd::AsRawFd;
+        // SAFETY: the descriptor is open for the duration of the call; the call only
+        // schedules writeback of the file's dirty pages and touches no memory of ours.
+        unsafe {
+            libc::sync_file_range(file.as_raw_fd(), 0, 0, libc::SYNC_FILE_RANGE_WRITE);
+        }
     }
+    #[cfg(not(target_os = "linux"))]
+    let _ = file;
 }
 
 /// Makes a rename inside `dir` durable.

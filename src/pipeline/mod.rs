@@ -88,6 +88,12 @@ impl LoaderConfig {
                 "workers and prefetch must be at least 1".into(),
             ));
         }
+        if self.device_buffers < 2 {
+            return Err(Error::Config(format!(
+                "device_buffers must be at least 2 (one being consumed, one being filled), not {}",
+                self.device_buffers
+            )));
+        }
         if !self.dom_positions && self.layout != BatchLayout::Packed {
             return Err(Error::Config(
                 "dom_positions: false applies to the packed layout only (the padded \
@@ -123,10 +129,9 @@ impl Default for LoaderConfig {
 pub struct LoaderState {
     /// Epoch and batches taken in it.
     pub position: SamplerState,
-    /// The sampler configuration the position refers to.
+    /// The sampler configuration the position refers to. (The layout is not recorded: it
+    /// does not change which events come in which order, so a job may resume in another.)
     pub sampler: SamplerConfig,
-    /// The layout (does not change the order, recorded for the record).
-    pub layout: BatchLayout,
 }
 
 /// Streams the batches of one epoch for one rank.
@@ -252,7 +257,6 @@ impl Loader {
         LoaderState {
             position: self.position,
             sampler: self.config.sampler.clone(),
-            layout: self.config.layout,
         }
     }
 

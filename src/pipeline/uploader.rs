@@ -8,7 +8,7 @@ use crossbeam_channel::{SendError, Sender};
 use super::in_order::InOrder;
 use super::workers::Filled;
 use crate::device::transfer::{DeviceCopy, DeviceSlots};
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// A batch whose copy is queued (or the error that ends the epoch).
 pub(crate) type Uploaded = Result<(Filled, DeviceCopy)>;
@@ -29,6 +29,12 @@ pub(crate) fn upload_batches(mut order: InOrder, slots: Arc<DeviceSlots>, ready:
                 let bytes = &filled.buffer.bytes()[..filled.sections.total];
                 match slots.upload_when_free(bytes, &|| ready.is_empty()) {
                     Some(Ok(copy)) => Ok((filled, copy)),
+                    Some(Err(e @ Error::CopyInFlight(_))) => {
+                        // A copy may still read the staging buffer: never reuse it (as
+                        // `Batch::drop` does when a copy cannot be waited for).
+                        std::mem::forget(filled);
+                        Err(e)
+                    }
                     Some(Err(e)) => Err(e),
                     None => return, // stopped: this batch was not copied
                 }

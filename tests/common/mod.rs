@@ -19,9 +19,21 @@ pub fn fixture() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/kaggle-mini")
 }
 
-/// The real Kaggle sample beside the checkout, when present.
+/// Whether the tests run in CI (`CI=true`), where every input must be present and every
+/// test that can run must run.
+pub fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true")
+}
+
+/// The real Kaggle sample beside the checkout, when present; in CI its absence is a
+/// failure, not a skip.
 pub fn kaggle_sample() -> Option<PathBuf> {
     let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/data/kaggle-sample");
+    assert!(
+        p.is_dir() || !in_ci(),
+        "{} is missing: CI runs with ../shared beside the checkout",
+        p.display()
+    );
     p.is_dir().then_some(p)
 }
 
