@@ -153,9 +153,14 @@ pub enum Error {
         /// Bytes free for this user.
         available: u64,
     },
-    /// The parameters given do not make sense.
-    #[error("invalid configuration: {0}")]
-    Config(String),
+    /// A setting that cannot work, named so a caller can tell which.
+    #[error("invalid {field}: {problem}")]
+    Config {
+        /// The setting: `workers`, `device_buffers`, `shard_size`, `rank`, ...
+        field: &'static str,
+        /// What is wrong with it.
+        problem: String,
+    },
     /// A CUDA device could not be used: no driver, no such device, or a driver call failed.
     #[error("CUDA: {0}")]
     Device(String),
@@ -189,6 +194,14 @@ impl Error {
     pub fn shard(path: impl AsRef<Path>, problem: impl Into<crate::format::ShardProblem>) -> Self {
         Error::Shard {
             path: path.as_ref().to_path_buf(),
+            problem: problem.into(),
+        }
+    }
+
+    /// A setting that cannot work.
+    pub fn config(field: &'static str, problem: impl Into<String>) -> Self {
+        Error::Config {
+            field,
             problem: problem.into(),
         }
     }

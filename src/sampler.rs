@@ -133,30 +133,46 @@ impl Default for SamplerConfig {
 
 impl SamplerConfig {
     /// Rejects configurations that cannot work, with a message naming the field.
-    pub fn validate(&self) -> Result<(), String> {
-        if self.block_events == 0 || self.window_blocks == 0 || self.run_events == 0 {
-            return Err("block size, window and run length must be at least 1".into());
+    pub fn validate(&self) -> crate::Result<()> {
+        use crate::Error;
+        for (field, value) in [
+            ("block_events", self.block_events),
+            ("window_blocks", self.window_blocks),
+            ("run_events", self.run_events),
+        ] {
+            if value == 0 {
+                return Err(Error::config(field, "must be at least 1"));
+            }
         }
         if self
             .block_events
             .checked_mul(self.window_blocks)
             .is_none_or(|n| n > u32::MAX as usize)
         {
-            return Err("a window (block size x window) must hold at most 2^32 - 1 events".into());
+            return Err(Error::config(
+                "window_blocks",
+                "a window (block size x window) must hold at most 2^32 - 1 events",
+            ));
         }
-        if self.world == 0 || self.rank >= self.world {
-            return Err(format!(
-                "rank {} must be below world size {}",
-                self.rank, self.world
+        if self.world == 0 {
+            return Err(Error::config("world", "must be at least 1"));
+        }
+        if self.rank >= self.world {
+            return Err(Error::config(
+                "rank",
+                format!("{} must be below world size {}", self.rank, self.world),
             ));
         }
         match self.batching {
-            Batching::Events(0) => Err("batch size must be at least 1 event".into()),
+            Batching::Events(0) => Err(Error::config("batching", "at least 1 event per batch")),
             Batching::Pulses { max_pulses: 0, .. }
             | Batching::Pulses {
                 max_events: Some(0),
                 ..
-            } => Err("pulse budget and event cap must be at least 1".into()),
+            } => Err(Error::config(
+                "batching",
+                "pulse budget and event cap must be at least 1",
+            )),
             _ => Ok(()),
         }
     }

@@ -493,7 +493,7 @@ pub struct SynthSummary {
 /// Writes a whole Kaggle-layout dataset under `root`.
 pub fn write_dataset(root: &Path, options: &SynthOptions) -> Result<SynthSummary> {
     if options.files == 0 {
-        return Err(Error::Config("at least one file".into()));
+        return Err(Error::config("files", "at least one file"));
     }
     let labels = options.split == "train";
     let split_dir = root.join(&options.split);

@@ -202,7 +202,13 @@ fn positions_can_be_left_out_of_packed_batches() {
     };
     let err = Loader::new(ds, padded, start).err().unwrap();
     assert!(
-        matches!(&err, shardify::Error::Config(text) if text.contains("dom_positions")),
+        matches!(
+            &err,
+            shardify::Error::Config {
+                field: "dom_positions",
+                ..
+            }
+        ),
         "{err}"
     );
 }
@@ -574,14 +580,14 @@ fn a_config_that_cannot_work_is_refused_naming_what_is_wrong() {
                 device_buffers: 1,
                 ..good.clone()
             },
-            "device_buffers must be at least 2",
+            ("device_buffers", "must be at least 2"),
         ),
         (
             LoaderConfig {
                 workers: 0,
                 ..good.clone()
             },
-            "workers and prefetch",
+            ("workers", "must be at least 1"),
         ),
     ] {
         let start = SamplerState {
@@ -590,7 +596,7 @@ fn a_config_that_cannot_work_is_refused_naming_what_is_wrong() {
         };
         let err = Loader::new(ds.clone(), bad, start).err().unwrap();
         assert!(
-            matches!(&err, shardify::Error::Config(text) if text.contains(words)),
+            matches!(&err, shardify::Error::Config { field, problem } if *field == words.0 && problem.contains(words.1)),
             "{err}"
         );
     }

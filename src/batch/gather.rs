@@ -247,7 +247,10 @@ impl<'a> Gatherer<'a> {
         buffer: &mut [u8],
     ) -> Result<()> {
         if buffer.len() < sections.total || (buffer.as_ptr() as usize) % SECTION_ALIGN != 0 {
-            return Err(Error::Config("batch buffer too small or misaligned".into()));
+            return Err(Error::config(
+                "buffer",
+                "batch buffer too small or misaligned",
+            ));
         }
         self.shape(plan)?;
         let mut parts = split_sections(&mut buffer[..sections.total], sections).into_iter();

@@ -87,16 +87,22 @@ impl ConvertOptions {
     /// Rejects options that cannot work.
     pub fn validate(&self) -> Result<()> {
         if self.threads == 0 {
-            return Err(Error::Config("--threads must be at least 1".into()));
+            return Err(Error::config("threads", "--threads must be at least 1"));
         }
         if self.memory_limit_bytes < MIN_MEMORY_LIMIT {
-            return Err(Error::Config(format!(
-                "--memory-limit must be at least {} MiB",
-                MIN_MEMORY_LIMIT >> 20
-            )));
+            return Err(Error::config(
+                "memory_limit",
+                format!(
+                    "--memory-limit must be at least {} MiB",
+                    MIN_MEMORY_LIMIT >> 20
+                ),
+            ));
         }
         if self.shard_target_bytes < 4096 {
-            return Err(Error::Config("--shard-size must be at least 4 KiB".into()));
+            return Err(Error::config(
+                "shard_size",
+                "--shard-size must be at least 4 KiB",
+            ));
         }
         Ok(())
     }
@@ -208,20 +214,29 @@ pub fn convert(
 ) -> Result<Summary> {
     options.validate()?;
     if slice.count == 0 || slice.index >= slice.count {
-        return Err(Error::Config(format!(
-            "task index {} is not below task count {}",
-            slice.index, slice.count
-        )));
+        return Err(Error::config(
+            "task_index",
+            format!(
+                "task index {} is not below task count {}",
+                slice.index, slice.count
+            ),
+        ));
     }
     if slice.count > 1 && !matches!(phase, Phase::Scatter | Phase::Gather) {
-        return Err(Error::Config(
-            "a task index/count applies to the scatter and gather phases only".into(),
+        return Err(Error::config(
+            "task_count",
+            "a task index/count applies to the scatter and gather phases only",
         ));
     }
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(options.threads)
         .build()
-        .map_err(|e| Error::Config(format!("cannot start {} threads: {e}", options.threads)))?;
+        .map_err(|e| {
+            Error::config(
+                "threads",
+                format!("cannot start {} threads: {e}", options.threads),
+            )
+        })?;
     pool.install(|| run_phases(inputs, out, options, phase, slice, progress))
 }
 
@@ -394,10 +409,13 @@ fn load_spill_indexes(plan: &Plan, work: &WorkDir) -> Result<Vec<SpillIndex>> {
         .map(|b| {
             let batch_id = b.batch_id.expect("batch sources carry their id");
             if !scatter::is_done(work, batch_id)? {
-                return Err(Error::Config(format!(
-                    "the scatter phase has not finished {} (batch {batch_id}): run it first",
-                    b.path
-                )));
+                return Err(Error::config(
+                    "phase",
+                    format!(
+                        "the scatter phase has not finished {} (batch {batch_id}): run it first",
+                        b.path
+                    ),
+                ));
             }
             work.read_json(&work.spill_index(batch_id))
         })
@@ -411,9 +429,10 @@ fn finalize(plan: &Plan, geometry: &Geometry, work: &WorkDir) -> Result<(Manifes
     let mut shards = Vec::new();
     for bucket in 0..plan.parameters.bucket_count {
         if !gather::is_done(work, bucket)? {
-            return Err(Error::Config(format!(
-                "the gather phase has not finished bucket {bucket}: run it first"
-            )));
+            return Err(Error::config(
+                "phase",
+                format!("the gather phase has not finished bucket {bucket}: run it first"),
+            ));
         }
         let record: BucketRecord = work.read_json(&work.bucket_record(bucket))?;
         shards.extend(record.shard);

@@ -171,11 +171,14 @@ pub fn write_shard(path: &Path, contents: &ShardContents) -> Result<ShardEntry> 
     let p: usize = parts.iter().map(|p| p.pulses()).sum();
     assert_eq!(headers.len(), e, "one header per packed event");
     if d.max(p) as u64 > MAX_SHARD_ITEMS {
-        return Err(Error::Config(format!(
-            "{}: {d} DOMs and {p} pulses do not fit one shard's I32 offsets (at most \
+        return Err(Error::config(
+            "shard_size",
+            format!(
+                "{}: {d} DOMs and {p} pulses do not fit one shard's I32 offsets (at most \
              {MAX_SHARD_ITEMS}): convert with a smaller --shard-size",
-            path.display()
-        )));
+                path.display()
+            ),
+        ));
     }
     let column = |f: fn(&EventHeader) -> i64| headers.iter().map(f).collect::<Vec<i64>>();
     let event_id = column(|h| h.event_id);

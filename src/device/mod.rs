@@ -59,7 +59,10 @@ impl FromStr for DeviceChoice {
                 .and_then(|n| n.parse().ok())
                 .map(DeviceChoice::Cuda)
                 .ok_or_else(|| {
-                    Error::Config(format!("device `{s}`: expected auto, cpu, cuda or cuda:N"))
+                    Error::config(
+                        "device",
+                        format!("`{s}`: expected auto, cpu, cuda or cuda:N"),
+                    )
                 }),
         }
     }

@@ -117,7 +117,7 @@ mod tests {
         let target = dir.path().join("x.bin");
         let r: Result<()> = write_atomic(&target, Durability::Now, |w| {
             w.write_all(b"partial").unwrap();
-            Err(Error::Config("boom".into()))
+            Err(Error::config("test", "boom"))
         });
         assert!(r.is_err());
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);

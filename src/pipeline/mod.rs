@@ -82,23 +82,27 @@ fn default_dom_positions() -> bool {
 impl LoaderConfig {
     /// Rejects settings that cannot work.
     pub fn validate(&self) -> Result<()> {
-        self.sampler.validate().map_err(Error::Config)?;
-        if self.workers == 0 || self.prefetch == 0 {
-            return Err(Error::Config(
-                "workers and prefetch must be at least 1".into(),
-            ));
+        self.sampler.validate()?;
+        if self.workers == 0 {
+            return Err(Error::config("workers", "must be at least 1"));
+        }
+        if self.prefetch == 0 {
+            return Err(Error::config("prefetch", "must be at least 1"));
         }
         if self.device_buffers < 2 {
-            return Err(Error::Config(format!(
-                "device_buffers must be at least 2 (one being consumed, one being filled), not {}",
-                self.device_buffers
-            )));
+            return Err(Error::config(
+                "device_buffers",
+                format!(
+                    "must be at least 2 (one being consumed, one being filled), not {}",
+                    self.device_buffers
+                ),
+            ));
         }
         if !self.dom_positions && self.layout != BatchLayout::Packed {
-            return Err(Error::Config(
-                "dom_positions: false applies to the packed layout only (the padded \
-                 layout's features hold x, y, z)"
-                    .into(),
+            return Err(Error::config(
+                "dom_positions",
+                "false applies to the packed layout only (the padded layout's features \
+                 hold x, y, z)",
             ));
         }
         Ok(())
@@ -243,10 +247,13 @@ impl Loader {
         state: &LoaderState,
     ) -> Result<Loader> {
         if state.sampler != config.sampler {
-            return Err(Error::Config(format!(
-                "the saved state was made with sampler {:?}, not {:?}",
-                state.sampler, config.sampler
-            )));
+            return Err(Error::config(
+                "sampler",
+                format!(
+                    "the saved state was made with {:?}, not {:?}",
+                    state.sampler, config.sampler
+                ),
+            ));
         }
         Loader::new(dataset, config, state.position)
     }

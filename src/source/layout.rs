@@ -131,10 +131,10 @@ impl InputSet {
             });
         }
         if batches.is_empty() {
-            return Err(Error::Config("no batch files given".into()));
+            return Err(Error::config("inputs", "no batch files given"));
         }
         if meta.is_empty() {
-            return Err(Error::Config("no meta files given".into()));
+            return Err(Error::config("inputs", "no meta files given"));
         }
         for path in meta.iter().chain(std::iter::once(&geometry)) {
             if !path.is_file() {
