@@ -17,11 +17,11 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use shardify::batch::BatchLayout;
+use shardify::batch::{BatchLayout, PackedView};
 use shardify::dataset::{ChecksumPolicy, Dataset};
 use shardify::device::cuda::BusyWork;
 use shardify::device::{DeviceChoice, Placement};
-use shardify::pipeline::{Batch, Loader, LoaderConfig, LoaderState, PackedView};
+use shardify::pipeline::{Batch, Loader, LoaderConfig, LoaderState};
 use shardify::sampler::{Batching, SamplerConfig, SamplerState};
 
 /// The CPU stand-in model's squared error summed over the batch.

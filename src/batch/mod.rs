@@ -19,8 +19,10 @@
 //! time order.
 
 mod gather;
+mod views;
 
 pub use gather::Gatherer;
+pub use views::{PackedView, PaddedView};
 
 use crate::format::pod::{try_cast_mut, Pod};
 use crate::format::safetensors::Dtype;

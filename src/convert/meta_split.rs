@@ -116,7 +116,7 @@ const PROGRESS_ROWS: u64 = 1 << 20;
 
 /// Splits the meta of `inputs` by batch into the work directory, unless already done;
 /// `budget` bounds the bytes buffered in memory (their allocations may take twice as
-/// much). Reports progress per [`PROGRESS_ROWS`] meta rows read.
+/// much). Reports progress per million (2^20) meta rows read.
 pub fn build(
     work: &WorkDir,
     inputs: &InputSet,

@@ -11,7 +11,7 @@
 //! Same inputs, seed and parameters give byte-identical shards and manifest, whatever the
 //! thread count or task split.
 
-pub mod gather;
+pub mod bucket_shard;
 mod memory_bank;
 pub mod meta_split;
 pub mod plan;
@@ -31,7 +31,7 @@ use crate::format::atomic::{sync_dir, sync_file};
 use crate::format::manifest::{Schema, Totals, FORMAT, FORMAT_VERSION};
 use crate::format::{Manifest, SensorTable};
 use crate::source::{Geometry, InputSet};
-use gather::{bucket_memory, storage_types, BucketRecord, GatherScratch};
+use bucket_shard::{bucket_memory, storage_types, BucketRecord, GatherScratch};
 use memory_bank::MemoryBank;
 use plan::Plan;
 use spill::SpillIndex;
@@ -340,7 +340,7 @@ fn run_phases(
         let mine = (0..buckets).filter(|b| slice.takes(*b));
         let todo = units_to_run(
             mine,
-            |&b| gather::is_done_and_intact(&work, b),
+            |&b| bucket_shard::is_done_and_intact(&work, b),
             &mut summary,
         )?;
         progress.begin("gather", todo.len() as u64);
@@ -354,8 +354,14 @@ fn run_phases(
                 let _lease = bank.acquire(bucket_memory(&indexes, bucket));
                 let taken = idle_scratch.lock().expect("scratch lock").take();
                 let mut scratch = taken.unwrap_or_default();
-                let record =
-                    gather::gather_bucket(&plan, bucket, &indexes, types, &work, &mut scratch);
+                let record = bucket_shard::gather_bucket(
+                    &plan,
+                    bucket,
+                    &indexes,
+                    types,
+                    &work,
+                    &mut scratch,
+                );
                 idle_scratch
                     .lock()
                     .expect("scratch lock")
@@ -428,7 +434,7 @@ fn finalize(plan: &Plan, geometry: &Geometry, work: &WorkDir) -> Result<(Manifes
     let indexes = load_spill_indexes(plan, work)?;
     let mut shards = Vec::new();
     for bucket in 0..plan.parameters.bucket_count {
-        if !gather::is_done(work, bucket)? {
+        if !bucket_shard::is_done(work, bucket)? {
             return Err(Error::config(
                 "phase",
                 format!("the gather phase has not finished bucket {bucket}: run it first"),
@@ -453,7 +459,7 @@ fn finalize(plan: &Plan, geometry: &Geometry, work: &WorkDir) -> Result<(Manifes
             ),
         ));
     }
-    // Shards were written without fsync (see `gather::is_done_and_intact`); make them durable before
+    // Shards were written without fsync (see `bucket_shard::is_done_and_intact`); make them durable before
     // the manifest declares the dataset complete.
     shards
         .par_iter()

@@ -22,7 +22,7 @@ pub const SHARD_BYTES_PER_PULSE: u64 = 12;
 /// Spill bytes per input pulse (measured 13.6 on data with the real statistics: 13 per
 /// pulse and 56 per event); used only to check the free space.
 pub const SPILL_BYTES_PER_PULSE: u64 = 14;
-/// Memory planned per input pulse of a bucket being gathered: `gather::bucket_memory`
+/// Memory planned per input pulse of a bucket being gathered: `bucket_shard::bucket_memory`
 /// estimates ~48 bytes (decoded pulses, their packed copy, the spill chunk read) and the
 /// allocator's slack takes the rest.
 pub const GATHER_MEMORY_PER_PULSE: u64 = 96;

@@ -6,13 +6,11 @@ use std::sync::Arc;
 use cudarc::driver::{CudaEvent, CudaStream, CudaView};
 
 use super::workers::Filled;
-use crate::batch::{sections, BatchLayout, BatchShape, Sections};
+use crate::batch::{BatchLayout, BatchShape, PackedView, PaddedView, Sections};
 use crate::device::staging::{StagingBuffer, StagingPool};
 use crate::device::transfer::DeviceCopy;
 use crate::error::{Error, Result};
-use crate::format::pod::try_cast;
 use crate::format::safetensors::{Dtype, Element};
-use crate::format::{FloatColumn, IntColumn};
 use crate::sampler::BatchPlan;
 
 /// One delivered batch; dropping it returns its buffers (host staging, and on a GPU the
@@ -57,51 +55,6 @@ impl<'a> DeviceSection<'a> {
         // copied unchanged; the section starts 64-byte aligned in the device buffer.
         unsafe { self.bytes.transmute::<T>(len) }
     }
-}
-
-/// The packed (CSR) view of a host batch.
-#[derive(Debug, Clone, Copy)]
-pub struct PackedView<'a> {
-    /// `[B]`.
-    pub event_id: &'a [i64],
-    /// `[B]` (NaN without labels).
-    pub event_azimuth: &'a [f64],
-    /// `[B]` (NaN without labels).
-    pub event_zenith: &'a [f64],
-    /// `[B+1]`.
-    pub event_dom_offsets: &'a [i32],
-    /// `[D+1]`.
-    pub dom_pulse_offsets: &'a [i32],
-    /// `[D]`.
-    pub dom_sensor_id: IntColumn<'a>,
-    /// `[D*3]`, each DOM's row of the sensor table; `None` when the loader leaves
-    /// positions out ([`crate::pipeline::LoaderConfig::dom_positions`]).
-    pub dom_position: Option<FloatColumn<'a>>,
-    /// `[P]`.
-    pub pulse_time: IntColumn<'a>,
-    /// `[P]`.
-    pub pulse_charge: FloatColumn<'a>,
-    /// `[P]`.
-    pub pulse_auxiliary: &'a [u8],
-}
-
-/// The padded (DOM-flat) view of a host batch.
-#[derive(Debug, Clone, Copy)]
-pub struct PaddedView<'a> {
-    /// `[B]`.
-    pub event_id: &'a [i64],
-    /// `[B]`.
-    pub event_azimuth: &'a [f64],
-    /// `[B]`.
-    pub event_zenith: &'a [f64],
-    /// `[B, M, F]`, row-major.
-    pub dom_features: &'a [f32],
-    /// `[B, M]`, 1 where a DOM is present.
-    pub dom_mask: &'a [u8],
-    /// `M`.
-    pub max_doms: usize,
-    /// `F`.
-    pub features_per_dom: usize,
 }
 
 impl Batch {
@@ -196,62 +149,14 @@ impl Batch {
         self.layout
     }
 
-    fn section(&self, name: &str) -> &[u8] {
-        let s = self.sections.get(name).expect("section of this layout");
-        &self.bytes()[s.offset..s.offset + s.len]
-    }
-
-    fn typed<T: crate::format::pod::Pod>(&self, name: &str) -> &[T] {
-        try_cast(self.section(name)).expect("sections are aligned")
-    }
-
-    fn dtype(&self, name: &str) -> Dtype {
-        self.sections
-            .get(name)
-            .expect("section of this layout")
-            .dtype
-    }
-
     /// The packed view; `None` for a padded batch.
     pub fn packed(&self) -> Option<PackedView<'_>> {
-        use sections::*;
-        if self.layout != BatchLayout::Packed {
-            return None;
-        }
-        let ints =
-            |n| IntColumn::from_raw(self.section(n), self.dtype(n)).expect("integer section");
-        let floats =
-            |n| FloatColumn::from_raw(self.section(n), self.dtype(n)).expect("float section");
-        Some(PackedView {
-            event_id: self.typed(EVENT_ID),
-            event_azimuth: self.typed(EVENT_AZIMUTH),
-            event_zenith: self.typed(EVENT_ZENITH),
-            event_dom_offsets: self.typed(EVENT_DOM_OFFSETS),
-            dom_pulse_offsets: self.typed(DOM_PULSE_OFFSETS),
-            dom_sensor_id: ints(DOM_SENSOR_ID),
-            dom_position: self
-                .sections
-                .get(DOM_POSITION)
-                .map(|_| floats(DOM_POSITION)),
-            pulse_time: ints(PULSE_TIME),
-            pulse_charge: floats(PULSE_CHARGE),
-            pulse_auxiliary: self.section(PULSE_AUXILIARY),
-        })
+        PackedView::of(&self.sections, self.bytes())
     }
 
     /// The padded view; `None` for a packed batch.
     pub fn padded(&self) -> Option<PaddedView<'_>> {
-        use sections::*;
-        let shape = &self.sections.get(DOM_FEATURES)?.shape;
-        Some(PaddedView {
-            event_id: self.typed(EVENT_ID),
-            event_azimuth: self.typed(EVENT_AZIMUTH),
-            event_zenith: self.typed(EVENT_ZENITH),
-            dom_features: self.typed(DOM_FEATURES),
-            dom_mask: self.section(DOM_MASK),
-            max_doms: shape[1],
-            features_per_dom: shape[2],
-        })
+        PaddedView::of(&self.sections, self.bytes())
     }
 }
 

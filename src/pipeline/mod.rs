@@ -30,7 +30,7 @@ use std::thread::JoinHandle;
 use crossbeam_channel::{bounded, unbounded, Receiver, TryRecvError};
 use serde::{Deserialize, Serialize};
 
-pub use delivered::{Batch, DeviceSection, PackedView, PaddedView};
+pub use delivered::{Batch, DeviceSection};
 
 use crate::batch::BatchLayout;
 use crate::dataset::Dataset;
