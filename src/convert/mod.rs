@@ -274,23 +274,18 @@ fn run_phases(
     }
     work.prepare()?;
     plan.store_or_check(&work)?;
+    let run = Run {
+        inputs,
+        options,
+        slice,
+        progress,
+        plan: &plan,
+        geometry: &geometry,
+        work: &work,
+    };
     if plan.meta_split {
         if matches!(phase, Phase::All | Phase::Plan) {
-            let started = Instant::now();
-            let budget = options
-                .working_memory()
-                .saturating_sub(SCATTER_DECODE_MEMORY)
-                / 2;
-            meta_split::build(
-                &work,
-                inputs,
-                plan.labels,
-                budget.max(MIN_SPILL_BUFFER) as usize,
-                progress,
-            )?;
-            summary
-                .seconds
-                .push(("split meta", started.elapsed().as_secs_f64()));
+            timed(&mut summary, "split meta", |_| run.split_meta())?;
         } else if phase == Phase::Scatter && !work.meta_split_dir().exists() {
             tracing::warn!(
                 "the meta is not split by batch yet (run `--phase plan` once before the \
@@ -299,19 +294,78 @@ fn run_phases(
         }
     }
     if matches!(phase, Phase::All | Phase::Scatter) {
-        let started = Instant::now();
-        let mine = inputs
-            .batches
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| slice.takes(*i as u64))
+        timed(&mut summary, "scatter", |summary| run.scatter(summary))?;
+    }
+    if matches!(phase, Phase::All | Phase::Gather) {
+        timed(&mut summary, "gather", |summary| run.gather(summary))?;
+    }
+    if matches!(phase, Phase::All | Phase::Finalize) {
+        timed(&mut summary, "finalize", |summary| {
+            let (manifest, spill_bytes) = finalize(&plan, &geometry, &work)?;
+            summary.manifest = Some(manifest);
+            summary.spill_bytes = Some(spill_bytes);
+            summary.units_run.push(("finalize", 1));
+            Ok(())
+        })?;
+    }
+    Ok(summary)
+}
+
+/// Runs `phase` and records its seconds in `summary`.
+fn timed(
+    summary: &mut Summary,
+    phase: &'static str,
+    run: impl FnOnce(&mut Summary) -> Result<()>,
+) -> Result<()> {
+    let started = Instant::now();
+    run(summary)?;
+    summary
+        .seconds
+        .push((phase, started.elapsed().as_secs_f64()));
+    Ok(())
+}
+
+/// What every phase of one call works from.
+struct Run<'a> {
+    inputs: &'a InputSet,
+    options: &'a ConvertOptions,
+    slice: TaskSlice,
+    progress: &'a dyn Progress,
+    plan: &'a Plan,
+    geometry: &'a Geometry,
+    work: &'a WorkDir,
+}
+
+impl Run<'_> {
+    /// Splits the shared meta by batch (see [`meta_split`]), with the whole working memory
+    /// (half of it buffered: the allocations may double).
+    fn split_meta(&self) -> Result<()> {
+        let budget = self
+            .options
+            .working_memory()
+            .saturating_sub(SCATTER_DECODE_MEMORY)
+            / 2;
+        meta_split::build(
+            self.work,
+            self.inputs,
+            self.plan.labels,
+            budget.max(MIN_SPILL_BUFFER) as usize,
+            self.progress,
+        )
+    }
+
+    /// Pass 1: this task's batch files, each scattered to the buckets' spill chunks.
+    fn scatter(&self, summary: &mut Summary) -> Result<()> {
+        let (plan, work, options) = (self.plan, self.work, self.options);
+        let mine = (self.inputs.batches.iter().enumerate())
+            .filter(|(i, _)| self.slice.takes(*i as u64))
             .map(|(_, b)| b);
         let todo = units_to_run(
             mine,
-            |b| scatter::is_done_and_intact(&work, b.batch_id),
-            &mut summary,
+            |b| scatter::is_done_and_intact(work, b.batch_id),
+            summary,
         )?;
-        progress.begin("scatter", todo.len() as u64);
+        self.progress.begin("scatter", todo.len() as u64);
         let budget = options.scatter_budget();
         let bank = MemoryBank::new(options.working_memory());
         let pulses = todo
@@ -319,32 +373,32 @@ fn run_phases(
             .map(|batch| {
                 let _lease =
                     bank.acquire(options.scatter_unit_memory(plan.parameters.bucket_count));
-                let index = scatter::scatter_batch(&plan, inputs, batch, &geometry, &work, budget)?;
-                progress.advance(index.pulses);
+                let index =
+                    scatter::scatter_batch(plan, self.inputs, batch, self.geometry, work, budget)?;
+                self.progress.advance(index.pulses);
                 Ok(index.pulses)
             })
             .collect::<Result<Vec<u64>>>()?;
-        progress.end();
+        self.progress.end();
         release_free_memory();
         summary.pulses_scattered = pulses.iter().sum();
         summary.units_run.push(("scatter", todo.len() as u64));
-        summary
-            .seconds
-            .push(("scatter", started.elapsed().as_secs_f64()));
+        Ok(())
     }
-    if matches!(phase, Phase::All | Phase::Gather) {
-        let started = Instant::now();
-        let indexes = load_spill_indexes(&plan, &work)?;
-        let types = storage_types(&plan, &indexes);
-        let buckets = plan.parameters.bucket_count;
-        let mine = (0..buckets).filter(|b| slice.takes(*b));
+
+    /// Pass 2: this task's buckets, each gathered into its shard.
+    fn gather(&self, summary: &mut Summary) -> Result<()> {
+        let (plan, work) = (self.plan, self.work);
+        let indexes = load_spill_indexes(plan, work)?;
+        let types = storage_types(plan, &indexes);
+        let mine = (0..plan.parameters.bucket_count).filter(|b| self.slice.takes(*b));
         let todo = units_to_run(
             mine,
-            |&b| bucket_shard::is_done_and_intact(&work, b),
-            &mut summary,
+            |&b| bucket_shard::is_done_and_intact(work, b),
+            summary,
         )?;
-        progress.begin("gather", todo.len() as u64);
-        let bank = MemoryBank::new(options.working_memory());
+        self.progress.begin("gather", todo.len() as u64);
+        let bank = MemoryBank::new(self.options.working_memory());
         // Scratch buffers kept for reuse while idle: a pool thread waiting inside one unit's
         // parallel packing may steal and start another unit, so more scratches can exist
         // than units the bank admits; an idle one holds memory no lease accounts for.
@@ -354,40 +408,22 @@ fn run_phases(
                 let _lease = bank.acquire(bucket_memory(&indexes, bucket));
                 let taken = idle_scratch.lock().expect("scratch lock").take();
                 let mut scratch = taken.unwrap_or_default();
-                let record = bucket_shard::gather_bucket(
-                    &plan,
-                    bucket,
-                    &indexes,
-                    types,
-                    &work,
-                    &mut scratch,
-                );
+                let record =
+                    bucket_shard::gather_bucket(plan, bucket, &indexes, types, work, &mut scratch);
                 idle_scratch
                     .lock()
                     .expect("scratch lock")
                     .get_or_insert(scratch);
                 release_free_memory();
-                progress.advance(record?.shard.as_ref().map_or(0, |s| s.pulses));
+                self.progress
+                    .advance(record?.shard.as_ref().map_or(0, |s| s.pulses));
                 Ok(())
             })
             .collect::<Result<Vec<()>>>()?;
-        progress.end();
+        self.progress.end();
         summary.units_run.push(("gather", todo.len() as u64));
-        summary
-            .seconds
-            .push(("gather", started.elapsed().as_secs_f64()));
+        Ok(())
     }
-    if matches!(phase, Phase::All | Phase::Finalize) {
-        let started = Instant::now();
-        let (manifest, spill_bytes) = finalize(&plan, &geometry, &work)?;
-        summary.manifest = Some(manifest);
-        summary.spill_bytes = Some(spill_bytes);
-        summary.units_run.push(("finalize", 1));
-        summary
-            .seconds
-            .push(("finalize", started.elapsed().as_secs_f64()));
-    }
-    Ok(summary)
 }
 
 /// The units among `units` that an earlier run has not finished; counts the others as
