@@ -17,6 +17,7 @@ use std::time::Instant;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::arrow::ProjectionMask;
 use rayon::prelude::*;
+use shardify::bench::median;
 use shardify::synth::{write_dataset, SynthOptions};
 
 struct Args {
@@ -177,11 +178,6 @@ fn durable_write_seconds(dir: &Path, bytes: u64) -> f64 {
     secs
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    v[v.len() / 2]
-}
-
 fn main() {
     let args = parse_args();
     // SHARDIFY_BENCH_DATA: where generated inputs are kept (default target/bench-data).
@@ -245,7 +241,7 @@ fn main() {
     let manifest: serde_json::Value =
         serde_json::from_slice(&std::fs::read(out.join("manifest.json")).unwrap()).unwrap();
     let _ = std::fs::remove_dir_all(&out);
-    let (d, c, w) = (median(decode), median(convert), median(floor));
+    let (d, c, w) = (median(&decode), median(&convert), median(&floor));
     let peak = rss.iter().cloned().fold(0.0, f64::max);
     let limit = (args.memory_limit_mib << 20) as f64;
     println!(

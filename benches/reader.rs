@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use shardify::batch::BatchLayout;
-use shardify::bench::memcpy_gb_per_s;
+use shardify::bench::{median, memcpy_gb_per_s};
 use shardify::convert::{convert, ConvertOptions, Phase, Silent, TaskSlice};
 use shardify::dataset::{ChecksumPolicy, Dataset};
 use shardify::device::DeviceChoice;
@@ -63,11 +63,6 @@ fn prepare(events: u64) -> PathBuf {
         .unwrap();
     }
     shards
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    v[v.len() / 2]
 }
 
 fn main() {
@@ -144,9 +139,9 @@ fn main() {
             copies.push(memcpy_gb_per_s(&source, chunk.max(4096), workers));
             let _ = secs;
         }
-        let gb = median(rates.clone());
+        let gb = median(&rates);
         let seconds = by as f64 / 1e9 / gb;
-        let memcpy = median(copies);
+        let memcpy = median(&copies);
         println!(
             "{window:>7} {:>12.0} {:>13.0} {:>10.2} {:>10.2} {:>9.2}",
             ev as f64 / seconds,

@@ -12,11 +12,17 @@ use std::time::Instant;
 /// The median of `n` measurements (these machines are shared: one pass can land on another
 /// tenant's burst).
 pub fn median_of<E>(n: usize, mut measure: impl FnMut() -> Result<f64, E>) -> Result<f64, E> {
-    let mut values = (0..n.max(1))
+    let values = (0..n.max(1))
         .map(|_| measure())
         .collect::<Result<Vec<_>, E>>()?;
-    values.sort_by(f64::total_cmp);
-    Ok(values[values.len() / 2])
+    Ok(median(&values))
+}
+
+/// The median of `values` (the upper one of an even count); NaN when there are none.
+pub fn median(values: &[f64]) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    sorted.get(sorted.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
 /// memcpy bandwidth in GB/s with `threads` threads, each copying `chunk`-byte pieces of its
