@@ -9,7 +9,8 @@
 //! [`dataset`] (reading shards back: inspect, dump, verify). Training jobs read through
 //! [`sampler`] (block-shuffle order, batching, ranks) -> [`batch`] (layouts, gather) ->
 //! [`pipeline`] (worker threads, in-order delivery) -> [`device`] (staging memory, CUDA
-//! copies); [`bench`](mod@bench) measures all of it against naive loaders.
+//! copies). (The `bench` and `synth` modules serve this repository's benches, tests and
+//! tools, and are left out of these docs.)
 //!
 //! ```no_run
 //! use shardify::convert::{convert, ConvertOptions, Phase, Silent, TaskSlice};
@@ -24,6 +25,9 @@
 #![warn(missing_docs)]
 
 pub mod batch;
+// Measurement and synthetic data: public for the binaries, benches and tests of this
+// repository, not part of the API a training job uses, so left out of the docs.
+#[doc(hidden)]
 pub mod bench;
 pub mod convert;
 pub mod dataset;
@@ -34,9 +38,11 @@ pub mod format;
 pub mod pack;
 pub mod pipeline;
 mod prefetch;
+#[doc(hidden)]
 pub mod rng;
 pub mod sampler;
 pub mod source;
+#[doc(hidden)]
 pub mod synth;
 
 pub use error::{Error, Result};

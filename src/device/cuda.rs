@@ -195,6 +195,7 @@ impl HostMemory for PinnedMemory {
 /// pageable) memory, timed on the copy stream: the bound the loader's copy stage is
 /// measured against. Made once (buffers allocated, link and copy engine warmed up),
 /// measured as often as wanted.
+#[doc(hidden)]
 pub struct H2dProbe<'d> {
     device: &'d CudaDevice,
     source: Box<dyn HostMemory>,
@@ -273,6 +274,7 @@ impl<'d> H2dProbe<'d> {
 /// Stand-in for a model's GPU work: clears a scratch buffer on a stream, a fixed amount
 /// of device-memory traffic per call. Used by tests, the bench and the example to show
 /// that copies overlap compute.
+#[doc(hidden)]
 pub struct BusyWork {
     scratch: CudaSlice<u8>,
     stream: Arc<CudaStream>,
