@@ -18,7 +18,6 @@ use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::arrow::ProjectionMask;
 use rayon::prelude::*;
 use shardify::bench::median;
-use shardify::synth::{write_dataset, SynthOptions};
 
 struct Args {
     events: u64,
@@ -181,30 +180,9 @@ fn durable_write_seconds(dir: &Path, bytes: u64) -> f64 {
 fn main() {
     let args = parse_args();
     // SHARDIFY_BENCH_DATA: where generated inputs are kept (default target/bench-data).
-    let root = std::env::var_os("SHARDIFY_BENCH_DATA").map_or_else(
-        || Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench-data"),
-        PathBuf::from,
-    );
-    let data = root.join(format!("kaggle-{}-{}", args.events, args.files));
-    if !data.join("train_meta.parquet").exists() {
-        let started = Instant::now();
-        let s = write_dataset(
-            &data,
-            &SynthOptions {
-                events: args.events,
-                files: args.files,
-                seed: 1,
-                ..SynthOptions::default()
-            },
-        )
-        .unwrap();
-        eprintln!(
-            "generated {} events, {} pulses in {:.1} s",
-            s.events,
-            s.pulses,
-            started.elapsed().as_secs_f64()
-        );
-    }
+    let data =
+        shardify::bench::data::source(&shardify::bench::data::root(), args.events, args.files)
+            .unwrap();
     let files = batch_files(&data);
     let input_bytes: u64 = files
         .iter()

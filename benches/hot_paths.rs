@@ -10,7 +10,6 @@ use std::sync::Arc;
 use criterion::measurement::WallTime;
 use criterion::{criterion_group, criterion_main, BenchmarkGroup, Criterion, Throughput};
 use shardify::batch::{plan_sections, BatchLayout, Gatherer};
-use shardify::convert::{convert, ConvertOptions, Phase, Silent, TaskSlice};
 use shardify::dataset::{ChecksumPolicy, Dataset};
 use shardify::device::staging::{HostMemory, PlainMemory};
 use shardify::event::{EventHeader, RawEvent};
@@ -18,8 +17,7 @@ use shardify::format::checksum;
 use shardify::pack::{PackedColumns, Packer};
 use shardify::rng::Rng;
 use shardify::sampler::{BatchPlan, Batching, EpochBatches, EventRef, EventSizes, SamplerConfig};
-use shardify::source::InputSet;
-use shardify::synth::{generate_batch, write_dataset, Profile, SynthOptions};
+use shardify::synth::{generate_batch, Profile};
 
 /// Bytes of the pulse columns DOM packing reads (sensor, time, charge, auxiliary).
 const PULSE_BYTES: u64 = 4 + 8 + 8 + 1;
@@ -122,32 +120,8 @@ fn bench_gather(
 }
 
 fn gather_and_checksum(c: &mut Criterion) {
-    let dir = std::env::temp_dir().join(format!("shardify-hot-paths-{}", std::process::id()));
-    write_dataset(
-        &dir.join("src"),
-        &SynthOptions {
-            events: 50_000,
-            files: 2,
-            seed: 2,
-            ..SynthOptions::default()
-        },
-    )
-    .unwrap();
-    let inputs = InputSet::discover(&dir.join("src"), Some("train")).unwrap();
-    convert(
-        &inputs,
-        &dir.join("ds"),
-        &ConvertOptions {
-            seed: 1,
-            threads: 2,
-            ..ConvertOptions::default()
-        },
-        Phase::All,
-        TaskSlice::default(),
-        &Silent,
-    )
-    .unwrap();
-    let dataset = Arc::new(Dataset::open(&dir.join("ds"), ChecksumPolicy::Full).unwrap());
+    let dir = shardify::bench::data::converted(&shardify::bench::data::root(), 50_000, 2).unwrap();
+    let dataset = Arc::new(Dataset::open(&dir, ChecksumPolicy::Full).unwrap());
     let events = dataset.manifest().shards[0].events as u32;
     let mut rng = Rng::new(3);
     let random: Vec<BatchPlan> = (0..64)
@@ -199,7 +173,6 @@ fn gather_and_checksum(c: &mut Criterion) {
         b.iter(|| black_box(checksum::of_bytes(shard)))
     });
     group.finish();
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 criterion_group!(benches, packing, gather_and_checksum);

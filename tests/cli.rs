@@ -49,7 +49,10 @@ fn convert_inspect_dump_verify() {
     assert_eq!(v["inspection"]["events"], 300);
     assert_eq!(v["parameters"]["seed"], 3);
     let ppe = &v["inspection"]["pulses_per_event"];
-    assert!(ppe["min"].as_u64().unwrap() >= 5 && ppe["median"].as_u64() <= ppe["max"].as_u64());
+    assert!(
+        ppe["min"].as_u64().unwrap() >= 5
+            && ppe["median"].as_u64().unwrap() <= ppe["max"].as_u64().unwrap()
+    );
     // The byte budget, from the layout: every tensor's dtype and count in the manifest.
     let b = &v["inspection"]["bytes_by_level"];
     let m: Value =

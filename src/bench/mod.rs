@@ -2,6 +2,7 @@
 //! ([`quality`]), one whole run ([`report`]), and the bound every throughput is compared with ([`memcpy_gb_per_s`]).
 
 pub mod baselines;
+pub mod data;
 pub mod plot;
 pub mod quality;
 pub mod report;

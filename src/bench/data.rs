@@ -1,0 +1,69 @@
+//! Generated data for the benches, made once and kept: a Kaggle-layout source with the real
+//! data's statistics, and its conversion.
+
+use std::path::{Path, PathBuf};
+
+use crate::convert::{convert, ConvertOptions, Phase, Silent, TaskSlice};
+use crate::error::Result;
+use crate::source::InputSet;
+use crate::synth::{write_dataset, SynthOptions};
+
+/// Where bench data is kept: `SHARDIFY_BENCH_DATA`, else `target/bench-data` of this
+/// repository.
+pub fn root() -> PathBuf {
+    std::env::var_os("SHARDIFY_BENCH_DATA").map_or_else(
+        || Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench-data"),
+        PathBuf::from,
+    )
+}
+
+/// A generated source of `events` events in `files` batch files (seed 1) under `root`,
+/// written unless already there; returns its directory.
+pub fn source(root: &Path, events: u64, files: u32) -> Result<PathBuf> {
+    let dir = root.join(format!("kaggle-{events}-{files}"));
+    if !dir.join("train_meta.parquet").exists() {
+        let started = std::time::Instant::now();
+        let written = write_dataset(
+            &dir,
+            &SynthOptions {
+                events,
+                files,
+                seed: 1,
+                ..SynthOptions::default()
+            },
+        )?;
+        eprintln!(
+            "generated {} events, {} pulses in {:.1} s",
+            written.events,
+            written.pulses,
+            started.elapsed().as_secs_f64()
+        );
+    }
+    Ok(dir)
+}
+
+/// [`source`] converted with seed 1 and default options, unless already done; returns the
+/// dataset's directory.
+pub fn converted(root: &Path, events: u64, files: u32) -> Result<PathBuf> {
+    let src = source(root, events, files)?;
+    let out = root.join(format!("shards-{events}-{files}"));
+    if !out.join("manifest.json").exists() {
+        if out.exists() {
+            std::fs::remove_dir_all(&out).map_err(|e| crate::Error::io(&out, e))?;
+        }
+        let options = ConvertOptions {
+            seed: 1,
+            ..ConvertOptions::default()
+        };
+        let inputs = InputSet::discover(&src, Some("train"))?;
+        convert(
+            &inputs,
+            &out,
+            &options,
+            Phase::All,
+            TaskSlice::default(),
+            &Silent,
+        )?;
+    }
+    Ok(out)
+}
