@@ -9,8 +9,11 @@ use clap::Parser;
 use shardify::bench::report::{run, table, BenchConfig};
 use shardify::dataset::{ChecksumPolicy, Dataset};
 use shardify::device::DeviceChoice;
-use shardify::sampler::BatchOrder;
 use shardify::source::InputSet;
+
+#[path = "common/sampler_args.rs"]
+mod sampler_args;
+use sampler_args::SamplerArgs;
 
 /// Throughput, per-stage time and shuffle quality of the shardify loader and of Parquet
 /// baselines, in one run.
@@ -32,24 +35,11 @@ struct Args {
     /// Window sizes (blocks), comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "1,4,16,64")]
     windows: Vec<usize>,
-    /// Events per batch.
-    #[arg(long, default_value_t = 256)]
-    batch_events: usize,
-    /// Events per block.
-    #[arg(long, default_value_t = 256)]
-    block_events: usize,
-    /// Consecutive events drawn together.
-    #[arg(long, default_value_t = 1)]
-    run_events: usize,
-    /// Events inside a batch in stored order (ascending reads) or as the shuffle drew them.
-    #[arg(long, default_value_t = BatchOrder::Stored)]
-    batch_order: BatchOrder,
+    #[command(flatten)]
+    sampler: SamplerArgs,
     /// Gather threads.
     #[arg(long, default_value_t = 2)]
     workers: usize,
-    /// Seed.
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
     /// A training step of this many milliseconds per batch (a sleep on the CPU; on a GPU,
     /// memory-bound work on a compute stream, calibrated to this length).
     #[arg(long, default_value_t = 0.0)]
@@ -115,12 +105,12 @@ fn main() -> Result<()> {
     };
     let config = BenchConfig {
         windows: if args.quick { vec![1, 4] } else { args.windows },
-        batch_events: args.batch_events,
-        block_events: args.block_events,
-        run_events: args.run_events,
-        batch_order: args.batch_order,
+        batch_events: args.sampler.batch_events,
+        block_events: args.sampler.block_events,
+        run_events: args.sampler.run_events,
+        batch_order: args.sampler.batch_order,
         workers: args.workers,
-        seed: args.seed,
+        seed: args.sampler.seed,
         simulate_compute_ms: args.simulate_compute,
         naive_cache_files: args.naive_cache_files,
         baseline_seconds: if args.quick {

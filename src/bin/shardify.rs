@@ -15,8 +15,12 @@ use shardify::dataset::{dump::dump, inspect::inspect, verify::verify, ChecksumPo
 use shardify::device::DeviceChoice;
 use shardify::error::chain_text;
 use shardify::pipeline::{Loader, LoaderConfig, LoaderState};
-use shardify::sampler::{BatchOrder, Batching, SamplerConfig, SamplerState};
+use shardify::sampler::{Batching, SamplerConfig, SamplerState};
 use shardify::source::InputSet;
+
+#[path = "common/sampler_args.rs"]
+mod sampler_args;
+use sampler_args::SamplerArgs;
 use std::sync::Arc;
 
 #[derive(Parser)]
@@ -68,9 +72,8 @@ enum Command {
 struct OrderArgs {
     /// Dataset directory.
     dataset: PathBuf,
-    /// Shuffle seed.
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
+    #[command(flatten)]
+    sampler: SamplerArgs,
     /// Epoch.
     #[arg(long, default_value_t = 0)]
     epoch: u64,
@@ -80,27 +83,15 @@ struct OrderArgs {
     /// Number of ranks.
     #[arg(long, default_value_t = 1)]
     world: usize,
-    /// Events per batch.
-    #[arg(long, default_value_t = 256, conflicts_with = "max_pulses")]
-    batch_events: usize,
     /// Batch by a pulse budget instead of an event count.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "batch_events")]
     max_pulses: Option<usize>,
     /// With --max-pulses: events per batch at most.
     #[arg(long, requires = "max_pulses")]
     max_events: Option<usize>,
-    /// Events per block.
-    #[arg(long, default_value_t = 256)]
-    block_events: usize,
     /// Blocks open at once.
     #[arg(long, default_value_t = 16)]
     window: usize,
-    /// Consecutive events drawn together inside a window.
-    #[arg(long, default_value_t = 1)]
-    run_events: usize,
-    /// Events inside a batch in stored order (ascending reads) or as the shuffle drew them.
-    #[arg(long, default_value_t = BatchOrder::Stored)]
-    batch_order: BatchOrder,
     /// Worker threads (the order does not depend on it).
     #[arg(long, default_value_t = 2)]
     threads: usize,
@@ -428,16 +419,16 @@ fn run_order(args: OrderArgs) -> Result<()> {
             max_pulses,
             max_events: args.max_events,
         },
-        None => Batching::Events(args.batch_events),
+        None => Batching::Events(args.sampler.batch_events),
     };
     let config = LoaderConfig {
         sampler: SamplerConfig {
-            seed: args.seed,
-            block_events: args.block_events,
+            seed: args.sampler.seed,
+            block_events: args.sampler.block_events,
             window_blocks: args.window,
-            run_events: args.run_events,
+            run_events: args.sampler.run_events,
             batching,
-            batch_order: args.batch_order,
+            batch_order: args.sampler.batch_order,
             drop_last: args.drop_last,
             rank: args.rank,
             world: args.world,

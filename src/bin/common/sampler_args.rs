@@ -1,0 +1,23 @@
+//! The sampler's command-line flags, shared by `shardify order` and `shardbench`.
+
+use shardify::sampler::BatchOrder;
+
+/// Order and batching flags.
+#[derive(clap::Args, Debug, Clone)]
+pub struct SamplerArgs {
+    /// Shuffle seed.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Events per batch.
+    #[arg(long, default_value_t = 256)]
+    pub batch_events: usize,
+    /// Events per block.
+    #[arg(long, default_value_t = 256)]
+    pub block_events: usize,
+    /// Consecutive events drawn together inside a window.
+    #[arg(long, default_value_t = 1)]
+    pub run_events: usize,
+    /// Events inside a batch in stored order (ascending reads) or as the shuffle drew them.
+    #[arg(long, default_value_t = BatchOrder::Stored)]
+    pub batch_order: BatchOrder,
+}
