@@ -24,7 +24,7 @@ use std::sync::Arc;
 use arrow_array::{ArrayRef, BooleanArray, Float64Array, Int16Array, Int64Array, RecordBatch};
 use arrow_schema::{DataType, Field, Schema};
 use parquet::arrow::ArrowWriter;
-use parquet::basic::{Compression, ZstdLevel};
+use parquet::basic::{BrotliLevel, Compression, GzipLevel, ZstdLevel};
 use parquet::file::properties::WriterProperties;
 
 use crate::error::{Error, IoContext, Result};
@@ -37,6 +37,14 @@ pub enum Codec {
     Snappy,
     /// Zstandard.
     Zstd,
+    /// Gzip (`pandas.to_parquet(compression="gzip")`).
+    Gzip,
+    /// LZ4 with Hadoop framing (Parquet's deprecated `LZ4`).
+    Lz4,
+    /// Raw LZ4 blocks (Parquet's `LZ4_RAW`, what pyarrow writes for "lz4").
+    Lz4Raw,
+    /// Brotli.
+    Brotli,
     /// None.
     Uncompressed,
 }
@@ -422,6 +430,10 @@ pub fn write_parquet(
     let compression = match codec {
         Codec::Snappy => Compression::SNAPPY,
         Codec::Zstd => Compression::ZSTD(ZstdLevel::default()),
+        Codec::Gzip => Compression::GZIP(GzipLevel::default()),
+        Codec::Lz4 => Compression::LZ4,
+        Codec::Lz4Raw => Compression::LZ4_RAW,
+        Codec::Brotli => Compression::BROTLI(BrotliLevel::default()),
         Codec::Uncompressed => Compression::UNCOMPRESSED,
     };
     let properties = WriterProperties::builder()

@@ -355,6 +355,10 @@ fn accepted_variants_give_identical_events() {
             Codec::Uncompressed,
             Some(1000),
         ),
+        ("gzip", base.clone(), Codec::Gzip, None),
+        ("lz4 (hadoop framing)", base.clone(), Codec::Lz4, None),
+        ("lz4_raw", base.clone(), Codec::Lz4Raw, Some(500)),
+        ("brotli", base.clone(), Codec::Brotli, None),
     ];
     for (name, batch, codec, row_groups) in variants {
         let case = Case::write(tempfile::tempdir().unwrap(), vec![(1, base.clone())], &[&m]);
@@ -362,4 +366,44 @@ fn accepted_variants_give_identical_events() {
         case.convert().unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_eq!(dump_lines(&case.dir.path().join("out")), expected, "{name}");
     }
+}
+
+#[test]
+fn a_page_that_fails_its_checksum_is_an_error_naming_the_file() {
+    use parquet::file::reader::{FileReader, SerializedFileReader};
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    std::fs::create_dir_all(src.join("train")).unwrap();
+    let fixture_dir = fixture().join("../page-crc");
+    for file in ["train/batch_1.parquet", "train_meta.parquet"] {
+        std::fs::copy(fixture_dir.join(file), src.join(file)).unwrap();
+    }
+    std::fs::copy(
+        fixture().join("sensor_geometry.csv"),
+        src.join("sensor_geometry.csv"),
+    )
+    .unwrap();
+    let options = options(1, 1);
+    convert_all(&src, "train", &dir.path().join("intact"), &options).unwrap();
+    // 32 bytes in the middle of the `time` column's only page: plain, uncompressed values,
+    // which would decode to other times if nothing checked the page's CRC.
+    let batch = src.join("train/batch_1.parquet");
+    let reader = SerializedFileReader::new(std::fs::File::open(&batch).unwrap()).unwrap();
+    let time = reader.metadata().row_group(0).column(1).clone();
+    assert_eq!(time.column_path().string(), "time");
+    let middle = (time.data_page_offset() + time.compressed_size() / 2) as usize;
+    let mut bytes = std::fs::read(&batch).unwrap();
+    for b in &mut bytes[middle..middle + 32] {
+        *b ^= 0x5a;
+    }
+    std::fs::write(&batch, &bytes).unwrap();
+    let out = dir.path().join("damaged");
+    let err = convert_all(&src, "train", &out, &options)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("batch_1.parquet") && err.contains("CRC checksum mismatch"),
+        "{err}"
+    );
+    assert!(!out.join("manifest.json").exists());
 }

@@ -20,6 +20,10 @@ enum ProfileArg {
 enum CodecArg {
     Snappy,
     Zstd,
+    Gzip,
+    Lz4,
+    Lz4Raw,
+    Brotli,
     None,
 }
 
@@ -74,6 +78,10 @@ fn main() -> anyhow::Result<()> {
         codec: match args.codec {
             CodecArg::Snappy => Codec::Snappy,
             CodecArg::Zstd => Codec::Zstd,
+            CodecArg::Gzip => Codec::Gzip,
+            CodecArg::Lz4 => Codec::Lz4,
+            CodecArg::Lz4Raw => Codec::Lz4Raw,
+            CodecArg::Brotli => Codec::Brotli,
             CodecArg::None => Codec::Uncompressed,
         },
         row_group_rows: args.row_group_rows,
