@@ -330,3 +330,104 @@ fn synthetic(root: &std::path::Path, name: &str, meta_per_batch: bool) -> std::p
     .unwrap();
     src
 }
+
+#[test]
+fn the_spelling_of_an_input_path_changes_nothing_and_a_mismatch_names_its_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let linked = dir.path().join("linked-fixture");
+    std::os::unix::fs::symlink(fixture(), &linked).unwrap();
+    let shardify = |cwd: &std::path::Path, args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_shardify"))
+            .current_dir(cwd)
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    let common = ["--split", "train", "--seed", "4", "--threads", "1"];
+    // Plan from the repository with a relative path, finish from elsewhere through a symlink.
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let plan = shardify(
+        root,
+        &[
+            &[
+                "convert",
+                "fixtures/kaggle-mini",
+                a.to_str().unwrap(),
+                "--phase",
+                "plan",
+            ],
+            &common[..],
+        ]
+        .concat(),
+    );
+    assert!(
+        plan.status.success(),
+        "{}",
+        String::from_utf8_lossy(&plan.stderr)
+    );
+    let rest = shardify(
+        dir.path(),
+        &[&["convert", "linked-fixture", "a"], &common[..]].concat(),
+    );
+    assert!(
+        rest.status.success(),
+        "{}",
+        String::from_utf8_lossy(&rest.stderr)
+    );
+    let absolute = fixture().canonicalize().unwrap();
+    let whole = shardify(
+        root,
+        &[
+            &["convert", absolute.to_str().unwrap(), b.to_str().unwrap()],
+            &common[..],
+        ]
+        .concat(),
+    );
+    assert!(
+        whole.status.success(),
+        "{}",
+        String::from_utf8_lossy(&whole.stderr)
+    );
+    assert!(
+        dir_files(&a) == dir_files(&b),
+        "the same bytes, manifest included"
+    );
+    // Another seed is another conversion: refused, naming the field that differs.
+    let c = dir.path().join("c");
+    let planned = shardify(
+        root,
+        &[
+            &[
+                "convert",
+                "fixtures/kaggle-mini",
+                c.to_str().unwrap(),
+                "--phase",
+                "plan",
+            ],
+            &common[..],
+        ]
+        .concat(),
+    );
+    assert!(planned.status.success());
+    let other = shardify(
+        root,
+        &[
+            "convert",
+            "fixtures/kaggle-mini",
+            c.to_str().unwrap(),
+            "--split",
+            "train",
+            "--seed",
+            "5",
+            "--phase",
+            "scatter",
+        ],
+    );
+    let stderr = String::from_utf8_lossy(&other.stderr);
+    assert!(!other.status.success());
+    assert!(
+        stderr.contains("`parameters.seed` is 4 there and 5 here"),
+        "{stderr}"
+    );
+}

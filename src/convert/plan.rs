@@ -151,11 +151,15 @@ impl Plan {
         if path.exists() {
             let stored: Plan = work.read_json(&path)?;
             if stored != *self {
+                let as_json = |plan: &Plan| serde_json::to_value(plan).expect("a plan serialises");
+                let (field, there, here) = first_difference(&as_json(&stored), &as_json(self))
+                    .unwrap_or_else(|| ("plan".into(), "?".into(), "?".into()));
                 return Err(Error::manifest(
                     &path,
                     format!(
                         "an unfinished conversion with other inputs or parameters is in {}: \
-                         rerun with the same ones, or remove that directory",
+                         `{field}` is {there} there and {here} here; rerun with the same \
+                         inputs and parameters, or remove that directory",
                         work.out().display()
                     ),
                 ));
@@ -229,4 +233,60 @@ fn free_bytes(path: &Path) -> Option<u64> {
 #[cfg(not(unix))]
 fn free_bytes(_: &Path) -> Option<u64> {
     None
+}
+
+/// The first field (a dotted path) whose value differs between `a` and `b`, with both
+/// values.
+fn first_difference(
+    a: &serde_json::Value,
+    b: &serde_json::Value,
+) -> Option<(String, String, String)> {
+    use serde_json::Value;
+    match (a, b) {
+        (Value::Object(x), Value::Object(y)) => x.keys().chain(y.keys()).find_map(|k| {
+            let (u, v) = (
+                x.get(k).unwrap_or(&Value::Null),
+                y.get(k).unwrap_or(&Value::Null),
+            );
+            first_difference(u, v).map(|(field, p, q)| {
+                let joined = match field.chars().next() {
+                    None => k.clone(),
+                    Some('[') => format!("{k}{field}"),
+                    Some(_) => format!("{k}.{field}"),
+                };
+                (joined, p, q)
+            })
+        }),
+        (Value::Array(x), Value::Array(y)) if x.len() == y.len() => {
+            x.iter().zip(y).enumerate().find_map(|(i, (u, v))| {
+                first_difference(u, v).map(|(field, p, q)| match field.is_empty() {
+                    true => (format!("[{i}]"), p, q),
+                    false => (format!("[{i}].{field}"), p, q),
+                })
+            })
+        }
+        _ if a == b => None,
+        _ => Some((String::new(), a.to_string(), b.to_string())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_difference_is_named_by_its_field() {
+        let a = serde_json::json!({"parameters": {"seed": 1, "lossy": false}, "sources": {"batches": [{"path": "/a/batch_1.parquet"}]}});
+        let mut b = a.clone();
+        b["sources"]["batches"][0]["path"] = "/b/batch_1.parquet".into();
+        assert_eq!(
+            first_difference(&a, &b),
+            Some((
+                "sources.batches[0].path".into(),
+                "\"/a/batch_1.parquet\"".into(),
+                "\"/b/batch_1.parquet\"".into()
+            ))
+        );
+        assert_eq!(first_difference(&a, &a), None);
+    }
 }

@@ -104,12 +104,30 @@ impl InputSet {
         )
     }
 
-    /// Takes explicit paths; batch ids come from the `batch_N.parquet` file names.
+    /// Takes explicit paths; batch ids come from the `batch_N.parquet` file names. Every
+    /// path is made canonical (absolute, its directories' symlinks resolved; the file name
+    /// kept, since it carries the batch id), so the working directory and the spelling of a
+    /// path never change a plan or a manifest.
     pub fn from_paths(
         batch_paths: Vec<PathBuf>,
         meta: Vec<PathBuf>,
         geometry: PathBuf,
     ) -> Result<InputSet> {
+        for path in batch_paths
+            .iter()
+            .chain(&meta)
+            .chain(std::iter::once(&geometry))
+        {
+            if !path.is_file() {
+                return Err(Error::Layout {
+                    path: path.clone(),
+                    problem: "file not found".into(),
+                });
+            }
+        }
+        let batch_paths = canonical_all(batch_paths)?;
+        let meta = canonical_all(meta)?;
+        let geometry = canonical(&geometry)?;
         let mut batches = Vec::with_capacity(batch_paths.len());
         for path in batch_paths {
             let batch_id = batch_id_of(&path).ok_or_else(|| Error::Layout {
@@ -136,20 +154,29 @@ impl InputSet {
         if meta.is_empty() {
             return Err(Error::config("inputs", "no meta files given"));
         }
-        for path in meta.iter().chain(std::iter::once(&geometry)) {
-            if !path.is_file() {
-                return Err(Error::Layout {
-                    path: path.clone(),
-                    problem: "file not found".into(),
-                });
-            }
-        }
         Ok(InputSet {
             batches,
             meta,
             geometry,
         })
     }
+}
+
+/// `path` absolute, with its directory's symlinks and `..` resolved and its file name kept.
+fn canonical(path: &Path) -> Result<PathBuf> {
+    let name = path.file_name().ok_or_else(|| Error::Layout {
+        path: path.to_path_buf(),
+        problem: "not a file name".into(),
+    })?;
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    Ok(std::fs::canonicalize(parent).at(parent)?.join(name))
+}
+
+fn canonical_all(paths: Vec<PathBuf>) -> Result<Vec<PathBuf>> {
+    paths.iter().map(|p| canonical(p)).collect()
 }
 
 /// `Some(N)` for a file named `batch_N.parquet`.
