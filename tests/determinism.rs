@@ -431,3 +431,73 @@ fn the_spelling_of_an_input_path_changes_nothing_and_a_mismatch_names_its_field(
         "{stderr}"
     );
 }
+
+#[test]
+fn slurm_array_tasks_take_their_slice_from_the_scheduler() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |out: &std::path::Path, extra: &[&str], env: &[(&str, String)]| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_shardify"));
+        c.args([
+            "convert",
+            fixture().to_str().unwrap(),
+            out.to_str().unwrap(),
+        ])
+        .args(["--split", "train", "--seed", "2", "--shard-size", "64KiB"])
+        .args(extra);
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        c.output().unwrap()
+    };
+    let reference = dir.path().join("ref");
+    assert!(run(&reference, &[], &[]).status.success());
+    let out = dir.path().join("array");
+    let plan = run(&out, &["--phase", "plan"], &[]);
+    let printed = String::from_utf8_lossy(&plan.stdout).to_string();
+    assert!(plan.status.success());
+    let units = |phase: &str| -> u64 {
+        let line = printed
+            .lines()
+            .find(|l| l.contains(&format!("--phase {phase}\"")))
+            .unwrap();
+        let array = line.split("--array=0-").nth(1).unwrap();
+        array.split(' ').next().unwrap().parse::<u64>().unwrap() + 1
+    };
+    let (scatter, gather) = (units("scatter"), units("gather"));
+    assert_eq!(scatter, 3, "one scatter unit per batch file: {printed}");
+    assert!(
+        printed.contains(&format!("{} gather units", gather)),
+        "{printed}"
+    );
+    // An array of 1-based ids, as `--array=1-N` gives.
+    for (phase, tasks) in [("scatter", scatter), ("gather", gather)] {
+        for id in 1..=tasks {
+            let env = [
+                ("SLURM_ARRAY_TASK_ID", id.to_string()),
+                ("SLURM_ARRAY_TASK_MIN", "1".to_string()),
+                ("SLURM_ARRAY_TASK_COUNT", tasks.to_string()),
+            ];
+            let task = run(&out, &["--phase", phase], &env);
+            assert!(
+                task.status.success(),
+                "{}",
+                String::from_utf8_lossy(&task.stderr)
+            );
+        }
+    }
+    assert!(run(&out, &["--phase", "finalize"], &[]).status.success());
+    assert!(dir_files(&out) == dir_files(&reference));
+    // A task count that disagrees with the array is refused, naming what would never run.
+    let env = [
+        ("SLURM_ARRAY_TASK_ID", "0".to_string()),
+        ("SLURM_ARRAY_TASK_COUNT", "2".to_string()),
+    ];
+    let wrong = run(
+        &dir.path().join("w"),
+        &["--phase", "scatter", "--task-count", "3"],
+        &env,
+    );
+    let stderr = String::from_utf8_lossy(&wrong.stderr);
+    assert!(!wrong.status.success());
+    assert!(stderr.contains("modulo 3 is 2 would never run"), "{stderr}");
+}

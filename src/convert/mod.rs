@@ -201,6 +201,20 @@ pub struct Summary {
     pub seconds: Vec<(&'static str, f64)>,
     /// Bytes of spill files the conversion wrote (known once finalized).
     pub spill_bytes: Option<u64>,
+    /// The units of the scatter and gather phases (what a job array covers), and whether
+    /// the meta is split by batch in the plan phase.
+    pub planned: Option<PlannedUnits>,
+}
+
+/// What the plan decided that a job array must cover.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PlannedUnits {
+    /// Scatter units: one per batch file.
+    pub scatter: u64,
+    /// Gather units: one per bucket.
+    pub gather: u64,
+    /// Whether the plan phase splits the meta by batch.
+    pub meta_split: bool,
 }
 
 /// Runs `phase` of the conversion of `inputs` into `out` (see the module docs).
@@ -255,6 +269,11 @@ fn run_phases(
     summary
         .seconds
         .push(("plan", started.elapsed().as_secs_f64()));
+    summary.planned = Some(PlannedUnits {
+        scatter: inputs.batches.len() as u64,
+        gather: plan.parameters.bucket_count,
+        meta_split: plan.meta_split,
+    });
     if work.is_finished() {
         let manifest = Manifest::read(out)?;
         if manifest.parameters != plan.parameters || manifest.sources != plan.sources {
