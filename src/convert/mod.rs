@@ -386,12 +386,12 @@ impl Run<'_> {
         )?;
         self.progress.begin("scatter", todo.len() as u64);
         let budget = options.scatter_budget();
+        let unit_memory = options.scatter_unit_memory(plan.parameters.bucket_count);
         let bank = MemoryBank::new(options.working_memory());
         let pulses = todo
             .par_iter()
             .map(|batch| {
-                let _lease =
-                    bank.acquire(options.scatter_unit_memory(plan.parameters.bucket_count));
+                let _lease = bank.acquire(unit_memory);
                 let index =
                     scatter::scatter_batch(plan, self.inputs, batch, self.geometry, work, budget)?;
                 self.progress.advance(index.pulses);

@@ -23,8 +23,8 @@ pub const SHARD_BYTES_PER_PULSE: u64 = 12;
 /// pulse and 56 per event); used only to check the free space.
 pub const SPILL_BYTES_PER_PULSE: u64 = 14;
 /// Memory planned per input pulse of a bucket being gathered: `bucket_shard::bucket_memory`
-/// estimates ~48 bytes (decoded pulses, their packed copy, the spill chunk read) and the
-/// allocator's slack takes the rest.
+/// leases 64 bytes (decoded pulses, their packed copy, the spill chunk read, what the
+/// allocator keeps) and the rest is margin.
 pub const GATHER_MEMORY_PER_PULSE: u64 = 96;
 /// The most pulses one bucket is planned to hold on average: buckets are filled by a
 /// hash, so their sizes vary by a few standard deviations at most, and a shard must stay

@@ -4,6 +4,7 @@ use serde::Serialize;
 
 use super::Dataset;
 use crate::error::Result;
+use crate::format::names::{self, Level};
 use crate::format::safetensors::{Dtype, Header};
 
 /// Order statistics of a per-event count.
@@ -170,10 +171,10 @@ impl ByteBudget {
         for (name, tensor) in &header.tensors {
             let bytes = tensor.range.len() as u64;
             data += bytes;
-            match name.split('_').next() {
-                Some("event") => self.event_bytes += bytes,
-                Some("dom") => self.dom_bytes += bytes,
-                _ => self.pulse_bytes += bytes,
+            match names::level(name) {
+                Level::Event => self.event_bytes += bytes,
+                Level::Dom => self.dom_bytes += bytes,
+                Level::Pulse => self.pulse_bytes += bytes,
             }
         }
         self.header_bytes += file_bytes - data;

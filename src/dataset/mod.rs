@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use crate::error::{Error, IoContext, Result};
-use crate::format::names;
+use crate::format::names::{self, Level};
 use crate::format::safetensors::{self, Header};
 use crate::format::{
     checksum, Manifest, SensorTable, ShardEntry, ShardProblem, ShardView, Validation,
@@ -86,14 +86,7 @@ impl Shard {
             }
         };
         if check_checksum {
-            let found = checksum::of_bytes(bytes.as_slice());
-            if found != entry.xxh3 {
-                return Err(Error::Checksum {
-                    path: path.to_path_buf(),
-                    expected: entry.xxh3.clone(),
-                    found,
-                });
-            }
+            checksum::verify(path, bytes.as_slice(), &entry.xxh3)?;
         }
         let header =
             safetensors::parse(bytes.as_slice()).map_err(|problem| Error::shard(path, problem))?;
@@ -159,12 +152,12 @@ impl Shard {
         let pulses =
             view.dom_pulse_offsets[doms.start] as usize..view.dom_pulse_offsets[doms.end] as usize;
         for (name, tensor) in &self.header.tensors {
-            let items = match name.as_str() {
-                names::EVENT_DOM_OFFSETS => events.start..events.end + 1,
-                names::DOM_PULSE_OFFSETS => doms.start..doms.end + 1,
-                n if n.starts_with("event_") => events.clone(),
-                n if n.starts_with("dom_") => doms.clone(),
-                _ => pulses.clone(),
+            let items = match (name.as_str(), names::level(name)) {
+                (names::EVENT_DOM_OFFSETS, _) => events.start..events.end + 1,
+                (names::DOM_PULSE_OFFSETS, _) => doms.start..doms.end + 1,
+                (_, Level::Event) => events.clone(),
+                (_, Level::Dom) => doms.clone(),
+                (_, Level::Pulse) => pulses.clone(),
             };
             let size = tensor.dtype.size();
             let start = tensor.range.start + items.start * size;

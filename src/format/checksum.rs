@@ -33,6 +33,19 @@ pub fn of_bytes(bytes: &[u8]) -> String {
     format!("{:016x}", xxhash_rust::xxh3::xxh3_64(bytes))
 }
 
+/// Checks that `bytes` (the contents of `path`) have the recorded checksum `expected`.
+pub fn verify(path: &Path, bytes: &[u8], expected: &str) -> Result<()> {
+    let found = of_bytes(bytes);
+    if found != expected {
+        return Err(crate::Error::Checksum {
+            path: path.to_path_buf(),
+            expected: expected.to_string(),
+            found,
+        });
+    }
+    Ok(())
+}
+
 /// The checksum of a whole file, streamed, as hex.
 pub fn of_file(path: &Path) -> Result<String> {
     let mut file = std::fs::File::open(path).at(path)?;

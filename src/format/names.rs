@@ -25,6 +25,28 @@ pub const PULSE_CHARGE: &str = "pulse_charge";
 /// `[P]` BOOL auxiliary flags.
 pub const PULSE_AUXILIARY: &str = "pulse_auxiliary";
 
+/// The level of the layout a shard tensor has one entry (or, for offsets, one more) per.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Level {
+    /// `event_*` tensors.
+    Event,
+    /// `dom_*` tensors.
+    Dom,
+    /// `pulse_*` tensors.
+    Pulse,
+}
+
+/// The level of shard tensor `name`, from its prefix.
+pub fn level(name: &str) -> Level {
+    if name.starts_with("event_") {
+        Level::Event
+    } else if name.starts_with("dom_") {
+        Level::Dom
+    } else {
+        Level::Pulse
+    }
+}
+
 /// `[S, 3]` F64 or F32 in the sensor table (`geometry.safetensors`): x, y, z in metres of
 /// sensor id `s` in row `s` (NaN for ids the geometry does not list). In a packed batch,
 /// `dom_position` `[D, 3]` holds the rows of the batch's DOMs.

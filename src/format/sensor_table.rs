@@ -11,10 +11,8 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use super::atomic::Durability;
 use super::columns::FloatColumn;
 use super::names::SENSOR_POSITION;
-use super::pod::try_cast;
 use super::safetensors::{self, Dtype, Raw, TensorOut};
 use super::shard::{ShardProblem, TensorCheck};
 use super::{checksum, format_metadata};
@@ -102,9 +100,7 @@ impl SensorTable {
         let metadata = format_metadata(BTreeMap::new());
         let mut file = Vec::new();
         safetensors::write(&mut file, &metadata, &tensors).map_err(|e| Error::io(&path, e))?;
-        super::atomic::write_atomic(&path, Durability::Now, |w| {
-            std::io::Write::write_all(w, &file).at(&path)
-        })?;
+        super::atomic::write_bytes_atomic(&path, &file)?;
         Ok(SensorTableEntry {
             file: SENSOR_TABLE_FILE.to_string(),
             rows: self.rows() as u64,
@@ -127,14 +123,7 @@ impl SensorTable {
             ));
         }
         if check_checksum {
-            let found = checksum::of_bytes(&bytes);
-            if found != entry.xxh3 {
-                return Err(Error::Checksum {
-                    path,
-                    expected: entry.xxh3.clone(),
-                    found,
-                });
-            }
+            checksum::verify(&path, &bytes, &entry.xxh3)?;
         }
         let table = SensorTable::parse(&bytes).map_err(|p| Error::shard(&path, p))?;
         if table.rows() as u64 != entry.rows {
@@ -157,20 +146,21 @@ impl SensorTable {
         let info = check.info(SENSOR_POSITION)?;
         let rows = info.shape.first().copied().unwrap_or(0);
         check.shape(SENSOR_POSITION, &[rows, 3])?;
-        let data = &bytes[info.range.clone()];
-        let misaligned = || ShardProblem::Misaligned {
-            tensor: SENSOR_POSITION.into(),
-        };
-        let positions = match info.dtype {
-            Dtype::F32 => Positions::F32(try_cast::<f32>(data).ok_or_else(misaligned)?.to_vec()),
-            Dtype::F64 => Positions::F64(try_cast::<f64>(data).ok_or_else(misaligned)?.to_vec()),
-            found => {
-                return Err(ShardProblem::Dtype {
-                    tensor: SENSOR_POSITION.into(),
-                    found,
-                    expected: "F32 or F64",
-                })
-            }
+        if !matches!(info.dtype, Dtype::F32 | Dtype::F64) {
+            return Err(ShardProblem::Dtype {
+                tensor: SENSOR_POSITION.into(),
+                found: info.dtype,
+                expected: "F32 or F64",
+            });
+        }
+        let column = FloatColumn::from_raw(&bytes[info.range.clone()], info.dtype).ok_or(
+            ShardProblem::Misaligned {
+                tensor: SENSOR_POSITION.into(),
+            },
+        )?;
+        let positions = match column {
+            FloatColumn::F32(v) => Positions::F32(v.to_vec()),
+            FloatColumn::F64(v) => Positions::F64(v.to_vec()),
         };
         Ok(SensorTable { positions })
     }
