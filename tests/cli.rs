@@ -55,20 +55,10 @@ fn convert_inspect_dump_verify() {
     );
     // The byte budget, from the layout: every tensor's dtype and count in the manifest.
     let b = &v["inspection"]["bytes_by_level"];
-    let m: Value =
-        serde_json::from_slice(&std::fs::read(out.join("manifest.json")).unwrap()).unwrap();
-    let n = |k: &str| m["totals"][k].as_u64().unwrap();
-    let (events, doms, pulses, shards) = (
-        n("events"),
-        n("doms"),
-        n("pulses"),
-        m["shards"].as_array().unwrap().len() as u64,
-    );
-    let size = |k: &str| match m["schema"]["types"][k].as_str().unwrap() {
-        "I16" => 2,
-        "I32" | "F32" => 4,
-        _ => 8,
-    };
+    let m = shardify::format::Manifest::read(&out).unwrap();
+    let (t, types) = (&m.totals, &m.schema.types);
+    let (events, doms, pulses, shards) = (t.events, t.doms, t.pulses, m.shards.len() as u64);
+    let size = |dtype: shardify::format::safetensors::Dtype| dtype.size() as u64;
     let got = |k: &str| b[k].as_u64().unwrap();
     assert_eq!(
         got("event_bytes"),
@@ -77,22 +67,22 @@ fn convert_inspect_dump_verify() {
     );
     assert_eq!(
         got("dom_bytes"),
-        size("sensor_id") * doms + 4 * (doms + shards)
+        size(types.sensor_id) * doms + 4 * (doms + shards)
     );
     assert_eq!(
         got("pulse_bytes"),
-        (size("time") + size("charge") + 1) * pulses
+        (size(types.time) + size(types.charge) + 1) * pulses
     );
     assert_eq!(
         got("event_bytes") + got("dom_bytes") + got("pulse_bytes") + got("header_bytes"),
-        n("bytes")
+        t.bytes
     );
     let table = std::fs::metadata(out.join("geometry.safetensors"))
         .unwrap()
         .len();
     assert_eq!(got("sensor_table_bytes"), table);
     // Version 1: I64 offsets and x, y, z per DOM, no sensor table.
-    let v1 = n("bytes") + 4 * (events + doms + 2 * shards) + 3 * size("position") * doms;
+    let v1 = t.bytes + 4 * (events + doms + 2 * shards) + 3 * size(types.position) * doms;
     assert_eq!(got("v1_bytes"), v1);
     assert!(text(&shardify(&["inspect", &o]).stdout).contains("format v1 would store"));
 

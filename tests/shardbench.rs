@@ -3,10 +3,30 @@
 
 mod common;
 
-use std::process::Command;
+use std::path::Path;
+use std::process::{Command, Output};
 
 use common::*;
 use serde_json::Value;
+
+/// `shardbench --quick` on `ds` with 32-event batches of 16-event blocks, its figures in
+/// `json`, and `extra` arguments.
+fn quick_shardbench(ds: &Path, json: &Path, extra: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_shardbench"))
+        .arg(ds)
+        .args([
+            "--quick",
+            "--batch-events",
+            "32",
+            "--block-events",
+            "16",
+            "--json",
+        ])
+        .arg(json)
+        .args(extra)
+        .output()
+        .unwrap()
+}
 
 #[test]
 fn quick_report_is_complete_and_consistent() {
@@ -15,20 +35,7 @@ fn quick_report_is_complete_and_consistent() {
     convert_all(&fixture(), "train", &ds, &options(1, 2)).unwrap();
     let json = dir.path().join("report.json");
     let plot = dir.path().join("report.svg");
-    let out = Command::new(env!("CARGO_BIN_EXE_shardbench"))
-        .args([
-            ds.to_str().unwrap(),
-            "--quick",
-            "--batch-events",
-            "32",
-            "--block-events",
-            "16",
-            "--json",
-            json.to_str().unwrap(),
-        ])
-        .args(["--plot", plot.to_str().unwrap()])
-        .output()
-        .unwrap();
+    let out = quick_shardbench(&ds, &json, &["--plot", plot.to_str().unwrap()]);
     let table = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -87,20 +94,16 @@ fn quick_report_is_complete_and_consistent() {
     // What two epochs of packed batches hold, from the dataset's counts and dtypes alone:
     // per event id and labels, per batch and event or DOM an I32 offset, per DOM its sensor
     // and position, per pulse time, charge and auxiliary.
-    let m: Value =
-        serde_json::from_slice(&std::fs::read(ds.join("manifest.json")).unwrap()).unwrap();
-    let n = |k: &str| m["totals"][k].as_f64().unwrap();
-    let size = |k: &str| match m["schema"]["types"][k].as_str().unwrap() {
-        "I16" => 2.0,
-        "I32" | "F32" => 4.0,
-        _ => 8.0,
-    };
-    let (events, doms, pulses, batches) = (n("events"), n("doms"), n("pulses"), 300f64 / 32.0);
+    let m = shardify::format::Manifest::read(&ds).unwrap();
+    let (t, types) = (&m.totals, &m.schema.types);
+    let (events, doms, pulses) = (t.events as f64, t.doms as f64, t.pulses as f64);
+    let size = |dtype: shardify::format::safetensors::Dtype| dtype.size() as f64;
+    let batches = 300f64 / 32.0;
     let epoch_bytes = 24.0 * events
         + 4.0 * (events + batches.ceil())
         + 4.0 * (doms + batches.ceil())
-        + doms * (size("sensor_id") + 3.0 * size("position"))
-        + pulses * (size("time") + size("charge") + 1.0);
+        + doms * (size(types.sensor_id) + 3.0 * size(types.position))
+        + pulses * (size(types.time) + size(types.charge) + 1.0);
     for l in &shardify {
         assert_eq!(l["events"], 600, "two whole epochs of 300 events");
         let delivered = l["gb_per_s"].as_f64().unwrap() * l["seconds"].as_f64().unwrap() * 1e9;
@@ -158,22 +161,12 @@ fn cold_report_measures_the_disk_bound_and_each_window_against_it() {
         .unwrap();
     let run = |cold: bool| {
         let json = dir.path().join(format!("cold-{cold}.json"));
-        let mut command = Command::new(env!("CARGO_BIN_EXE_shardbench"));
-        command.args([
-            ds.to_str().unwrap(),
-            "--quick",
-            "--no-baselines",
-            "--batch-events",
-            "32",
-            "--block-events",
-            "16",
-            "--json",
-            json.to_str().unwrap(),
-        ]);
-        if cold {
-            command.arg("--cold");
-        }
-        let out = command.output().unwrap();
+        let extra: &[&str] = if cold {
+            &["--no-baselines", "--cold"]
+        } else {
+            &["--no-baselines"]
+        };
+        let out = quick_shardbench(&ds, &json, extra);
         assert!(
             out.status.success(),
             "{}",
