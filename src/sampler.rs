@@ -484,7 +484,23 @@ struct GlobalBatches<'a> {
     read_ahead: bool,
 }
 
-impl GlobalBatches<'_> {
+impl<'a> GlobalBatches<'a> {
+    fn new(
+        sizes: &'a dyn EventSizes,
+        config: &SamplerConfig,
+        epoch: u64,
+        read_ahead: bool,
+    ) -> GlobalBatches<'a> {
+        GlobalBatches {
+            events: EventStream::new(&sizes.shard_events(), config, epoch),
+            sizes,
+            batching: config.batching,
+            order: config.batch_order,
+            next_index: 0,
+            read_ahead,
+        }
+    }
+
     /// The next batch, and whether it is complete (see `drop_last`).
     fn next_batch(&mut self) -> Option<(BatchPlan, bool)> {
         let capacity = match self.batching {
@@ -548,6 +564,44 @@ impl GlobalBatches<'_> {
     }
 }
 
+/// Global batches of `epoch` (all events, every rank) and whether the last is complete.
+fn global_batch_count(sizes: &dyn EventSizes, config: &SamplerConfig, epoch: u64) -> (u64, bool) {
+    let total_events: u64 = sizes.shard_events().iter().map(|&n| n as u64).sum();
+    if let Batching::Events(n) = config.batching {
+        // Fixed-size batches cut the epoch's event sequence: no pass needed.
+        let n = n as u64;
+        return (total_events.div_ceil(n), total_events % n == 0);
+    }
+    // One pass over the epoch's order (indexes only, no data) to count its batches.
+    let mut counting = GlobalBatches::new(sizes, config, epoch, false);
+    let (mut total, mut last_complete) = (0u64, true);
+    while let Some((_, complete)) = counting.next_batch() {
+        total += 1;
+        last_complete = complete;
+    }
+    (total, last_complete)
+}
+
+/// Global batches delivered across ranks in `epoch` (with `drop_last`: complete batches,
+/// trimmed to a multiple of the world size).
+fn delivered_global_batches(sizes: &dyn EventSizes, config: &SamplerConfig, epoch: u64) -> u64 {
+    let (total, last_complete) = global_batch_count(sizes, config, epoch);
+    if !config.drop_last {
+        return total;
+    }
+    let usable = if last_complete { total } else { total - 1 };
+    usable - usable % config.world as u64
+}
+
+/// The exact number of batches `config.rank` gets in `epoch` (what
+/// [`EpochBatches::new`] yields from the start). With [`Batching::Events`] this is
+/// arithmetic; with a pulse budget it is one pass over the epoch's order (sizes only).
+pub fn rank_batch_count(sizes: &dyn EventSizes, config: &SamplerConfig, epoch: u64) -> u64 {
+    let global = delivered_global_batches(sizes, config, epoch);
+    let (world, rank) = (config.world as u64, config.rank as u64);
+    global / world + u64::from(rank < global % world)
+}
+
 /// The batches of one epoch for one rank.
 pub struct EpochBatches<'a> {
     global: GlobalBatches<'a>,
@@ -564,31 +618,14 @@ impl<'a> EpochBatches<'a> {
         epoch: u64,
         skip: u64,
     ) -> EpochBatches<'a> {
-        let shard_events = sizes.shard_events();
-        let make = |read_ahead| GlobalBatches {
-            events: EventStream::new(&shard_events, config, epoch),
-            sizes,
-            batching: config.batching,
-            order: config.batch_order,
-            next_index: 0,
-            read_ahead,
-        };
-        let limit = config.drop_last.then(|| {
-            // One pass over the epoch's order (indexes only, no data) to count its batches.
-            let mut counting = make(false);
-            let (mut total, mut last_complete) = (0u64, true);
-            while let Some((_, complete)) = counting.next_batch() {
-                total += 1;
-                last_complete = complete;
-            }
-            let usable = if last_complete { total } else { total - 1 };
-            usable - usable % config.world as u64
-        });
+        let limit = config
+            .drop_last
+            .then(|| delivered_global_batches(sizes, config, epoch));
         // At window 1 the reads sweep one block at a time, which the kernel's own read-ahead
         // follows: announcing the next block there measured 15% slower cold epochs, while at
         // window 16 it measured 12% faster (0.58-0.67 -> 0.70-0.77 of the disk's rate).
         let mut batches = EpochBatches {
-            global: make(config.window_blocks > 1),
+            global: GlobalBatches::new(sizes, config, epoch, config.window_blocks > 1),
             config: config.clone(),
             limit,
         };
@@ -712,6 +749,20 @@ mod tests {
                 prop_assert!(per_rank.iter().flatten().all(|b| b.events.len() == n));
             }
             prop_assert_eq!(kept.len(), per_rank.iter().flatten().map(|b| b.events.len()).sum::<usize>());
+        }
+
+        #[test]
+        fn rank_batch_count_is_what_the_epoch_yields(
+            shards in proptest::collection::vec(0usize..300, 1..6),
+            seed in any::<u64>(), epoch in 0u64..3, block in 1usize..64, window in 1usize..8,
+            batching in batching(), world in 1usize..9, drop_last: bool, batch_order in order(),
+        ) {
+            let sizes = Sizes(shards);
+            for rank in 0..world {
+                let config = SamplerConfig { seed, block_events: block, window_blocks: window, run_events: 1, batching, batch_order, drop_last, rank, world };
+                let yielded = all(&sizes, &config, epoch).len() as u64;
+                prop_assert_eq!(rank_batch_count(&sizes, &config, epoch), yielded, "rank {} of {}", rank, world);
+            }
         }
 
         #[test]

@@ -652,15 +652,31 @@ fn run_verify(dir: PathBuf, against: Option<PathBuf>, split: Option<String>) -> 
 }
 
 fn main() -> std::process::ExitCode {
-    tracing_subscriber::fmt()
+    std::process::ExitCode::from(run_cli(std::env::args_os()))
+}
+
+/// The whole command line: parses `args` (the program name first), runs the command and
+/// reports an error with its causes; returns the exit status. The Python package's
+/// `shardify` console script calls this too, so both installs behave the same.
+pub fn run_cli(args: impl IntoIterator<Item = std::ffi::OsString>) -> u8 {
+    // A second call in one process (the Python package) keeps the first subscriber.
+    let _ = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .init();
-    match run(Cli::parse().command) {
-        Ok(()) => std::process::ExitCode::SUCCESS,
+        .try_init();
+    let cli = match Cli::try_parse_from(args) {
+        Ok(cli) => cli,
+        Err(e) => {
+            // Help and version go to stdout with status 0, mistakes to stderr with 2.
+            let _ = e.print();
+            return e.exit_code().try_into().unwrap_or(2);
+        }
+    };
+    match run(cli.command) {
+        Ok(()) => 0,
         Err(e) => {
             eprintln!("error: {}", chain_text(e.as_ref()));
-            std::process::ExitCode::FAILURE
+            1
         }
     }
 }

@@ -15,7 +15,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
-use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, CudaView, DevicePtrMut};
+use cudarc::driver::{CudaEvent, CudaSlice, CudaStream, CudaView, DevicePtr, DevicePtrMut};
 
 use super::cuda::{driver_error, elapsed_ms, CudaDevice};
 use crate::error::{Error, Result};
@@ -281,10 +281,36 @@ impl DeviceCopy {
         stream
             .wait(&self.slot().copied)
             .map_err(|e| driver_error("stream cannot wait for the copy", e))?;
-        if !self.consumers.iter().any(|s| Arc::ptr_eq(s, stream)) {
+        // By handle: wrappers of one borrowed stream are distinct `Arc`s.
+        if !self.consumers.iter().any(|s| s.cu_stream() == stream.cu_stream()) {
             self.consumers.push(stream.clone());
         }
         Ok(())
+    }
+
+    /// As [`DeviceCopy::wait_on`] for a stream created by another library (a framework's
+    /// current stream, e.g. the `stream` argument of DLPack's `__dlpack__`): a null
+    /// handle is the legacy default stream.
+    ///
+    /// # Safety
+    /// `stream` must be a valid stream of this device's context (a framework's streams on
+    /// the same device share the primary context), alive until this copy is dropped.
+    pub unsafe fn wait_on_borrowed(&mut self, stream: cudarc::driver::sys::CUstream) -> Result<()> {
+        // SAFETY: the caller guarantees the handle is a live stream of this context.
+        let stream = unsafe { self.slots.device().context().wrap_borrowed_stream(stream) };
+        self.wait_on(&stream)
+    }
+
+    /// The device address of the batch's first byte (for frameworks that wrap device
+    /// memory themselves, e.g. through DLPack); valid until this copy is dropped. Wait on
+    /// the copy ([`DeviceCopy::wait_on`]) before reading it.
+    pub fn device_address(&self) -> u64 {
+        let bytes = self.bytes();
+        let (address, read_record) = bytes.device_ptr(self.slots.device().copy_stream());
+        // The consumer's reads are ordered by `wait_on` and the slot's release events, not
+        // by cudarc's per-buffer tracking: do not record a read on the copy stream.
+        std::mem::forget(read_record);
+        address
     }
 
     /// The event recorded after the copy: consumers wait on it.

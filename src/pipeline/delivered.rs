@@ -97,6 +97,21 @@ impl Batch {
             .wait_on(stream)
     }
 
+    /// As [`Batch::wait_on`] for a stream owned by another library (see
+    /// [`DeviceCopy::wait_on_borrowed`]).
+    ///
+    /// # Safety
+    /// `stream` must be a valid stream of the loader's device context, alive until this
+    /// batch is dropped.
+    pub unsafe fn wait_on_borrowed(&mut self, stream: cudarc::driver::sys::CUstream) -> Result<()> {
+        let copy = self
+            .device
+            .as_mut()
+            .ok_or_else(|| Error::Device("this batch is in host memory".into()))?;
+        // SAFETY: forwarded from the caller.
+        unsafe { copy.wait_on_borrowed(stream) }
+    }
+
     /// The event consumers wait on before reading the device bytes (`None` on the CPU).
     pub fn ready_event(&self) -> Option<&CudaEvent> {
         self.device.as_ref().map(|d| d.ready())

@@ -2,10 +2,22 @@
 
 use std::collections::BTreeMap;
 
-use crossbeam_channel::Receiver;
+use std::time::Instant;
+
+use crossbeam_channel::{Receiver, RecvTimeoutError};
 
 use super::workers::Filled;
 use crate::error::Result;
+
+/// What a wait with a deadline found.
+pub enum Arrival<T> {
+    /// The next item.
+    Ready(T),
+    /// The deadline passed first; ask again.
+    NotYet,
+    /// Nothing more will come.
+    Finished,
+}
 
 /// The workers' numbered results, handed on in sequence.
 pub(crate) struct InOrder {
@@ -25,13 +37,28 @@ impl InOrder {
 
     /// The next batch in order, waiting for it; `None` once every worker is done.
     pub(crate) fn next(&mut self) -> Option<Result<Filled>> {
+        match self.next_until(None) {
+            Arrival::Ready(result) => Some(result),
+            Arrival::Finished | Arrival::NotYet => None,
+        }
+    }
+
+    /// The next batch in order, waiting for it until `deadline` (forever without one).
+    pub(crate) fn next_until(&mut self, deadline: Option<Instant>) -> Arrival<Result<Filled>> {
         loop {
             if let Some(result) = self.pending.remove(&self.next_seq) {
                 self.next_seq += 1;
-                return Some(result);
+                return Arrival::Ready(result);
             }
-            let (seq, result) = self.results.recv().ok()?;
-            self.pending.insert(seq, result);
+            let received = match deadline {
+                None => self.results.recv().map_err(|_| RecvTimeoutError::Disconnected),
+                Some(deadline) => self.results.recv_deadline(deadline),
+            };
+            match received {
+                Ok((seq, result)) => self.pending.insert(seq, result),
+                Err(RecvTimeoutError::Timeout) => return Arrival::NotYet,
+                Err(RecvTimeoutError::Disconnected) => return Arrival::Finished,
+            };
         }
     }
 

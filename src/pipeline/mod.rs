@@ -27,10 +27,13 @@ mod workers;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use crossbeam_channel::{bounded, unbounded, Receiver, TryRecvError};
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{bounded, unbounded, Receiver, RecvTimeoutError, TryRecvError};
 use serde::{Deserialize, Serialize};
 
 pub use delivered::{Batch, DeviceSection};
+pub use in_order::Arrival;
 
 use crate::batch::BatchLayout;
 use crate::dataset::Dataset;
@@ -38,10 +41,10 @@ use crate::device::staging::{Allocator, HostMemory, PlainMemory, StagingPool};
 use crate::device::transfer::{DeviceCopy, DeviceSlots};
 use crate::device::{DeviceChoice, Placement};
 use crate::error::{Error, Result};
-use crate::sampler::{SamplerConfig, SamplerState};
+use crate::sampler::{self, SamplerConfig, SamplerState};
 use in_order::InOrder;
 use uploader::{upload_batches, Uploaded};
-use workers::{run_workers, Filled, Stop};
+use workers::{run_workers, DatasetSizes, Filled, Stop};
 
 /// How a loader runs.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -285,25 +288,91 @@ impl Loader {
         }
     }
 
-    /// The next batch, with its copy queued on a GPU; `None` once the epoch is over.
-    fn next_delivered(&mut self) -> Option<Result<(Filled, Option<DeviceCopy>)>> {
+    /// The next batch, with its copy queued on a GPU, waiting until `deadline` (forever
+    /// without one).
+    fn next_delivered(
+        &mut self,
+        deadline: Option<Instant>,
+    ) -> Arrival<Result<(Filled, Option<DeviceCopy>)>> {
         match &mut self.delivery {
-            Delivery::Host(order) => Some(order.next()?.map(|filled| (filled, None))),
+            Delivery::Host(order) => match order.next_until(deadline) {
+                Arrival::Ready(next) => Arrival::Ready(next.map(|filled| (filled, None))),
+                Arrival::NotYet => Arrival::NotYet,
+                Arrival::Finished => Arrival::Finished,
+            },
             Delivery::Device { slots, uploaded } => {
-                let next = match uploaded.try_recv() {
-                    Ok(next) => Some(next),
-                    Err(TryRecvError::Disconnected) => None,
+                let received = match uploaded.try_recv() {
+                    Ok(next) => Ok(next),
+                    Err(TryRecvError::Disconnected) => Err(RecvTimeoutError::Disconnected),
                     Err(TryRecvError::Empty) => {
                         // Blocked: the uploader may need to know (if we hold every slot).
                         slots.set_consumer_waiting(true);
-                        let next = uploaded.recv().ok();
+                        let next = match deadline {
+                            None => uploaded.recv().map_err(|_| RecvTimeoutError::Disconnected),
+                            Some(deadline) => uploaded.recv_deadline(deadline),
+                        };
                         slots.set_consumer_waiting(false);
                         next
                     }
                 };
-                Some(next?.map(|(filled, copy)| (filled, Some(copy))))
+                match received {
+                    Ok(next) => Arrival::Ready(next.map(|(filled, copy)| (filled, Some(copy)))),
+                    Err(RecvTimeoutError::Timeout) => Arrival::NotYet,
+                    Err(RecvTimeoutError::Disconnected) => Arrival::Finished,
+                }
             }
         }
+    }
+
+    /// The next batch, waiting at most `wait` for it: [`Arrival::NotYet`] lets a caller
+    /// that must stay responsive (a Python thread checking for Ctrl-C) ask again. The
+    /// iterator's `next` is this without a limit.
+    pub fn next_within(&mut self, wait: Duration) -> Arrival<Result<Batch>> {
+        self.next_until(Instant::now().checked_add(wait))
+    }
+
+    fn next_until(&mut self, deadline: Option<Instant>) -> Arrival<Result<Batch>> {
+        if self.finished {
+            return Arrival::Finished;
+        }
+        match self.next_delivered(deadline) {
+            Arrival::NotYet => Arrival::NotYet,
+            Arrival::Finished => {
+                // Every thread is done: the epoch is over.
+                self.finished = true;
+                self.position = SamplerState {
+                    epoch: self.position.epoch + 1,
+                    batches_taken: 0,
+                };
+                Arrival::Finished
+            }
+            Arrival::Ready(Ok((filled, device))) => {
+                self.position.batches_taken += 1;
+                self.pool.lend();
+                Arrival::Ready(Ok(Batch::new(
+                    filled,
+                    device,
+                    self.pool.clone(),
+                    self.config.layout,
+                )))
+            }
+            Arrival::Ready(Err(e)) => {
+                self.finished = true;
+                Arrival::Ready(Err(e))
+            }
+        }
+    }
+}
+
+/// The exact number of batches `config.rank` gets in `epoch` of `dataset` (what a
+/// [`Loader`] started at the epoch's beginning yields). Free with an event-count batching;
+/// with a pulse budget, one pass over the epoch's order reading the shards' offsets.
+pub fn rank_batch_count(dataset: &Dataset, config: &SamplerConfig, epoch: u64) -> Result<u64> {
+    let sizes = DatasetSizes::new(dataset);
+    let count = sampler::rank_batch_count(&sizes, config, epoch);
+    match sizes.take_error() {
+        Some(e) => Err(e),
+        None => Ok(count),
     }
 }
 
@@ -311,34 +380,10 @@ impl Iterator for Loader {
     type Item = Result<Batch>;
 
     fn next(&mut self) -> Option<Result<Batch>> {
-        if self.finished {
-            return None;
+        match self.next_until(None) {
+            Arrival::Ready(batch) => Some(batch),
+            Arrival::NotYet | Arrival::Finished => None,
         }
-        let Some(next) = self.next_delivered() else {
-            // Every thread is done: the epoch is over.
-            self.finished = true;
-            self.position = SamplerState {
-                epoch: self.position.epoch + 1,
-                batches_taken: 0,
-            };
-            return None;
-        };
-        Some(match next {
-            Ok((filled, device)) => {
-                self.position.batches_taken += 1;
-                self.pool.lend();
-                Ok(Batch::new(
-                    filled,
-                    device,
-                    self.pool.clone(),
-                    self.config.layout,
-                ))
-            }
-            Err(e) => {
-                self.finished = true;
-                Err(e)
-            }
-        })
     }
 }
 

@@ -15,7 +15,7 @@ use crate::format::ShardView;
 use crate::sampler::{BatchPlan, EpochBatches, EventRef, EventSizes, SamplerState};
 
 /// The sampler's view of a dataset's sizes, reading offsets straight from the shards.
-struct DatasetSizes<'a> {
+pub(crate) struct DatasetSizes<'a> {
     dataset: &'a Dataset,
     /// Each shard's view once opened; `None` when it failed to open.
     views: Vec<OnceLock<Option<ShardView<'a>>>>,
@@ -24,7 +24,7 @@ struct DatasetSizes<'a> {
 }
 
 impl<'a> DatasetSizes<'a> {
-    fn new(dataset: &'a Dataset) -> Self {
+    pub(crate) fn new(dataset: &'a Dataset) -> Self {
         DatasetSizes {
             dataset,
             views: (0..dataset.shard_count())
@@ -32,6 +32,11 @@ impl<'a> DatasetSizes<'a> {
                 .collect(),
             error: Mutex::new(None),
         }
+    }
+
+    /// The first shard that failed to open, if one did.
+    pub(crate) fn take_error(&self) -> Option<Error> {
+        self.error.lock().unwrap_or_else(|e| e.into_inner()).take()
     }
 }
 
@@ -133,13 +138,7 @@ impl Plans<'_> {
         let (batches, seq) = &mut *guard;
         let plan = batches.next()?;
         *seq += 1;
-        let failed = self
-            .sizes
-            .error
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
-        let plan = match failed {
+        let plan = match self.sizes.take_error() {
             Some(e) => {
                 self.fail();
                 Err(e)

@@ -1,0 +1,15 @@
+"""shardify: pre-shuffled, DOM-packed IceCube shards and a zero-copy streaming loader.
+
+>>> import shardify
+>>> loader = shardify.Loader("dataset/", batch_events=256)   # doctest: +SKIP
+>>> for batch in loader:                                     # doctest: +SKIP
+...     batch["pulse_time"], batch["event_dom_offsets"]      # torch tensors, no copy
+
+Datasets are written by the ``shardify convert`` command (installed with this package).
+"""
+
+from ._native import DatasetError, __version__
+from ._dataset import Dataset
+from ._loader import Loader
+
+__all__ = ["Dataset", "DatasetError", "Loader", "__version__"]

@@ -1,0 +1,5 @@
+"""``python -m shardify``: the command line."""
+
+from ._cli import main
+
+main()

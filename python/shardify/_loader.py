@@ -1,0 +1,236 @@
+"""``shardify.Loader``: shuffled, DOM-packed batches as zero-copy torch tensors."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+from . import _native
+from ._dataset import Dataset
+
+#: Sampler settings a saved state must match (rank is not among them).
+_STATE_KEYS = (
+    "seed",
+    "block_events",
+    "window_blocks",
+    "run_events",
+    "batch_events",
+    "max_pulses",
+    "max_events",
+    "batch_order",
+    "drop_last",
+    "world",
+)
+
+
+def _count(name: str, value: Any, *, optional: bool = False) -> int | None:
+    """A non-negative integer argument, or a ValueError naming it."""
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"invalid {name}: expected a non-negative integer, not {value!r}")
+    return value
+
+
+def _rank_world(rank: int | None, world: int | None) -> tuple[int, int]:
+    """The arguments, else ``torch.distributed`` when initialised, else the ``RANK`` and
+    ``WORLD_SIZE`` environment variables, else rank 0 of 1."""
+    if (rank is None) != (world is None):
+        raise ValueError("invalid rank: give both rank and world, or neither")
+    if rank is not None:
+        return rank, world  # type: ignore[return-value]
+    # Only a job that imported torch can have initialised torch.distributed.
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    env_rank, env_world = os.environ.get("RANK"), os.environ.get("WORLD_SIZE")
+    if env_rank is not None and env_world is not None:
+        try:
+            return int(env_rank), int(env_world)
+        except ValueError:
+            raise ValueError(
+                f"invalid rank: RANK={env_rank!r} and WORLD_SIZE={env_world!r} are not integers"
+            ) from None
+    return 0, 1
+
+
+def _device_name(device: Any) -> str:
+    """``"auto" | "cpu" | "cuda" | "cuda:N"``, or a ``torch.device``, as the loader's name."""
+    if isinstance(device, str):
+        return device
+    kind, index = getattr(device, "type", None), getattr(device, "index", None)
+    if kind == "cpu":
+        return "cpu"
+    if kind == "cuda":
+        return f"cuda:{index or 0}"
+    raise ValueError(f"invalid device: {device!r} (expected auto, cpu, cuda, cuda:N or a torch.device)")
+
+
+class Loader:
+    """Streams a dataset's shuffled batches for this rank, one epoch per ``for`` loop.
+
+    Each batch is a dict from section name to a tensor viewing the loader's staging buffer
+    (no copy); the buffer is reused only when the last tensor over it is freed. Packed
+    layout: ``event_id`` ``[B]`` int64, ``event_dom_offsets`` ``[B+1]`` and
+    ``dom_pulse_offsets`` ``[D+1]`` int32 (CSR offsets, rebased to the batch),
+    ``dom_sensor_id`` ``[D]``, ``dom_position`` ``[D, 3]``, ``pulse_time``,
+    ``pulse_charge``, ``pulse_auxiliary`` (bool) ``[P]`` in the stored dtypes, and
+    ``event_azimuth``, ``event_zenith`` ``[B]`` float64 when the dataset has labels.
+    Padded layout (``max_doms``, ``pulses_per_dom`` = K): ``event_id``, the labels,
+    ``dom_features`` ``[B, M, 4 + 3K]`` float32 (x, y, z, pulse count, then time, charge,
+    auxiliary of the DOM's first K pulses) and ``dom_mask`` ``[B, M]`` uint8.
+
+    See the README for every argument; the defaults follow MosaicML Streaming and torch:
+    rank and world from ``torch.distributed`` (else ``RANK``/``WORLD_SIZE``), and
+    ``drop_last=None`` meaning True when world > 1, so every rank gets as many batches.
+    """
+
+    def __init__(
+        self,
+        dataset_or_path: Dataset | str | os.PathLike,
+        *,
+        batch_events: int = 256,
+        max_pulses: int | None = None,
+        max_events: int | None = None,
+        layout: str = "packed",
+        max_doms: int | None = None,
+        pulses_per_dom: int | None = None,
+        seed: int = 0,
+        block_events: int = 256,
+        window_blocks: int = 16,
+        run_events: int = 1,
+        batch_order: str = "stored",
+        drop_last: bool | None = None,
+        rank: int | None = None,
+        world: int | None = None,
+        workers: int = 2,
+        prefetch: int = 4,
+        device: Any = "auto",
+        output: str = "torch",
+        dom_positions: bool = True,
+    ):
+        if isinstance(dataset_or_path, Dataset):
+            dataset = dataset_or_path
+        else:
+            dataset = Dataset(dataset_or_path)
+        if output not in ("torch", "numpy"):
+            raise ValueError(f'invalid output: {output!r} (expected "torch" or "numpy")')
+        rank, world = _rank_world(rank, world)
+        _count("rank", rank)
+        if _count("world", world) == 0 or rank >= world:
+            raise ValueError(f"invalid rank: rank {rank} of world {world}")
+        if drop_last is None:
+            drop_last = world > 1
+        device = _device_name(device)
+        if output == "numpy":
+            if device.startswith("cuda"):
+                raise ValueError("invalid device: numpy output lives in host memory; use cpu")
+            device = "cpu"
+        self.dataset = dataset
+        self.output = output
+        self.rank, self.world, self.drop_last = rank, world, bool(drop_last)
+        self._native = _native.Loader(
+            dataset._native,
+            batch_events=_count("batch_events", batch_events),
+            max_pulses=_count("max_pulses", max_pulses, optional=True),
+            max_events=_count("max_events", max_events, optional=True),
+            layout=layout,
+            max_doms=_count("max_doms", max_doms, optional=True),
+            pulses_per_dom=_count("pulses_per_dom", pulses_per_dom, optional=True),
+            seed=_count("seed", seed),
+            block_events=_count("block_events", block_events),
+            window_blocks=_count("window_blocks", window_blocks),
+            run_events=_count("run_events", run_events),
+            batch_order=batch_order,
+            drop_last=self.drop_last,
+            rank=rank,
+            world=world,
+            workers=_count("workers", workers),
+            prefetch=_count("prefetch", prefetch),
+            device=device,
+            dom_positions=bool(dom_positions),
+        )
+        self.section_names: tuple[str, ...] = tuple(self._native.section_names())
+        placement, self.placement_reason = self._native.placement()
+        if output == "torch":
+            import torch
+
+            self._convert = torch.from_dlpack
+            self.device = torch.device(placement)
+        else:
+            import numpy as np
+
+            self._convert = np.from_dlpack
+            self.device = placement
+        self._lengths: dict[int, int] = {}
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        """One epoch, from where the loader stands: the start of the next epoch after a
+        finished one, the rest of the epoch after a ``break`` or ``load_state_dict``."""
+        next_batch, names, convert = self._native.next_batch, self.section_names, self._convert
+        while True:
+            sections = next_batch()
+            if sections is None:
+                return
+            yield dict(zip(names, map(convert, sections)))
+
+    def __len__(self) -> int:
+        """The exact number of batches this rank gets in the current epoch."""
+        epoch = self.epoch
+        if epoch not in self._lengths:
+            self._lengths[epoch] = self._native.batch_count(epoch)
+        return self._lengths[epoch]
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next batch belongs to."""
+        return self._native.position()[0]
+
+    def set_epoch(self, epoch: int) -> None:
+        """Starts epoch ``epoch`` from its first batch at the next ``for``."""
+        self._native.seek(_count("epoch", epoch), 0)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the loader stands (after the last batch handed out, not the last
+        prefetched) and the settings that decide the order. Holds no rank: a state saved on
+        rank 0 resumes every rank."""
+        epoch, batches_taken = self._native.position()
+        return {
+            "epoch": epoch,
+            "batches_taken": batches_taken,
+            "sampler": json.loads(self._native.settings_json()),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resumes at a saved position; a ``ValueError`` naming the field when the state was
+        made with other settings."""
+        if not isinstance(state, dict):
+            raise ValueError(f"invalid state: expected a dict, not {type(state).__name__}")
+        missing = [k for k in ("epoch", "batches_taken", "sampler") if k not in state]
+        if missing:
+            raise ValueError(f"invalid state: missing {', '.join(missing)}")
+        ours = json.loads(self._native.settings_json())
+        saved = state["sampler"]
+        for key in _STATE_KEYS:
+            if saved.get(key) != ours[key]:
+                raise ValueError(
+                    f"invalid state: {key} is {saved.get(key)!r} in the saved state but "
+                    f"{ours[key]!r} in this loader"
+                )
+        self._native.seek(
+            _count("epoch", state["epoch"]), _count("batches_taken", state["batches_taken"])
+        )
+
+    @property
+    def staging_allocations(self) -> int:
+        """Staging buffers this epoch's loader allocated (constant in the steady state)."""
+        return self._native.staging_allocations()
+
+    def __repr__(self) -> str:
+        return (
+            f"shardify.Loader({self.dataset.path!r}, rank {self.rank} of {self.world}, "
+            f"device {self.device}, epoch {self.epoch})"
+        )

@@ -1,0 +1,351 @@
+//! `shardify._native.Loader`: the Rust loader behind `shardify.Loader`, one epoch (one
+//! Rust [`Loader`]) at a time, with the position the Python object saves and restores.
+
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
+use std::time::Duration;
+
+use pyo3::exceptions::PyRuntimeError;
+use pyo3::prelude::*;
+use shardify::batch::{sections, BatchLayout};
+use shardify::dataset::Dataset;
+use shardify::device::{DeviceChoice, Placement};
+use shardify::pipeline::{rank_batch_count, Arrival, Loader, LoaderConfig};
+use shardify::sampler::{BatchOrder, Batching, SamplerConfig, SamplerState};
+use shardify::Error;
+
+use crate::batch::{Delivered, PySection};
+use crate::dataset::PyDataset;
+use crate::errors::{forked, to_py};
+use crate::process::ProcessBound;
+
+/// How long `next_batch` waits with the GIL released before it checks for signals
+/// (Ctrl-C): short enough to feel prompt, long enough to cost nothing.
+const SIGNAL_POLL: Duration = Duration::from_millis(50);
+
+/// Where the Python loader stands, and the epoch running (if any).
+struct Progress {
+    placement: Placement,
+    /// After the last batch handed out.
+    position: SamplerState,
+    /// The running epoch; `None` before the first batch and after a seek.
+    running: Option<Loader>,
+    /// The running epoch ended (or failed): the next batch starts a new one.
+    exhausted: bool,
+}
+
+/// The native loader; `shardify.Loader` (Python) wraps it.
+#[pyclass(name = "Loader", module = "shardify._native", frozen)]
+pub struct PyLoader {
+    dataset: Arc<Dataset>,
+    config: LoaderConfig,
+    /// Whether to hand out the label sections (only when the dataset has labels).
+    labels: bool,
+    progress: Mutex<ProcessBound<Progress>>,
+}
+
+/// The arguments of `shardify.Loader` that shape the Rust configuration.
+#[allow(clippy::too_many_arguments)]
+fn loader_config(
+    batch_events: usize,
+    max_pulses: Option<usize>,
+    max_events: Option<usize>,
+    layout: &str,
+    max_doms: Option<usize>,
+    pulses_per_dom: Option<usize>,
+    sampler: SamplerConfig,
+    workers: usize,
+    prefetch: usize,
+    device: &str,
+    dom_positions: bool,
+) -> Result<LoaderConfig, Error> {
+    let batching = match (max_pulses, max_events) {
+        (Some(max_pulses), max_events) => Batching::Pulses {
+            max_pulses,
+            max_events,
+        },
+        (None, Some(_)) => {
+            return Err(Error::config(
+                "max_events",
+                "applies with max_pulses only (batch_events fixes the event count otherwise)",
+            ))
+        }
+        (None, None) => Batching::Events(batch_events),
+    };
+    let layout = match (layout, max_doms, pulses_per_dom) {
+        ("packed", None, None) => BatchLayout::Packed,
+        ("packed", _, _) => {
+            return Err(Error::config(
+                "max_doms",
+                "max_doms and pulses_per_dom apply to layout=\"padded\" only",
+            ))
+        }
+        ("padded", Some(max_doms), Some(pulses_per_dom)) => BatchLayout::Padded {
+            max_doms,
+            pulses_per_dom,
+        },
+        ("padded", _, _) => {
+            return Err(Error::config(
+                "layout",
+                "\"padded\" needs max_doms and pulses_per_dom",
+            ))
+        }
+        (other, _, _) => {
+            return Err(Error::config(
+                "layout",
+                format!("`{other}`: expected \"packed\" or \"padded\""),
+            ))
+        }
+    };
+    let config = LoaderConfig {
+        sampler: SamplerConfig {
+            batching,
+            ..sampler
+        },
+        layout,
+        workers,
+        prefetch,
+        device: device.parse::<DeviceChoice>()?,
+        dom_positions,
+        ..LoaderConfig::default()
+    };
+    config.validate()?;
+    Ok(config)
+}
+
+fn batch_order(name: &str) -> Result<BatchOrder, Error> {
+    name.parse()
+        .map_err(|problem: String| Error::config("batch_order", problem))
+}
+
+impl PyLoader {
+    /// The progress, unless another thread is inside `next_batch` (waiting for it while
+    /// holding the GIL would deadlock that thread) or this is a forked child.
+    fn progress(&self) -> PyResult<MutexGuard<'_, ProcessBound<Progress>>> {
+        match self.progress.try_lock() {
+            Ok(guard) => Ok(guard),
+            Err(TryLockError::Poisoned(poisoned)) => Ok(poisoned.into_inner()),
+            Err(TryLockError::WouldBlock) => Err(PyRuntimeError::new_err(
+                "another thread is using this shardify loader: iterate a loader from one \
+                 thread at a time",
+            )),
+        }
+    }
+
+    /// The sections a batch hands out, in buffer order.
+    fn hands_out(&self, name: &str) -> bool {
+        self.labels || (name != sections::EVENT_AZIMUTH && name != sections::EVENT_ZENITH)
+    }
+}
+
+#[pymethods]
+impl PyLoader {
+    /// Every argument explicit: `shardify.Loader` (Python) resolves the defaults.
+    #[new]
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (dataset, *, batch_events, max_pulses, max_events, layout, max_doms,
+        pulses_per_dom, seed, block_events, window_blocks, run_events, batch_order, drop_last,
+        rank, world, workers, prefetch, device, dom_positions))]
+    fn new(
+        py: Python<'_>,
+        dataset: &PyDataset,
+        batch_events: usize,
+        max_pulses: Option<usize>,
+        max_events: Option<usize>,
+        layout: &str,
+        max_doms: Option<usize>,
+        pulses_per_dom: Option<usize>,
+        seed: u64,
+        block_events: usize,
+        window_blocks: usize,
+        run_events: usize,
+        batch_order: &str,
+        drop_last: bool,
+        rank: usize,
+        world: usize,
+        workers: usize,
+        prefetch: usize,
+        device: &str,
+        dom_positions: bool,
+    ) -> PyResult<Self> {
+        let sampler = SamplerConfig {
+            seed,
+            block_events,
+            window_blocks,
+            run_events,
+            batching: Batching::Events(batch_events),
+            batch_order: self::batch_order(batch_order).map_err(to_py)?,
+            drop_last,
+            rank,
+            world,
+        };
+        let config = loader_config(
+            batch_events,
+            max_pulses,
+            max_events,
+            layout,
+            max_doms,
+            pulses_per_dom,
+            sampler,
+            workers,
+            prefetch,
+            device,
+            dom_positions,
+        )
+        .map_err(to_py)?;
+        let choice = config.device;
+        let placement = py.detach(|| Placement::resolve(choice)).map_err(to_py)?;
+        Ok(PyLoader {
+            labels: dataset.dataset.manifest().schema.types.labels,
+            dataset: dataset.dataset.clone(),
+            config,
+            progress: Mutex::new(ProcessBound::new(Progress {
+                placement,
+                position: SamplerState {
+                    epoch: 0,
+                    batches_taken: 0,
+                },
+                running: None,
+                exhausted: false,
+            })),
+        })
+    }
+
+    /// The next batch's sections (in buffer order, labels left out on an unlabelled
+    /// dataset), or `None` at the end of the epoch; the GIL is released while waiting, and
+    /// Ctrl-C raises `KeyboardInterrupt` within a fraction of a second.
+    fn next_batch(&self, py: Python<'_>) -> PyResult<Option<Vec<PySection>>> {
+        let mut guard = self.progress()?;
+        let progress = guard.get_mut().map_err(forked)?;
+        let stale = progress.exhausted
+            || progress
+                .running
+                .as_ref()
+                .is_some_and(|l| l.state().position != progress.position);
+        if stale || progress.running.is_none() {
+            progress.running = None; // stops and joins the old epoch's threads first
+            let (dataset, config) = (self.dataset.clone(), self.config.clone());
+            let (position, placement) = (progress.position, progress.placement.clone());
+            let loader = py
+                .detach(|| Loader::on(dataset, config, position, placement))
+                .map_err(to_py)?;
+            progress.running = Some(loader);
+            progress.exhausted = false;
+        }
+        let ordinal = progress.placement.cuda().map(|d| d.ordinal());
+        let loader = progress.running.as_mut().expect("started above");
+        let arrival = loop {
+            match py.detach(|| loader.next_within(SIGNAL_POLL)) {
+                Arrival::NotYet => py.check_signals()?,
+                arrival => break arrival,
+            }
+        };
+        progress.position = loader.state().position;
+        match arrival {
+            Arrival::NotYet => unreachable!("waited for above"),
+            Arrival::Finished => {
+                progress.exhausted = true;
+                Ok(None)
+            }
+            Arrival::Ready(Err(e)) => {
+                progress.exhausted = true;
+                Err(to_py(e))
+            }
+            Arrival::Ready(Ok(batch)) => {
+                let list = batch.sections().list.clone();
+                let shared = Arc::new(ProcessBound::new(Delivered::new(batch, ordinal)));
+                Ok(Some(
+                    list.into_iter()
+                        .filter(|s| self.hands_out(s.name))
+                        .map(|s| PySection::new(shared.clone(), s))
+                        .collect(),
+                ))
+            }
+        }
+    }
+
+    /// (epoch, batches handed out in it): where the next batch comes from.
+    fn position(&self) -> PyResult<(u64, u64)> {
+        let guard = self.progress()?;
+        let progress = guard.get().map_err(forked)?;
+        Ok((progress.position.epoch, progress.position.batches_taken))
+    }
+
+    /// Moves to batch `batches_taken` of `epoch`; the running epoch (if any) stops.
+    fn seek(&self, epoch: u64, batches_taken: u64) -> PyResult<()> {
+        let mut guard = self.progress()?;
+        let progress = guard.get_mut().map_err(forked)?;
+        progress.position = SamplerState {
+            epoch,
+            batches_taken,
+        };
+        progress.running = None;
+        progress.exhausted = false;
+        Ok(())
+    }
+
+    /// The exact number of batches this rank gets in `epoch`.
+    fn batch_count(&self, py: Python<'_>, epoch: u64) -> PyResult<u64> {
+        let (dataset, sampler) = (&self.dataset, &self.config.sampler);
+        py.detach(|| rank_batch_count(dataset, sampler, epoch))
+            .map_err(to_py)
+    }
+
+    /// The sampler settings a saved state must match (rank left out: a state saved on one
+    /// rank resumes every rank), as JSON text.
+    fn settings_json(&self) -> String {
+        let s = &self.config.sampler;
+        let (batch_events, max_pulses, max_events) = match s.batching {
+            Batching::Events(n) => (Some(n), None, None),
+            Batching::Pulses {
+                max_pulses,
+                max_events,
+            } => (None, Some(max_pulses), max_events),
+        };
+        serde_json::json!({
+            "seed": s.seed,
+            "block_events": s.block_events,
+            "window_blocks": s.window_blocks,
+            "run_events": s.run_events,
+            "batch_events": batch_events,
+            "max_pulses": max_pulses,
+            "max_events": max_events,
+            "batch_order": s.batch_order.to_string(),
+            "drop_last": s.drop_last,
+            "world": s.world,
+        })
+        .to_string()
+    }
+
+    /// Staging buffers the running epoch's loader allocated (constant in the steady state;
+    /// 0 before the first batch).
+    fn staging_allocations(&self) -> PyResult<u64> {
+        let guard = self.progress()?;
+        let progress = guard.get().map_err(forked)?;
+        Ok(progress
+            .running
+            .as_ref()
+            .map_or(0, Loader::staging_allocations))
+    }
+
+    /// Where batches go: "cpu" or "cuda:N", and on the CPU why (e.g. no driver).
+    fn placement(&self) -> PyResult<(String, String)> {
+        let guard = self.progress()?;
+        let progress = guard.get().map_err(forked)?;
+        Ok(match &progress.placement {
+            Placement::Cpu { reason } => ("cpu".to_string(), reason.clone()),
+            Placement::Cuda(device) => (format!("cuda:{}", device.ordinal()), String::new()),
+        })
+    }
+
+    /// The section names a batch hands out, in order.
+    fn section_names(&self) -> Vec<&'static str> {
+        let types = &self.dataset.manifest().schema.types;
+        let shape = shardify::batch::BatchShape::default();
+        shardify::batch::plan_sections(self.config.layout, shape, types, self.config.dom_positions)
+            .list
+            .into_iter()
+            .map(|s| s.name)
+            .filter(|name| self.hands_out(name))
+            .collect()
+    }
+}

@@ -1,0 +1,82 @@
+//! Values that belong to the process that made them.
+//!
+//! After `fork` (a torch `DataLoader` worker, `multiprocessing` with the fork start
+//! method) the child has copies of the parent's Rust objects but none of its threads, and
+//! mutexes another thread held at the fork stay locked forever. A loader used there would
+//! wait for workers that do not exist; dropping it would join them. So the child may
+//! neither use nor drop such a value: it gets a clear error, and the copy is leaked.
+
+use std::mem::ManuallyDrop;
+
+/// A value usable, and dropped, only in the process that created it.
+pub struct ProcessBound<T> {
+    value: ManuallyDrop<T>,
+    owner: u32,
+}
+
+impl<T> ProcessBound<T> {
+    /// Binds `value` to the current process.
+    pub fn new(value: T) -> Self {
+        ProcessBound {
+            value: ManuallyDrop::new(value),
+            owner: std::process::id(),
+        }
+    }
+
+    /// The value, or the error to show in a forked child.
+    pub fn get(&self) -> Result<&T, Forked> {
+        self.check()?;
+        Ok(&self.value)
+    }
+
+    /// The value mutably, or the error to show in a forked child.
+    pub fn get_mut(&mut self) -> Result<&mut T, Forked> {
+        self.check()?;
+        Ok(&mut self.value)
+    }
+
+    fn check(&self) -> Result<(), Forked> {
+        // Not cached: `getpid` is what changes across a fork.
+        let current = std::process::id();
+        if current == self.owner {
+            Ok(())
+        } else {
+            Err(Forked {
+                owner: self.owner,
+                current,
+            })
+        }
+    }
+}
+
+impl<T> Drop for ProcessBound<T> {
+    fn drop(&mut self) {
+        if self.check().is_ok() {
+            // SAFETY: dropped once, here, and never used again.
+            unsafe { ManuallyDrop::drop(&mut self.value) };
+        }
+        // In a forked child the value's threads and locks belong to the parent: leak it.
+    }
+}
+
+/// A process-bound value was used after a fork.
+#[derive(Debug)]
+pub struct Forked {
+    /// The process that created it.
+    pub owner: u32,
+    /// The process that tried to use it.
+    pub current: u32,
+}
+
+impl std::fmt::Display for Forked {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "this shardify loader was created in process {} and cannot be used in process {} \
+             (a fork, e.g. a torch DataLoader worker): its worker threads stayed in the \
+             parent. Iterate the shardify.Loader directly in the training process (it runs \
+             its own worker threads; no DataLoader is needed), or create it inside the child",
+            self.owner, self.current
+        )
+    }
+}
