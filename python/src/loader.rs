@@ -9,7 +9,7 @@ use pyo3::prelude::*;
 use shardify::batch::{sections, BatchLayout};
 use shardify::dataset::Dataset;
 use shardify::device::{DeviceChoice, Placement};
-use shardify::pipeline::{rank_batch_count, Arrival, Loader, LoaderConfig};
+use shardify::pipeline::{rank_batch_count, Arrival, Batch, Loader, LoaderConfig};
 use shardify::sampler::{BatchOrder, Batching, SamplerConfig, SamplerState};
 use shardify::Error;
 
@@ -131,6 +131,45 @@ impl PyLoader {
         }
     }
 
+    /// The next batch of the running epoch (started at the position when none runs),
+    /// waiting with the GIL released; `None` at the epoch's end.
+    fn next_delivered(&self, py: Python<'_>, progress: &mut Progress) -> PyResult<Option<Batch>> {
+        let stale = progress.exhausted
+            || progress
+                .running
+                .as_ref()
+                .is_some_and(|l| l.state().position != progress.position);
+        if stale || progress.running.is_none() {
+            progress.running = None; // stops and joins the old epoch's threads first
+            let (dataset, config) = (self.dataset.clone(), self.config.clone());
+            let (position, placement) = (progress.position, progress.placement.clone());
+            let loader = py
+                .detach(|| Loader::on(dataset, config, position, placement))
+                .map_err(to_py)?;
+            progress.running = Some(loader);
+            progress.exhausted = false;
+        }
+        let loader = progress.running.as_mut().expect("started above");
+        let arrival = loop {
+            match py.detach(|| loader.next_within(SIGNAL_POLL)) {
+                Arrival::NotYet => py.check_signals()?,
+                arrival => break arrival,
+            }
+        };
+        progress.position = loader.state().position;
+        match arrival {
+            Arrival::Ready(Ok(batch)) => Ok(Some(batch)),
+            Arrival::Ready(Err(e)) => {
+                progress.exhausted = true;
+                Err(to_py(e))
+            }
+            Arrival::Finished | Arrival::NotYet => {
+                progress.exhausted = true;
+                Ok(None)
+            }
+        }
+    }
+
     /// The sections a batch hands out, in buffer order.
     fn hands_out(&self, name: &str) -> bool {
         self.labels || (name != sections::EVENT_AZIMUTH && name != sections::EVENT_ZENITH)
@@ -216,51 +255,34 @@ impl PyLoader {
     fn next_batch(&self, py: Python<'_>) -> PyResult<Option<Vec<PySection>>> {
         let mut guard = self.progress()?;
         let progress = guard.get_mut().map_err(forked)?;
-        let stale = progress.exhausted
-            || progress
-                .running
-                .as_ref()
-                .is_some_and(|l| l.state().position != progress.position);
-        if stale || progress.running.is_none() {
-            progress.running = None; // stops and joins the old epoch's threads first
-            let (dataset, config) = (self.dataset.clone(), self.config.clone());
-            let (position, placement) = (progress.position, progress.placement.clone());
-            let loader = py
-                .detach(|| Loader::on(dataset, config, position, placement))
-                .map_err(to_py)?;
-            progress.running = Some(loader);
-            progress.exhausted = false;
-        }
         let ordinal = progress.placement.cuda().map(|d| d.ordinal());
-        let loader = progress.running.as_mut().expect("started above");
-        let arrival = loop {
-            match py.detach(|| loader.next_within(SIGNAL_POLL)) {
-                Arrival::NotYet => py.check_signals()?,
-                arrival => break arrival,
-            }
+        let Some(batch) = self.next_delivered(py, progress)? else {
+            return Ok(None);
         };
-        progress.position = loader.state().position;
-        match arrival {
-            Arrival::NotYet => unreachable!("waited for above"),
-            Arrival::Finished => {
-                progress.exhausted = true;
-                Ok(None)
-            }
-            Arrival::Ready(Err(e)) => {
-                progress.exhausted = true;
-                Err(to_py(e))
-            }
-            Arrival::Ready(Ok(batch)) => {
-                let list = batch.sections().list.clone();
-                let shared = Arc::new(ProcessBound::new(Delivered::new(batch, ordinal)));
-                Ok(Some(
-                    list.into_iter()
-                        .filter(|s| self.hands_out(s.name))
-                        .map(|s| PySection::new(shared.clone(), s))
-                        .collect(),
-                ))
-            }
+        let list = batch.sections().list.clone();
+        let shared = Arc::new(ProcessBound::new(Delivered::new(batch, ordinal)));
+        Ok(Some(
+            list.into_iter()
+                .filter(|s| self.hands_out(s.name))
+                .map(|s| PySection::new(shared.clone(), s))
+                .collect(),
+        ))
+    }
+
+    /// Takes the rest of the epoch in Rust, dropping each batch as it comes: the same
+    /// loader with no Python per batch, the baseline of the Python benchmark. Returns
+    /// (batches, events, pulses, seconds).
+    fn drain(&self, py: Python<'_>) -> PyResult<(u64, u64, u64, f64)> {
+        let mut guard = self.progress()?;
+        let progress = guard.get_mut().map_err(forked)?;
+        let started = std::time::Instant::now();
+        let (mut batches, mut events, mut pulses) = (0, 0, 0);
+        while let Some(batch) = self.next_delivered(py, progress)? {
+            batches += 1;
+            events += batch.shape().events as u64;
+            pulses += batch.shape().pulses as u64;
         }
+        Ok((batches, events, pulses, started.elapsed().as_secs_f64()))
     }
 
     /// (epoch, batches handed out in it): where the next batch comes from.

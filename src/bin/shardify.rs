@@ -25,6 +25,7 @@ use std::sync::Arc;
 
 #[derive(Parser)]
 #[command(
+    name = "shardify",
     version,
     about = "Pre-shuffled, DOM-packed tensor shards from IceCube Kaggle Parquet files"
 )]

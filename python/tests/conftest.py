@@ -1,0 +1,115 @@
+"""Shared fixtures: datasets converted from the committed fixtures by the installed
+``shardify`` console script (so every test run also checks the command line of the pip
+install), and helpers that read the shards independently with ``safetensors.numpy``."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+FIXTURES = REPO / "fixtures" / "kaggle-mini"
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def shardify_command() -> str:
+    """The console script installed beside this interpreter (not cargo's binary)."""
+    script = Path(sys.executable).parent / "shardify"
+    assert script.exists(), f"the package's console script is missing: {script}"
+    return str(script)
+
+
+def run_cli(*args: str) -> str:
+    """Runs the installed ``shardify`` and returns its stdout; fails the test on an error."""
+    done = subprocess.run([shardify_command(), *args], capture_output=True, text=True)
+    assert done.returncode == 0, f"shardify {' '.join(args)} failed:\n{done.stderr}"
+    return done.stdout
+
+
+def order_lines(dataset: Path, *args: str) -> list[list[int]]:
+    """``shardify order``: each batch's event ids."""
+    out = run_cli("order", str(dataset), *args)
+    return [[int(x) for x in line.split()] for line in out.splitlines()]
+
+
+@pytest.fixture(scope="session")
+def torch():
+    """torch, required in CI (a missing torch there is a failure, not a skip)."""
+    if IN_CI:
+        import torch as module
+    else:
+        module = pytest.importorskip("torch")
+    return module
+
+
+@pytest.fixture(scope="session")
+def train_dir(tmp_path_factory) -> Path:
+    """The fixtures' train split in 4 small shards (300 events, labelled)."""
+    out = tmp_path_factory.mktemp("data") / "train"
+    run_cli("convert", str(FIXTURES), str(out), "--split", "train", "--seed", "42",
+            "--shard-size", "64KiB")
+    return out
+
+
+@pytest.fixture(scope="session")
+def test_dir(tmp_path_factory) -> Path:
+    """The fixtures' test split (no labels)."""
+    out = tmp_path_factory.mktemp("data") / "test"
+    run_cli("convert", str(FIXTURES), str(out), "--split", "test", "--seed", "42")
+    return out
+
+
+@pytest.fixture()
+def train_copy(train_dir, tmp_path) -> Path:
+    """A private copy of the train dataset, for tests that damage it."""
+    return Path(shutil.copytree(train_dir, tmp_path / "copy"))
+
+
+class StoredEvents:
+    """Every event of a dataset read straight from its shard files with safetensors."""
+
+    def __init__(self, dataset: Path):
+        from safetensors.numpy import load_file
+        import json
+
+        manifest = json.loads((dataset / "manifest.json").read_text())
+        self.shards = [load_file(dataset / s["file"]) for s in manifest["shards"]]
+        self.positions = load_file(dataset / "geometry.safetensors")["sensor_position"]
+        self.where = {}
+        for s, shard in enumerate(self.shards):
+            for i, event_id in enumerate(shard["event_id"]):
+                self.where[int(event_id)] = (s, i)
+
+    def event(self, event_id: int) -> dict[str, np.ndarray]:
+        """One event's DOMs and pulses, as stored."""
+        s, i = self.where[event_id]
+        shard = self.shards[s]
+        d0, d1 = shard["event_dom_offsets"][i], shard["event_dom_offsets"][i + 1]
+        p = shard["dom_pulse_offsets"]
+        out = {
+            "dom_sensor_id": shard["dom_sensor_id"][d0:d1],
+            "dom_pulse_counts": np.diff(p[d0:d1 + 1]),
+            "pulse_time": shard["pulse_time"][p[d0]:p[d1]],
+            "pulse_charge": shard["pulse_charge"][p[d0]:p[d1]],
+            "pulse_auxiliary": shard["pulse_auxiliary"][p[d0]:p[d1]],
+        }
+        if "event_azimuth" in shard:
+            out["event_azimuth"] = shard["event_azimuth"][i]
+            out["event_zenith"] = shard["event_zenith"][i]
+        return out
+
+
+@pytest.fixture(scope="session")
+def stored(train_dir) -> StoredEvents:
+    return StoredEvents(train_dir)
+
+
+def ids(batches) -> list[list[int]]:
+    """Each batch's event ids as lists."""
+    return [np.asarray(b["event_id"]).tolist() for b in batches]

@@ -1,0 +1,83 @@
+"""Bad arguments and damaged data raise the documented exception types, naming the cause."""
+
+import json
+
+import pytest
+import shardify
+
+BAD = [
+    (dict(batch_events=0), "batch"),
+    (dict(batch_events=-3), "batch_events"),
+    (dict(layout="ragged"), "layout"),
+    (dict(layout="padded"), "layout"),
+    (dict(max_doms=8, pulses_per_dom=2), "max_doms"),
+    (dict(max_events=10), "max_events"),
+    (dict(batch_order="random"), "batch_order"),
+    (dict(output="pandas"), "output"),
+    (dict(device="tpu"), "device"),
+    (dict(rank=3, world=2), "rank"),
+    (dict(rank=1), "rank"),
+    (dict(workers=0), "workers"),
+    (dict(prefetch=0), "prefetch"),
+    (dict(output="numpy", device="cuda"), "device"),
+    (dict(layout="padded", max_doms=4, pulses_per_dom=1, dom_positions=False), "dom_positions"),
+]
+
+
+@pytest.mark.parametrize("kwargs,field", BAD)
+def test_bad_arguments_raise_value_error_naming_the_field(train_dir, torch, kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        shardify.Loader(train_dir, **kwargs)
+
+
+def test_bad_environment_rank(train_dir, torch, monkeypatch):
+    monkeypatch.setenv("RANK", "one")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ValueError, match="RANK"):
+        shardify.Loader(train_dir)
+
+
+def test_bad_checksum_policy(train_dir):
+    with pytest.raises(ValueError, match="checksums"):
+        shardify.Dataset(train_dir, checksums="sometimes")
+
+
+def test_a_missing_dataset_is_file_not_found(tmp_path):
+    with pytest.raises(FileNotFoundError, match="manifest.json"):
+        shardify.Dataset(tmp_path / "nowhere")
+    assert issubclass(FileNotFoundError, OSError)
+
+
+def flip_a_pulse_byte(dataset):
+    manifest = json.loads((dataset / "manifest.json").read_text())
+    shard = dataset / manifest["shards"][1]["file"]
+    data = bytearray(shard.read_bytes())
+    data[-5] ^= 0xFF  # in the last tensor's bytes
+    shard.write_bytes(bytes(data))
+    return shard
+
+
+def test_a_damaged_shard_raises_dataset_error(train_copy, torch):
+    shard = flip_a_pulse_byte(train_copy)
+    with pytest.raises(shardify.DatasetError, match=shard.name) as failure:
+        shardify.Dataset(train_copy, checksums="full")
+    assert "checksum" in str(failure.value)
+    # Lazily checked: the epoch fails when it reaches the shard, with the same type.
+    loader = shardify.Loader(shardify.Dataset(train_copy, checksums="lazy"), batch_events=16)
+    with pytest.raises(shardify.DatasetError, match="checksum"):
+        for _ in loader:
+            pass
+
+
+def test_a_truncated_shard_raises_dataset_error(train_copy, torch):
+    manifest = json.loads((train_copy / "manifest.json").read_text())
+    shard = train_copy / manifest["shards"][0]["file"]
+    shard.write_bytes(shard.read_bytes()[:100])
+    with pytest.raises(shardify.DatasetError, match=shard.name):
+        for _ in shardify.Loader(shardify.Dataset(train_copy, checksums="off"), batch_events=16):
+            pass
+
+
+def test_dataset_error_is_catchable_from_the_package():
+    assert issubclass(shardify.DatasetError, Exception)
+    assert not issubclass(shardify.DatasetError, (ValueError, OSError))

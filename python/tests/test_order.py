@@ -1,0 +1,94 @@
+"""The loader's batches are exactly those of ``shardify order`` (the Rust sampler)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import shardify
+
+from conftest import ids, order_lines
+
+SETTINGS = [
+    # (Loader keyword arguments, the same for `shardify order`)
+    (dict(batch_events=16), ["--batch-events", "16"]),
+    (dict(batch_events=7, window_blocks=1, block_events=14, seed=3),
+     ["--batch-events", "7", "--window", "1", "--block-events", "14", "--seed", "3"]),
+    (dict(batch_events=16, batch_order="drawn", run_events=4),
+     ["--batch-events", "16", "--batch-order", "drawn", "--run-events", "4"]),
+    (dict(max_pulses=900, max_events=40), ["--max-pulses", "900", "--max-events", "40"]),
+]
+
+
+@pytest.mark.parametrize("kwargs,flags", SETTINGS)
+def test_an_epoch_equals_shardify_order(train_dir, torch, kwargs, flags):
+    loader = shardify.Loader(train_dir, device="cpu", **kwargs)
+    length = len(loader)  # of epoch 0; afterwards len() is epoch 1's
+    got = ids(loader)
+    assert got == order_lines(train_dir, *flags)
+    assert len(got) == length, "len() is the exact batch count"
+    assert len(loader) == len(order_lines(train_dir, *flags, "--epoch", "1"))
+    assert sum(map(len, got)) == 300, "every event once"
+
+
+def test_consecutive_loops_are_consecutive_epochs(train_dir, torch):
+    loader = shardify.Loader(train_dir, batch_events=32, device="cpu")
+    first, second = ids(loader), ids(loader)
+    assert first == order_lines(train_dir, "--batch-events", "32", "--epoch", "0")
+    assert second == order_lines(train_dir, "--batch-events", "32", "--epoch", "1")
+    assert first != second
+    loader.set_epoch(5)
+    assert loader.epoch == 5
+    assert ids(loader) == order_lines(train_dir, "--batch-events", "32", "--epoch", "5")
+
+
+def test_numpy_output_gives_the_same_batches(train_dir):
+    loader = shardify.Loader(train_dir, batch_events=16, output="numpy")
+    batches = list(loader)
+    assert ids(batches) == order_lines(train_dir, "--batch-events", "16")
+    assert type(batches[0]["pulse_time"]).__module__ == "numpy"
+
+
+RANK_SCRIPT = """
+import json, sys, shardify
+loader = shardify.Loader(sys.argv[1], batch_events=16, device="cpu")
+print(json.dumps({"rank": loader.rank, "world": loader.world, "len": len(loader),
+                  "ids": [b["event_id"].tolist() for b in loader]}))
+"""
+
+
+def test_world_3_as_three_processes(train_dir, torch):
+    results = []
+    procs = []
+    for rank in range(3):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE="3")
+        procs.append(subprocess.Popen([sys.executable, "-c", RANK_SCRIPT, str(train_dir)],
+                                      env=env, stdout=subprocess.PIPE, text=True))
+    for proc in procs:
+        out, _ = proc.communicate(timeout=120)
+        assert proc.returncode == 0
+        results.append(json.loads(out))
+    union = []
+    for rank, result in enumerate(results):
+        assert (result["rank"], result["world"]) == (rank, 3), "rank and world from the env"
+        # drop_last defaults to True when world > 1: the order of `order --drop-last`.
+        expected = order_lines(train_dir, "--batch-events", "16", "--rank", str(rank),
+                               "--world", "3", "--drop-last")
+        assert result["ids"] == expected
+        assert result["len"] == len(expected)
+        union += result["ids"]
+    counts = {len(r["ids"]) for r in results}
+    assert len(counts) == 1, f"every rank the same number of batches: {counts}"
+    flat = [e for batch in union for e in batch]
+    assert len(flat) == len(set(flat)), "no event on two ranks"
+
+
+def test_explicit_rank_and_world_without_drop_last(train_dir, torch):
+    per_rank = [ids(shardify.Loader(train_dir, batch_events=16, rank=r, world=3, drop_last=False))
+                for r in range(3)]
+    for rank, got in enumerate(per_rank):
+        assert got == order_lines(train_dir, "--batch-events", "16", "--rank", str(rank),
+                                  "--world", "3")
+    assert sorted(e for r in per_rank for b in r for e in b) == sorted(
+        e for b in order_lines(train_dir, "--batch-events", "16") for e in b)

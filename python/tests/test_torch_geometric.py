@@ -1,0 +1,41 @@
+"""The PyG adapter: nodes, features and the per-node batch vector against the packed batch."""
+
+import numpy as np
+import pytest
+import shardify
+
+pyg = pytest.importorskip("torch_geometric", reason="torch_geometric is not installed")
+
+
+@pytest.mark.parametrize("nodes", ["pulses", "doms"])
+def test_to_pyg_matches_the_packed_batch(train_dir, stored, torch, nodes):
+    from shardify.torch_geometric import to_pyg
+
+    for batch in shardify.Loader(train_dir, batch_events=16):
+        graphs = to_pyg(batch, nodes=nodes)
+        assert isinstance(graphs, pyg.data.Batch)
+        assert graphs.num_graphs == len(batch["event_id"])
+        np.testing.assert_array_equal(graphs.event_id.numpy(), batch["event_id"].numpy())
+        for g, event_id in enumerate(batch["event_id"].tolist()):
+            want = stored.event(event_id)
+            rows = (graphs.batch == g).nonzero().flatten().numpy()
+            assert rows.tolist() == list(range(graphs.ptr[g], graphs.ptr[g + 1]))
+            x = graphs.x[rows].numpy()
+            xyz = stored.positions[want["dom_sensor_id"]].astype(np.float32)
+            if nodes == "pulses":
+                assert len(rows) == len(want["pulse_time"])
+                np.testing.assert_array_equal(x[:, :3], np.repeat(xyz, want["dom_pulse_counts"], 0))
+                np.testing.assert_array_equal(x[:, 3], want["pulse_time"].astype(np.float32))
+                np.testing.assert_array_equal(x[:, 4], want["pulse_charge"].astype(np.float32))
+                np.testing.assert_array_equal(x[:, 5], want["pulse_auxiliary"].astype(np.float32))
+            else:
+                assert len(rows) == len(want["dom_sensor_id"])
+                np.testing.assert_array_equal(x[:, :3], xyz)
+                np.testing.assert_array_equal(x[:, 3], want["dom_pulse_counts"])
+                starts = np.concatenate([[0], np.cumsum(want["dom_pulse_counts"])[:-1]])
+                np.testing.assert_array_equal(x[:, 4], want["pulse_time"][starts].astype(np.float32))
+                sums = np.add.reduceat(want["pulse_charge"].astype(np.float32), starts)
+                np.testing.assert_allclose(x[:, 5], sums, rtol=1e-6)
+                anyaux = np.maximum.reduceat(want["pulse_auxiliary"].astype(np.float32), starts)
+                np.testing.assert_array_equal(x[:, 6], anyaux)
+            assert graphs.y[g].tolist() == [want["event_azimuth"], want["event_zenith"]]
