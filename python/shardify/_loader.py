@@ -66,7 +66,9 @@ def _device_name(device: Any) -> str:
         return "cpu"
     if kind == "cuda":
         return f"cuda:{index or 0}"
-    raise ValueError(f"invalid device: {device!r} (expected auto, cpu, cuda, cuda:N or a torch.device)")
+    raise ValueError(
+        f"invalid device: {device!r} (expected auto, cpu, cuda, cuda:N or a torch.device)"
+    )
 
 
 class Loader:
@@ -175,7 +177,7 @@ class Loader:
             sections = next_batch()
             if sections is None:
                 return
-            yield dict(zip(names, map(convert, sections)))
+            yield dict(zip(names, map(convert, sections), strict=True))
 
     def __len__(self) -> int:
         """The exact number of batches this rank gets in the current epoch."""

@@ -34,7 +34,6 @@ def to_pyg(batch: dict[str, Any], nodes: str = "pulses"):
     dom_pulses = batch["dom_pulse_offsets"].long()
     events = batch["event_id"].shape[0]
     device = event_doms.device
-    doms_per_event = event_doms.diff()
     pulses_per_dom = dom_pulses.diff()
     dom_xyz = batch["dom_position"].to(torch.float32)
     if nodes == "pulses":

@@ -38,9 +38,7 @@ impl PyDataset {
     #[pyo3(signature = (path, checksums = "lazy"))]
     fn new(py: Python<'_>, path: PathBuf, checksums: &str) -> PyResult<Self> {
         let policy = checksum_policy(checksums).map_err(to_py)?;
-        let dataset = py
-            .detach(|| Dataset::open(&path, policy))
-            .map_err(to_py)?;
+        let dataset = py.detach(|| Dataset::open(&path, policy)).map_err(to_py)?;
         Ok(PyDataset {
             dataset: Arc::new(dataset),
         })

@@ -75,8 +75,9 @@ class StoredEvents:
     """Every event of a dataset read straight from its shard files with safetensors."""
 
     def __init__(self, dataset: Path):
-        from safetensors.numpy import load_file
         import json
+
+        from safetensors.numpy import load_file
 
         manifest = json.loads((dataset / "manifest.json").read_text())
         self.shards = [load_file(dataset / s["file"]) for s in manifest["shards"]]

@@ -24,7 +24,7 @@ def test_a_device_epoch_equals_the_cpu_epoch(train_dir, torch, cuda):
                       for b in loader if all(t.is_cuda for t in b.values())]
     expected = host_epoch(train_dir)
     assert len(device_batches) == len(expected)
-    for got, want in zip(device_batches, expected):
+    for got, want in zip(device_batches, expected, strict=True):
         assert got.keys() == want.keys()
         for name in want:
             assert torch.equal(got[name], want[name]), name

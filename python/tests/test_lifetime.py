@@ -17,7 +17,7 @@ def test_sections_of_a_batch_share_one_buffer(train_dir, torch):
     spans = sorted(span(t) for t in batch.values())
     # One buffer cut into 64-byte aligned sections, in order, without overlap.
     assert all(s % 64 == 0 for s, _ in spans)
-    assert all(a_end <= b_start for (_, a_end), (b_start, _) in zip(spans, spans[1:]))
+    assert all(a_end <= b_start for (_, a_end), (b_start, _) in zip(spans, spans[1:], strict=False))
     assert spans[-1][1] - spans[0][0] < 1 << 22, "one buffer, not scattered allocations"
     # Writing through one tensor is visible through a numpy view of the same memory.
     times = batch["pulse_time"]

@@ -7,7 +7,6 @@ import sys
 
 import pytest
 import shardify
-
 from conftest import ids, order_lines
 
 SETTINGS = [

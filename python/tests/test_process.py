@@ -9,7 +9,6 @@ import time
 
 import pytest
 import shardify
-
 from conftest import run_cli
 
 

@@ -2,7 +2,6 @@
 
 import pytest
 import shardify
-
 from conftest import ids, order_lines
 
 
@@ -50,9 +49,12 @@ def test_a_state_saved_on_rank_0_resumes_rank_1(train_dir, torch):
     assert ids(rank1) == expected[3:]
 
 
-@pytest.mark.parametrize("field,other", [("seed", dict(seed=1)), ("batch_events", dict(batch_events=9)),
-                                         ("world", dict(rank=0, world=2, drop_last=False)),
-                                         ("window_blocks", dict(window_blocks=2))])
+@pytest.mark.parametrize("field,other", [
+    ("seed", {"seed": 1}),
+    ("batch_events", {"batch_events": 9}),
+    ("world", {"rank": 0, "world": 2, "drop_last": False}),
+    ("window_blocks", {"window_blocks": 2}),
+])
 def test_a_state_from_other_settings_is_refused(train_dir, torch, field, other):
     state = shardify.Loader(train_dir, batch_events=8).state_dict()
     loader = shardify.Loader(train_dir, **{"batch_events": 8, **other})

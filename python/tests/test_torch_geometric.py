@@ -24,7 +24,8 @@ def test_to_pyg_matches_the_packed_batch(train_dir, stored, torch, nodes):
             xyz = stored.positions[want["dom_sensor_id"]].astype(np.float32)
             if nodes == "pulses":
                 assert len(rows) == len(want["pulse_time"])
-                np.testing.assert_array_equal(x[:, :3], np.repeat(xyz, want["dom_pulse_counts"], 0))
+                np.testing.assert_array_equal(
+                    x[:, :3], np.repeat(xyz, want["dom_pulse_counts"], 0))
                 np.testing.assert_array_equal(x[:, 3], want["pulse_time"].astype(np.float32))
                 np.testing.assert_array_equal(x[:, 4], want["pulse_charge"].astype(np.float32))
                 np.testing.assert_array_equal(x[:, 5], want["pulse_auxiliary"].astype(np.float32))
@@ -33,7 +34,8 @@ def test_to_pyg_matches_the_packed_batch(train_dir, stored, torch, nodes):
                 np.testing.assert_array_equal(x[:, :3], xyz)
                 np.testing.assert_array_equal(x[:, 3], want["dom_pulse_counts"])
                 starts = np.concatenate([[0], np.cumsum(want["dom_pulse_counts"])[:-1]])
-                np.testing.assert_array_equal(x[:, 4], want["pulse_time"][starts].astype(np.float32))
+                first_times = want["pulse_time"][starts].astype(np.float32)
+                np.testing.assert_array_equal(x[:, 4], first_times)
                 sums = np.add.reduceat(want["pulse_charge"].astype(np.float32), starts)
                 np.testing.assert_allclose(x[:, 5], sums, rtol=1e-6)
                 anyaux = np.maximum.reduceat(want["pulse_auxiliary"].astype(np.float32), starts)

@@ -282,7 +282,11 @@ impl DeviceCopy {
             .wait(&self.slot().copied)
             .map_err(|e| driver_error("stream cannot wait for the copy", e))?;
         // By handle: wrappers of one borrowed stream are distinct `Arc`s.
-        if !self.consumers.iter().any(|s| s.cu_stream() == stream.cu_stream()) {
+        if !self
+            .consumers
+            .iter()
+            .any(|s| s.cu_stream() == stream.cu_stream())
+        {
             self.consumers.push(stream.clone());
         }
         Ok(())

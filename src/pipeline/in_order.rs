@@ -51,7 +51,10 @@ impl InOrder {
                 return Arrival::Ready(result);
             }
             let received = match deadline {
-                None => self.results.recv().map_err(|_| RecvTimeoutError::Disconnected),
+                None => self
+                    .results
+                    .recv()
+                    .map_err(|_| RecvTimeoutError::Disconnected),
                 Some(deadline) => self.results.recv_deadline(deadline),
             };
             match received {

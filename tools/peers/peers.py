@@ -3,6 +3,7 @@
 
     python3 tools/peers/peers.py KAGGLE_DIR [--split train] [--batch-events 256]
                                  [--cache-files 2] [--seconds 20] [--json FILE]
+                                 [--dataset SHARDIFY_DIR [--window 16] [--workers 2]]
 
 Runs, each for at most --seconds:
   * pytorch-style: a map-style Dataset with per-event random access over the batch files,
@@ -13,6 +14,12 @@ Runs, each for at most --seconds:
 and prints events/s, pulses/s, GB/s (collated payload) and the shuffle-quality metrics of
 shardbench (file mixing, lag-1 zenith autocorrelation, pair repeat, displacement).
 Needs numpy and pyarrow; torch optional.
+
+With --dataset (the same source converted by `shardify convert`) it also runs, in this
+process, the `shardify` Python package's loader at the same batch size: the Rust loader
+alone (batches taken and dropped in Rust: the bound), then yielding torch tensors, then
+numpy arrays, and prints each one's ratio to the Rust loader and the Python overhead per
+batch (its time per batch less the Rust loader's).
 """
 import argparse
 import functools
@@ -129,6 +136,48 @@ def numpy_block_shuffle(files, index, batch_events, seconds, seed, epoch=0):
     return run(batches(), seconds)
 
 
+def shardify_loaders(dataset, batch_events, window, workers, seconds, seed):
+    """The package's loader on a converted dataset: Rust alone, then torch, then numpy,
+    interleaved three times; the medians."""
+    import shardify
+
+    def timed(output):
+        loader = shardify.Loader(dataset, batch_events=batch_events, window_blocks=window,
+                                 workers=workers, seed=seed, device="cpu",
+                                 output="numpy" if output == "numpy" else "torch")
+        batches = events = pulses = 0
+        started = time.perf_counter()
+        while time.perf_counter() - started < seconds:
+            if output == "rust":
+                b, e, p, _ = loader._native.drain()
+                batches, events, pulses = batches + b, events + e, pulses + p
+                continue
+            for batch in loader:
+                batches += 1
+                events += len(batch["event_id"])
+                pulses += len(batch["pulse_time"])
+        elapsed = time.perf_counter() - started
+        return {"batches": batches, "events": events, "seconds": elapsed,
+                "events_per_s": events / elapsed, "pulses_per_s": pulses / elapsed,
+                "us_per_batch": elapsed / batches * 1e6}
+
+    names = {"rust": "shardify, Rust loader alone (bound)", "torch": "shardify -> torch tensors",
+             "numpy": "shardify -> numpy arrays"}
+    runs = {k: [] for k in names}
+    for _ in range(3):
+        for k in names:
+            runs[k].append(timed(k))
+    out = []
+    for k, name in names.items():
+        best = sorted(runs[k], key=lambda r: r["events_per_s"])[1]  # the median run
+        out.append(dict(name=name, **best, runs=[r["events_per_s"] for r in runs[k]]))
+    rust = out[0]
+    for row in out:
+        row["ratio_to_rust"] = row["events_per_s"] / rust["events_per_s"]
+        row["python_overhead_us_per_batch"] = row["us_per_batch"] - rust["us_per_batch"]
+    return out
+
+
 def run(batches, seconds):
     started = time.perf_counter()
     events = pulses = nbytes = 0
@@ -195,6 +244,9 @@ def main():
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json")
+    ap.add_argument("--dataset", help="the source converted by `shardify convert`")
+    ap.add_argument("--window", type=int, default=16, help="shardify window_blocks")
+    ap.add_argument("--workers", type=int, default=2, help="shardify worker threads")
     args = ap.parse_args()
     files, metas = discover(args.source, args.split)
     index = load_index(files, metas)
@@ -212,9 +264,23 @@ def main():
         ac = "-" if q["label_autocorrelation"] is None else f"{q['label_autocorrelation']:.3f}"
         print(f"{l['name']:<44} {l['events_per_s']:>11.0f} {l['pulses_per_s']:>12.0f} {l['gb_per_s']:>7.3f} "
               f"{q['file_mixing']:>7.3f} {ac:>8} {q['pair_repeat']:>7.4f} {q['displacement']:>6.3f}")
+    package = []
+    if args.dataset:
+        package = shardify_loaders(args.dataset, args.batch_events, args.window, args.workers,
+                                   args.seconds, args.seed)
+        print(f"\n{'shardify package (same process)':<44} {'events/s':>11} {'pulses/s':>12} "
+              f"{'us/batch':>9} {'x Rust':>7} {'overhead us/batch':>18}")
+        for l in package:
+            print(f"{l['name']:<44} {l['events_per_s']:>11.0f} {l['pulses_per_s']:>12.0f} "
+                  f"{l['us_per_batch']:>9.1f} {l['ratio_to_rust']:>7.2f} "
+                  f"{l['python_overhead_us_per_batch']:>18.1f}")
+        block = loaders[1]["events_per_s"]
+        for l in package[1:]:
+            print(f"{l['name']}: {l['events_per_s'] / block:.1f}x the numpy block shuffle")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"loaders": loaders, "batch_events": args.batch_events}, f, indent=2)
+            json.dump({"loaders": loaders, "shardify": package, "batch_events": args.batch_events},
+                      f, indent=2)
 
 
 if __name__ == "__main__":
