@@ -43,73 +43,50 @@ pub struct PyLoader {
     progress: Mutex<ProcessBound<Progress>>,
 }
 
-/// The arguments of `shardify.Loader` that shape the Rust configuration.
-#[allow(clippy::too_many_arguments)]
-fn loader_config(
+/// `batch_events`, or a pulse budget (`max_pulses`, optionally `max_events`).
+fn batching(
     batch_events: usize,
     max_pulses: Option<usize>,
     max_events: Option<usize>,
-    layout: &str,
-    max_doms: Option<usize>,
-    pulses_per_dom: Option<usize>,
-    sampler: SamplerConfig,
-    workers: usize,
-    prefetch: usize,
-    device: &str,
-    dom_positions: bool,
-) -> Result<LoaderConfig, Error> {
-    let batching = match (max_pulses, max_events) {
-        (Some(max_pulses), max_events) => Batching::Pulses {
+) -> Result<Batching, Error> {
+    match (max_pulses, max_events) {
+        (Some(max_pulses), max_events) => Ok(Batching::Pulses {
             max_pulses,
             max_events,
-        },
-        (None, Some(_)) => {
-            return Err(Error::config(
-                "max_events",
-                "applies with max_pulses only (batch_events fixes the event count otherwise)",
-            ))
-        }
-        (None, None) => Batching::Events(batch_events),
-    };
-    let layout = match (layout, max_doms, pulses_per_dom) {
-        ("packed", None, None) => BatchLayout::Packed,
-        ("packed", _, _) => {
-            return Err(Error::config(
-                "max_doms",
-                "max_doms and pulses_per_dom apply to layout=\"padded\" only",
-            ))
-        }
-        ("padded", Some(max_doms), Some(pulses_per_dom)) => BatchLayout::Padded {
+        }),
+        (None, Some(_)) => Err(Error::config(
+            "max_events",
+            "applies with max_pulses only (batch_events fixes the event count otherwise)",
+        )),
+        (None, None) => Ok(Batching::Events(batch_events)),
+    }
+}
+
+/// `"packed"`, or `"padded"` with `max_doms` and `pulses_per_dom`.
+fn layout(
+    name: &str,
+    max_doms: Option<usize>,
+    pulses_per_dom: Option<usize>,
+) -> Result<BatchLayout, Error> {
+    match (name, max_doms, pulses_per_dom) {
+        ("packed", None, None) => Ok(BatchLayout::Packed),
+        ("packed", _, _) => Err(Error::config(
+            "max_doms",
+            "max_doms and pulses_per_dom apply to layout=\"padded\" only",
+        )),
+        ("padded", Some(max_doms), Some(pulses_per_dom)) => Ok(BatchLayout::Padded {
             max_doms,
             pulses_per_dom,
-        },
-        ("padded", _, _) => {
-            return Err(Error::config(
-                "layout",
-                "\"padded\" needs max_doms and pulses_per_dom",
-            ))
-        }
-        (other, _, _) => {
-            return Err(Error::config(
-                "layout",
-                format!("`{other}`: expected \"packed\" or \"padded\""),
-            ))
-        }
-    };
-    let config = LoaderConfig {
-        sampler: SamplerConfig {
-            batching,
-            ..sampler
-        },
-        layout,
-        workers,
-        prefetch,
-        device: device.parse::<DeviceChoice>()?,
-        dom_positions,
-        ..LoaderConfig::default()
-    };
-    config.validate()?;
-    Ok(config)
+        }),
+        ("padded", _, _) => Err(Error::config(
+            "layout",
+            "\"padded\" needs max_doms and pulses_per_dom",
+        )),
+        (other, _, _) => Err(Error::config(
+            "layout",
+            format!("`{other}`: expected \"packed\" or \"padded\""),
+        )),
+    }
 }
 
 fn batch_order(name: &str) -> Result<BatchOrder, Error> {
@@ -206,31 +183,26 @@ impl PyLoader {
         device: &str,
         dom_positions: bool,
     ) -> PyResult<Self> {
-        let sampler = SamplerConfig {
-            seed,
-            block_events,
-            window_blocks,
-            run_events,
-            batching: Batching::Events(batch_events),
-            batch_order: self::batch_order(batch_order).map_err(to_py)?,
-            drop_last,
-            rank,
-            world,
-        };
-        let config = loader_config(
-            batch_events,
-            max_pulses,
-            max_events,
-            layout,
-            max_doms,
-            pulses_per_dom,
-            sampler,
+        let config = LoaderConfig {
+            sampler: SamplerConfig {
+                seed,
+                block_events,
+                window_blocks,
+                run_events,
+                batching: batching(batch_events, max_pulses, max_events).map_err(to_py)?,
+                batch_order: self::batch_order(batch_order).map_err(to_py)?,
+                drop_last,
+                rank,
+                world,
+            },
+            layout: self::layout(layout, max_doms, pulses_per_dom).map_err(to_py)?,
             workers,
             prefetch,
-            device,
+            device: device.parse::<DeviceChoice>().map_err(to_py)?,
             dom_positions,
-        )
-        .map_err(to_py)?;
+            ..LoaderConfig::default()
+        };
+        config.validate().map_err(to_py)?;
         let choice = config.device;
         let placement = py.detach(|| Placement::resolve(choice)).map_err(to_py)?;
         Ok(PyLoader {
