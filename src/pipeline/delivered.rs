@@ -91,10 +91,7 @@ impl Batch {
     /// device buffer is reused only after the work queued on `stream` before this batch
     /// is dropped. An error on the CPU path.
     pub fn wait_on(&mut self, stream: &Arc<CudaStream>) -> Result<()> {
-        self.device
-            .as_mut()
-            .ok_or_else(|| Error::Device("this batch is in host memory".into()))?
-            .wait_on(stream)
+        self.device_copy_mut()?.wait_on(stream)
     }
 
     /// As [`Batch::wait_on`] for a stream owned by another library (see
@@ -104,12 +101,16 @@ impl Batch {
     /// `stream` must be a valid stream of the loader's device context, alive until this
     /// batch is dropped.
     pub unsafe fn wait_on_borrowed(&mut self, stream: cudarc::driver::sys::CUstream) -> Result<()> {
-        let copy = self
-            .device
-            .as_mut()
-            .ok_or_else(|| Error::Device("this batch is in host memory".into()))?;
+        let copy = self.device_copy_mut()?;
         // SAFETY: forwarded from the caller.
         unsafe { copy.wait_on_borrowed(stream) }
+    }
+
+    /// The device copy, or the error for a batch in host memory.
+    fn device_copy_mut(&mut self) -> Result<&mut DeviceCopy> {
+        self.device
+            .as_mut()
+            .ok_or_else(|| Error::Device("this batch is in host memory".into()))
     }
 
     /// The event consumers wait on before reading the device bytes (`None` on the CPU).
