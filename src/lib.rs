@@ -9,7 +9,8 @@
 //! [`dataset`] (reading shards back: inspect, dump, verify). Training jobs read through
 //! [`sampler`] (block-shuffle order, batching, ranks) -> [`batch`] (layouts, gather) ->
 //! [`pipeline`] (worker threads, in-order delivery) -> [`device`] (staging memory, CUDA
-//! copies). (The `bench` and `synth` modules serve this repository's benches, tests and
+//! copies); a loader that holds the whole dataset in (GPU) memory takes its order from
+//! [`resident`] (an epoch's batches as flat arrays) instead. (The `bench` and `synth` modules serve this repository's benches, tests and
 //! tools, and are left out of these docs.)
 //!
 //! ```no_run
@@ -38,6 +39,7 @@ pub mod format;
 pub mod pack;
 pub mod pipeline;
 mod prefetch;
+pub mod resident;
 #[doc(hidden)]
 pub mod rng;
 pub mod sampler;

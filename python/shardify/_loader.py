@@ -6,10 +6,13 @@ import json
 import os
 import sys
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import _native
 from ._dataset import Dataset
+
+if TYPE_CHECKING:
+    from ._resident import ResidentBatches
 
 #: Sampler settings a saved state must match (rank is not among them).
 _STATE_KEYS = (
@@ -113,6 +116,7 @@ class Loader:
         device: Any = "auto",
         output: str = "torch",
         dom_positions: bool = True,
+        resident: bool = False,
     ):
         if isinstance(dataset_or_path, Dataset):
             dataset = dataset_or_path
@@ -128,6 +132,10 @@ class Loader:
             drop_last = world > 1
         device = _device_name(device)
         if output == "numpy":
+            if resident:
+                raise ValueError(
+                    'invalid output: resident=True delivers torch tensors on the device that '
+                    'holds the dataset; use output="torch" (the default)')
             if device.startswith("cuda"):
                 raise ValueError("invalid device: numpy output lives in host memory; use cpu")
             device = "cpu"
@@ -152,32 +160,39 @@ class Loader:
             world=world,
             workers=_count("workers", workers),
             prefetch=_count("prefetch", prefetch),
-            device=device,
+            # A resident loader only plans with it: its device is torch's (below).
+            device="cpu" if resident else device,
             dom_positions=bool(dom_positions),
         )
-        self.section_names: tuple[str, ...] = tuple(self._native.section_names())
-        placement, self.placement_reason = self._native.placement()
-        if output == "torch":
-            import torch
+        self.section_names: tuple[str, ...] = tuple(name for name, _ in self._native.sections())
+        self.resident = bool(resident)
+        self._batches: _Streaming | ResidentBatches
+        if self.resident:
+            from ._resident import ResidentBatches, layout_of
 
-            self._convert = torch.from_dlpack
-            self.device = torch.device(placement)
+            self.device, self.placement_reason = _resident_device(device)
+            self._batches = ResidentBatches(
+                self._native, dataset, self.device, layout_of(self._native, max_doms,
+                                                              pulses_per_dom))
         else:
-            import numpy as np
+            placement, self.placement_reason = self._native.placement()
+            if output == "torch":
+                import torch
 
-            self._convert = np.from_dlpack
-            self.device = placement
+                convert: Any = torch.from_dlpack
+                self.device = torch.device(placement)
+            else:
+                import numpy as np
+
+                convert = np.from_dlpack
+                self.device = placement
+            self._batches = _Streaming(self._native, self.section_names, convert)
         self._lengths: dict[int, int] = {}
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         """One epoch, from where the loader stands: the start of the next epoch after a
         finished one, the rest of the epoch after a ``break`` or ``load_state_dict``."""
-        next_batch, names, convert = self._native.next_batch, self.section_names, self._convert
-        while True:
-            sections = next_batch()
-            if sections is None:
-                return
-            yield dict(zip(names, map(convert, sections), strict=True))
+        return self._batches.batches()
 
     def __len__(self) -> int:
         """The exact number of batches this rank gets in the current epoch."""
@@ -189,17 +204,17 @@ class Loader:
     @property
     def epoch(self) -> int:
         """The epoch the next batch belongs to."""
-        return self._native.position()[0]
+        return self._batches.position()[0]
 
     def set_epoch(self, epoch: int) -> None:
         """Starts epoch ``epoch`` from its first batch at the next ``for``."""
-        self._native.seek(_count("epoch", epoch), 0)
+        self._batches.seek(_count("epoch", epoch), 0)
 
     def state_dict(self) -> dict[str, Any]:
         """Where the loader stands (after the last batch handed out, not the last
         prefetched) and the settings that decide the order. Holds no rank: a state saved on
         rank 0 resumes every rank."""
-        epoch, batches_taken = self._native.position()
+        epoch, batches_taken = self._batches.position()
         return {
             "epoch": epoch,
             "batches_taken": batches_taken,
@@ -222,17 +237,68 @@ class Loader:
                     f"invalid state: {key} is {saved.get(key)!r} in the saved state but "
                     f"{ours[key]!r} in this loader"
                 )
-        self._native.seek(
+        self._batches.seek(
             _count("epoch", state["epoch"]), _count("batches_taken", state["batches_taken"])
         )
 
     @property
     def staging_allocations(self) -> int:
-        """Staging buffers this epoch's loader allocated (constant in the steady state)."""
-        return self._native.staging_allocations()
+        """Batch buffers allocated: the staging buffers of this epoch's streaming loader, or
+        a resident loader's output buffers (constant in the steady state)."""
+        if isinstance(self._batches, _Streaming):
+            return self._native.staging_allocations()
+        return self._batches.pool.allocations
 
     def __repr__(self) -> str:
+        kind = ", resident" if self.resident else ""
         return (
             f"shardify.Loader({self.dataset.path!r}, rank {self.rank} of {self.world}, "
-            f"device {self.device}, epoch {self.epoch})"
+            f"device {self.device}{kind}, epoch {self.epoch})"
         )
+
+
+class _Streaming:
+    """The streaming loader's batches: the native loader's sections as tensors or arrays."""
+
+    def __init__(self, native: Any, names: tuple[str, ...], convert: Any):
+        self._native, self._names, self._convert = native, names, convert
+
+    def position(self) -> tuple[int, int]:
+        """(epoch, batches handed out in it)."""
+        return self._native.position()
+
+    def seek(self, epoch: int, batches_taken: int) -> None:
+        """Moves to batch ``batches_taken`` of ``epoch``."""
+        self._native.seek(epoch, batches_taken)
+
+    def batches(self) -> Iterator[dict[str, Any]]:
+        """The rest of the current epoch."""
+        next_batch, names, convert = self._native.next_batch, self._names, self._convert
+        while True:
+            sections = next_batch()
+            if sections is None:
+                return
+            yield dict(zip(names, map(convert, sections), strict=True))
+
+
+def _resident_device(device: str) -> tuple[Any, str]:
+    """The torch device a resident loader holds the dataset on, and on the CPU why."""
+    import torch
+
+    if device == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda", 0), ""
+        return torch.device("cpu"), "torch sees no CUDA device"
+    if device == "cuda":
+        device = "cuda:0"
+    try:
+        chosen = torch.device(device)
+    except RuntimeError:
+        raise ValueError(
+            f"invalid device: {device!r} (expected auto, cpu, cuda, cuda:N or a torch.device)"
+        ) from None
+    if chosen.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(f"device {device}: torch sees no CUDA device (driver or GPU missing)")
+    if chosen.type not in ("cpu", "cuda"):
+        raise ValueError(f"invalid device: {device!r} (expected auto, cpu, cuda or cuda:N)")
+    return chosen, ""

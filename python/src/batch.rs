@@ -3,16 +3,14 @@
 
 use std::sync::{Arc, Mutex};
 
-use dlpark::ffi::{DLDataType, DLDevice, DLManagedTensor, DLManagedTensorVersioned};
-use dlpark::metadata::Dynamic;
+use dlpark::ffi::{DLDevice, DLManagedTensor, DLManagedTensorVersioned};
 use dlpark::python::{export_dlpack, CudaStreamRequest, DlpackExporter, ExportRequest};
 use dlpark::{DlpackFlags, Managed, ManagedTensorBase};
-use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use shardify::batch::Section;
-use shardify::format::safetensors::Dtype;
 use shardify::pipeline::Batch;
 
+use crate::array::{export_tensor, numpy_name, Described};
 use crate::errors::{forked, to_py};
 use crate::process::ProcessBound;
 
@@ -90,31 +88,6 @@ impl Delivered {
     }
 }
 
-/// A section's numpy dtype name.
-pub fn numpy_name(dtype: Dtype) -> &'static str {
-    match dtype {
-        Dtype::BOOL => "bool",
-        Dtype::U8 => "uint8",
-        Dtype::I16 => "int16",
-        Dtype::I32 => "int32",
-        Dtype::I64 => "int64",
-        Dtype::F32 => "float32",
-        Dtype::F64 => "float64",
-    }
-}
-
-fn dlpack_type(dtype: Dtype) -> DLDataType {
-    match dtype {
-        Dtype::BOOL => DLDataType::BOOL,
-        Dtype::U8 => DLDataType::U8,
-        Dtype::I16 => DLDataType::I16,
-        Dtype::I32 => DLDataType::I32,
-        Dtype::I64 => DLDataType::I64,
-        Dtype::F32 => DLDataType::F32,
-        Dtype::F64 => DLDataType::F64,
-    }
-}
-
 /// One section of a delivered batch, a DLPack producer (`__dlpack__`,
 /// `__dlpack_device__`): `torch.from_dlpack(section)` and `numpy.from_dlpack(section)`
 /// view the batch's buffer without copying, and keep it alive.
@@ -136,19 +109,18 @@ impl PySection {
 
     fn export<M: ManagedTensorBase>(&self) -> PyResult<Managed<M>> {
         let delivered = self.delivered()?;
-        let mut tensor = Dynamic::compact(&self.section.shape[..])
-            .initialize_as::<M>(self.batch.clone())
-            .map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
-        tensor
-            .set_data(delivered.address(&self.section))
-            .set_device(delivered.device())
-            .set_dtype(dlpack_type(self.section.dtype))
-            .set_byte_offset(0);
-        // SAFETY: the data pointer addresses `section.len` bytes of the batch's buffer,
-        // which the context (a clone of the shared batch) keeps alive and unmoved until the
-        // consumer calls the deleter; shape and compact strides describe exactly those bytes
-        // in the section's dtype; the flags are empty (writable memory, no copy made).
-        Ok(unsafe { tensor.finish() })
+        let described = Described {
+            data: delivered.address(&self.section),
+            shape: &self.section.shape,
+            dtype: self.section.dtype,
+            device: delivered.device(),
+            read_only: false,
+        };
+        // SAFETY: the data pointer addresses `section.len` bytes of the batch's buffer (its
+        // own, writable memory), which the context (a clone of the shared batch) keeps alive
+        // and unmoved until the consumer calls the deleter; `section.shape` in
+        // `section.dtype` is exactly those bytes.
+        unsafe { export_tensor(self.batch.clone(), described) }
     }
 }
 

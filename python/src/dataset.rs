@@ -8,7 +8,7 @@ use pyo3::types::PyBytes;
 use shardify::dataset::{ChecksumPolicy, Dataset};
 use shardify::Error;
 
-use crate::batch::numpy_name;
+use crate::array::{numpy_name, PyHostArray};
 use crate::errors::to_py;
 
 /// An opened dataset: its manifest checked, its shards mapped on first use.
@@ -91,6 +91,41 @@ impl PyDataset {
     fn sensor_positions<'py>(&self, py: Python<'py>) -> (Bound<'py, PyBytes>, &'static str) {
         let (bytes, dtype) = self.dataset.sensor_table().column().raw();
         (PyBytes::new(py, bytes), numpy_name(dtype))
+    }
+
+    /// Shard `shard`'s tensors, in file order, as read-only host arrays viewing its memory
+    /// map (no copy). The shard is validated (and checksummed, per the dataset's policy)
+    /// when first opened.
+    fn shard_tensors(&self, py: Python<'_>, shard: usize) -> PyResult<Vec<(String, PyHostArray)>> {
+        if shard >= self.dataset.shard_count() {
+            return Err(to_py(Error::config(
+                "shard",
+                format!(
+                    "{shard}: the dataset has {} shards",
+                    self.dataset.shard_count()
+                ),
+            )));
+        }
+        // Opening (validating, checksumming) takes a while: without the GIL.
+        py.detach(|| self.dataset.shard(shard).map(|_| ()))
+            .map_err(to_py)?;
+        let file = self.dataset.shard(shard).map_err(to_py)?; // open now: no work
+
+        let mut tensors: Vec<_> = file.header().tensors.iter().collect();
+        tensors.sort_by_key(|(_, info)| info.range.start);
+        Ok(tensors
+            .into_iter()
+            .map(|(name, info)| {
+                let bytes = &file.bytes()[info.range.clone()];
+                let array = PyHostArray::in_dataset(
+                    self.dataset.clone(),
+                    bytes,
+                    info.dtype,
+                    info.shape.clone(),
+                );
+                (name.clone(), array)
+            })
+            .collect())
     }
 
     fn __len__(&self) -> usize {

@@ -12,6 +12,7 @@
 //! (and on a GPU the device buffer) goes back to the loader's pool when the last tensor
 //! over it is freed.
 
+mod array;
 mod batch;
 mod cli;
 mod dataset;
@@ -29,6 +30,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<dataset::PyDataset>()?;
     m.add_class::<loader::PyLoader>()?;
     m.add_class::<batch::PySection>()?;
+    m.add_class::<array::PyHostArray>()?;
     m.add_function(wrap_pyfunction!(cli::run_cli, m)?)?;
     Ok(())
 }

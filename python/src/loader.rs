@@ -10,9 +10,11 @@ use shardify::batch::{sections, BatchLayout};
 use shardify::dataset::Dataset;
 use shardify::device::{DeviceChoice, Placement};
 use shardify::pipeline::{rank_batch_count, Arrival, Batch, Loader, LoaderConfig};
+use shardify::resident::plan_epoch;
 use shardify::sampler::{BatchOrder, Batching, SamplerConfig, SamplerState};
 use shardify::Error;
 
+use crate::array::{numpy_name, PyHostArray};
 use crate::batch::{Delivered, PySection};
 use crate::dataset::PyDataset;
 use crate::errors::{forked, to_py};
@@ -331,15 +333,50 @@ impl PyLoader {
         })
     }
 
-    /// The section names a batch hands out, in order.
-    fn section_names(&self) -> Vec<&'static str> {
+    /// The sections a batch hands out, in order: (name, numpy dtype name).
+    fn sections(&self) -> Vec<(&'static str, &'static str)> {
         let types = &self.dataset.manifest().schema.types;
         let shape = shardify::batch::BatchShape::default();
         shardify::batch::plan_sections(self.config.layout, shape, types, self.config.dom_positions)
             .list
             .into_iter()
-            .map(|s| s.name)
-            .filter(|name| self.hands_out(name))
+            .filter(|s| self.hands_out(s.name))
+            .map(|s| (s.name, numpy_name(s.dtype)))
             .collect()
+    }
+
+    /// This rank's batches of `epoch` after the first `batches_taken`, for a resident
+    /// loader: (events, starts, doms, pulses, max_doms), int64 host arrays. `events` holds
+    /// each event's global position (shards concatenated in manifest order) in delivery
+    /// order; batch `b` holds `events[starts[b]:starts[b + 1]]`, with `doms[b]` DOMs,
+    /// `pulses[b]` pulses, and `max_doms[b]` DOMs in its widest event: the batches, and
+    /// the order, the streaming loader delivers with the same settings.
+    fn epoch_plan(
+        &self,
+        py: Python<'_>,
+        epoch: u64,
+        batches_taken: u64,
+    ) -> PyResult<(
+        PyHostArray,
+        PyHostArray,
+        PyHostArray,
+        PyHostArray,
+        PyHostArray,
+    )> {
+        let position = SamplerState {
+            epoch,
+            batches_taken,
+        };
+        let (dataset, sampler) = (&self.dataset, &self.config.sampler);
+        let plan = py
+            .detach(|| plan_epoch(dataset, sampler, position))
+            .map_err(to_py)?;
+        Ok((
+            PyHostArray::owned(plan.events),
+            PyHostArray::owned(plan.starts),
+            PyHostArray::owned(plan.doms),
+            PyHostArray::owned(plan.pulses),
+            PyHostArray::owned(plan.max_doms),
+        ))
     }
 }

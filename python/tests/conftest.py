@@ -65,6 +65,20 @@ def test_dir(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.fixture(scope="session")
+def kaggle_dataset(tmp_path_factory) -> Path:
+    """The real public Kaggle sample beside the checkout (test split: 3 events, no labels),
+    converted; in CI its absence is a failure, elsewhere a skip."""
+    sample = REPO.parent / "shared" / "data" / "kaggle-sample"
+    if not sample.is_dir():
+        if IN_CI:
+            pytest.fail(f"{sample} is missing: CI runs with ../shared beside the checkout")
+        pytest.skip(f"the real Kaggle sample is not here ({sample})")
+    out = tmp_path_factory.mktemp("data") / "kaggle"
+    run_cli("convert", str(sample), str(out), "--split", "test", "--seed", "1")
+    return out
+
+
 @pytest.fixture()
 def train_copy(train_dir, tmp_path) -> Path:
     """A private copy of the train dataset, for tests that damage it."""

@@ -3,7 +3,10 @@
 
 pub mod dump;
 pub mod inspect;
+mod sizes;
 pub mod verify;
+
+pub use sizes::DatasetSizes;
 
 use std::fs::File;
 use std::path::{Path, PathBuf};

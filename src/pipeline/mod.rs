@@ -36,7 +36,7 @@ pub use delivered::{Batch, DeviceSection};
 pub use in_order::Arrival;
 
 use crate::batch::BatchLayout;
-use crate::dataset::Dataset;
+use crate::dataset::{Dataset, DatasetSizes};
 use crate::device::staging::{Allocator, HostMemory, PlainMemory, StagingPool};
 use crate::device::transfer::{DeviceCopy, DeviceSlots};
 use crate::device::{DeviceChoice, Placement};
@@ -44,7 +44,7 @@ use crate::error::{Error, Result};
 use crate::sampler::{self, SamplerConfig, SamplerState};
 use in_order::InOrder;
 use uploader::{upload_batches, Uploaded};
-use workers::{run_workers, DatasetSizes, Filled, Stop};
+use workers::{run_workers, Filled, Stop};
 
 /// How a loader runs.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -2,81 +2,16 @@
 //! share and gathers it into a staging buffer.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::Mutex;
 
 use crossbeam_channel::{bounded, select, Receiver, Sender, TrySendError};
 
 use super::LoaderConfig;
 use crate::batch::{plan_sections, BatchShape, Gatherer, Sections};
-use crate::dataset::Dataset;
+use crate::dataset::{Dataset, DatasetSizes};
 use crate::device::staging::{StagingBuffer, StagingPool};
-use crate::error::{Error, Result};
-use crate::format::ShardView;
-use crate::sampler::{BatchPlan, EpochBatches, EventRef, EventSizes, SamplerState};
-
-/// The sampler's view of a dataset's sizes, reading offsets straight from the shards.
-pub(crate) struct DatasetSizes<'a> {
-    dataset: &'a Dataset,
-    /// Each shard's view once opened; `None` when it failed to open.
-    views: Vec<OnceLock<Option<ShardView<'a>>>>,
-    /// The first shard that failed to open, handed once to the plan that needed it.
-    error: Mutex<Option<Error>>,
-}
-
-impl<'a> DatasetSizes<'a> {
-    pub(crate) fn new(dataset: &'a Dataset) -> Self {
-        DatasetSizes {
-            dataset,
-            views: (0..dataset.shard_count())
-                .map(|_| OnceLock::new())
-                .collect(),
-            error: Mutex::new(None),
-        }
-    }
-
-    /// The first shard that failed to open, if one did.
-    pub(crate) fn take_error(&self) -> Option<Error> {
-        self.error.lock().unwrap_or_else(|e| e.into_inner()).take()
-    }
-}
-
-impl EventSizes for DatasetSizes<'_> {
-    fn shard_events(&self) -> Vec<usize> {
-        self.dataset
-            .manifest()
-            .shards
-            .iter()
-            .map(|s| s.events as usize)
-            .collect()
-    }
-
-    fn pulses(&self, e: EventRef) -> usize {
-        let view = self.views[e.shard as usize].get_or_init(|| {
-            match self.dataset.shard(e.shard as usize).and_then(|s| s.view()) {
-                Ok(v) => Some(v),
-                Err(err) => {
-                    self.error
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .get_or_insert(err);
-                    None
-                }
-            }
-        });
-        view.as_ref()
-            .map_or(0, |v| v.event_pulse_range(e.index as usize).len())
-    }
-
-    fn read_ahead(&self, shard: u32, events: std::ops::Range<u32>) {
-        // A hint only: a shard that fails to open is reported by the gather that reads it.
-        if let Ok(shard) = self.dataset.shard(shard as usize) {
-            let events = events.start as usize..events.end as usize;
-            if let Err(e) = shard.read_ahead(events) {
-                tracing::debug!("read-ahead skipped: {e}");
-            }
-        }
-    }
-}
+use crate::error::Result;
+use crate::sampler::{BatchPlan, EpochBatches, SamplerState};
 
 /// A gathered batch on its way to the consumer.
 pub(crate) struct Filled {

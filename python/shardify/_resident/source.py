@@ -1,0 +1,229 @@
+"""The batches of a resident loader: the Rust sampler's epoch plan, gathered on the device.
+
+Once per epoch (or after a seek) the library plans this rank's batches
+(``_native.Loader.epoch_plan``: the streaming loader's very order) and the plan's event
+positions are uploaded to the device in one copy (asynchronous, from pinned memory, on a
+GPU). Each batch is then a slice of that tensor and a fixed sequence of device operations
+whose every size comes from the plan on the host: nothing per batch waits for the device.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from .buffers import OutputPool, SectionSpec, buffer_bytes, carve
+from .columns import Columns, load_columns, torch_dtype
+from .gather import BatchSizes, gather_packed, gather_padded
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+
+    from .._dataset import Dataset
+
+#: Environment variable choosing the gather: ``torch`` (torch operations, the reference)
+#: or ``fused`` (Triton kernels; on CPU tensors only under ``TRITON_INTERPRET=1``).
+GATHER_VARIABLE = "SHARDIFY_RESIDENT_GATHER"
+
+Gather = Callable[[Columns, "torch.Tensor", BatchSizes, dict[str, "torch.Tensor"]], None]
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """The batch layout: packed (``pulses_per_dom`` is None) or padded."""
+
+    sections: tuple[tuple[str, torch.dtype], ...]
+    """Section names and dtypes, in buffer order (the streaming loader's)."""
+    max_doms: int | None = None
+    pulses_per_dom: int | None = None
+
+    @property
+    def padded(self) -> bool:
+        return self.pulses_per_dom is not None
+
+    def specs(self, n: BatchSizes) -> list[SectionSpec]:
+        """The sections of a batch of sizes ``n``."""
+        shapes: dict[str, tuple[int, ...]] = {
+            "event_dom_offsets": (n.events + 1,),
+            "dom_pulse_offsets": (n.doms + 1,),
+            "dom_sensor_id": (n.doms,),
+            "dom_position": (n.doms, 3),
+            "pulse_time": (n.pulses,),
+            "pulse_charge": (n.pulses,),
+            "pulse_auxiliary": (n.pulses,),
+        }
+        rows = n.events * n.width
+        if self.pulses_per_dom is not None:
+            features = 4 + 3 * self.pulses_per_dom
+            shapes["dom_features"] = (n.events, n.width, features)
+            shapes["dom_mask"] = (n.events, n.width)
+        written = {"dom_features": (rows + 1, 4 + 3 * (self.pulses_per_dom or 0)),
+                   "dom_mask": (rows + 1,)}
+        specs = []
+        for name, dtype in self.sections:
+            shape = shapes.get(name, (n.events,))
+            specs.append(SectionSpec(name, dtype, shape, written.get(name, shape)))
+        return specs
+
+
+@dataclasses.dataclass
+class EpochPlan:
+    """One epoch's plan for this rank from batch ``first`` on, its events on the device."""
+
+    epoch: int
+    first: int
+    events: torch.Tensor
+    """``[N]`` int64 global positions, in delivery order, on the device."""
+    starts: list[int]
+    doms: list[int]
+    pulses: list[int]
+    max_doms: list[int]
+    capacity: int
+    """Bytes of the largest batch's buffer."""
+
+    @property
+    def batches(self) -> int:
+        return len(self.doms)
+
+    def sizes(self, b: int, layout: Layout) -> BatchSizes:
+        """Batch ``b``'s sizes (``b`` counted from ``first``)."""
+        width = min(self.max_doms[b], layout.max_doms or 0) if layout.padded else 0
+        return BatchSizes(self.starts[b + 1] - self.starts[b], self.doms[b], self.pulses[b],
+                          width)
+
+
+def gather_batch(gather: Gather, layout: Layout, pool: OutputPool, columns: Columns,
+                 events: torch.Tensor, plan: EpochPlan, b: int) -> dict[str, torch.Tensor]:
+    """Batch ``b`` of ``plan`` (counted from its first), gathered from ``columns`` into a
+    buffer of ``pool``; ``events`` is the plan's events tensor (on the columns' device)."""
+    n = plan.sizes(b, layout)
+    specs = layout.specs(n)
+    handed, written = carve(pool.take(buffer_bytes(specs), plan.capacity), specs)
+    gather(columns, events[plan.starts[b]:plan.starts[b + 1]], n, written)
+    return handed
+
+
+def _gather_for(kind: str, layout: Layout) -> Gather:
+    """The gather function: ``"torch"`` or ``"fused"`` for ``layout``."""
+    if kind == "fused":
+        from . import fused
+
+        return fused.gather_padded(layout.pulses_per_dom) if layout.padded else fused.gather_packed
+    if layout.padded:
+        k = layout.pulses_per_dom
+
+        def padded(c: Columns, events: torch.Tensor, n: BatchSizes,
+                   out: dict[str, torch.Tensor]) -> None:
+            gather_padded(c, events, n, k, out)  # type: ignore[arg-type]
+
+        return padded
+    return gather_packed
+
+
+def choose_gather(device: torch.device) -> str:
+    """``SHARDIFY_RESIDENT_GATHER`` when set, else ``fused`` on a GPU with Triton and
+    ``torch`` otherwise."""
+    chosen = os.environ.get(GATHER_VARIABLE, "")
+    if chosen:
+        if chosen not in ("torch", "fused"):
+            raise ValueError(f"invalid {GATHER_VARIABLE}: {chosen!r} (expected torch or fused)")
+        return chosen
+    if device.type != "cuda":
+        return "torch"
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return "torch"
+    return "fused"
+
+
+class ResidentBatches:
+    """Batches of a dataset held whole on ``device``; positions and epochs as the
+    streaming loader's."""
+
+    def __init__(self, native: Any, dataset: Dataset, device: torch.device, layout: Layout,
+                 *, progress: bool | None = None, gather: str | None = None):
+        self._native = native
+        self.device = device
+        self.layout = layout
+        self.gather_kind = gather or choose_gather(device)
+        self._gather = _gather_for(self.gather_kind, layout)
+        self.columns = load_columns(dataset, device, progress=progress)
+        self.pool = OutputPool(device)
+        self._position = (0, 0)
+        self._plan: EpochPlan | None = None
+
+    def position(self) -> tuple[int, int]:
+        """(epoch, batches handed out in it)."""
+        return self._position
+
+    def seek(self, epoch: int, batches_taken: int) -> None:
+        """Moves to batch ``batches_taken`` of ``epoch``."""
+        self._position = (epoch, batches_taken)
+
+    def batches(self) -> Iterator[dict[str, torch.Tensor]]:
+        """The rest of the current epoch, then (at its end) the position moves to the next."""
+        while True:
+            batch = self.next()
+            if batch is None:
+                return
+            yield batch
+
+    def next(self) -> dict[str, torch.Tensor] | None:
+        """The next batch of the epoch, or ``None`` (and the next epoch's start) at its end."""
+        epoch, taken = self._position
+        plan = self._plan_at(epoch, taken)
+        b = taken - plan.first
+        if b >= plan.batches:
+            self._position = (epoch + 1, 0)
+            return None
+        batch = gather_batch(self._gather, self.layout, self.pool, self.columns, plan.events,
+                             plan, b)
+        self._position = (epoch, taken + 1)
+        return batch
+
+    def _plan_at(self, epoch: int, taken: int) -> EpochPlan:
+        """The plan holding batch ``taken`` of ``epoch``: the current one, or a new one."""
+        plan = self._plan
+        if plan is None or plan.epoch != epoch or not (
+                plan.first <= taken <= plan.first + plan.batches):
+            self._plan = None  # its device tensor goes before the next one comes
+            plan = self._plan = self._load_plan(epoch, taken)
+        return plan
+
+    def _load_plan(self, epoch: int, taken: int) -> EpochPlan:
+        import numpy as np
+        import torch
+
+        arrays = self._native.epoch_plan(epoch, taken)
+        on_host = torch.from_dlpack(arrays[0])
+        if self.device.type == "cuda":
+            on_device = on_host.pin_memory().to(self.device, non_blocking=True)
+        else:
+            on_device = on_host.to(self.device)
+        starts, doms, pulses, max_doms = (np.from_dlpack(a) for a in arrays[1:])
+        return EpochPlan(
+            epoch=epoch, first=taken, events=on_device, starts=starts.tolist(),
+            doms=doms.tolist(), pulses=pulses.tolist(), max_doms=max_doms.tolist(),
+            capacity=self._capacity(np.diff(starts), doms, pulses, max_doms),
+        )
+
+    def _capacity(self, events: np.ndarray, doms: np.ndarray, pulses: np.ndarray,
+                  max_doms: np.ndarray) -> int:
+        """Bytes of a buffer that holds any batch of the plan: the sections of a batch as
+        large as the largest in every size (each section grows with the sizes)."""
+        if doms.size == 0:
+            return 0
+        widest = min(int(max_doms.max()), self.layout.max_doms or 0)
+        largest = BatchSizes(int(events.max()), int(doms.max()), int(pulses.max()),
+                             widest if self.layout.padded else 0)
+        return buffer_bytes(self.layout.specs(largest))
+
+
+def layout_of(native: Any, max_doms: int | None, pulses_per_dom: int | None) -> Layout:
+    """The layout the native loader was configured with, its sections and dtypes."""
+    sections = tuple((name, torch_dtype(dtype)) for name, dtype in native.sections())
+    return Layout(sections, max_doms, pulses_per_dom)

@@ -1,0 +1,91 @@
+//! The sampler's view of a dataset: events per shard and pulses per event, read straight
+//! from the memory-mapped shards' offsets.
+
+use std::sync::{Mutex, OnceLock};
+
+use super::Dataset;
+use crate::error::Error;
+use crate::format::ShardView;
+use crate::sampler::{EventRef, EventSizes};
+
+/// [`EventSizes`] of a [`Dataset`]. A shard that fails to open counts 0 pulses per event;
+/// its error is kept for the caller ([`DatasetSizes::take_error`]), which must check it
+/// before trusting a plan.
+pub struct DatasetSizes<'a> {
+    dataset: &'a Dataset,
+    /// Each shard's view once opened; `None` when it failed to open.
+    views: Vec<OnceLock<Option<ShardView<'a>>>>,
+    /// The first shard that failed to open, handed once to the plan that needed it.
+    error: Mutex<Option<Error>>,
+    /// Whether the sampler's read-ahead hints reach the kernel (a streaming loader reads
+    /// the shards next; a plan made for data already in memory does not).
+    read_ahead: bool,
+}
+
+impl<'a> DatasetSizes<'a> {
+    /// The sizes of `dataset`, passing the sampler's read-ahead hints to the kernel.
+    pub fn new(dataset: &'a Dataset) -> Self {
+        DatasetSizes {
+            dataset,
+            views: (0..dataset.shard_count())
+                .map(|_| OnceLock::new())
+                .collect(),
+            error: Mutex::new(None),
+            read_ahead: true,
+        }
+    }
+
+    /// The sizes of `dataset`, ignoring the sampler's read-ahead hints.
+    pub fn without_read_ahead(dataset: &'a Dataset) -> Self {
+        DatasetSizes {
+            read_ahead: false,
+            ..DatasetSizes::new(dataset)
+        }
+    }
+
+    /// The first shard that failed to open, if one did.
+    pub fn take_error(&self) -> Option<Error> {
+        self.error.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
+}
+
+impl EventSizes for DatasetSizes<'_> {
+    fn shard_events(&self) -> Vec<usize> {
+        self.dataset
+            .manifest()
+            .shards
+            .iter()
+            .map(|s| s.events as usize)
+            .collect()
+    }
+
+    fn pulses(&self, e: EventRef) -> usize {
+        let view = self.views[e.shard as usize].get_or_init(|| {
+            match self.dataset.shard(e.shard as usize).and_then(|s| s.view()) {
+                Ok(v) => Some(v),
+                Err(err) => {
+                    self.error
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .get_or_insert(err);
+                    None
+                }
+            }
+        });
+        view.as_ref()
+            .map_or(0, |v| v.event_pulse_range(e.index as usize).len())
+    }
+
+    fn read_ahead(&self, shard: u32, events: std::ops::Range<u32>) {
+        if !self.read_ahead {
+            return;
+        }
+        // A hint only: a shard that fails to open is reported by the gather that reads it.
+        if let Ok(shard) = self.dataset.shard(shard as usize) {
+            let events = events.start as usize..events.end as usize;
+            if let Err(e) = shard.read_ahead(events) {
+                tracing::debug!("read-ahead skipped: {e}");
+            }
+        }
+    }
+}

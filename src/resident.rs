@@ -1,0 +1,124 @@
+//! What a *resident* loader needs from the library: one rank's epoch as flat arrays.
+//!
+//! A resident loader (the Python package's `Loader(..., resident=True)`) holds every column
+//! of the dataset in one set of concatenated tensors, on a GPU or in host memory, and
+//! gathers each batch there with a fixed sequence of tensor operations. It takes its order
+//! from this module, which runs the very sampler the streaming loader runs
+//! ([`EpochBatches`]) and measures each batch the way the streaming gather does
+//! ([`Gatherer::shape`]), so both loaders deliver the same batches for the same settings.
+//!
+//! The plan of an epoch holds, for the batches this rank takes from a position on:
+//! - the events in delivery order, as **global positions** (the shards concatenated in
+//!   manifest order: shard `s`'s event `i` is at `shard_start[s] + i`);
+//! - where each batch starts among them, and each batch's DOMs, pulses and largest DOM
+//!   count: every size a batch's gather needs, known on the host before it runs, so the
+//!   gather never waits on the device to learn one.
+//!
+//! ```no_run
+//! # fn main() -> shardify::Result<()> {
+//! use shardify::dataset::{ChecksumPolicy, Dataset};
+//! use shardify::resident::plan_epoch;
+//! use shardify::sampler::{SamplerConfig, SamplerState};
+//!
+//! let dataset = Dataset::open("ds".as_ref(), ChecksumPolicy::Lazy)?;
+//! let config = SamplerConfig { window_blocks: 1 << 20, ..SamplerConfig::default() };
+//! let plan = plan_epoch(&dataset, &config, SamplerState { epoch: 0, batches_taken: 0 })?;
+//! for b in 0..plan.batches() {
+//!     let events = plan.batch_events(b);   // global positions of batch b's events
+//!     let (doms, pulses) = (plan.doms[b], plan.pulses[b]);
+//! }
+//! # Ok(())
+//! # }
+//! ```
+
+use crate::batch::Gatherer;
+use crate::dataset::{Dataset, DatasetSizes};
+use crate::error::Result;
+use crate::sampler::{EpochBatches, SamplerConfig, SamplerState};
+
+/// One rank's batches of one epoch, from a position on, as flat arrays (I64, ready to
+/// become tensors).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EpochPlan {
+    /// The epoch.
+    pub epoch: u64,
+    /// The batches of the epoch this rank had taken before the plan's first batch.
+    pub first_batch: u64,
+    /// Every planned event's global position (shards concatenated in manifest order), in
+    /// delivery order.
+    pub events: Vec<i64>,
+    /// Batch `b` holds `events[starts[b]..starts[b + 1]]` (one more entry than batches).
+    pub starts: Vec<i64>,
+    /// DOMs of each batch.
+    pub doms: Vec<i64>,
+    /// Pulses of each batch.
+    pub pulses: Vec<i64>,
+    /// The largest DOM count of an event of each batch (the padded layout's width before
+    /// its cap).
+    pub max_doms: Vec<i64>,
+}
+
+impl EpochPlan {
+    /// The number of batches planned.
+    pub fn batches(&self) -> usize {
+        self.starts.len().saturating_sub(1)
+    }
+
+    /// Batch `b`'s events (global positions, delivery order).
+    pub fn batch_events(&self, b: usize) -> &[i64] {
+        &self.events[self.starts[b] as usize..self.starts[b + 1] as usize]
+    }
+}
+
+/// The global position of each shard's first event, and the total at the end.
+fn shard_starts(dataset: &Dataset) -> Vec<i64> {
+    let mut starts = Vec::with_capacity(dataset.shard_count() + 1);
+    let mut total = 0i64;
+    starts.push(0);
+    for shard in &dataset.manifest().shards {
+        total += shard.events as i64;
+        starts.push(total);
+    }
+    starts
+}
+
+/// The batches `config.rank` takes in `position.epoch` after the first
+/// `position.batches_taken`: the same batches, in the same order, as a streaming
+/// [`crate::pipeline::Loader`] started at `position` delivers. Reads the shards' offsets
+/// (memory-mapped; checksummed on first touch under a lazy policy), never their columns.
+pub fn plan_epoch(
+    dataset: &Dataset,
+    config: &SamplerConfig,
+    position: SamplerState,
+) -> Result<EpochPlan> {
+    config.validate()?;
+    let starts_of_shards = shard_starts(dataset);
+    let sizes = DatasetSizes::without_read_ahead(dataset);
+    let mut gatherer = Gatherer::new(dataset);
+    let mut plan = EpochPlan {
+        epoch: position.epoch,
+        first_batch: position.batches_taken,
+        starts: vec![0],
+        ..EpochPlan::default()
+    };
+    for batch in EpochBatches::new(&sizes, config, position.epoch, position.batches_taken) {
+        if let Some(e) = sizes.take_error() {
+            return Err(e);
+        }
+        let shape = gatherer.shape(&batch)?;
+        plan.events.extend(
+            batch
+                .events
+                .iter()
+                .map(|e| starts_of_shards[e.shard as usize] + i64::from(e.index)),
+        );
+        plan.starts.push(plan.events.len() as i64);
+        plan.doms.push(shape.doms as i64);
+        plan.pulses.push(shape.pulses as i64);
+        plan.max_doms.push(shape.max_doms as i64);
+    }
+    match sizes.take_error() {
+        Some(e) => Err(e),
+        None => Ok(plan),
+    }
+}
