@@ -2,13 +2,18 @@
 """Train a small direction model on a shardify dataset: the loader inside a real PyTorch loop.
 
     python examples/train_torch.py DATASET [--epochs 1] [--device auto] [--batch-events 256]
-           [--checkpoint ckpt.pt] [--checkpoint-every 200] [--resume] [--stop-after N]
+           [--resident] [--checkpoint ckpt.pt] [--checkpoint-every 200] [--resume]
+           [--stop-after N]
 
 The model is DeepSets over the padded layout: a per-DOM MLP on (x, y, z, pulse count and
 the first K pulses' time, charge, auxiliary), a masked mean over each event's DOMs, and an
 MLP to a unit vector; the loss is 1 - cos(angle) to the true direction from azimuth and
 zenith. It checkpoints the model, the optimiser and ``loader.state_dict()`` together, so
 ``--resume`` continues after the last batch trained on (not the last prefetched one).
+
+With ``--resident`` the whole dataset is held on the device and each batch is gathered
+there (``shardify.Loader(..., resident=True)``); the checkpoints are the same either way, so
+a streaming run may resume a resident one and back.
 
 It prints events/s and the fraction of time the training waited for data: on a GPU, the
 time the device sat idle between steps (CUDA events), on the CPU the time spent in next().
@@ -67,6 +72,8 @@ def main() -> None:
     ap.add_argument("--pulses-per-dom", type=int, default=4)
     ap.add_argument("--device", default="auto")
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--resident", action="store_true",
+                    help="hold the dataset on the device; gather batches there")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--checkpoint", default=None)
     ap.add_argument("--checkpoint-every", type=int, default=200)
@@ -77,7 +84,8 @@ def main() -> None:
 
     loader = shardify.Loader(args.dataset, batch_events=args.batch_events, layout="padded",
                              max_doms=args.max_doms, pulses_per_dom=args.pulses_per_dom,
-                             device=args.device, workers=args.workers, seed=0)
+                             device=args.device, workers=args.workers, seed=0,
+                             resident=args.resident)
     device = loader.device
     if not loader.dataset.labels:
         raise SystemExit(f"{args.dataset} has no labels (a test split): nothing to train on")

@@ -31,10 +31,12 @@
 //! # }
 //! ```
 
-use crate::batch::Gatherer;
+use rayon::prelude::*;
+
+use crate::batch::{BatchShape, Gatherer};
 use crate::dataset::{Dataset, DatasetSizes};
 use crate::error::Result;
-use crate::sampler::{EpochBatches, SamplerConfig, SamplerState};
+use crate::sampler::{BatchPlan, EpochBatches, SamplerConfig, SamplerState};
 
 /// One rank's batches of one epoch, from a position on, as flat arrays (I64, ready to
 /// become tensors).
@@ -82,10 +84,17 @@ fn shard_starts(dataset: &Dataset) -> Vec<i64> {
     starts
 }
 
+/// Batches the sampler hands over at a time to be measured (in parallel).
+const CHUNK_BATCHES: usize = 1024;
+
 /// The batches `config.rank` takes in `position.epoch` after the first
 /// `position.batches_taken`: the same batches, in the same order, as a streaming
 /// [`crate::pipeline::Loader`] started at `position` delivers. Reads the shards' offsets
 /// (memory-mapped; checksummed on first touch under a lazy policy), never their columns.
+///
+/// The sampler runs on a thread of its own and hands its batches over in chunks, which the
+/// threads of the current rayon pool measure meanwhile: the plan takes about as long as the
+/// sampler's order alone once there are a few cores (`cargo bench --bench plan`).
 pub fn plan_epoch(
     dataset: &Dataset,
     config: &SamplerConfig,
@@ -94,29 +103,53 @@ pub fn plan_epoch(
     config.validate()?;
     let starts_of_shards = shard_starts(dataset);
     let sizes = DatasetSizes::without_read_ahead(dataset);
-    let mut gatherer = Gatherer::new(dataset);
     let mut plan = EpochPlan {
         epoch: position.epoch,
         first_batch: position.batches_taken,
         starts: vec![0],
         ..EpochPlan::default()
     };
-    for batch in EpochBatches::new(&sizes, config, position.epoch, position.batches_taken) {
-        if let Some(e) = sizes.take_error() {
-            return Err(e);
-        }
-        let shape = gatherer.shape(&batch)?;
-        plan.events.extend(
-            batch
-                .events
-                .iter()
-                .map(|e| starts_of_shards[e.shard as usize] + i64::from(e.index)),
-        );
-        plan.starts.push(plan.events.len() as i64);
-        plan.doms.push(shape.doms as i64);
-        plan.pulses.push(shape.pulses as i64);
-        plan.max_doms.push(shape.max_doms as i64);
-    }
+    let (chunks, planned) = crossbeam_channel::bounded::<Vec<BatchPlan>>(2);
+    let sizes = &sizes;
+    std::thread::scope(|scope| {
+        // Moves the sender in: the channel closes when the sampler is done.
+        let sampler = scope.spawn(move || {
+            let mut batches =
+                EpochBatches::new(sizes, config, position.epoch, position.batches_taken);
+            loop {
+                let chunk: Vec<BatchPlan> = batches.by_ref().take(CHUNK_BATCHES).collect();
+                if chunk.is_empty() || chunks.send(chunk).is_err() {
+                    return;
+                }
+            }
+        });
+        let measured = planned.iter().try_for_each(|chunk| {
+            let shapes = chunk
+                .par_iter()
+                .map_init(
+                    || Gatherer::new(dataset),
+                    |gatherer, batch| gatherer.shape(batch),
+                )
+                .collect::<Result<Vec<BatchShape>>>()?;
+            for (batch, shape) in chunk.iter().zip(shapes) {
+                plan.events.extend(
+                    batch
+                        .events
+                        .iter()
+                        .map(|e| starts_of_shards[e.shard as usize] + i64::from(e.index)),
+                );
+                plan.starts.push(plan.events.len() as i64);
+                plan.doms.push(shape.doms as i64);
+                plan.pulses.push(shape.pulses as i64);
+                plan.max_doms.push(shape.max_doms as i64);
+            }
+            Ok(())
+        });
+        drop(planned); // stops the sampler after an error
+        sampler.join().expect("the sampler does not panic");
+        measured
+    })?;
+    // A shard the sampler could not size (batching by pulses) is an error, not a plan.
     match sizes.take_error() {
         Some(e) => Err(e),
         None => Ok(plan),

@@ -1,5 +1,7 @@
 """On a CUDA device (skipped, saying so, without one): the device epoch equals the CPU
-epoch, and torch work queued on its current stream sees complete batches."""
+epoch, and torch work queued on its current stream sees complete batches; resident batches
+(fused and torch gathers) equal the streaming ones, and a resident epoch runs under
+``torch.cuda.set_sync_debug_mode("error")``."""
 
 import pytest
 import shardify
@@ -42,3 +44,53 @@ def test_work_on_the_current_stream_sees_complete_batches(train_dir, torch, cuda
             del batch
     torch.cuda.synchronize()
     assert [float(s) for s in sums] == expected
+
+
+RESIDENT_SETTINGS = [dict(batch_events=16, seed=3),
+                     dict(max_pulses=900, window_blocks=1 << 20, batch_order="drawn"),
+                     dict(batch_events=16, layout="padded", max_doms=20, pulses_per_dom=3)]
+
+
+@pytest.mark.parametrize("gather", ["fused", "torch"])
+@pytest.mark.parametrize("settings", RESIDENT_SETTINGS)
+def test_resident_batches_on_the_gpu_equal_streaming_ones(train_dir, torch, cuda, monkeypatch,
+                                                          gather, settings):
+    if gather == "fused":
+        pytest.importorskip("triton")
+    monkeypatch.setenv("SHARDIFY_RESIDENT_GATHER", gather)
+    expected = [{k: v.clone() for k, v in b.items()}
+                for b in shardify.Loader(train_dir, device="cpu", **settings)]
+    loader = shardify.Loader(train_dir, device=cuda, resident=True, **settings)
+    assert loader._batches.gather_kind == gather
+    got = [{k: v.cpu() for k, v in b.items()} for b in loader]
+    assert len(got) == len(expected)
+    for g, w in zip(got, expected, strict=True):
+        assert list(g) == list(w)
+        for name in w:
+            assert g[name].dtype == w[name].dtype and torch.equal(g[name], w[name]), name
+
+
+@pytest.mark.parametrize("gather", ["fused", "torch"])
+def test_a_resident_epoch_never_synchronises(train_dir, torch, cuda, monkeypatch, gather):
+    if gather == "fused":
+        pytest.importorskip("triton")
+    monkeypatch.setenv("SHARDIFY_RESIDENT_GATHER", gather)
+    expected = [float(b["pulse_charge"].double().sum())
+                for b in shardify.Loader(train_dir, device="cpu", batch_events=16, seed=1)]
+    for settings in (dict(), dict(layout="padded", max_doms=20, pulses_per_dom=3)):
+        loader = shardify.Loader(train_dir, device=cuda, resident=True, batch_events=16, seed=1,
+                                 **settings)
+        for _ in loader:  # epoch 0: Triton compiles its kernels
+            pass
+        loader.set_epoch(0)
+        sums = []
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            for batch in loader:  # the plan's upload and every batch: nothing waits
+                name = "pulse_charge" if "pulse_charge" in batch else "dom_features"
+                sums.append(batch[name].double().sum())
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        if "pulse_charge" in loader.section_names:
+            assert [float(s) for s in sums] == expected
+        assert len(sums) == len(expected)

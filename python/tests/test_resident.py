@@ -123,7 +123,8 @@ def run_on_meta(loader, torch):
     src = loader._batches
     plan = src._plan_at(loader.epoch, 0)
     meta = torch.device("meta")
-    held, events, pool = src.columns.to(meta), plan.events.to(meta), buffers.OutputPool(meta)
+    held, events = src.columns.to(meta), plan.events.to(meta)
+    pool = buffers.OutputPool(meta, src.layout.sections)
     shapes = []
     for b in range(plan.batches):
         batch = source.gather_batch(source._gather_for("torch", src.layout), src.layout, pool,

@@ -3,7 +3,8 @@
 
     python3 tools/peers/peers.py KAGGLE_DIR [--split train] [--batch-events 256]
                                  [--cache-files 2] [--seconds 20] [--json FILE]
-                                 [--dataset SHARDIFY_DIR [--window 16] [--workers 2]]
+                                 [--dataset SHARDIFY_DIR [--window 16] [--workers 2]
+                                  [--device cpu|cuda:N]]
 
 Runs, each for at most --seconds:
   * pytorch-style: a map-style Dataset with per-event random access over the batch files,
@@ -18,8 +19,11 @@ Needs numpy and pyarrow; torch optional.
 With --dataset (the same source converted by `shardify convert`) it also runs, in this
 process, the `shardify` Python package's loader at the same batch size: the Rust loader
 alone (batches taken and dropped in Rust: the bound), then yielding torch tensors, then
-numpy arrays, and prints each one's ratio to the Rust loader and the Python overhead per
-batch (its time per batch less the Rust loader's).
+numpy arrays, then resident (the dataset held whole on --device, at the same window and
+with one window over the whole dataset), and prints each one's ratio to the Rust loader,
+the overhead per batch (its time per batch less the Rust loader's) and the host time per
+batch (the time spent in the loader's iterator; on a GPU the resident gather runs
+asynchronously beside it).
 """
 import argparse
 import functools
@@ -136,33 +140,61 @@ def numpy_block_shuffle(files, index, batch_events, seconds, seed, epoch=0):
     return run(batches(), seconds)
 
 
-def shardify_loaders(dataset, batch_events, window, workers, seconds, seed):
-    """The package's loader on a converted dataset: Rust alone, then torch, then numpy,
-    interleaved three times; the medians."""
+def shardify_loaders(dataset, batch_events, window, workers, seconds, seed, device="cpu"):
+    """The package's loader on a converted dataset: Rust alone, then torch, then numpy, then
+    resident (at the same window, and with one window over the whole dataset: a complete
+    shuffle), interleaved three times; the medians. Host time per batch is the time spent in
+    the loader's iterator (on a GPU, the copies and kernels it queues run asynchronously)."""
     import shardify
 
-    def timed(output):
-        loader = shardify.Loader(dataset, batch_events=batch_events, window_blocks=window,
-                                 workers=workers, seed=seed, device="cpu",
-                                 output="numpy" if output == "numpy" else "torch")
+    settings = dict(batch_events=batch_events, seed=seed, device=device)
+    whole = -(-shardify.Dataset(dataset).events // 256)  # blocks of 256 (the default)
+    resident = {}
+    for kind, w in (("resident", window), ("resident-all", whole)):
+        started = time.perf_counter()
+        resident[kind] = shardify.Loader(dataset, window_blocks=w, resident=True, **settings)
+        resident[kind + "-load"] = time.perf_counter() - started
+
+    def timed(kind):
+        if kind.startswith("resident"):
+            loader = resident[kind]
+        else:
+            loader = shardify.Loader(dataset, window_blocks=window, workers=workers,
+                                     output="numpy" if kind == "numpy" else "torch", **settings)
         batches = events = pulses = 0
+        host = 0.0
         started = time.perf_counter()
         while time.perf_counter() - started < seconds:
-            if output == "rust":
+            if kind == "rust":
                 b, e, p, _ = loader._native.drain()
                 batches, events, pulses = batches + b, events + e, pulses + p
                 continue
-            for batch in loader:
+            it = iter(loader)
+            while True:
+                t0 = time.perf_counter()
+                batch = next(it, None)
+                host += time.perf_counter() - t0
+                if batch is None:
+                    break
                 batches += 1
                 events += len(batch["event_id"])
                 pulses += len(batch["pulse_time"])
+        if device.startswith("cuda"):
+            import torch
+
+            torch.cuda.synchronize()
         elapsed = time.perf_counter() - started
         return {"batches": batches, "events": events, "seconds": elapsed,
                 "events_per_s": events / elapsed, "pulses_per_s": pulses / elapsed,
-                "us_per_batch": elapsed / batches * 1e6}
+                "us_per_batch": elapsed / batches * 1e6,
+                "host_us_per_batch": (host if kind != "rust" else elapsed) / batches * 1e6}
 
     names = {"rust": "shardify, Rust loader alone (bound)", "torch": "shardify -> torch tensors",
-             "numpy": "shardify -> numpy arrays"}
+             "numpy": "shardify -> numpy arrays",
+             "resident": f"shardify resident ({device}, window {window})",
+             "resident-all": f"shardify resident ({device}, complete shuffle)"}
+    if device.startswith("cuda"):
+        del names["numpy"]
     runs = {k: [] for k in names}
     for _ in range(3):
         for k in names:
@@ -170,7 +202,10 @@ def shardify_loaders(dataset, batch_events, window, workers, seconds, seed):
     out = []
     for k, name in names.items():
         best = sorted(runs[k], key=lambda r: r["events_per_s"])[1]  # the median run
-        out.append(dict(name=name, **best, runs=[r["events_per_s"] for r in runs[k]]))
+        row = dict(name=name, **best, runs=[r["events_per_s"] for r in runs[k]])
+        if k.startswith("resident"):
+            row["load_seconds"] = resident[k + "-load"]
+        out.append(row)
     rust = out[0]
     for row in out:
         row["ratio_to_rust"] = row["events_per_s"] / rust["events_per_s"]
@@ -247,6 +282,7 @@ def main():
     ap.add_argument("--dataset", help="the source converted by `shardify convert`")
     ap.add_argument("--window", type=int, default=16, help="shardify window_blocks")
     ap.add_argument("--workers", type=int, default=2, help="shardify worker threads")
+    ap.add_argument("--device", default="cpu", help="shardify device (cpu, cuda:N)")
     args = ap.parse_args()
     files, metas = discover(args.source, args.split)
     index = load_index(files, metas)
@@ -267,13 +303,16 @@ def main():
     package = []
     if args.dataset:
         package = shardify_loaders(args.dataset, args.batch_events, args.window, args.workers,
-                                   args.seconds, args.seed)
+                                   args.seconds, args.seed, args.device)
         print(f"\n{'shardify package (same process)':<44} {'events/s':>11} {'pulses/s':>12} "
-              f"{'us/batch':>9} {'x Rust':>7} {'overhead us/batch':>18}")
+              f"{'us/batch':>9} {'host us/batch':>14} {'x Rust':>7} {'overhead us/batch':>18}")
         for l in package:
             print(f"{l['name']:<44} {l['events_per_s']:>11.0f} {l['pulses_per_s']:>12.0f} "
-                  f"{l['us_per_batch']:>9.1f} {l['ratio_to_rust']:>7.2f} "
+                  f"{l['us_per_batch']:>9.1f} {l['host_us_per_batch']:>14.1f} {l['ratio_to_rust']:>7.2f} "
                   f"{l['python_overhead_us_per_batch']:>18.1f}")
+        for l in package:
+            if "load_seconds" in l:
+                print(f"{l['name']}: dataset loaded in {l['load_seconds']:.1f} s")
         block = loaders[1]["events_per_s"]
         for l in package[1:]:
             print(f"{l['name']}: {l['events_per_s'] / block:.1f}x the numpy block shuffle")

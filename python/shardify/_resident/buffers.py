@@ -1,71 +1,29 @@
-"""Output buffers of resident batches: one device buffer per batch, cut into sections,
-reused once nothing handed out views it any more.
+"""Output buffers of resident batches, reused once nothing handed out views them.
 
-A batch's tensors are views of its buffer. The pool keeps each buffer's storage and knows
-how many tensors use it (torch counts the tensors sharing a storage): when only the pool's
-own references are left, no tensor, slice or view of that batch lives anywhere, and the
-buffer is filled again. So a batch kept for many steps (or after the loader is gone) is
-never overwritten, and a loop that drops each batch in turn runs on two buffers. On a GPU,
-the gather that refills a buffer is queued on the current stream after the work already
-queued there, which is what makes reuse safe for work on that stream (torch's own caching
-allocator makes the same promise); work on another stream must be ordered by the caller
-(``torch.cuda.Stream.wait_stream``), as for any tensor.
+A buffer set holds one flat tensor per section, large enough for any batch of the epoch; a
+batch's tensors are prefixes of them (a slice, and a reshape where the section has more
+than one dimension: a couple of microseconds of host time per section, where carving
+typed views out of one byte buffer cost five times as much). The pool keeps each tensor's
+storage and knows how many tensors use it (torch counts the tensors sharing a storage):
+when only the pool's own references are left in every section, no tensor, slice or view of
+that batch lives anywhere, and the set is filled again. So a batch kept for many steps (or
+after the loader is gone) is never overwritten, and a loop that drops each batch in turn
+runs on two sets. On a GPU the gather that refills a set is queued on the current stream
+after the work already queued there, which is what makes reuse safe for work on that stream
+(torch's own caching allocator makes the same promise); work on another stream must be
+ordered by the caller (``torch.cuda.Stream.wait_stream``), as for any tensor.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import torch
 
-#: Alignment of every section, in bytes (as the streaming loader's).
-SECTION_ALIGN = 64
 
-
-@dataclasses.dataclass(frozen=True)
-class SectionSpec:
-    """One section of a batch: its handed-out shape, and the shape written (the padded
-    layout's rows carry one spare row past the handed-out ones)."""
-
-    name: str
-    dtype: torch.dtype
-    shape: tuple[int, ...]
-    written: tuple[int, ...]
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes the section takes in the buffer."""
-        return math.prod(self.written) * self.dtype.itemsize
-
-
-def buffer_bytes(specs: list[SectionSpec]) -> int:
-    """Bytes a buffer needs for ``specs``, each section aligned."""
-    at = 0
-    for spec in specs:
-        at = -(-at // SECTION_ALIGN) * SECTION_ALIGN + spec.nbytes
-    return at
-
-
-def carve(buffer: torch.Tensor, specs: list[SectionSpec]
-          ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """The sections of ``buffer`` (uint8): the tensors handed out, and those the gather
-    writes (the same memory)."""
-    handed, written = {}, {}
-    at = 0
-    for spec in specs:
-        at = -(-at // SECTION_ALIGN) * SECTION_ALIGN
-        whole = buffer[at:at + spec.nbytes].view(spec.dtype).view(spec.written)
-        written[spec.name] = whole
-        handed[spec.name] = whole if spec.written == spec.shape else (
-            whole.view(-1)[:math.prod(spec.shape)].view(spec.shape))
-        at += spec.nbytes
-    return handed, written
-
-
-def _use_counter():
+def _use_counter() -> Callable[[torch.UntypedStorage], int] | None:
     """torch's count of the tensors sharing a storage, or ``None`` where this torch does not
     expose it (then no buffer is ever reused: always safe)."""
     import torch
@@ -76,33 +34,54 @@ def _use_counter():
     return lambda storage: count(storage._cdata)
 
 
-class OutputPool:
-    """Batch buffers on one device; see the module documentation for when one is reused."""
+class _BufferSet:
+    """One flat tensor per section, and what an idle set's use counts are."""
 
-    def __init__(self, device: torch.device):
+    def __init__(self, tensors: dict[str, torch.Tensor], uses: Callable | None):
+        self.tensors = tensors
+        self._storages = [t.untyped_storage() for t in tensors.values()]
+        self._uses = uses
+        self._idle = [uses(s) for s in self._storages] if uses is not None else None
+
+    def idle(self) -> bool:
+        """Whether no tensor but the set's own views any of its storages."""
+        uses = self._uses
+        if uses is None:
+            return False
+        return all(uses(s) == n for s, n in zip(self._storages, self._idle, strict=True))
+
+    def holds(self, elements: dict[str, int]) -> bool:
+        """Whether every section holds ``elements[name]`` elements."""
+        return all(t.numel() >= elements[name] for name, t in self.tensors.items())
+
+
+class OutputPool:
+    """Batch buffer sets on one device; see the module documentation for when one is
+    reused."""
+
+    def __init__(self, device: torch.device, sections: tuple[tuple[str, torch.dtype], ...]):
         self.device = device
+        self.sections = sections
         self.allocations = 0
-        """Buffers allocated so far (constant in the steady state)."""
-        self._buffers: list[tuple[torch.Tensor, torch.UntypedStorage, int]] = []
+        """Buffer sets allocated so far (constant in the steady state)."""
+        self._sets: list[_BufferSet] = []
         self._uses = _use_counter()
 
-    def take(self, nbytes: int, capacity: int) -> torch.Tensor:
-        """A buffer of at least ``nbytes`` that no handed-out tensor views; a new one of
-        ``capacity`` bytes (the largest batch expected) when none is free. Free buffers too
-        small for ``nbytes`` are let go."""
+    def take(self, elements: dict[str, int], capacity: dict[str, int]) -> dict[str, torch.Tensor]:
+        """Flat tensors holding at least ``elements[name]`` elements per section that no
+        handed-out tensor views; a new set of ``capacity[name]`` elements (the largest batch
+        expected) when none is free. Free sets too small are let go."""
         import torch
 
-        uses = self._uses
-        if uses is not None:
-            for i, (buffer, storage, idle) in enumerate(self._buffers):
-                if uses(storage) == idle:
-                    if buffer.numel() >= nbytes:
-                        return buffer
-                    del self._buffers[i]
-                    break
-        buffer = torch.empty(max(nbytes, capacity), dtype=torch.uint8, device=self.device)
+        for i, candidate in enumerate(self._sets):
+            if candidate.idle():
+                if candidate.holds(elements):
+                    return candidate.tensors
+                del self._sets[i]
+                break
+        tensors = {name: torch.empty(max(elements[name], capacity[name]), dtype=dtype,
+                                     device=self.device)
+                   for name, dtype in self.sections}
         self.allocations += 1
-        if uses is not None:
-            storage = buffer.untyped_storage()
-            self._buffers.append((buffer, storage, uses(storage)))
-        return buffer
+        self._sets.append(_BufferSet(tensors, self._uses))
+        return tensors

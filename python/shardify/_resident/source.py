@@ -3,18 +3,20 @@
 Once per epoch (or after a seek) the library plans this rank's batches
 (``_native.Loader.epoch_plan``: the streaming loader's very order) and the plan's event
 positions are uploaded to the device in one copy (asynchronous, from pinned memory, on a
-GPU). Each batch is then a slice of that tensor and a fixed sequence of device operations
+GPU); the next epoch's plan is made on a thread meanwhile, so that an epoch's end does not
+wait for it. Each batch is then a slice of that tensor and a fixed sequence of device operations
 whose every size comes from the plan on the host: nothing per batch waits for the device.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import os
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from .buffers import OutputPool, SectionSpec, buffer_bytes, carve
+from .buffers import OutputPool
 from .columns import Columns, load_columns, torch_dtype
 from .gather import BatchSizes, gather_packed, gather_padded
 
@@ -33,10 +35,11 @@ Gather = Callable[[Columns, "torch.Tensor", BatchSizes, dict[str, "torch.Tensor"
 
 @dataclasses.dataclass(frozen=True)
 class Layout:
-    """The batch layout: packed (``pulses_per_dom`` is None) or padded."""
+    """The batch layout, packed (``pulses_per_dom`` is None) or padded, and the shape of
+    each of its sections in a batch of given sizes."""
 
     sections: tuple[tuple[str, torch.dtype], ...]
-    """Section names and dtypes, in buffer order (the streaming loader's)."""
+    """Section names and dtypes, in the streaming loader's order."""
     max_doms: int | None = None
     pulses_per_dom: int | None = None
 
@@ -44,29 +47,43 @@ class Layout:
     def padded(self) -> bool:
         return self.pulses_per_dom is not None
 
-    def specs(self, n: BatchSizes) -> list[SectionSpec]:
-        """The sections of a batch of sizes ``n``."""
-        shapes: dict[str, tuple[int, ...]] = {
-            "event_dom_offsets": (n.events + 1,),
-            "dom_pulse_offsets": (n.doms + 1,),
-            "dom_sensor_id": (n.doms,),
-            "dom_position": (n.doms, 3),
-            "pulse_time": (n.pulses,),
-            "pulse_charge": (n.pulses,),
-            "pulse_auxiliary": (n.pulses,),
-        }
-        rows = n.events * n.width
-        if self.pulses_per_dom is not None:
-            features = 4 + 3 * self.pulses_per_dom
-            shapes["dom_features"] = (n.events, n.width, features)
-            shapes["dom_mask"] = (n.events, n.width)
-        written = {"dom_features": (rows + 1, 4 + 3 * (self.pulses_per_dom or 0)),
-                   "dom_mask": (rows + 1,)}
-        specs = []
-        for name, dtype in self.sections:
-            shape = shapes.get(name, (n.events,))
-            specs.append(SectionSpec(name, dtype, shape, written.get(name, shape)))
-        return specs
+    @property
+    def features(self) -> int:
+        """Features per DOM slot (padded layout): x, y, z, pulse count, 3 per pulse."""
+        return 4 + 3 * (self.pulses_per_dom or 0)
+
+    def elements(self, n: BatchSizes) -> dict[str, int]:
+        """Elements each section's gather writes in a batch of sizes ``n`` (the padded
+        layout's rows, one spare row included)."""
+        slots = n.events * n.width + 1
+        per = {"event_dom_offsets": n.events + 1, "dom_pulse_offsets": n.doms + 1,
+               "dom_position": 3 * n.doms, "dom_features": slots * self.features,
+               "dom_mask": slots}
+        level = {"event": n.events, "dom": n.doms, "pulse": n.pulses}
+        return {name: per[name] if name in per else level[name.split("_", 1)[0]]
+                for name, _ in self.sections}
+
+    def views(self, flat: dict[str, torch.Tensor], n: BatchSizes
+              ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """A batch's sections as prefixes of the flat tensors ``flat``: those handed out,
+        and those the gather writes (the same memory)."""
+        handed, written = {}, {}
+        elements = self.elements(n)
+        for name, _ in self.sections:
+            whole = flat[name][:elements[name]]
+            if name == "dom_position":
+                whole = handed[name] = whole.view(n.doms, 3)
+            elif name == "dom_features":
+                slots = n.events * n.width
+                handed[name] = whole[:slots * self.features].view(n.events, n.width,
+                                                                   self.features)
+                whole = whole.view(slots + 1, self.features)
+            elif name == "dom_mask":
+                handed[name] = whole[:n.events * n.width].view(n.events, n.width)
+            else:
+                handed[name] = whole
+            written[name] = whole
+        return handed, written
 
 
 @dataclasses.dataclass
@@ -81,8 +98,8 @@ class EpochPlan:
     doms: list[int]
     pulses: list[int]
     max_doms: list[int]
-    capacity: int
-    """Bytes of the largest batch's buffer."""
+    capacity: dict[str, int]
+    """Elements per section of a buffer set that holds any batch of the plan."""
 
     @property
     def batches(self) -> int:
@@ -100,8 +117,7 @@ def gather_batch(gather: Gather, layout: Layout, pool: OutputPool, columns: Colu
     """Batch ``b`` of ``plan`` (counted from its first), gathered from ``columns`` into a
     buffer of ``pool``; ``events`` is the plan's events tensor (on the columns' device)."""
     n = plan.sizes(b, layout)
-    specs = layout.specs(n)
-    handed, written = carve(pool.take(buffer_bytes(specs), plan.capacity), specs)
+    handed, written = layout.views(pool.take(layout.elements(n), plan.capacity), n)
     gather(columns, events[plan.starts[b]:plan.starts[b + 1]], n, written)
     return handed
 
@@ -152,9 +168,13 @@ class ResidentBatches:
         self.gather_kind = gather or choose_gather(device)
         self._gather = _gather_for(self.gather_kind, layout)
         self.columns = load_columns(dataset, device, progress=progress)
-        self.pool = OutputPool(device)
+        self.pool = OutputPool(device, layout.sections)
         self._position = (0, 0)
         self._plan: EpochPlan | None = None
+        # The next epoch's plan, made on a thread while this epoch's batches are gathered
+        # (planning a complete shuffle of 30M events takes seconds).
+        self._planner = concurrent.futures.ThreadPoolExecutor(1, "shardify-plan")
+        self._next_plan: tuple[int, concurrent.futures.Future] | None = None
 
     def position(self) -> tuple[int, int]:
         """(epoch, batches handed out in it)."""
@@ -192,13 +212,19 @@ class ResidentBatches:
                 plan.first <= taken <= plan.first + plan.batches):
             self._plan = None  # its device tensor goes before the next one comes
             plan = self._plan = self._load_plan(epoch, taken)
+            self._next_plan = (epoch + 1, self._planner.submit(self._native.epoch_plan,
+                                                               epoch + 1, 0))
         return plan
 
     def _load_plan(self, epoch: int, taken: int) -> EpochPlan:
         import numpy as np
         import torch
 
-        arrays = self._native.epoch_plan(epoch, taken)
+        ahead, self._next_plan = self._next_plan, None
+        if ahead is not None and ahead[0] == epoch and taken == 0:
+            arrays = ahead[1].result()
+        else:
+            arrays = self._native.epoch_plan(epoch, taken)
         on_host = torch.from_dlpack(arrays[0])
         if self.device.type == "cuda":
             on_device = on_host.pin_memory().to(self.device, non_blocking=True)
@@ -212,15 +238,15 @@ class ResidentBatches:
         )
 
     def _capacity(self, events: np.ndarray, doms: np.ndarray, pulses: np.ndarray,
-                  max_doms: np.ndarray) -> int:
-        """Bytes of a buffer that holds any batch of the plan: the sections of a batch as
-        large as the largest in every size (each section grows with the sizes)."""
+                  max_doms: np.ndarray) -> dict[str, int]:
+        """Elements per section of a buffer set that holds any batch of the plan: those of a
+        batch as large as the largest in every size (each section grows with the sizes)."""
         if doms.size == 0:
-            return 0
+            return self.layout.elements(BatchSizes(0, 0, 0, 0))
         widest = min(int(max_doms.max()), self.layout.max_doms or 0)
         largest = BatchSizes(int(events.max()), int(doms.max()), int(pulses.max()),
                              widest if self.layout.padded else 0)
-        return buffer_bytes(self.layout.specs(largest))
+        return self.layout.elements(largest)
 
 
 def layout_of(native: Any, max_doms: int | None, pulses_per_dom: int | None) -> Layout:

@@ -1,0 +1,111 @@
+//! What planning an epoch costs a resident loader: the sampler's order alone, and the whole
+//! plan (order plus every batch's DOM and pulse counts, read from the shards' offsets), per
+//! window size, in one run.
+//!
+//! `cargo bench --bench plan -- [DATASET] [--events N] [--batch B] [--windows 16,0] [--runs R]`
+//!
+//! Without DATASET, converts a generated dataset of N events with the real statistics once
+//! (kept under target/bench-data, or `SHARDIFY_BENCH_DATA`). Window `0` means one window
+//! over the whole dataset: the complete shuffle a resident loader can afford. Prints, per
+//! window, the median of R runs: seconds, nanoseconds per event, microseconds per batch and
+//! the plan's bytes (what a resident loader uploads to the device once per epoch).
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use shardify::bench::{data, median};
+use shardify::dataset::{ChecksumPolicy, Dataset, DatasetSizes};
+use shardify::resident::plan_epoch;
+use shardify::sampler::{Batching, EpochBatches, SamplerConfig, SamplerState};
+
+fn arg(name: &str) -> Option<String> {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1).cloned())
+}
+
+fn number(name: &str, default: u64) -> u64 {
+    arg(name).map_or(default, |v| v.parse().expect("a number"))
+}
+
+/// The positional dataset directory, if given (cargo bench adds `--bench`).
+fn dataset_dir() -> Option<PathBuf> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut i = 0;
+    while i < args.len() {
+        match args[i].as_str() {
+            "--bench" => i += 1,
+            flag if flag.starts_with("--") => i += 2,
+            path => return Some(PathBuf::from(path)),
+        }
+    }
+    None
+}
+
+fn main() {
+    let dir = dataset_dir().unwrap_or_else(|| {
+        data::converted(&data::root(), number("--events", 1_000_000), 8).unwrap()
+    });
+    let dataset = Dataset::open(&dir, ChecksumPolicy::Off).unwrap();
+    let events = dataset.manifest().totals.events as f64;
+    let batch = number("--batch", 256) as usize;
+    let runs = number("--runs", 3);
+    let windows: Vec<usize> = arg("--windows")
+        .unwrap_or_else(|| "16,0".into())
+        .split(',')
+        .map(|w| w.parse().expect("window sizes"))
+        .collect();
+    let start = SamplerState {
+        epoch: 0,
+        batches_taken: 0,
+    };
+    println!(
+        "{} events, {} shards, batches of {batch} (medians of {runs} runs)",
+        events,
+        dataset.shard_count()
+    );
+    println!("window         order s  plan s   ns/event  us/batch  plan MiB");
+    for window in windows {
+        let block = 256;
+        let window_blocks = if window == 0 {
+            (events as usize).div_ceil(block)
+        } else {
+            window
+        };
+        let config = SamplerConfig {
+            block_events: block,
+            window_blocks,
+            batching: Batching::Events(batch),
+            ..SamplerConfig::default()
+        };
+        let mut order = Vec::new();
+        let mut whole = Vec::new();
+        let mut plan = None;
+        for _ in 0..runs {
+            let started = Instant::now();
+            let sizes = DatasetSizes::without_read_ahead(&dataset);
+            let batches = EpochBatches::new(&sizes, &config, 0, 0).count();
+            order.push(started.elapsed().as_secs_f64());
+            let started = Instant::now();
+            let planned = plan_epoch(&dataset, &config, start).unwrap();
+            whole.push(started.elapsed().as_secs_f64());
+            assert_eq!(planned.batches(), batches);
+            plan = Some(planned);
+        }
+        let plan = plan.expect("at least one run");
+        let bytes = 8 * (plan.events.len() + 4 * plan.batches() + 1);
+        let (order, whole) = (median(&order), median(&whole));
+        let name = if window == 0 {
+            format!("all ({window_blocks})")
+        } else {
+            window.to_string()
+        };
+        println!(
+            "{name:<14} {order:>7.3} {whole:>7.3} {:>10.1} {:>9.2} {:>9.1}",
+            whole * 1e9 / events,
+            whole * 1e6 / plan.batches() as f64,
+            bytes as f64 / (1 << 20) as f64
+        );
+    }
+}
