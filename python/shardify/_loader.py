@@ -91,6 +91,12 @@ class Loader:
     See the README for every argument; the defaults follow MosaicML Streaming and torch:
     rank and world from ``torch.distributed`` (else ``RANK``/``WORLD_SIZE``), and
     ``drop_last=None`` meaning True when world > 1, so every rank gets as many batches.
+
+    ``resident=True`` holds the whole dataset on ``device`` (a GPU, or ``"cpu"``) as
+    concatenated columns and gathers each batch there, in the order the same Rust sampler
+    plans (the streaming loader's batches, section for section); ``workers`` and
+    ``prefetch`` then do nothing, ``output`` must be ``"torch"``, and a dataset that does
+    not fit raises ``MemoryError`` before anything is allocated.
     """
 
     def __init__(

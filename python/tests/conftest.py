@@ -128,3 +128,33 @@ def stored(train_dir) -> StoredEvents:
 def ids(batches) -> list[list[int]]:
     """Each batch's event ids as lists."""
     return [np.asarray(b["event_id"]).tolist() for b in batches]
+
+
+def span(tensor) -> tuple[int, int]:
+    """The bytes a tensor's elements occupy: [first, end)."""
+    start = tensor.data_ptr()
+    return start, start + tensor.numel() * tensor.element_size()
+
+
+def assert_a_held_batch_survives(loader, torch, later: int) -> None:
+    """Keeps two tensors and a slice of the loader's first batch, takes the ``later``
+    batches that follow, and checks that none was written into the held memory and that
+    the held tensors and the slice are unchanged."""
+    it = iter(loader)
+    held = next(it)
+    kept_ids, kept_time = held["event_id"], held["pulse_time"]
+    copies = {k: v.clone() for k, v in held.items()}
+    held_spans = [span(t) for t in held.values()]
+    del held  # two tensors (and the slice below) keep its memory
+    view = kept_time[1:]
+    taken = 0
+    for batch in it:
+        for t in batch.values():
+            s, e = span(t)
+            assert all(e <= hs or s >= he for hs, he in held_spans if he > hs), \
+                "a later batch was written into the held batch's memory"
+        taken += 1
+    assert taken == later
+    assert torch.equal(kept_ids, copies["event_id"])
+    assert torch.equal(kept_time, copies["pulse_time"])
+    assert torch.equal(view, copies["pulse_time"][1:])

@@ -4,11 +4,7 @@ import gc
 
 import numpy as np
 import shardify
-
-
-def span(tensor):
-    start = tensor.data_ptr()
-    return start, start + tensor.numel() * tensor.element_size()
+from conftest import assert_a_held_batch_survives, span
 
 
 def test_sections_of_a_batch_share_one_buffer(train_dir, torch):
@@ -27,25 +23,9 @@ def test_sections_of_a_batch_share_one_buffer(train_dir, torch):
 
 
 def test_a_held_batch_is_never_overwritten(train_dir, torch):
+    # 74 more batches through a pool of a dozen buffers.
     loader = shardify.Loader(train_dir, batch_events=4, device="cpu", prefetch=2, workers=2)
-    it = iter(loader)
-    held = next(it)
-    kept_ids, kept_time = held["event_id"], held["pulse_time"]
-    copies = {k: v.clone() for k, v in held.items()}
-    held_spans = [span(t) for t in held.values()]
-    del held  # two tensors (and the views below) keep the buffer
-    view = kept_time[1:]
-    later = 0
-    for batch in it:  # 74 more batches through a pool of a dozen buffers
-        for t in batch.values():
-            s, e = span(t)
-            assert all(e <= hs or s >= he for hs, he in held_spans if he > hs), \
-                "a later batch was written into the held batch's buffer"
-        later += 1
-    assert later == 74
-    assert torch.equal(kept_ids, copies["event_id"])
-    assert torch.equal(kept_time, copies["pulse_time"])
-    assert torch.equal(view, copies["pulse_time"][1:])
+    assert_a_held_batch_survives(loader, torch, later=74)
 
 
 def test_a_tensor_outlives_its_loader(train_dir, torch):

@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 import shardify
-from conftest import REPO
+from conftest import REPO, assert_a_held_batch_survives
 from shardify._resident import buffers, columns, source
 
 SETTINGS = [
@@ -149,31 +149,9 @@ def test_the_gather_needs_no_data_dependent_size(train_dir, torch, settings):
     assert on_meta == on_cpu and len(on_cpu) > 3
 
 
-def span(tensor):
-    start = tensor.data_ptr()
-    return start, start + tensor.numel() * tensor.element_size()
-
-
 def test_a_held_batch_is_never_overwritten(train_dir, torch):
     loader = shardify.Loader(train_dir, batch_events=4, device="cpu", resident=True)
-    it = iter(loader)
-    held = next(it)
-    kept_ids, kept_time = held["event_id"], held["pulse_time"]
-    copies = {k: v.clone() for k, v in held.items()}
-    held_spans = [span(t) for t in held.values()]
-    del held  # two tensors (and the slice below) keep the buffer
-    view = kept_time[1:]
-    later = 0
-    for batch in it:
-        for t in batch.values():
-            s, e = span(t)
-            assert all(e <= hs or s >= he for hs, he in held_spans if he > hs), \
-                "a later batch was written into the held batch's buffer"
-        later += 1
-    assert later == 74
-    assert torch.equal(kept_ids, copies["event_id"])
-    assert torch.equal(kept_time, copies["pulse_time"])
-    assert torch.equal(view, copies["pulse_time"][1:])
+    assert_a_held_batch_survives(loader, torch, later=74)
 
 
 def test_buffers_are_reused_once_free_and_outlive_the_loader(train_dir, torch):
