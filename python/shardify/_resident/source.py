@@ -4,8 +4,9 @@ Once per epoch (or after a seek) the library plans this rank's batches
 (``_native.Loader.epoch_plan``: the streaming loader's very order) and the plan's event
 positions are uploaded to the device in one copy (asynchronous, from pinned memory, on a
 GPU); the next epoch's plan is made on a thread meanwhile, so that an epoch's end does not
-wait for it. Each batch is then a slice of that tensor and a fixed sequence of device operations
-whose every size comes from the plan on the host: nothing per batch waits for the device.
+wait for it. Each batch is then a slice of that tensor and a fixed sequence of device
+operations whose every size comes from the plan on the host: nothing per batch waits for the
+device.
 """
 
 from __future__ import annotations
@@ -63,12 +64,12 @@ class Layout:
         return {name: per[name] if name in per else level[name.split("_", 1)[0]]
                 for name, _ in self.sections}
 
-    def views(self, flat: dict[str, torch.Tensor], n: BatchSizes
+    def views(self, flat: dict[str, torch.Tensor], n: BatchSizes, elements: dict[str, int]
               ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-        """A batch's sections as prefixes of the flat tensors ``flat``: those handed out,
-        and those the gather writes (the same memory)."""
+        """A batch's sections as prefixes of the flat tensors ``flat`` (``elements`` is
+        :meth:`elements` of ``n``): those handed out, and those the gather writes (the same
+        memory)."""
         handed, written = {}, {}
-        elements = self.elements(n)
         for name, _ in self.sections:
             whole = flat[name][:elements[name]]
             if name == "dom_position":
@@ -117,7 +118,8 @@ def gather_batch(gather: Gather, layout: Layout, pool: OutputPool, columns: Colu
     """Batch ``b`` of ``plan`` (counted from its first), gathered from ``columns`` into a
     buffer of ``pool``; ``events`` is the plan's events tensor (on the columns' device)."""
     n = plan.sizes(b, layout)
-    handed, written = layout.views(pool.take(layout.elements(n), plan.capacity), n)
+    elements = layout.elements(n)
+    handed, written = layout.views(pool.take(elements, plan.capacity), n, elements)
     gather(columns, events[plan.starts[b]:plan.starts[b + 1]], n, written)
     return handed
 
