@@ -297,6 +297,7 @@ def _resident_device(device: str) -> tuple[Any, str]:
         return torch.device("cpu"), "torch sees no CUDA device"
     if device == "cuda":
         device = "cuda:0"
+    reason = "requested" if device == "cpu" else ""
     try:
         chosen = torch.device(device)
     except RuntimeError:
@@ -305,6 +306,9 @@ def _resident_device(device: str) -> tuple[Any, str]:
         ) from None
     if chosen.type == "cuda" and not torch.cuda.is_available():
         raise RuntimeError(f"device {device}: torch sees no CUDA device (driver or GPU missing)")
+    if chosen.type == "cuda" and (chosen.index or 0) >= torch.cuda.device_count():
+        raise RuntimeError(f"device {device}: torch sees {torch.cuda.device_count()} CUDA "
+                           "devices")
     if chosen.type not in ("cpu", "cuda"):
         raise ValueError(f"invalid device: {device!r} (expected auto, cpu, cuda or cuda:N)")
-    return chosen, ""
+    return chosen, reason

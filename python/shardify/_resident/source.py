@@ -202,10 +202,25 @@ class ResidentBatches:
         if b >= plan.batches:
             self._position = (epoch + 1, 0)
             return None
-        batch = gather_batch(self._gather, self.layout, self.pool, self.columns, plan.events,
-                             plan, b)
+        arguments = (self._gather, self.layout, self.pool, self.columns, plan.events, plan, b)
+        if self._other_gpu():
+            import torch
+
+            # Triton launches on the current device; torch operations guard themselves.
+            with torch.cuda.device(self.device):
+                batch = gather_batch(*arguments)
+        else:
+            batch = gather_batch(*arguments)
         self._position = (epoch, taken + 1)
         return batch
+
+    def _other_gpu(self) -> bool:
+        """Whether the columns are on a GPU other than the current one."""
+        if self.device.type != "cuda":
+            return False
+        import torch
+
+        return torch.cuda.current_device() != self.device.index
 
     def _plan_at(self, epoch: int, taken: int) -> EpochPlan:
         """The plan holding batch ``taken`` of ``epoch``: the current one, or a new one."""
