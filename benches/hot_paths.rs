@@ -16,7 +16,9 @@ use shardify::event::{EventHeader, RawEvent};
 use shardify::format::checksum;
 use shardify::pack::{PackedColumns, Packer};
 use shardify::rng::Rng;
-use shardify::sampler::{BatchPlan, Batching, EpochBatches, EventRef, EventSizes, SamplerConfig};
+use shardify::sampler::{
+    BatchPlan, Batching, EpochBatches, EventRef, EventSizes, SamplerConfig, SamplerState,
+};
 use shardify::synth::{generate_batch, Profile};
 
 /// Bytes of the pulse columns DOM packing reads (sensor, time, charge, auxiliary).
@@ -158,7 +160,8 @@ fn gather_and_checksum(c: &mut Criterion) {
             batching: Batching::Events(256),
             ..SamplerConfig::default()
         };
-        let plans: Vec<BatchPlan> = EpochBatches::new(&sizes, &config, 0, 0).collect();
+        let plans: Vec<BatchPlan> =
+            EpochBatches::new(&sizes, &config, SamplerState::start(0)).collect();
         let name = format!(
             "an epoch ({} batches of 256), blocks of 256, window {window}",
             plans.len()

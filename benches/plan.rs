@@ -56,10 +56,7 @@ fn main() {
         .split(',')
         .map(|w| w.parse().expect("window sizes"))
         .collect();
-    let start = SamplerState {
-        epoch: 0,
-        batches_taken: 0,
-    };
+    let start = SamplerState::start(0);
     println!(
         "{} events, {} shards, batches of {batch} (medians of {runs} runs)",
         events,
@@ -85,7 +82,7 @@ fn main() {
         for _ in 0..runs {
             let started = Instant::now();
             let sizes = DatasetSizes::without_read_ahead(&dataset);
-            let batches = EpochBatches::new(&sizes, &config, 0, 0).count();
+            let batches = EpochBatches::new(&sizes, &config, start).count();
             order.push(started.elapsed().as_secs_f64());
             let started = Instant::now();
             let planned = plan_epoch(&dataset, &config, start).unwrap();

@@ -118,10 +118,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let mut loader = Loader::on(
             dataset.clone(),
             config.clone(),
-            SamplerState {
-                epoch,
-                batches_taken: 0,
-            },
+            SamplerState::start(epoch),
             placement.clone(),
         )?;
         let (mut events, mut loss, mut steps) = (0usize, 0.0f64, 0u64);

@@ -22,7 +22,7 @@
 //!
 //! let dataset = Dataset::open("ds".as_ref(), ChecksumPolicy::Lazy)?;
 //! let config = SamplerConfig { window_blocks: 1 << 20, ..SamplerConfig::default() };
-//! let plan = plan_epoch(&dataset, &config, SamplerState { epoch: 0, batches_taken: 0 })?;
+//! let plan = plan_epoch(&dataset, &config, SamplerState::start(0))?;
 //! for b in 0..plan.batches() {
 //!     let events = plan.batch_events(b);   // global positions of batch b's events
 //!     let (doms, pulses) = (plan.doms[b], plan.pulses[b]);
@@ -114,8 +114,7 @@ pub fn plan_epoch(
     std::thread::scope(|scope| {
         // Moves the sender in: the channel closes when the sampler is done.
         let sampler = scope.spawn(move || {
-            let mut batches =
-                EpochBatches::new(sizes, config, position.epoch, position.batches_taken);
+            let mut batches = EpochBatches::new(sizes, config, position);
             loop {
                 let chunk: Vec<BatchPlan> = batches.by_ref().take(CHUNK_BATCHES).collect();
                 if chunk.is_empty() || chunks.send(chunk).is_err() {

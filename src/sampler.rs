@@ -107,12 +107,21 @@ pub struct SamplerConfig {
     /// The order of events inside each batch.
     #[serde(default)]
     pub batch_order: BatchOrder,
+    /// `false`: no shuffle at all, every epoch the stored order (evaluation, inference):
+    /// neither rotation nor block permutation nor window draws, so blocks, windows, runs
+    /// and the batch order change nothing.
+    #[serde(default = "shuffled")]
+    pub shuffle: bool,
     /// Drop incomplete trailing batches (see the module docs).
     pub drop_last: bool,
     /// This rank.
     pub rank: usize,
     /// Number of ranks.
     pub world: usize,
+}
+
+fn shuffled() -> bool {
+    true
 }
 
 impl Default for SamplerConfig {
@@ -124,6 +133,7 @@ impl Default for SamplerConfig {
             run_events: 1,
             batching: Batching::Events(256),
             batch_order: BatchOrder::Stored,
+            shuffle: true,
             drop_last: false,
             rank: 0,
             world: 1,
@@ -178,6 +188,43 @@ impl SamplerConfig {
     }
 }
 
+impl SamplerConfig {
+    /// Checks that a position saved under `saved` means the same events here: every setting
+    /// that decides the epoch's order (seed, block size, window, runs, batching, batch
+    /// order, shuffle) must be equal; rank, world and `drop_last` may differ (an elastic
+    /// resume, see [`SamplerState::resumed`]). The error names the first field that differs,
+    /// with both values.
+    pub fn check_resumable(&self, saved: &SamplerConfig) -> crate::Result<()> {
+        let differs = |field: &'static str, saved: String, ours: String| {
+            Err(crate::Error::config(
+                field,
+                format!("the saved state has {saved}, this loader {ours}"),
+            ))
+        };
+        macro_rules! same {
+            ($($field:ident),*) => {$(
+                if saved.$field != self.$field {
+                    return differs(
+                        stringify!($field),
+                        format!("{:?}", saved.$field),
+                        format!("{:?}", self.$field),
+                    );
+                }
+            )*};
+        }
+        same!(
+            seed,
+            block_events,
+            window_blocks,
+            run_events,
+            batching,
+            batch_order,
+            shuffle
+        );
+        Ok(())
+    }
+}
+
 /// Where an event is: shard and index inside it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct EventRef {
@@ -210,12 +257,59 @@ pub struct BatchPlan {
 }
 
 /// Where a rank stands: the small value a training job saves in its checkpoint.
+///
+/// Rank `r` of `world` takes, from global batch `origin` on, the batches
+/// `origin + r`, `origin + r + world`, ...; it has taken `batches_taken` of them. A fresh
+/// epoch has `origin` 0, so rank `r` takes the global batches `k` with `k % world == r`.
+/// A state saved at one world size resumes at another through [`SamplerState::resumed`]:
+/// the ranks of the new world deal the remaining global batches among themselves from the
+/// global position the old world had reached.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SamplerState {
     /// Current epoch.
     pub epoch: u64,
-    /// Batches this rank has taken in that epoch.
+    /// Batches this rank has taken in that epoch (since `origin`).
     pub batches_taken: u64,
+    /// The global batches of the epoch all ranks together had consumed before this rank's
+    /// count began: 0 but after an elastic resume.
+    #[serde(default)]
+    pub origin: u64,
+}
+
+impl SamplerState {
+    /// The start of `epoch`.
+    pub const fn start(epoch: u64) -> SamplerState {
+        SamplerState::at(epoch, 0)
+    }
+
+    /// After this rank's first `batches_taken` batches of `epoch`.
+    pub const fn at(epoch: u64, batches_taken: u64) -> SamplerState {
+        SamplerState {
+            epoch,
+            batches_taken,
+            origin: 0,
+        }
+    }
+
+    /// The global batches consumed by all ranks of `world` together, when each took
+    /// `batches_taken` (as the ranks of a data-parallel job do, step by step). Saved by a
+    /// rank that took more than another (the end of an epoch without `drop_last`), it counts
+    /// batches that rank's peers never had: save rank 0's state, which is never behind.
+    pub fn global_batches(&self, world: usize) -> u64 {
+        self.origin + self.batches_taken * world as u64
+    }
+
+    /// The position of any rank of a new world that resumes a state saved at `saved_world`:
+    /// the same epoch, from the global position the saved world had reached. When that
+    /// position is not a multiple of the new world, nothing changes: the remaining batches
+    /// are dealt from it, `origin + r` to rank `r`, and so on round-robin.
+    pub fn resumed(&self, saved_world: usize) -> SamplerState {
+        SamplerState {
+            epoch: self.epoch,
+            batches_taken: 0,
+            origin: self.global_batches(saved_world),
+        }
+    }
 }
 
 /// `len` consecutive events of the stored order from global position `start`.
@@ -308,6 +402,8 @@ struct EventStream {
     blocks: Vec<Block>,
     window_blocks: usize,
     run_events: u64,
+    /// `false`: the stored order (see [`SamplerConfig::shuffle`]).
+    shuffle: bool,
     seed: u64,
     epoch: u64,
     next_window: usize,
@@ -386,8 +482,9 @@ const BITMAP_SPREAD: usize = 64;
 
 impl EventStream {
     fn new(shard_events: &[usize], config: &SamplerConfig, epoch: u64) -> EventStream {
-        let stored = StoredOrder::new(shard_events, |total| {
-            Rng::stream(config.seed ^ STREAM_ROTATION, epoch).below(total)
+        let stored = StoredOrder::new(shard_events, |total| match config.shuffle {
+            true => Rng::stream(config.seed ^ STREAM_ROTATION, epoch).below(total),
+            false => 0,
         });
         let size = config.block_events as u64;
         let mut blocks: Vec<Block> = (0..stored.total().div_ceil(size))
@@ -399,12 +496,15 @@ impl EventStream {
         // The short block, if any, stays last: a short block in the middle of the epoch
         // would shift every later batch off the block boundaries.
         let full = (stored.total() / size) as usize;
-        Rng::stream(config.seed ^ STREAM_BLOCKS, epoch).shuffle(&mut blocks[..full]);
+        if config.shuffle {
+            Rng::stream(config.seed ^ STREAM_BLOCKS, epoch).shuffle(&mut blocks[..full]);
+        }
         EventStream {
             stored,
             blocks,
             window_blocks: config.window_blocks,
             run_events: config.run_events as u64,
+            shuffle: config.shuffle,
             seed: config.seed,
             epoch,
             next_window: 0,
@@ -458,7 +558,9 @@ impl EventStream {
             }
             let stream = (self.epoch << 32) ^ self.next_window as u64;
             let mut rng = Rng::stream(self.seed ^ STREAM_WINDOW, stream);
-            if self.run_events > 1 {
+            if !self.shuffle {
+                w.drawn.extend(0..w.events.len() as u32);
+            } else if self.run_events > 1 {
                 rng.shuffle(&mut runs);
                 w.drawn
                     .extend(runs.iter().flat_map(|&(start, len)| start..start + len));
@@ -582,54 +684,72 @@ fn global_batch_count(sizes: &dyn EventSizes, config: &SamplerConfig, epoch: u64
     (total, last_complete)
 }
 
-/// Global batches delivered across ranks in `epoch` (with `drop_last`: complete batches,
-/// trimmed to a multiple of the world size).
-fn delivered_global_batches(sizes: &dyn EventSizes, config: &SamplerConfig, epoch: u64) -> u64 {
+/// The end of the global batches delivered in `epoch` to ranks dealing them from global
+/// batch `origin` on: all of them, or with `drop_last` the complete ones, trimmed so that
+/// every rank gets as many (a multiple of the world size past `origin`).
+fn delivered_global_batches(
+    sizes: &dyn EventSizes,
+    config: &SamplerConfig,
+    epoch: u64,
+    origin: u64,
+) -> u64 {
     let (total, last_complete) = global_batch_count(sizes, config, epoch);
     if !config.drop_last {
         return total;
     }
     let usable = if last_complete { total } else { total - 1 };
-    usable - usable % config.world as u64
+    let dealt = usable.saturating_sub(origin);
+    origin + dealt - dealt % config.world as u64
 }
 
-/// The exact number of batches `config.rank` gets in `epoch` (what
-/// [`EpochBatches::new`] yields from the start). With [`Batching::Events`] this is
-/// arithmetic; with a pulse budget it is one pass over the epoch's order (sizes only).
-pub fn rank_batch_count(sizes: &dyn EventSizes, config: &SamplerConfig, epoch: u64) -> u64 {
-    let global = delivered_global_batches(sizes, config, epoch);
+/// The exact number of batches `config.rank` gets in `epoch` when the ranks deal the
+/// global batches from `origin` on (0 for a whole epoch; see [`SamplerState`]): what
+/// [`EpochBatches::new`] yields for a position with that origin and no batch taken. With
+/// [`Batching::Events`] this is arithmetic; with a pulse budget it is one pass over the
+/// epoch's order (sizes only).
+pub fn rank_batch_count(
+    sizes: &dyn EventSizes,
+    config: &SamplerConfig,
+    epoch: u64,
+    origin: u64,
+) -> u64 {
+    let dealt = delivered_global_batches(sizes, config, epoch, origin).saturating_sub(origin);
     let (world, rank) = (config.world as u64, config.rank as u64);
-    global / world + u64::from(rank < global % world)
+    dealt / world + u64::from(rank < dealt % world)
 }
 
 /// The batches of one epoch for one rank.
 pub struct EpochBatches<'a> {
     global: GlobalBatches<'a>,
     config: SamplerConfig,
+    /// The first global batch dealt to the ranks (see [`SamplerState::origin`]).
+    origin: u64,
     /// Global batches to deliver (across ranks) when `drop_last` trims the epoch.
     limit: Option<u64>,
 }
 
 impl<'a> EpochBatches<'a> {
-    /// The batches of `config.rank` in `epoch`, after skipping the first `skip` of them.
+    /// The batches of `config.rank` at `position`: those of `position.epoch` dealt from
+    /// global batch `position.origin` on, after the first `position.batches_taken`.
     pub fn new(
         sizes: &'a dyn EventSizes,
         config: &SamplerConfig,
-        epoch: u64,
-        skip: u64,
+        position: SamplerState,
     ) -> EpochBatches<'a> {
         let limit = config
             .drop_last
-            .then(|| delivered_global_batches(sizes, config, epoch));
+            .then(|| delivered_global_batches(sizes, config, position.epoch, position.origin));
         // At window 1 the reads sweep one block at a time, which the kernel's own read-ahead
         // follows: announcing the next block there measured 15% slower cold epochs, while at
         // window 16 it measured 12% faster (0.58-0.67 -> 0.70-0.77 of the disk's rate).
+        let read_ahead = config.window_blocks > 1;
         let mut batches = EpochBatches {
-            global: GlobalBatches::new(sizes, config, epoch, config.window_blocks > 1),
+            global: GlobalBatches::new(sizes, config, position.epoch, read_ahead),
             config: config.clone(),
+            origin: position.origin,
             limit,
         };
-        for _ in 0..skip {
+        for _ in 0..position.batches_taken {
             if batches.next().is_none() {
                 break;
             }
@@ -642,12 +762,14 @@ impl Iterator for EpochBatches<'_> {
     type Item = BatchPlan;
 
     fn next(&mut self) -> Option<BatchPlan> {
+        let (world, rank) = (self.config.world as u64, self.config.rank as u64);
         loop {
             let (plan, _) = self.global.next_batch()?;
             if self.limit.is_some_and(|l| plan.global_index >= l) {
                 return None;
             }
-            if plan.global_index % self.config.world as u64 == self.config.rank as u64 {
+            let k = plan.global_index;
+            if k >= self.origin && (k - self.origin) % world == rank {
                 return Some(plan);
             }
         }
@@ -672,7 +794,7 @@ mod tests {
     }
 
     fn all(sizes: &Sizes, config: &SamplerConfig, epoch: u64) -> Vec<BatchPlan> {
-        EpochBatches::new(sizes, config, epoch, 0).collect()
+        EpochBatches::new(sizes, config, SamplerState::start(epoch)).collect()
     }
 
     fn batching() -> impl Strategy<Value = Batching> {
@@ -707,7 +829,7 @@ mod tests {
         ) {
             let sizes = Sizes(shards.clone());
             let total: usize = shards.iter().sum();
-            let base = SamplerConfig { seed, block_events: block, window_blocks: window, run_events: run, batching, batch_order, drop_last: false, rank: 0, world: 1 };
+            let base = SamplerConfig { seed, block_events: block, window_blocks: window, run_events: run, batching, batch_order, shuffle: true, drop_last: false, rank: 0, world: 1 };
             let reference: Vec<BatchPlan> = all(&sizes, &base, epoch);
             let mut union = Vec::new();
             for rank in 0..world {
@@ -738,7 +860,7 @@ mod tests {
             batching in batching(), world in 1usize..9, run in 1usize..12, batch_order in order(),
         ) {
             let sizes = Sizes(shards.clone());
-            let base = SamplerConfig { seed, block_events: block, window_blocks: window, run_events: run, batching, batch_order, drop_last: true, rank: 0, world };
+            let base = SamplerConfig { seed, block_events: block, window_blocks: window, run_events: run, batching, batch_order, shuffle: true, drop_last: true, rank: 0, world };
             let per_rank: Vec<Vec<BatchPlan>> = (0..world).map(|rank| all(&sizes, &SamplerConfig { rank, ..base.clone() }, 1)).collect();
             let counts: BTreeSet<usize> = per_rank.iter().map(|r| r.len()).collect();
             prop_assert!(counts.len() <= 1, "every rank the same number of batches: {:?}", counts);
@@ -759,9 +881,9 @@ mod tests {
         ) {
             let sizes = Sizes(shards);
             for rank in 0..world {
-                let config = SamplerConfig { seed, block_events: block, window_blocks: window, run_events: 1, batching, batch_order, drop_last, rank, world };
+                let config = SamplerConfig { seed, block_events: block, window_blocks: window, run_events: 1, batching, batch_order, shuffle: true, drop_last, rank, world };
                 let yielded = all(&sizes, &config, epoch).len() as u64;
-                prop_assert_eq!(rank_batch_count(&sizes, &config, epoch), yielded, "rank {} of {}", rank, world);
+                prop_assert_eq!(rank_batch_count(&sizes, &config, epoch, 0), yielded, "rank {} of {}", rank, world);
             }
         }
 
@@ -772,10 +894,79 @@ mod tests {
             run in 1usize..12, batch_order in order(),
         ) {
             let sizes = Sizes(shards);
-            let config = SamplerConfig { seed, block_events: 16, window_blocks: 3, run_events: run, batching, batch_order, drop_last, rank: rank_pick % world, world };
+            let config = SamplerConfig { seed, block_events: 16, window_blocks: 3, run_events: run, batching, batch_order, shuffle: true, drop_last, rank: rank_pick % world, world };
             let whole = all(&sizes, &config, 2);
-            let rest: Vec<BatchPlan> = EpochBatches::new(&sizes, &config, 2, skip).collect();
+            let rest: Vec<BatchPlan> = EpochBatches::new(&sizes, &config, SamplerState::at(2, skip)).collect();
             prop_assert_eq!(&rest[..], &whole[(skip as usize).min(whole.len())..]);
+        }
+
+        #[test]
+        fn a_state_resumes_at_any_world_size(
+            shards in proptest::collection::vec(1usize..200, 1..4), seed in any::<u64>(),
+            batching in batching(), world in 1usize..6, new_world in 1usize..9, taken in 0u64..12,
+            drop_last: bool, new_drop_last: bool, run in 1usize..6,
+        ) {
+            let sizes = Sizes(shards);
+            let base = SamplerConfig { seed, block_events: 16, window_blocks: 3, run_events: run, batching, drop_last, world, ..SamplerConfig::default() };
+            let every = all(&sizes, &SamplerConfig { world: 1, drop_last: false, ..base.clone() }, 1);
+            // Every rank of the old world took `taken` batches (or all it had), then stopped.
+            let mut seen: Vec<u64> = Vec::new();
+            let mut saved = None;
+            for rank in 0..world {
+                let config = SamplerConfig { rank, ..base.clone() };
+                let mut batches = EpochBatches::new(&sizes, &config, SamplerState::start(1));
+                let first: Vec<BatchPlan> = batches.by_ref().take(taken as usize).collect();
+                seen.extend(first.iter().map(|b| b.global_index));
+                let state = SamplerState::at(1, first.len() as u64);
+                if rank == 0 {
+                    saved = Some(state);
+                }
+            }
+            let saved = saved.unwrap();
+            let resumed = SamplerState::resumed(&saved, world);
+            prop_assert_eq!(resumed.origin, saved.batches_taken * world as u64);
+            let new = SamplerConfig { world: new_world, drop_last: new_drop_last, ..base.clone() };
+            prop_assert!(new.check_resumable(&base).is_ok());
+            let mut counts = BTreeSet::new();
+            for rank in 0..new_world {
+                let config = SamplerConfig { rank, ..new.clone() };
+                let rest: Vec<BatchPlan> = EpochBatches::new(&sizes, &config, resumed).collect();
+                prop_assert_eq!(rest.len() as u64, rank_batch_count(&sizes, &config, 1, resumed.origin));
+                counts.insert(rest.len());
+                seen.extend(rest.iter().map(|b| b.global_index));
+            }
+            let unique: BTreeSet<u64> = seen.iter().copied().collect();
+            prop_assert_eq!(unique.len(), seen.len(), "no batch twice");
+            let end = if new_drop_last {
+                prop_assert!(counts.len() <= 1, "equal counts after the resume: {:?}", counts);
+                delivered_global_batches(&sizes, &new, 1, resumed.origin)
+            } else {
+                every.len() as u64
+            };
+            // Nothing skipped: every global batch before the end, but what the old world's
+            // drop_last had already cut off at its own end.
+            let old_end = if drop_last { delivered_global_batches(&sizes, &base, 1, 0) } else { every.len() as u64 };
+            let expected: BTreeSet<u64> = (0..end.max(resumed.origin.min(old_end))).filter(|&k| k < resumed.origin.min(old_end) || k >= resumed.origin).collect();
+            prop_assert_eq!(unique, expected);
+        }
+
+        #[test]
+        fn without_shuffle_every_epoch_is_the_stored_order(
+            shards in proptest::collection::vec(0usize..300, 1..6), seed in any::<u64>(),
+            block in 1usize..64, window in 1usize..8, batching in batching(), world in 1usize..5,
+            run in 1usize..12, batch_order in order(), epoch in 0u64..4,
+        ) {
+            let sizes = Sizes(shards.clone());
+            let config = SamplerConfig { seed, block_events: block, window_blocks: window, run_events: run, batching, batch_order, shuffle: false, world, ..SamplerConfig::default() };
+            let mut union: Vec<BatchPlan> = (0..world).flat_map(|rank| all(&sizes, &SamplerConfig { rank, ..config.clone() }, epoch)).collect();
+            union.sort_by_key(|b| b.global_index);
+            let events: Vec<u64> = union.iter().flat_map(|b| b.events.iter().map(|&e| stored_position(&sizes, e))).collect();
+            prop_assert_eq!(events, (0..shards.iter().sum::<usize>() as u64).collect::<Vec<_>>());
+            let other = SamplerConfig { seed: seed ^ 1, block_events: block + 3, rank: 0, world: 1, ..config.clone() };
+            let mut single = all(&sizes, &other, epoch + 1);
+            for b in &mut single { b.global_index = 0; }
+            for b in &mut union { b.global_index = 0; }
+            prop_assert_eq!(single, union, "the same batches whatever the seed, blocks or epoch");
         }
 
         #[test]

@@ -307,6 +307,29 @@ fn order_is_the_same_global_sequence_for_any_world_and_resumes_exactly() {
     );
     let rest = order_lines(&[&[ds.as_str()], &common[..], &["--resume", &state]].concat());
     assert_eq!([first, rest].concat(), whole);
+    // Elastic: two ranks take 3 batches each and rank 0 saves its state; three ranks resume
+    // from it and deal the remaining global batches, from the 7th, round-robin.
+    let ranks = |world: usize, extra: &[&str]| -> Vec<Vec<String>> {
+        (0..world)
+            .map(|r| {
+                let (r, w) = (r.to_string(), world.to_string());
+                let own = ["--rank", r.as_str(), "--world", w.as_str()];
+                order_lines(&[&[ds.as_str()], &common[..], &own[..], extra].concat())
+            })
+            .collect()
+    };
+    let two = ranks(2, &["--stop-after", "3", "--save-state", &state]);
+    let three = ranks(3, &["--resume", &state]);
+    let first: Vec<String> = (0..6).map(|k| two[k % 2][k / 2].clone()).collect();
+    let rest: Vec<String> = (0..whole.len() - 6)
+        .map(|k| three[k % 3][k / 3].clone())
+        .collect();
+    assert_eq!(three.iter().map(Vec::len).sum::<usize>(), whole.len() - 6);
+    assert_eq!(
+        [first, rest].concat(),
+        whole,
+        "2 ranks, then 3 from rank 0's state"
+    );
     let mut next_epoch = common.to_vec();
     next_epoch[3] = "2";
     let other = order_lines(&[&[ds.as_str()], &next_epoch[..]].concat());

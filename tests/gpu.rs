@@ -51,10 +51,7 @@ fn config(layout: BatchLayout, device: DeviceChoice) -> LoaderConfig {
     }
 }
 
-const START: SamplerState = SamplerState {
-    epoch: 0,
-    batches_taken: 0,
-};
+const START: SamplerState = SamplerState::start(0);
 
 /// The CUDA device, or `None` after saying why the test is skipped.
 fn gpu(test: &str) -> Option<Arc<CudaDevice>> {

@@ -32,6 +32,7 @@ fn config(batching: Batching, workers: usize) -> LoaderConfig {
             batching,
             // Shuffled inside batches: the gather's general case (runs scattered in the batch).
             batch_order: BatchOrder::Drawn,
+            shuffle: true,
             drop_last: false,
             rank: 0,
             world: 1,
@@ -45,17 +46,10 @@ fn config(batching: Batching, workers: usize) -> LoaderConfig {
 }
 
 fn epoch(ds: &Arc<Dataset>, config: &LoaderConfig, epoch: u64) -> Vec<Batch> {
-    Loader::new(
-        ds.clone(),
-        config.clone(),
-        SamplerState {
-            epoch,
-            batches_taken: 0,
-        },
-    )
-    .unwrap()
-    .map(|b| b.unwrap())
-    .collect()
+    Loader::new(ds.clone(), config.clone(), SamplerState::start(epoch))
+        .unwrap()
+        .map(|b| b.unwrap())
+        .collect()
 }
 
 /// Checks a packed batch against the shards, event by event, field by field.
@@ -196,10 +190,7 @@ fn positions_can_be_left_out_of_packed_batches() {
         },
         ..without
     };
-    let start = SamplerState {
-        epoch: 0,
-        batches_taken: 0,
-    };
+    let start = SamplerState::start(0);
     let err = Loader::new(ds, padded, start).err().unwrap();
     assert!(
         matches!(
@@ -300,15 +291,7 @@ fn the_steady_state_allocates_nothing() {
         },
         2,
     );
-    let mut loader = Loader::new(
-        ds,
-        config.clone(),
-        SamplerState {
-            epoch: 0,
-            batches_taken: 0,
-        },
-    )
-    .unwrap();
+    let mut loader = Loader::new(ds, config.clone(), SamplerState::start(0)).unwrap();
     let initial = loader.staging_allocations();
     assert!(initial > 0, "the pool is filled up front");
     let mut delivered = 0;
@@ -339,15 +322,7 @@ fn resume_continues_exactly() {
         .iter()
         .map(|b| b.bytes().to_vec())
         .collect();
-    let mut loader = Loader::new(
-        ds.clone(),
-        config.clone(),
-        SamplerState {
-            epoch: 4,
-            batches_taken: 0,
-        },
-    )
-    .unwrap();
+    let mut loader = Loader::new(ds.clone(), config.clone(), SamplerState::start(4)).unwrap();
     let first: Vec<Vec<u8>> = loader
         .by_ref()
         .take(5)
@@ -356,13 +331,7 @@ fn resume_continues_exactly() {
     let saved = serde_json::to_string(&loader.state()).unwrap();
     drop(loader);
     let state: LoaderState = serde_json::from_str(&saved).unwrap();
-    assert_eq!(
-        state.position,
-        SamplerState {
-            epoch: 4,
-            batches_taken: 5
-        }
-    );
+    assert_eq!(state.position, SamplerState::at(4, 5));
     let rest: Vec<Vec<u8>> = Loader::resume(ds.clone(), config.clone(), &state)
         .unwrap()
         .map(|b| b.unwrap().bytes().to_vec())
@@ -385,15 +354,8 @@ fn dropping_mid_epoch_stops_every_thread() {
     let ds = dataset(dir.path());
     let (done_tx, done_rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
-        let mut loader = Loader::new(
-            ds,
-            config(Batching::Events(3), 4),
-            SamplerState {
-                epoch: 0,
-                batches_taken: 0,
-            },
-        )
-        .unwrap();
+        let mut loader =
+            Loader::new(ds, config(Batching::Events(3), 4), SamplerState::start(0)).unwrap();
         let held = loader.next().unwrap().unwrap();
         let _second = loader.next().unwrap().unwrap();
         drop(loader);
@@ -427,10 +389,7 @@ fn a_corrupt_or_missing_shard_is_an_error_naming_it() {
 /// The first error an epoch over `dir` yields, and whether it ended the iteration.
 fn epoch_error(dir: &Path, policy: ChecksumPolicy) -> (String, bool) {
     let fresh = Arc::new(Dataset::open(dir, policy).unwrap());
-    let state = SamplerState {
-        epoch: 0,
-        batches_taken: 0,
-    };
+    let state = SamplerState::start(0);
     first_error(Loader::new(fresh, config(Batching::Events(10), 2), state).unwrap())
 }
 
@@ -589,10 +548,7 @@ fn a_config_that_cannot_work_is_refused_naming_what_is_wrong() {
             ("workers", "must be at least 1"),
         ),
     ] {
-        let start = SamplerState {
-            epoch: 0,
-            batches_taken: 0,
-        };
+        let start = SamplerState::start(0);
         let err = Loader::new(ds.clone(), bad, start).err().unwrap();
         assert!(
             matches!(&err, shardify::Error::Config { field, problem } if *field == words.0 && problem.contains(words.1)),

@@ -19,10 +19,7 @@ fn dataset(dir: &Path) -> Arc<Dataset> {
 }
 
 fn epoch_start(epoch: u64) -> SamplerState {
-    SamplerState {
-        epoch,
-        batches_taken: 0,
-    }
+    SamplerState::start(epoch)
 }
 
 fn sampler(batching: Batching, order: BatchOrder, window_blocks: usize) -> SamplerConfig {
@@ -112,10 +109,7 @@ fn the_plan_is_the_streaming_loaders_epoch() {
             drop_last: true,
             ..sampler(Batching::Events(7), BatchOrder::Stored, 4)
         };
-        let middle = SamplerState {
-            epoch: 1,
-            batches_taken: 4,
-        };
+        let middle = SamplerState::at(1, 4);
         assert_plan_is_the_stream(&ds, &config, middle);
     }
 }
@@ -145,10 +139,7 @@ fn a_whole_dataset_window_plans_every_event_once() {
         plan.pulses.iter().sum::<i64>() as u64,
         ds.manifest().totals.pulses
     );
-    let past_the_end = SamplerState {
-        epoch: 0,
-        batches_taken: plan.batches() as u64,
-    };
+    let past_the_end = SamplerState::at(0, plan.batches() as u64);
     assert_eq!(
         plan_epoch(&ds, &config, past_the_end).unwrap(),
         EpochPlan {

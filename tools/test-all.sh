@@ -16,7 +16,7 @@ if [[ ! -x "$venv/bin/python" ]]; then
     python3 -m venv "$venv"
 fi
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
-    "maturin>=1.9,<2" numpy pytest safetensors torch torch_geometric
+    "maturin>=1.9,<2" numpy pyarrow pytest safetensors torch torch_geometric
 # What a user runs: pip builds the wheel (maturin, release) from this checkout.
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --force-reinstall \
     --no-deps .

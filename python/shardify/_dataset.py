@@ -59,6 +59,11 @@ class Dataset:
         data, dtype = self._native.sensor_positions()
         return np.frombuffer(data, dtype=np.dtype(dtype).newbyteorder("<")).reshape(-1, 3)
 
+    def event_ids(self) -> np.ndarray:
+        """Every event id, int64, in stored order (the shards concatenated): what predictions
+        join back to the source on. Reads every shard's ``event_id`` column."""
+        return np.from_dlpack(self._native.event_ids())
+
     def __len__(self) -> int:
         return self._native.events
 

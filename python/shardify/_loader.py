@@ -14,21 +14,6 @@ from ._dataset import Dataset
 if TYPE_CHECKING:
     from ._resident import ResidentBatches
 
-#: Sampler settings a saved state must match (rank is not among them).
-_STATE_KEYS = (
-    "seed",
-    "block_events",
-    "window_blocks",
-    "run_events",
-    "batch_events",
-    "max_pulses",
-    "max_events",
-    "batch_order",
-    "drop_last",
-    "world",
-)
-
-
 def _count(name: str, value: Any, *, optional: bool = False) -> int | None:
     """A non-negative integer argument, or a ValueError naming it."""
     if value is None and optional:
@@ -114,6 +99,7 @@ class Loader:
         window_blocks: int = 16,
         run_events: int = 1,
         batch_order: str = "stored",
+        shuffle: bool = True,
         drop_last: bool | None = None,
         rank: int | None = None,
         world: int | None = None,
@@ -135,7 +121,7 @@ class Loader:
         if _count("world", world) == 0 or rank >= world:
             raise ValueError(f"invalid rank: rank {rank} of world {world}")
         if drop_last is None:
-            drop_last = world > 1
+            drop_last = world > 1 and bool(shuffle)
         device = _device_name(device)
         if output == "numpy":
             if resident:
@@ -161,6 +147,7 @@ class Loader:
             window_blocks=_count("window_blocks", window_blocks),
             run_events=_count("run_events", run_events),
             batch_order=batch_order,
+            shuffle=bool(shuffle),
             drop_last=self.drop_last,
             rank=rank,
             world=world,
@@ -193,7 +180,8 @@ class Loader:
                 convert = np.from_dlpack
                 self.device = placement
             self._batches = _Streaming(self._native, self.section_names, convert)
-        self._lengths: dict[int, int] = {}
+        self.shuffle = bool(shuffle)
+        self._lengths: dict[tuple[int, int], int] = {}
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         """One epoch, from where the loader stands: the start of the next epoch after a
@@ -201,11 +189,12 @@ class Loader:
         return self._batches.batches()
 
     def __len__(self) -> int:
-        """The exact number of batches this rank gets in the current epoch."""
-        epoch = self.epoch
-        if epoch not in self._lengths:
-            self._lengths[epoch] = self._native.batch_count(epoch)
-        return self._lengths[epoch]
+        """The exact number of batches this rank gets in the current epoch (after an elastic
+        resume, from the global position it resumed at)."""
+        epoch, origin, _ = self._batches.position()
+        if (epoch, origin) not in self._lengths:
+            self._lengths[epoch, origin] = self._native.batch_count(epoch, origin)
+        return self._lengths[epoch, origin]
 
     @property
     def epoch(self) -> int:
@@ -214,38 +203,50 @@ class Loader:
 
     def set_epoch(self, epoch: int) -> None:
         """Starts epoch ``epoch`` from its first batch at the next ``for``."""
-        self._batches.seek(_count("epoch", epoch), 0)
+        self._batches.seek(_count("epoch", epoch), 0, 0)
 
     def state_dict(self) -> dict[str, Any]:
         """Where the loader stands (after the last batch handed out, not the last
-        prefetched) and the settings that decide the order. Holds no rank: a state saved on
-        rank 0 resumes every rank."""
-        epoch, batches_taken = self._batches.position()
+        prefetched): the epoch and ``global_batches``, the batches every rank of the world
+        together has consumed (this rank's count times the world size, the ranks of a
+        data-parallel job stepping together), and the settings that decide the order. It
+        holds no rank and resumes any rank of any world size (see :meth:`load_state_dict`);
+        ``world`` and ``batches_taken`` (this rank's count) are there for information."""
+        epoch, origin, taken = self._batches.position()
         return {
             "epoch": epoch,
-            "batches_taken": batches_taken,
+            "global_batches": origin + taken * self.world,
+            "batches_taken": taken,
+            "world": self.world,
             "sampler": json.loads(self._native.settings_json()),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resumes at a saved position; a ``ValueError`` naming the field when the state was
-        made with other settings."""
+        """Resumes at a saved position, elastically: whatever world size saved it, the ranks
+        of this one deal the epoch's remaining global batches among themselves from
+        ``global_batches`` on (batch ``global_batches + r`` to rank ``r``, then round-robin),
+        so no event of the epoch comes twice and none is skipped beyond what ``drop_last``
+        drops. A ``ValueError`` names the field when the state was made with settings that
+        decide another order (seed, batching, blocks, window, runs, batch order, shuffle);
+        ``world`` and ``drop_last`` may differ. Save rank 0's state: at the end of an epoch
+        without ``drop_last``, other ranks may have had one batch fewer."""
         if not isinstance(state, dict):
             raise ValueError(f"invalid state: expected a dict, not {type(state).__name__}")
-        missing = [k for k in ("epoch", "batches_taken", "sampler") if k not in state]
+        missing = [k for k in ("epoch", "sampler") if k not in state]
+        if "global_batches" not in state and "batches_taken" not in state:
+            missing.append("global_batches")
         if missing:
             raise ValueError(f"invalid state: missing {', '.join(missing)}")
-        ours = json.loads(self._native.settings_json())
         saved = state["sampler"]
-        for key in _STATE_KEYS:
-            if saved.get(key) != ours[key]:
-                raise ValueError(
-                    f"invalid state: {key} is {saved.get(key)!r} in the saved state but "
-                    f"{ours[key]!r} in this loader"
-                )
-        self._batches.seek(
-            _count("epoch", state["epoch"]), _count("batches_taken", state["batches_taken"])
-        )
+        if not isinstance(saved, dict):
+            raise ValueError("invalid state: sampler is not a dict of settings")
+        self._native.check_resumable(json.dumps(saved))
+        if "global_batches" in state:
+            position = _count("global_batches", state["global_batches"])
+        else:  # a state from before elastic resumes: this rank's count at the saved world
+            position = _count("batches_taken", state["batches_taken"]) * _count(
+                "world", saved.get("world", self.world))
+        self._batches.seek(_count("epoch", state["epoch"]), position, 0)
 
     @property
     def staging_allocations(self) -> int:
@@ -269,13 +270,13 @@ class _Streaming:
     def __init__(self, native: Any, names: tuple[str, ...], convert: Any):
         self._native, self._names, self._convert = native, names, convert
 
-    def position(self) -> tuple[int, int]:
-        """(epoch, batches handed out in it)."""
+    def position(self) -> tuple[int, int, int]:
+        """(epoch, origin, batches handed out since origin)."""
         return self._native.position()
 
-    def seek(self, epoch: int, batches_taken: int) -> None:
-        """Moves to batch ``batches_taken`` of ``epoch``."""
-        self._native.seek(epoch, batches_taken)
+    def seek(self, epoch: int, origin: int, batches_taken: int) -> None:
+        """Moves to batch ``batches_taken`` of ``epoch`` dealt from global batch ``origin``."""
+        self._native.seek(epoch, origin, batches_taken)
 
     def batches(self) -> Iterator[dict[str, Any]]:
         """The rest of the current epoch."""

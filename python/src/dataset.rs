@@ -93,6 +93,22 @@ impl PyDataset {
         (PyBytes::new(py, bytes), numpy_name(dtype))
     }
 
+    /// Every event id, in stored order (the shards concatenated in manifest order), as an
+    /// int64 host array; reading it opens (and, per the policy, checksums) every shard.
+    fn event_ids(&self, py: Python<'_>) -> PyResult<PyHostArray> {
+        let dataset = &self.dataset;
+        let ids = py
+            .detach(|| -> Result<Vec<i64>, Error> {
+                let mut ids = Vec::with_capacity(dataset.manifest().totals.events as usize);
+                for i in 0..dataset.shard_count() {
+                    ids.extend_from_slice(dataset.shard(i)?.view()?.event_id);
+                }
+                Ok(ids)
+            })
+            .map_err(to_py)?;
+        Ok(PyHostArray::owned(ids))
+    }
+
     /// Shard `shard`'s tensors, in file order, as read-only host arrays viewing its memory
     /// map (no copy). The shard is validated (and checksummed, per the dataset's policy)
     /// when first opened.

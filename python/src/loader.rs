@@ -91,6 +91,61 @@ fn layout(
     }
 }
 
+/// The settings that decide the order, as the Python state dict spells them.
+fn order_settings(s: &SamplerConfig) -> serde_json::Value {
+    let (batch_events, max_pulses, max_events) = match s.batching {
+        Batching::Events(n) => (Some(n), None, None),
+        Batching::Pulses {
+            max_pulses,
+            max_events,
+        } => (None, Some(max_pulses), max_events),
+    };
+    serde_json::json!({
+        "seed": s.seed,
+        "block_events": s.block_events,
+        "window_blocks": s.window_blocks,
+        "run_events": s.run_events,
+        "batch_events": batch_events,
+        "max_pulses": max_pulses,
+        "max_events": max_events,
+        "batch_order": s.batch_order.to_string(),
+        "shuffle": s.shuffle,
+    })
+}
+
+/// The settings a state saved as [`order_settings`] JSON was made with, as a sampler (rank,
+/// world and drop_last taken from `ours`; `shuffle` true in a state from before it existed).
+fn saved_sampler(json: &str, ours: &SamplerConfig) -> Result<SamplerConfig, Error> {
+    #[derive(serde::Deserialize)]
+    struct Saved {
+        seed: u64,
+        block_events: usize,
+        window_blocks: usize,
+        run_events: usize,
+        batch_events: Option<usize>,
+        max_pulses: Option<usize>,
+        max_events: Option<usize>,
+        batch_order: String,
+        shuffle: Option<bool>,
+    }
+    let saved: Saved = serde_json::from_str(json)
+        .map_err(|e| Error::config("state", format!("the saved sampler settings: {e}")))?;
+    Ok(SamplerConfig {
+        seed: saved.seed,
+        block_events: saved.block_events,
+        window_blocks: saved.window_blocks,
+        run_events: saved.run_events,
+        batching: batching(
+            saved.batch_events.unwrap_or(0),
+            saved.max_pulses,
+            saved.max_events,
+        )?,
+        batch_order: batch_order(&saved.batch_order)?,
+        shuffle: saved.shuffle.unwrap_or(true),
+        ..ours.clone()
+    })
+}
+
 fn batch_order(name: &str) -> Result<BatchOrder, Error> {
     name.parse()
         .map_err(|problem: String| Error::config("batch_order", problem))
@@ -161,8 +216,8 @@ impl PyLoader {
     #[new]
     #[allow(clippy::too_many_arguments)]
     #[pyo3(signature = (dataset, *, batch_events, max_pulses, max_events, layout, max_doms,
-        pulses_per_dom, seed, block_events, window_blocks, run_events, batch_order, drop_last,
-        rank, world, workers, prefetch, device, dom_positions))]
+        pulses_per_dom, seed, block_events, window_blocks, run_events, batch_order, shuffle,
+        drop_last, rank, world, workers, prefetch, device, dom_positions))]
     fn new(
         py: Python<'_>,
         dataset: &PyDataset,
@@ -177,6 +232,7 @@ impl PyLoader {
         window_blocks: usize,
         run_events: usize,
         batch_order: &str,
+        shuffle: bool,
         drop_last: bool,
         rank: usize,
         world: usize,
@@ -193,6 +249,7 @@ impl PyLoader {
                 run_events,
                 batching: batching(batch_events, max_pulses, max_events).map_err(to_py)?,
                 batch_order: self::batch_order(batch_order).map_err(to_py)?,
+                shuffle,
                 drop_last,
                 rank,
                 world,
@@ -213,10 +270,7 @@ impl PyLoader {
             config,
             progress: Mutex::new(ProcessBound::new(Progress {
                 placement,
-                position: SamplerState {
-                    epoch: 0,
-                    batches_taken: 0,
-                },
+                position: SamplerState::start(0),
                 running: None,
                 exhausted: false,
             })),
@@ -259,57 +313,49 @@ impl PyLoader {
         Ok((batches, events, pulses, started.elapsed().as_secs_f64()))
     }
 
-    /// (epoch, batches handed out in it): where the next batch comes from.
-    fn position(&self) -> PyResult<(u64, u64)> {
+    /// (epoch, origin, batches handed out since): where the next batch comes from (see
+    /// `SamplerState`: this rank takes the global batches `origin + rank + k * world`).
+    fn position(&self) -> PyResult<(u64, u64, u64)> {
         let guard = self.progress()?;
         let progress = guard.get().map_err(forked)?;
-        Ok((progress.position.epoch, progress.position.batches_taken))
+        let p = progress.position;
+        Ok((p.epoch, p.origin, p.batches_taken))
     }
 
-    /// Moves to batch `batches_taken` of `epoch`; the running epoch (if any) stops.
-    fn seek(&self, epoch: u64, batches_taken: u64) -> PyResult<()> {
+    /// Moves to batch `batches_taken` of `epoch` counted from global batch `origin`; the
+    /// running epoch (if any) stops.
+    fn seek(&self, epoch: u64, origin: u64, batches_taken: u64) -> PyResult<()> {
         let mut guard = self.progress()?;
         let progress = guard.get_mut().map_err(forked)?;
         progress.position = SamplerState {
             epoch,
             batches_taken,
+            origin,
         };
         progress.running = None;
         progress.exhausted = false;
         Ok(())
     }
 
-    /// The exact number of batches this rank gets in `epoch`.
-    fn batch_count(&self, py: Python<'_>, epoch: u64) -> PyResult<u64> {
+    /// The exact number of batches this rank gets in `epoch`, dealt from global batch
+    /// `origin` on.
+    fn batch_count(&self, py: Python<'_>, epoch: u64, origin: u64) -> PyResult<u64> {
         let (dataset, sampler) = (&self.dataset, &self.config.sampler);
-        py.detach(|| rank_batch_count(dataset, sampler, epoch))
+        py.detach(|| rank_batch_count(dataset, sampler, epoch, origin))
             .map_err(to_py)
     }
 
-    /// The sampler settings a saved state must match (rank left out: a state saved on one
-    /// rank resumes every rank), as JSON text.
+    /// The settings that decide the order (what a saved state must match; rank, world and
+    /// drop_last left out: a state resumes any rank of any world size), as JSON text.
     fn settings_json(&self) -> String {
-        let s = &self.config.sampler;
-        let (batch_events, max_pulses, max_events) = match s.batching {
-            Batching::Events(n) => (Some(n), None, None),
-            Batching::Pulses {
-                max_pulses,
-                max_events,
-            } => (None, Some(max_pulses), max_events),
-        };
-        serde_json::json!({
-            "seed": s.seed,
-            "block_events": s.block_events,
-            "window_blocks": s.window_blocks,
-            "run_events": s.run_events,
-            "batch_events": batch_events,
-            "max_pulses": max_pulses,
-            "max_events": max_events,
-            "batch_order": s.batch_order.to_string(),
-            "drop_last": s.drop_last,
-            "world": s.world,
-        })
-        .to_string()
+        order_settings(&self.config.sampler).to_string()
+    }
+
+    /// Refuses, with a `ValueError` naming the field, a state saved with `settings_json`
+    /// (JSON text, as `settings_json` wrote it) that decides another order.
+    fn check_resumable(&self, settings_json: &str) -> PyResult<()> {
+        let saved = saved_sampler(settings_json, &self.config.sampler).map_err(to_py)?;
+        self.config.sampler.check_resumable(&saved).map_err(to_py)
     }
 
     /// Staging buffers the running epoch's loader allocated (constant in the steady state;
@@ -345,7 +391,8 @@ impl PyLoader {
             .collect()
     }
 
-    /// This rank's batches of `epoch` after the first `batches_taken`, for a resident
+    /// This rank's batches of `epoch` (dealt from global batch `origin` on) after the first
+    /// `batches_taken`, for a resident
     /// loader: (events, starts, doms, pulses, max_doms), int64 host arrays. `events` holds
     /// each event's global position (shards concatenated in manifest order) in delivery
     /// order; batch `b` holds `events[starts[b]:starts[b + 1]]`, with `doms[b]` DOMs,
@@ -355,6 +402,7 @@ impl PyLoader {
         &self,
         py: Python<'_>,
         epoch: u64,
+        origin: u64,
         batches_taken: u64,
     ) -> PyResult<(
         PyHostArray,
@@ -366,6 +414,7 @@ impl PyLoader {
         let position = SamplerState {
             epoch,
             batches_taken,
+            origin,
         };
         let (dataset, sampler) = (&self.dataset, &self.config.sampler);
         let plan = py

@@ -76,7 +76,7 @@ def test_a_whole_dataset_window_is_a_complete_shuffle(train_dir, torch):
                              device="cpu", resident=True)
     where = shardify.Dataset(train_dir).manifest["shards"]
     first_shard_end = where[0]["events"]
-    plan = loader._batches._plan_at(0, 0)
+    plan = loader._batches._plan_at(0, 0, 0)
     events = plan.events.tolist()
     assert sorted(events) == list(range(300))
     # Every batch mixes events of several shards (blocks of 256 could not: a shard here
@@ -121,7 +121,7 @@ def run_on_meta(loader, torch):
     """Every batch of the loader's current epoch gathered with every tensor on the meta
     device (columns, plan, output buffers): returns each batch's (name, dtype, shape)."""
     src = loader._batches
-    plan = src._plan_at(loader.epoch, 0)
+    plan = src._plan_at(loader.epoch, 0, 0)
     meta = torch.device("meta")
     held, events = src.columns.to(meta), plan.events.to(meta)
     pool = buffers.OutputPool(meta, src.layout.sections)

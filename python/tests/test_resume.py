@@ -51,9 +51,13 @@ def test_a_state_saved_on_rank_0_resumes_rank_1(train_dir, torch):
 
 @pytest.mark.parametrize("field,other", [
     ("seed", {"seed": 1}),
-    ("batch_events", {"batch_events": 9}),
-    ("world", {"rank": 0, "world": 2, "drop_last": False}),
+    ("batching", {"batch_events": 9}),
+    ("batching", {"max_pulses": 500}),
+    ("block_events", {"block_events": 64}),
     ("window_blocks", {"window_blocks": 2}),
+    ("run_events", {"run_events": 4}),
+    ("batch_order", {"batch_order": "drawn"}),
+    ("shuffle", {"shuffle": False}),
 ])
 def test_a_state_from_other_settings_is_refused(train_dir, torch, field, other):
     state = shardify.Loader(train_dir, batch_events=8).state_dict()

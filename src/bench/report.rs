@@ -234,10 +234,7 @@ fn run_epoch(
     let mut loader = Loader::on(
         dataset.clone(),
         loader_config,
-        SamplerState {
-            epoch,
-            batches_taken: 0,
-        },
+        SamplerState::start(epoch),
         placement.clone(),
     )?;
     let mut run = EpochRun {

@@ -99,13 +99,17 @@ struct OrderArgs {
     /// Drop incomplete trailing batches so every rank gets the same count.
     #[arg(long)]
     drop_last: bool,
+    /// No shuffle: the stored order, every epoch (evaluation, inference).
+    #[arg(long)]
+    no_shuffle: bool,
     /// Stop after this many batches.
     #[arg(long)]
     stop_after: Option<u64>,
     /// Write the loader state here when stopping.
     #[arg(long)]
     save_state: Option<PathBuf>,
-    /// Continue from a state written by --save-state.
+    /// Continue from a state written by --save-state, at any --world (elastic: this rank
+    /// continues from the global position the saved world had reached).
     #[arg(long)]
     resume: Option<PathBuf>,
 }
@@ -564,6 +568,7 @@ fn run_order(args: OrderArgs) -> Result<()> {
             run_events: args.sampler.run_events,
             batching,
             batch_order: args.sampler.batch_order,
+            shuffle: !args.no_shuffle,
             drop_last: args.drop_last,
             rank: args.rank,
             world: args.world,
@@ -583,14 +588,7 @@ fn run_order(args: OrderArgs) -> Result<()> {
             .with_context(|| format!("{} is not a saved loader state", path.display()))?;
             Loader::resume(dataset, config, &state)?
         }
-        None => Loader::new(
-            dataset,
-            config,
-            SamplerState {
-                epoch: args.epoch,
-                batches_taken: 0,
-            },
-        )?,
+        None => Loader::new(dataset, config, SamplerState::start(args.epoch))?,
     };
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());

@@ -131,7 +131,8 @@ impl Default for LoaderConfig {
     }
 }
 
-/// A loader's position, saved by a training job and given back to resume exactly.
+/// A loader's position, saved by a training job and given back to resume exactly, at the same
+/// world size or another ([`Loader::resume`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LoaderState {
     /// Epoch and batches taken in it.
@@ -243,22 +244,18 @@ impl Loader {
         })
     }
 
-    /// Resumes from a saved state; refuses a state made with another sampler configuration.
+    /// Resumes from a state saved by any rank of any world size (elastic: see
+    /// [`SamplerState::resumed`]): this rank continues from the global position the saved
+    /// world had reached. Refuses a state whose order settings differ, naming the field
+    /// ([`SamplerConfig::check_resumable`]); world, rank and `drop_last` may differ.
     pub fn resume(
         dataset: Arc<Dataset>,
         config: LoaderConfig,
         state: &LoaderState,
     ) -> Result<Loader> {
-        if state.sampler != config.sampler {
-            return Err(Error::config(
-                "sampler",
-                format!(
-                    "the saved state was made with {:?}, not {:?}",
-                    state.sampler, config.sampler
-                ),
-            ));
-        }
-        Loader::new(dataset, config, state.position)
+        config.sampler.check_resumable(&state.sampler)?;
+        let position = state.position.resumed(state.sampler.world);
+        Loader::new(dataset, config, position)
     }
 
     /// Where the loader stands: after the last batch handed out (the next epoch's start once
@@ -340,10 +337,7 @@ impl Loader {
             Arrival::Finished => {
                 // Every thread is done: the epoch is over.
                 self.finished = true;
-                self.position = SamplerState {
-                    epoch: self.position.epoch + 1,
-                    batches_taken: 0,
-                };
+                self.position = SamplerState::start(self.position.epoch + 1);
                 Arrival::Finished
             }
             Arrival::Ready(Ok((filled, device))) => {
@@ -364,12 +358,18 @@ impl Loader {
     }
 }
 
-/// The exact number of batches `config.rank` gets in `epoch` of `dataset` (what a
-/// [`Loader`] started at the epoch's beginning yields). Free with an event-count batching;
-/// with a pulse budget, one pass over the epoch's order reading the shards' offsets.
-pub fn rank_batch_count(dataset: &Dataset, config: &SamplerConfig, epoch: u64) -> Result<u64> {
+/// The exact number of batches `config.rank` gets in `epoch` of `dataset` when the ranks
+/// deal the global batches from `origin` on (0: what a [`Loader`] started at the epoch's
+/// beginning yields; see [`SamplerState`]). Free with an event-count batching; with a pulse
+/// budget, one pass over the epoch's order reading the shards' offsets.
+pub fn rank_batch_count(
+    dataset: &Dataset,
+    config: &SamplerConfig,
+    epoch: u64,
+    origin: u64,
+) -> Result<u64> {
     let sizes = DatasetSizes::new(dataset);
-    let count = sampler::rank_batch_count(&sizes, config, epoch);
+    let count = sampler::rank_batch_count(&sizes, config, epoch, origin);
     match sizes.take_error() {
         Some(e) => Err(e),
         None => Ok(count),

@@ -102,15 +102,7 @@ pub(crate) fn run_workers(
     let sizes = DatasetSizes::new(dataset);
     let workers = config.workers;
     let plans = Plans {
-        batches: Mutex::new((
-            EpochBatches::new(
-                &sizes,
-                &config.sampler,
-                position.epoch,
-                position.batches_taken,
-            ),
-            0,
-        )),
+        batches: Mutex::new((EpochBatches::new(&sizes, &config.sampler, position), 0)),
         sizes: &sizes,
         failed: AtomicBool::new(false),
     };

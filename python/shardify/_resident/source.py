@@ -92,7 +92,10 @@ class EpochPlan:
     """One epoch's plan for this rank from batch ``first`` on, its events on the device."""
 
     epoch: int
+    origin: int
+    """The global batch the ranks deal from (0 but after an elastic resume)."""
     first: int
+    """Batches this rank took (since ``origin``) before the plan's first."""
     events: torch.Tensor
     """``[N]`` int64 global positions, in delivery order, on the device."""
     starts: list[int]
@@ -171,20 +174,20 @@ class ResidentBatches:
         self._gather = _gather_for(self.gather_kind, layout)
         self.columns = load_columns(dataset, device, progress=progress)
         self.pool = OutputPool(device, layout.sections)
-        self._position = (0, 0)
+        self._position = (0, 0, 0)
         self._plan: EpochPlan | None = None
         # The next epoch's plan, made on a thread while this epoch's batches are gathered
         # (planning a complete shuffle of 30M events takes seconds).
         self._planner = concurrent.futures.ThreadPoolExecutor(1, "shardify-plan")
         self._next_plan: tuple[int, concurrent.futures.Future] | None = None
 
-    def position(self) -> tuple[int, int]:
-        """(epoch, batches handed out in it)."""
+    def position(self) -> tuple[int, int, int]:
+        """(epoch, origin, batches handed out since origin)."""
         return self._position
 
-    def seek(self, epoch: int, batches_taken: int) -> None:
-        """Moves to batch ``batches_taken`` of ``epoch``."""
-        self._position = (epoch, batches_taken)
+    def seek(self, epoch: int, origin: int, batches_taken: int) -> None:
+        """Moves to batch ``batches_taken`` of ``epoch`` dealt from global batch ``origin``."""
+        self._position = (epoch, origin, batches_taken)
 
     def batches(self) -> Iterator[dict[str, torch.Tensor]]:
         """The rest of the current epoch, then (at its end) the position moves to the next."""
@@ -196,11 +199,11 @@ class ResidentBatches:
 
     def next(self) -> dict[str, torch.Tensor] | None:
         """The next batch of the epoch, or ``None`` (and the next epoch's start) at its end."""
-        epoch, taken = self._position
-        plan = self._plan_at(epoch, taken)
+        epoch, origin, taken = self._position
+        plan = self._plan_at(epoch, origin, taken)
         b = taken - plan.first
         if b >= plan.batches:
-            self._position = (epoch + 1, 0)
+            self._position = (epoch + 1, 0, 0)
             return None
         arguments = (self._gather, self.layout, self.pool, self.columns, plan.events, plan, b)
         if self._other_gpu():
@@ -211,7 +214,7 @@ class ResidentBatches:
                 batch = gather_batch(*arguments)
         else:
             batch = gather_batch(*arguments)
-        self._position = (epoch, taken + 1)
+        self._position = (epoch, origin, taken + 1)
         return batch
 
     def _other_gpu(self) -> bool:
@@ -222,26 +225,27 @@ class ResidentBatches:
 
         return torch.cuda.current_device() != self.device.index
 
-    def _plan_at(self, epoch: int, taken: int) -> EpochPlan:
-        """The plan holding batch ``taken`` of ``epoch``: the current one, or a new one."""
+    def _plan_at(self, epoch: int, origin: int, taken: int) -> EpochPlan:
+        """The plan holding batch ``taken`` (since ``origin``) of ``epoch``: the current one,
+        or a new one."""
         plan = self._plan
-        if plan is None or plan.epoch != epoch or not (
+        if plan is None or (plan.epoch, plan.origin) != (epoch, origin) or not (
                 plan.first <= taken <= plan.first + plan.batches):
             self._plan = None  # its device tensor goes before the next one comes
-            plan = self._plan = self._load_plan(epoch, taken)
+            plan = self._plan = self._load_plan(epoch, origin, taken)
             self._next_plan = (epoch + 1, self._planner.submit(self._native.epoch_plan,
-                                                               epoch + 1, 0))
+                                                               epoch + 1, 0, 0))
         return plan
 
-    def _load_plan(self, epoch: int, taken: int) -> EpochPlan:
+    def _load_plan(self, epoch: int, origin: int, taken: int) -> EpochPlan:
         import numpy as np
         import torch
 
         ahead, self._next_plan = self._next_plan, None
-        if ahead is not None and ahead[0] == epoch and taken == 0:
+        if ahead is not None and ahead[0] == epoch and (origin, taken) == (0, 0):
             arrays = ahead[1].result()
         else:
-            arrays = self._native.epoch_plan(epoch, taken)
+            arrays = self._native.epoch_plan(epoch, origin, taken)
         on_host = torch.from_dlpack(arrays[0])
         if self.device.type == "cuda":
             on_device = on_host.pin_memory().to(self.device, non_blocking=True)
@@ -249,7 +253,7 @@ class ResidentBatches:
             on_device = on_host.to(self.device)
         starts, doms, pulses, max_doms = (np.from_dlpack(a) for a in arrays[1:])
         return EpochPlan(
-            epoch=epoch, first=taken, events=on_device, starts=starts.tolist(),
+            epoch=epoch, origin=origin, first=taken, events=on_device, starts=starts.tolist(),
             doms=doms.tolist(), pulses=pulses.tolist(), max_doms=max_doms.tolist(),
             capacity=self._capacity(np.diff(starts), doms, pulses, max_doms),
         )

@@ -1,0 +1,97 @@
+#!/usr/bin/env python3
+"""Predict every event's direction and write a Kaggle submission-shaped Parquet file.
+
+    python examples/predict.py DATASET submission.parquet [--checkpoint ckpt.pt]
+    torchrun --standalone --nproc-per-node 4 examples/predict.py DATASET submission.parquet ...
+
+The loader runs with ``shuffle=False``: every event exactly once over all ranks, in stored
+order, the last partial batch kept (no padding with duplicates: ranks may get one batch more
+or fewer, which inference does not mind). The ranks' predictions are gathered with
+``shardify.distributed.gather_predictions`` and rank 0 writes one row per event,
+``event_id, azimuth, zenith`` (radians, the Kaggle convention: azimuth in [0, 2 pi), zenith in
+[0, pi]), sorted by event id, after checking the ids against the dataset's own. The model is
+``train_torch.py``'s DeepSets, with the weights of ``--checkpoint`` (written by
+``train_torch.py`` or ``train_ddp.py``); without one it is untrained (a smoke test).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+
+import numpy as np
+import shardify
+import torch
+import torch.distributed as dist
+from shardify.distributed import gather_predictions
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from train_torch import DeepSets, normalise  # noqa: E402
+
+
+def angles(unit: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Azimuth in [0, 2 pi) and zenith in [0, pi] of unit vectors ``[N, 3]``."""
+    azimuth = torch.remainder(torch.atan2(unit[:, 1], unit[:, 0]), 2 * math.pi)
+    zenith = torch.arccos(unit[:, 2].clamp(-1.0, 1.0))
+    return azimuth, zenith
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("dataset")
+    ap.add_argument("output", help="the Parquet file to write (event_id, azimuth, zenith)")
+    ap.add_argument("--checkpoint", default=None)
+    ap.add_argument("--batch-events", type=int, default=1024)
+    ap.add_argument("--max-doms", type=int, default=64)
+    ap.add_argument("--pulses-per-dom", type=int, default=4)
+    ap.add_argument("--device", default="auto")
+    args = ap.parse_args()
+
+    distributed = "WORLD_SIZE" in os.environ
+    use_gpu = args.device != "cpu" and torch.cuda.is_available()
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = torch.device("cuda", local_rank) if use_gpu else torch.device("cpu")
+    if distributed:
+        dist.init_process_group("nccl" if use_gpu else "gloo")
+    loader = shardify.Loader(args.dataset, batch_events=args.batch_events, layout="padded",
+                             max_doms=args.max_doms, pulses_per_dom=args.pulses_per_dom,
+                             shuffle=False, device=device)
+    model = DeepSets(4 + 3 * args.pulses_per_dom).to(device).eval()
+    if args.checkpoint:
+        model.load_state_dict(torch.load(args.checkpoint, map_location=device)["model"])
+    ids, azimuths, zeniths = [], [], []
+    with torch.no_grad():
+        for batch in loader:
+            unit = model(normalise(batch["dom_features"], args.pulses_per_dom),
+                         batch["dom_mask"].to(torch.float32))
+            azimuth, zenith = angles(unit.double())
+            ids.append(batch["event_id"].clone())
+            azimuths.append(azimuth)
+            zeniths.append(zenith)
+    empty = torch.empty(0, dtype=torch.float64, device=device)
+    event_id, azimuth, zenith = gather_predictions(
+        torch.cat(ids) if ids else torch.empty(0, dtype=torch.int64, device=device),
+        torch.cat(azimuths) if azimuths else empty, torch.cat(zeniths) if zeniths else empty)
+    if loader.rank == 0:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        order = torch.argsort(event_id)
+        event_id, azimuth, zenith = (t[order].cpu().numpy() for t in (event_id, azimuth, zenith))
+        expected = np.sort(loader.dataset.event_ids())
+        if not np.array_equal(event_id, expected):
+            raise SystemExit(f"predicted {len(event_id)} events, the dataset holds "
+                             f"{len(expected)}: they differ")
+        table = pa.table({"event_id": event_id, "azimuth": azimuth, "zenith": zenith})
+        pq.write_table(table, args.output + ".tmp")
+        os.replace(args.output + ".tmp", args.output)
+        print(f"{len(event_id)} events from {loader.world} rank(s) -> {args.output}")
+    if distributed:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,55 @@
+"""Evaluation over several ranks: putting the ranks' predictions back together.
+
+With ``shardify.Loader(..., shuffle=False)`` every rank gets its share of the dataset, each
+event exactly once over all ranks, in stored order, the last partial batch kept; ranks may
+then get unequal numbers of batches (one more for the first ranks), which is fine for
+inference (no collective per batch) but means the per-rank results have unequal lengths.
+:func:`gather_predictions` concatenates them over ranks, whatever their lengths.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+
+def gather_predictions(event_id: torch.Tensor, *values: torch.Tensor, group: Any = None,
+                       check_unique: bool = True) -> tuple[torch.Tensor, ...]:
+    """Every rank's ``event_id`` ``[n_r]`` and ``values`` (each ``[n_r, ...]``), concatenated
+    over the ranks of ``group`` in rank order, on every rank (``all_gather``: gloo on CPU
+    tensors, NCCL on GPU ones). Without an initialised process group, the inputs as they
+    are. With ``check_unique`` a ``ValueError`` names an event id that came twice (the
+    metric of an evaluation that counts an event twice is wrong)."""
+    import torch
+    import torch.distributed as dist
+
+    for v in values:
+        if v.shape[0] != event_id.shape[0]:
+            raise ValueError(f"values of {v.shape[0]} rows beside {event_id.shape[0]} event ids")
+    if dist.is_available() and dist.is_initialized():
+        world = dist.get_world_size(group)
+        count = torch.tensor([event_id.shape[0]], device=event_id.device)
+        counts = [torch.zeros_like(count) for _ in range(world)]
+        dist.all_gather(counts, count, group=group)
+        sizes = [int(c) for c in counts]
+        gathered = []
+        for t in (event_id, *values):
+            padded = t.new_zeros((max(sizes), *t.shape[1:]))
+            padded[:t.shape[0]] = t
+            parts = [torch.empty_like(padded) for _ in range(world)]
+            dist.all_gather(parts, padded, group=group)
+            gathered.append(torch.cat([p[:n] for p, n in zip(parts, sizes, strict=True)]))
+        out = tuple(gathered)
+    else:
+        out = (event_id, *values)
+    if check_unique:
+        ids = out[0]
+        ordered = ids.sort().values
+        repeated = (ordered[1:] == ordered[:-1]).nonzero()
+        if repeated.numel():
+            raise ValueError(f"event id {int(ordered[repeated[0, 0]])} came twice: the ranks' "
+                             "shares overlap (a shuffled loader with drop_last=False, or the "
+                             "same rank twice?)")
+    return out
