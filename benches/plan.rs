@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use shardify::bench::{data, median};
-use shardify::dataset::{ChecksumPolicy, Dataset, DatasetSizes};
+use shardify::dataset::{ChecksumPolicy, Dataset, DatasetSizes, View};
 use shardify::resident::plan_epoch;
 use shardify::sampler::{Batching, EpochBatches, SamplerConfig, SamplerState};
 
@@ -47,7 +47,10 @@ fn main() {
     let dir = dataset_dir().unwrap_or_else(|| {
         data::converted(&data::root(), number("--events", 1_000_000), 8).unwrap()
     });
-    let dataset = Dataset::open(&dir, ChecksumPolicy::Off).unwrap();
+    let view = View::from(std::sync::Arc::new(
+        Dataset::open(&dir, ChecksumPolicy::Off).unwrap(),
+    ));
+    let dataset = view.dataset();
     let events = dataset.manifest().totals.events as f64;
     let batch = number("--batch", 256) as usize;
     let runs = number("--runs", 3);
@@ -81,11 +84,11 @@ fn main() {
         let mut plan = None;
         for _ in 0..runs {
             let started = Instant::now();
-            let sizes = DatasetSizes::without_read_ahead(&dataset);
+            let sizes = DatasetSizes::without_read_ahead(&view);
             let batches = EpochBatches::new(&sizes, &config, start).count();
             order.push(started.elapsed().as_secs_f64());
             let started = Instant::now();
-            let planned = plan_epoch(&dataset, &config, start).unwrap();
+            let planned = plan_epoch(&view, &config, start).unwrap();
             whole.push(started.elapsed().as_secs_f64());
             assert_eq!(planned.batches(), batches);
             plan = Some(planned);

@@ -4,6 +4,10 @@
     torchrun --standalone --nproc-per-node 4 examples/train_ddp.py DATASET \\
         --checkpoint ckpt.pt [--resume] [--epochs 1] [--batch-events 256] [--resident]
 
+The same command line starts a job and restarts it after a preemption: with ``--resume`` it
+continues from ``--checkpoint`` when there is one, and ``--epochs`` counts the epochs done
+before, too.
+
 Every rank builds ``shardify.Loader(DATASET, ...)`` with nothing about ranks: rank and world
 come from torch.distributed, and ``drop_last`` (on by default with several ranks) gives every
 rank the same number of batches, so no rank waits forever in the last all-reduce. The model is
@@ -65,7 +69,9 @@ def main() -> None:
     ap.add_argument("dataset")
     ap.add_argument("--checkpoint", required=True)
     ap.add_argument("--resume", action="store_true")
-    ap.add_argument("--epochs", type=int, default=1)
+    ap.add_argument("--epochs", type=int, default=1,
+                    help="train until this many epochs are done (counting those before a "
+                         "--resume: the same command line restarts a requeued job)")
     ap.add_argument("--batch-events", type=int, default=256)
     ap.add_argument("--max-doms", type=int, default=64)
     ap.add_argument("--pulses-per-dom", type=int, default=4)
@@ -124,8 +130,7 @@ def main() -> None:
     steps = events = 0
     started = time.perf_counter()
     stopped = False
-    first_epoch = loader.epoch
-    while loader.epoch < first_epoch + args.epochs and not stopped:
+    while loader.epoch < args.epochs and not stopped:
         epoch = loader.epoch
         for batch in loader:
             features = normalise(batch["dom_features"], args.pulses_per_dom)

@@ -9,7 +9,9 @@
 //!
 //! The plan of an epoch holds, for the batches this rank takes from a position on:
 //! - the events in delivery order, as **global positions** (the shards concatenated in
-//!   manifest order: shard `s`'s event `i` is at `shard_start[s] + i`);
+//!   manifest order: shard `s`'s event `i` is at `shard_start[s] + i`; in a [`View`] that
+//!   keeps a part of the events, positions count the view's events, as
+//!   [`gather_view_shard`] lays them out);
 //! - where each batch starts among them, and each batch's DOMs, pulses and largest DOM
 //!   count: every size a batch's gather needs, known on the host before it runs, so the
 //!   gather never waits on the device to learn one.
@@ -20,9 +22,9 @@
 //! use shardify::resident::plan_epoch;
 //! use shardify::sampler::{SamplerConfig, SamplerState};
 //!
-//! let dataset = Dataset::open("ds".as_ref(), ChecksumPolicy::Lazy)?;
+//! let dataset = std::sync::Arc::new(Dataset::open("ds".as_ref(), ChecksumPolicy::Lazy)?);
 //! let config = SamplerConfig { window_blocks: 1 << 20, ..SamplerConfig::default() };
-//! let plan = plan_epoch(&dataset, &config, SamplerState::start(0))?;
+//! let plan = plan_epoch(&dataset.into(), &config, SamplerState::start(0))?;
 //! for b in 0..plan.batches() {
 //!     let events = plan.batch_events(b);   // global positions of batch b's events
 //!     let (doms, pulses) = (plan.doms[b], plan.pulses[b]);
@@ -33,10 +35,11 @@
 
 use rayon::prelude::*;
 
-use crate::batch::{BatchShape, Gatherer};
-use crate::dataset::{Dataset, DatasetSizes};
+use crate::batch::{plan_sections, BatchLayout, BatchShape, Gatherer, Sections};
+use crate::dataset::{DatasetSizes, View};
+use crate::device::staging::{HostMemory, PlainMemory};
 use crate::error::Result;
-use crate::sampler::{BatchPlan, EpochBatches, SamplerConfig, SamplerState};
+use crate::sampler::{BatchPlan, EpochBatches, EventRef, SamplerConfig, SamplerState};
 
 /// One rank's batches of one epoch, from a position on, as flat arrays (I64, ready to
 /// become tensors).
@@ -72,16 +75,52 @@ impl EpochPlan {
     }
 }
 
-/// The global position of each shard's first event, and the total at the end.
-fn shard_starts(dataset: &Dataset) -> Vec<i64> {
-    let mut starts = Vec::with_capacity(dataset.shard_count() + 1);
+/// The global position of each shard's first event (counting the view's events), and the
+/// total at the end.
+fn shard_starts(view: &View) -> Vec<i64> {
+    let counts = view.shard_counts();
+    let mut starts = Vec::with_capacity(counts.len() + 1);
     let mut total = 0i64;
     starts.push(0);
-    for shard in &dataset.manifest().shards {
+    for shard in counts {
         total += shard.events as i64;
         starts.push(total);
     }
     starts
+}
+
+/// The columns of the events `view` keeps in shard `shard`, in stored order, as one packed
+/// batch (no `dom_position`; offsets from 0; labels NaN in an unlabelled dataset): what a
+/// resident loader holds of that shard when the view keeps a part of its events. Built in
+/// host memory, one shard at a time.
+pub fn gather_view_shard(view: &View, shard: usize) -> Result<(Sections, PlainMemory)> {
+    let dataset = view.dataset();
+    let events: Vec<EventRef> = match view.kept(shard) {
+        Some(kept) => kept
+            .iter()
+            .map(|&index| EventRef {
+                shard: shard as u32,
+                index,
+            })
+            .collect(),
+        None => (0..dataset.manifest().shards[shard].events as u32)
+            .map(|index| EventRef {
+                shard: shard as u32,
+                index,
+            })
+            .collect(),
+    };
+    let plan = BatchPlan {
+        global_index: 0,
+        events,
+    };
+    let mut gatherer = Gatherer::new(dataset);
+    let shape = gatherer.shape(&plan)?;
+    let types = dataset.manifest().schema.types;
+    let sections = plan_sections(BatchLayout::Packed, shape, &types, false);
+    let mut memory = PlainMemory::new(sections.total);
+    gatherer.gather(&plan, BatchLayout::Packed, &sections, memory.bytes_mut())?;
+    Ok((sections, memory))
 }
 
 /// Batches the sampler hands over at a time to be measured (in parallel).
@@ -96,13 +135,14 @@ const CHUNK_BATCHES: usize = 1024;
 /// threads of the current rayon pool measure meanwhile: the plan takes about as long as the
 /// sampler's order alone once there are a few cores (`cargo bench --bench plan`).
 pub fn plan_epoch(
-    dataset: &Dataset,
+    view: &View,
     config: &SamplerConfig,
     position: SamplerState,
 ) -> Result<EpochPlan> {
     config.validate()?;
-    let starts_of_shards = shard_starts(dataset);
-    let sizes = DatasetSizes::without_read_ahead(dataset);
+    let dataset = view.dataset();
+    let starts_of_shards = shard_starts(view);
+    let sizes = DatasetSizes::without_read_ahead(view);
     let mut plan = EpochPlan {
         epoch: position.epoch,
         first_batch: position.batches_taken,
@@ -126,8 +166,13 @@ pub fn plan_epoch(
             let shapes = chunk
                 .par_iter()
                 .map_init(
-                    || Gatherer::new(dataset),
-                    |gatherer, batch| gatherer.shape(batch),
+                    || (Gatherer::new(dataset), BatchPlan::default()),
+                    |(gatherer, located), batch| {
+                        // Measured in the shards' numbering (the view's is kept for the plan).
+                        located.clone_from(batch);
+                        view.locate_plan(located);
+                        gatherer.shape(located)
+                    },
                 )
                 .collect::<Result<Vec<BatchShape>>>()?;
             for (batch, shape) in chunk.iter().zip(shapes) {

@@ -248,7 +248,7 @@ pub trait EventSizes: Sync {
 }
 
 /// One batch: its global number in the epoch and its events in order.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct BatchPlan {
     /// The global batch number within the epoch (`% world` is its rank).
     pub global_index: u64,

@@ -6,7 +6,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use common::*;
-use shardify::dataset::{ChecksumPolicy, Dataset};
+use shardify::dataset::{ChecksumPolicy, Dataset, View};
 use shardify::device::DeviceChoice;
 use shardify::pipeline::{Loader, LoaderConfig};
 use shardify::resident::{plan_epoch, EpochPlan};
@@ -37,7 +37,7 @@ fn sampler(batching: Batching, order: BatchOrder, window_blocks: usize) -> Sampl
 /// Checks `plan` against what a streaming loader started at the same position delivers:
 /// the same events in the same order, and every batch's DOM, pulse and widest-event counts.
 fn assert_plan_is_the_stream(ds: &Arc<Dataset>, sampler: &SamplerConfig, position: SamplerState) {
-    let plan = plan_epoch(ds, sampler, position).unwrap();
+    let plan = plan_epoch(&View::from(ds.clone()), sampler, position).unwrap();
     let config = LoaderConfig {
         sampler: sampler.clone(),
         device: DeviceChoice::Cpu,
@@ -120,7 +120,7 @@ fn a_whole_dataset_window_plans_every_event_once() {
     let ds = dataset(dir.path());
     let total = ds.manifest().totals.events as i64;
     let config = sampler(Batching::Events(16), BatchOrder::Stored, 1 << 20);
-    let plan = plan_epoch(&ds, &config, epoch_start(0)).unwrap();
+    let plan = plan_epoch(&View::from(ds.clone()), &config, epoch_start(0)).unwrap();
     let mut seen = plan.events.clone();
     seen.sort_unstable();
     assert_eq!(seen, (0..total).collect::<Vec<_>>());
@@ -141,7 +141,7 @@ fn a_whole_dataset_window_plans_every_event_once() {
     );
     let past_the_end = SamplerState::at(0, plan.batches() as u64);
     assert_eq!(
-        plan_epoch(&ds, &config, past_the_end).unwrap(),
+        plan_epoch(&View::from(ds), &config, past_the_end).unwrap(),
         EpochPlan {
             first_batch: plan.batches() as u64,
             starts: vec![0],
@@ -156,7 +156,9 @@ fn a_damaged_shard_fails_the_plan_naming_it() {
     let ds = dataset(dir.path());
     let file = ds.manifest().shards[1].file.clone();
     flip_last_byte(&dir.path().join("ds").join(&file));
-    let fresh = Dataset::open(&dir.path().join("ds"), ChecksumPolicy::Lazy).unwrap();
+    let fresh = View::from(Arc::new(
+        Dataset::open(&dir.path().join("ds"), ChecksumPolicy::Lazy).unwrap(),
+    ));
     let config = sampler(Batching::Events(16), BatchOrder::Stored, 4);
     let err = plan_epoch(&fresh, &config, epoch_start(0))
         .unwrap_err()

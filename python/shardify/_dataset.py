@@ -22,9 +22,40 @@ class Dataset:
     def __init__(self, path: str | os.PathLike, checksums: str = "lazy"):
         self._native = _native.Dataset(os.fspath(path), checksums)
 
+    @classmethod
+    def _of(cls, native: _native.Dataset) -> Dataset:
+        """A Dataset over a native dataset or split."""
+        view = cls.__new__(cls)
+        view._native = native
+        return view
+
+    def split(self, fraction: float, seed: int = 0) -> tuple[Dataset, Dataset]:
+        """Two disjoint views that together hold every event: ``(rest, chosen)``, where
+        ``chosen`` holds ``round(fraction * len(self))`` events, those with the smallest
+        ``xxh3_64(event_id)`` under ``seed`` (ties by event id). Only the event ids decide, so
+        a split is the same whatever seed or shard size the dataset was converted with, and
+        needs no new conversion::
+
+            train, val = shardify.Dataset("dataset/").split(0.01, seed=0)
+
+        A view goes wherever a Dataset does (``Loader``, resident mode, ``len``, the
+        counts); ``manifest`` stays its dataset's. Making it reads every event's id and
+        offsets (the shards opened, and checksummed under the dataset's policy)."""
+        if isinstance(fraction, bool) or not isinstance(fraction, (int, float)):
+            raise ValueError(f"invalid fraction: expected a number from 0 to 1, not {fraction!r}")
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise ValueError(f"invalid seed: expected a non-negative integer, not {seed!r}")
+        rest, chosen = self._native.split(float(fraction), seed)
+        return Dataset._of(rest), Dataset._of(chosen)
+
+    @property
+    def whole(self) -> bool:
+        """Whether this holds every event of the dataset (False for a split)."""
+        return self._native.whole
+
     @property
     def events(self) -> int:
-        """Events in the dataset."""
+        """Events in the dataset (or the split)."""
         return self._native.events
 
     @property
@@ -49,7 +80,8 @@ class Dataset:
 
     @cached_property
     def manifest(self) -> dict:
-        """The parsed manifest: format, seed, schema, totals, shards, sources."""
+        """The parsed manifest: format, seed, schema, totals, shards, sources (of the whole
+        dataset, for a split too)."""
         return json.loads(self._native.manifest_json())
 
     @cached_property

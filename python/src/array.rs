@@ -12,7 +12,9 @@ use dlpark::python::{export_dlpack, DlpackExporter, ExportRequest};
 use dlpark::{DlpackFlags, Managed, ManagedTensorBase, OpaqueContext};
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
+use shardify::batch::Sections;
 use shardify::dataset::Dataset;
+use shardify::device::staging::{HostMemory, PlainMemory};
 use shardify::format::safetensors::Dtype;
 
 /// A section's numpy dtype name.
@@ -90,6 +92,8 @@ enum Backing {
     Dataset { _mapped: Arc<Dataset> },
     /// A vector the library computed.
     Owned { _values: Vec<i64> },
+    /// Columns the library gathered into host memory.
+    Gathered { _memory: PlainMemory },
 }
 
 /// Read-only host memory the library owns or maps, as a DLPack producer.
@@ -119,6 +123,26 @@ impl PyHostArray {
         }
     }
 
+    /// One array per section of `memory` (laid out by `sections`), sharing it: (name,
+    /// array), in buffer order.
+    pub fn sections(sections: Sections, memory: PlainMemory) -> Vec<(String, PyHostArray)> {
+        let base = memory.bytes().as_ptr() as usize;
+        let backing = Arc::new(Backing::Gathered { _memory: memory });
+        sections
+            .list
+            .into_iter()
+            .map(|s| {
+                let array = PyHostArray {
+                    backing: backing.clone(),
+                    address: base + s.offset,
+                    dtype: s.dtype,
+                    shape: s.shape,
+                };
+                (s.name.to_string(), array)
+            })
+            .collect()
+    }
+
     /// A one-dimensional int64 array owning `values`.
     pub fn owned(values: Vec<i64>) -> Self {
         PyHostArray {
@@ -137,9 +161,10 @@ impl PyHostArray {
             device: DLDevice::CPU,
             read_only: true,
         };
-        // SAFETY: `address` points into memory `backing` owns (a vector never touched again,
-        // or a shard mapped as long as its dataset lives), holding exactly `shape` elements of
-        // `dtype`; the capsule owns a clone of `backing`; the export is read-only.
+        // SAFETY: `address` points into memory `backing` owns (a vector or a gathered buffer
+        // never touched again, or a shard mapped as long as its dataset lives), holding
+        // exactly `shape` elements of `dtype`; the capsule owns a clone of `backing`; the
+        // export is read-only.
         unsafe { export_tensor(self.backing.clone(), described) }
     }
 }

@@ -1,21 +1,24 @@
-//! `shardify.Dataset`: an opened dataset directory.
+//! `shardify.Dataset`: an opened dataset directory, or a view of a part of its events (a
+//! split).
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
-use shardify::dataset::{ChecksumPolicy, Dataset};
+use shardify::dataset::{ChecksumPolicy, Dataset, View};
+use shardify::resident::gather_view_shard;
 use shardify::Error;
 
 use crate::array::{numpy_name, PyHostArray};
 use crate::errors::to_py;
 
-/// An opened dataset: its manifest checked, its shards mapped on first use.
+/// An opened dataset (its manifest checked, its shards mapped on first use), or a part of
+/// its events.
 #[pyclass(name = "Dataset", module = "shardify._native", frozen)]
 pub struct PyDataset {
-    /// The dataset, shared with the loaders reading it.
-    pub dataset: Arc<Dataset>,
+    /// The events, shared with the loaders reading them.
+    pub view: View,
 }
 
 fn checksum_policy(name: &str) -> Result<ChecksumPolicy, Error> {
@@ -30,6 +33,12 @@ fn checksum_policy(name: &str) -> Result<ChecksumPolicy, Error> {
     }
 }
 
+impl PyDataset {
+    fn dataset(&self) -> &Arc<Dataset> {
+        self.view.dataset()
+    }
+}
+
 #[pymethods]
 impl PyDataset {
     /// Opens the dataset directory `path`; `checksums` is when shard checksums are checked:
@@ -40,68 +49,96 @@ impl PyDataset {
         let policy = checksum_policy(checksums).map_err(to_py)?;
         let dataset = py.detach(|| Dataset::open(&path, policy)).map_err(to_py)?;
         Ok(PyDataset {
-            dataset: Arc::new(dataset),
+            view: View::from(Arc::new(dataset)),
         })
     }
 
-    /// Events in the dataset.
+    /// Splits the events in two disjoint views (see `shardify::dataset::View::split`):
+    /// (the rest, `round(fraction * events)` chosen by a hash of their event id and `seed`).
+    fn split(&self, py: Python<'_>, fraction: f64, seed: u64) -> PyResult<(Self, Self)> {
+        let view = &self.view;
+        let (rest, chosen) = py.detach(|| view.split(fraction, seed)).map_err(to_py)?;
+        Ok((PyDataset { view: rest }, PyDataset { view: chosen }))
+    }
+
+    /// Whether this holds every event of its dataset (not a split).
+    #[getter]
+    fn whole(&self) -> bool {
+        self.view.is_whole()
+    }
+
+    /// Events.
     #[getter]
     fn events(&self) -> u64 {
-        self.dataset.manifest().totals.events
+        self.view.totals().events
     }
 
     /// DOMs (one row per hit sensor per event).
     #[getter]
     fn doms(&self) -> u64 {
-        self.dataset.manifest().totals.doms
+        self.view.totals().doms
     }
 
     /// Pulses.
     #[getter]
     fn pulses(&self) -> u64 {
-        self.dataset.manifest().totals.pulses
+        self.view.totals().pulses
+    }
+
+    /// Per shard (manifest order): (events, DOMs, pulses) this holds of it.
+    fn shard_counts(&self) -> Vec<(u64, u64, u64)> {
+        self.view
+            .shard_counts()
+            .iter()
+            .map(|c| (c.events, c.doms, c.pulses))
+            .collect()
     }
 
     /// Shard files.
     #[getter]
     fn shards(&self) -> usize {
-        self.dataset.shard_count()
+        self.dataset().shard_count()
     }
 
     /// Whether the events carry azimuth and zenith (the train split does, test does not).
     #[getter]
     fn labels(&self) -> bool {
-        self.dataset.manifest().schema.types.labels
+        self.dataset().manifest().schema.types.labels
     }
 
     /// The dataset directory.
     #[getter]
     fn path(&self) -> PathBuf {
-        self.dataset.dir().to_path_buf()
+        self.dataset().dir().to_path_buf()
     }
 
     /// The manifest as JSON text (the Python layer parses it once).
     fn manifest_json(&self) -> PyResult<String> {
-        serde_json::to_string(self.dataset.manifest())
+        serde_json::to_string(self.dataset().manifest())
             .map_err(|e| pyo3::exceptions::PyRuntimeError::new_err(e.to_string()))
     }
 
     /// The sensor table's bytes (x, y, z per row, row = sensor id, little-endian) and
     /// their numpy dtype name ("float32" or "float64").
     fn sensor_positions<'py>(&self, py: Python<'py>) -> (Bound<'py, PyBytes>, &'static str) {
-        let (bytes, dtype) = self.dataset.sensor_table().column().raw();
+        let (bytes, dtype) = self.dataset().sensor_table().column().raw();
         (PyBytes::new(py, bytes), numpy_name(dtype))
     }
 
-    /// Every event id, in stored order (the shards concatenated in manifest order), as an
-    /// int64 host array; reading it opens (and, per the policy, checksums) every shard.
+    /// Every event id this holds, in stored order (the shards concatenated in manifest
+    /// order), as an int64 host array; reading it opens (and, per the policy, checksums)
+    /// every shard.
     fn event_ids(&self, py: Python<'_>) -> PyResult<PyHostArray> {
-        let dataset = &self.dataset;
+        let view = &self.view;
         let ids = py
             .detach(|| -> Result<Vec<i64>, Error> {
-                let mut ids = Vec::with_capacity(dataset.manifest().totals.events as usize);
-                for i in 0..dataset.shard_count() {
-                    ids.extend_from_slice(dataset.shard(i)?.view()?.event_id);
+                let mut ids = Vec::with_capacity(view.totals().events as usize);
+                for shard in 0..view.dataset().shard_count() {
+                    let column = view.dataset().shard(shard)?.view()?.event_id;
+                    match view.kept(shard) {
+                        Some(kept) => ids.extend(kept.iter().map(|&i| column[i as usize])),
+                        None => ids.extend_from_slice(column),
+                    }
                 }
                 Ok(ids)
             })
@@ -109,51 +146,58 @@ impl PyDataset {
         Ok(PyHostArray::owned(ids))
     }
 
-    /// Shard `shard`'s tensors, in file order, as read-only host arrays viewing its memory
-    /// map (no copy). The shard is validated (and checksummed, per the dataset's policy)
-    /// when first opened.
+    /// Shard `shard`'s tensors as read-only host arrays (name, array): of a whole dataset,
+    /// the shard file's tensors viewing its memory map (no copy), the shard validated (and
+    /// checksummed, per the policy) when first opened; of a split, the columns of the
+    /// events it keeps there, gathered into host memory (a packed batch of them in stored
+    /// order, offsets from 0).
     fn shard_tensors(&self, py: Python<'_>, shard: usize) -> PyResult<Vec<(String, PyHostArray)>> {
-        if shard >= self.dataset.shard_count() {
+        let dataset = self.dataset();
+        if shard >= dataset.shard_count() {
             return Err(to_py(Error::config(
                 "shard",
-                format!(
-                    "{shard}: the dataset has {} shards",
-                    self.dataset.shard_count()
-                ),
+                format!("{shard}: the dataset has {} shards", dataset.shard_count()),
             )));
         }
+        if !self.view.is_whole() {
+            let view = &self.view;
+            let (sections, memory) = py
+                .detach(|| gather_view_shard(view, shard))
+                .map_err(to_py)?;
+            return Ok(PyHostArray::sections(sections, memory));
+        }
         // Opening (validating, checksumming) takes a while: without the GIL.
-        py.detach(|| self.dataset.shard(shard).map(|_| ()))
+        py.detach(|| dataset.shard(shard).map(|_| ()))
             .map_err(to_py)?;
-        let file = self.dataset.shard(shard).map_err(to_py)?; // open now: no work
-
+        let file = dataset.shard(shard).map_err(to_py)?; // open now: no work
         let mut tensors: Vec<_> = file.header().tensors.iter().collect();
         tensors.sort_by_key(|(_, info)| info.range.start);
         Ok(tensors
             .into_iter()
             .map(|(name, info)| {
                 let bytes = &file.bytes()[info.range.clone()];
-                let array = PyHostArray::in_dataset(
-                    self.dataset.clone(),
-                    bytes,
-                    info.dtype,
-                    info.shape.clone(),
-                );
+                let array =
+                    PyHostArray::in_dataset(dataset.clone(), bytes, info.dtype, info.shape.clone());
                 (name.clone(), array)
             })
             .collect())
     }
 
     fn __len__(&self) -> usize {
-        self.dataset.manifest().totals.events as usize
+        self.view.totals().events as usize
     }
 
     fn __repr__(&self) -> String {
+        let part = if self.view.is_whole() {
+            ""
+        } else {
+            "a split of "
+        };
         format!(
-            "shardify.Dataset({:?}: {} events, {} shards)",
-            self.dataset.dir(),
-            self.dataset.manifest().totals.events,
-            self.dataset.shard_count()
+            "shardify.Dataset({part}{:?}: {} events, {} shards)",
+            self.dataset().dir(),
+            self.view.totals().events,
+            self.dataset().shard_count()
         )
     }
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use shardify::batch::{sections, BatchLayout};
-use shardify::dataset::Dataset;
+use shardify::dataset::View;
 use shardify::device::{DeviceChoice, Placement};
 use shardify::pipeline::{rank_batch_count, Arrival, Batch, Loader, LoaderConfig};
 use shardify::resident::plan_epoch;
@@ -38,7 +38,8 @@ struct Progress {
 /// The native loader; `shardify.Loader` (Python) wraps it.
 #[pyclass(name = "Loader", module = "shardify._native", frozen)]
 pub struct PyLoader {
-    dataset: Arc<Dataset>,
+    /// The dataset, or the part of its events (a split) the loader reads.
+    view: View,
     config: LoaderConfig,
     /// Whether to hand out the label sections (only when the dataset has labels).
     labels: bool,
@@ -175,10 +176,10 @@ impl PyLoader {
                 .is_some_and(|l| l.state().position != progress.position);
         if stale || progress.running.is_none() {
             progress.running = None; // stops and joins the old epoch's threads first
-            let (dataset, config) = (self.dataset.clone(), self.config.clone());
+            let (view, config) = (self.view.clone(), self.config.clone());
             let (position, placement) = (progress.position, progress.placement.clone());
             let loader = py
-                .detach(|| Loader::on(dataset, config, position, placement))
+                .detach(|| Loader::on(view, config, position, placement))
                 .map_err(to_py)?;
             progress.running = Some(loader);
             progress.exhausted = false;
@@ -265,8 +266,8 @@ impl PyLoader {
         let choice = config.device;
         let placement = py.detach(|| Placement::resolve(choice)).map_err(to_py)?;
         Ok(PyLoader {
-            labels: dataset.dataset.manifest().schema.types.labels,
-            dataset: dataset.dataset.clone(),
+            labels: dataset.view.dataset().manifest().schema.types.labels,
+            view: dataset.view.clone(),
             config,
             progress: Mutex::new(ProcessBound::new(Progress {
                 placement,
@@ -340,8 +341,8 @@ impl PyLoader {
     /// The exact number of batches this rank gets in `epoch`, dealt from global batch
     /// `origin` on.
     fn batch_count(&self, py: Python<'_>, epoch: u64, origin: u64) -> PyResult<u64> {
-        let (dataset, sampler) = (&self.dataset, &self.config.sampler);
-        py.detach(|| rank_batch_count(dataset, sampler, epoch, origin))
+        let (view, sampler) = (&self.view, &self.config.sampler);
+        py.detach(|| rank_batch_count(view, sampler, epoch, origin))
             .map_err(to_py)
     }
 
@@ -381,7 +382,7 @@ impl PyLoader {
 
     /// The sections a batch hands out, in order: (name, numpy dtype name).
     fn sections(&self) -> Vec<(&'static str, &'static str)> {
-        let types = &self.dataset.manifest().schema.types;
+        let types = &self.view.dataset().manifest().schema.types;
         let shape = shardify::batch::BatchShape::default();
         shardify::batch::plan_sections(self.config.layout, shape, types, self.config.dom_positions)
             .list
@@ -416,9 +417,9 @@ impl PyLoader {
             batches_taken,
             origin,
         };
-        let (dataset, sampler) = (&self.dataset, &self.config.sampler);
+        let (view, sampler) = (&self.view, &self.config.sampler);
         let plan = py
-            .detach(|| plan_epoch(dataset, sampler, position))
+            .detach(|| plan_epoch(view, sampler, position))
             .map_err(to_py)?;
         Ok((
             PyHostArray::owned(plan.events),

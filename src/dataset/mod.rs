@@ -5,8 +5,10 @@ pub mod dump;
 pub mod inspect;
 mod sizes;
 pub mod verify;
+mod view;
 
 pub use sizes::DatasetSizes;
+pub use view::{Counts, View};
 
 use std::fs::File;
 use std::path::{Path, PathBuf};

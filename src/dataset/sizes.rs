@@ -1,18 +1,18 @@
-//! The sampler's view of a dataset: events per shard and pulses per event, read straight
-//! from the memory-mapped shards' offsets.
+//! The sampler's view of a dataset (or of a [`View`] of it): events per shard and pulses
+//! per event, read straight from the memory-mapped shards' offsets.
 
 use std::sync::{Mutex, OnceLock};
 
-use super::Dataset;
+use super::View;
 use crate::error::Error;
 use crate::format::ShardView;
 use crate::sampler::{EventRef, EventSizes};
 
-/// [`EventSizes`] of a [`Dataset`]. A shard that fails to open counts 0 pulses per event;
-/// its error is kept for the caller ([`DatasetSizes::take_error`]), which must check it
-/// before trusting a plan.
+/// [`EventSizes`] of a [`View`]: its events, numbered as the view numbers them. A shard
+/// that fails to open counts 0 pulses per event; its error is kept for the caller
+/// ([`DatasetSizes::take_error`]), which must check it before trusting a plan.
 pub struct DatasetSizes<'a> {
-    dataset: &'a Dataset,
+    view: &'a View,
     /// Each shard's view once opened; `None` when it failed to open.
     views: Vec<OnceLock<Option<ShardView<'a>>>>,
     /// The first shard that failed to open, handed once to the plan that needed it.
@@ -23,11 +23,11 @@ pub struct DatasetSizes<'a> {
 }
 
 impl<'a> DatasetSizes<'a> {
-    /// The sizes of `dataset`, passing the sampler's read-ahead hints to the kernel.
-    pub fn new(dataset: &'a Dataset) -> Self {
+    /// The sizes of `view`, passing the sampler's read-ahead hints to the kernel.
+    pub fn new(view: &'a View) -> Self {
         DatasetSizes {
-            dataset,
-            views: (0..dataset.shard_count())
+            view,
+            views: (0..view.dataset().shard_count())
                 .map(|_| OnceLock::new())
                 .collect(),
             error: Mutex::new(None),
@@ -35,11 +35,11 @@ impl<'a> DatasetSizes<'a> {
         }
     }
 
-    /// The sizes of `dataset`, ignoring the sampler's read-ahead hints.
-    pub fn without_read_ahead(dataset: &'a Dataset) -> Self {
+    /// The sizes of `view`, ignoring the sampler's read-ahead hints.
+    pub fn without_read_ahead(view: &'a View) -> Self {
         DatasetSizes {
             read_ahead: false,
-            ..DatasetSizes::new(dataset)
+            ..DatasetSizes::new(view)
         }
     }
 
@@ -51,17 +51,18 @@ impl<'a> DatasetSizes<'a> {
 
 impl EventSizes for DatasetSizes<'_> {
     fn shard_events(&self) -> Vec<usize> {
-        self.dataset
-            .manifest()
-            .shards
+        self.view
+            .shard_counts()
             .iter()
             .map(|s| s.events as usize)
             .collect()
     }
 
     fn pulses(&self, e: EventRef) -> usize {
+        let e = self.view.locate(e);
+        let dataset = self.view.dataset();
         let view = self.views[e.shard as usize].get_or_init(|| {
-            match self.dataset.shard(e.shard as usize).and_then(|s| s.view()) {
+            match dataset.shard(e.shard as usize).and_then(|s| s.view()) {
                 Ok(v) => Some(v),
                 Err(err) => {
                     self.error
@@ -80,9 +81,23 @@ impl EventSizes for DatasetSizes<'_> {
         if !self.read_ahead {
             return;
         }
+        if events.is_empty() {
+            return;
+        }
+        // In the shard's numbering: from the first event's to past the last one's.
+        let (first, last) = (
+            self.view.locate(EventRef {
+                shard,
+                index: events.start,
+            }),
+            self.view.locate(EventRef {
+                shard,
+                index: events.end - 1,
+            }),
+        );
         // A hint only: a shard that fails to open is reported by the gather that reads it.
-        if let Ok(shard) = self.dataset.shard(shard as usize) {
-            let events = events.start as usize..events.end as usize;
+        if let Ok(shard) = self.view.dataset().shard(shard as usize) {
+            let events = first.index as usize..last.index as usize + 1;
             if let Err(e) = shard.read_ahead(events) {
                 tracing::debug!("read-ahead skipped: {e}");
             }

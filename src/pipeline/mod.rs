@@ -36,7 +36,7 @@ pub use delivered::{Batch, DeviceSection};
 pub use in_order::Arrival;
 
 use crate::batch::BatchLayout;
-use crate::dataset::{Dataset, DatasetSizes};
+use crate::dataset::{DatasetSizes, View};
 use crate::device::staging::{Allocator, HostMemory, PlainMemory, StagingPool};
 use crate::device::transfer::{DeviceCopy, DeviceSlots};
 use crate::device::{DeviceChoice, Placement};
@@ -169,10 +169,11 @@ enum Delivery {
 const INITIAL_BUFFER_BYTES: usize = 1 << 20;
 
 impl Loader {
-    /// Starts epoch `state.epoch` at batch `state.batches_taken` (0 for a fresh epoch) on
-    /// the configured device.
+    /// Starts at `position` (for a fresh epoch, [`SamplerState::start`]) on the configured
+    /// device, reading `dataset`: an `Arc<Dataset>` (every event) or a [`View`] of it (a
+    /// split).
     pub fn new(
-        dataset: Arc<Dataset>,
+        dataset: impl Into<View>,
         config: LoaderConfig,
         position: SamplerState,
     ) -> Result<Loader> {
@@ -183,11 +184,12 @@ impl Loader {
     /// As [`Loader::new`], on an already resolved device (one CUDA context shared by
     /// several loaders, or the consumer's own).
     pub fn on(
-        dataset: Arc<Dataset>,
+        dataset: impl Into<View>,
         config: LoaderConfig,
         position: SamplerState,
         placement: Placement,
     ) -> Result<Loader> {
+        let view = dataset.into();
         config.validate()?;
         let (allocate, slots): (Allocator, _) = match placement.cuda() {
             Some(device) => (
@@ -214,10 +216,10 @@ impl Loader {
         let (result_tx, results) = bounded(config.prefetch);
         let mut threads = Vec::new();
         {
-            let (dataset, config, pool, stop) =
-                (dataset.clone(), config.clone(), pool.clone(), stop.clone());
+            let (view, config, pool, stop) =
+                (view.clone(), config.clone(), pool.clone(), stop.clone());
             threads.push(std::thread::spawn(move || {
-                run_workers(&dataset, &config, position, &pool, result_tx, &stop)
+                run_workers(&view, &config, position, &pool, result_tx, &stop)
             }));
         }
         let order = InOrder::new(results);
@@ -249,7 +251,7 @@ impl Loader {
     /// world had reached. Refuses a state whose order settings differ, naming the field
     /// ([`SamplerConfig::check_resumable`]); world, rank and `drop_last` may differ.
     pub fn resume(
-        dataset: Arc<Dataset>,
+        dataset: impl Into<View>,
         config: LoaderConfig,
         state: &LoaderState,
     ) -> Result<Loader> {
@@ -363,7 +365,7 @@ impl Loader {
 /// beginning yields; see [`SamplerState`]). Free with an event-count batching; with a pulse
 /// budget, one pass over the epoch's order reading the shards' offsets.
 pub fn rank_batch_count(
-    dataset: &Dataset,
+    dataset: &View,
     config: &SamplerConfig,
     epoch: u64,
     origin: u64,

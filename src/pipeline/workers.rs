@@ -8,7 +8,7 @@ use crossbeam_channel::{bounded, select, Receiver, Sender, TrySendError};
 
 use super::LoaderConfig;
 use crate::batch::{plan_sections, BatchShape, Gatherer, Sections};
-use crate::dataset::{Dataset, DatasetSizes};
+use crate::dataset::{Dataset, DatasetSizes, View};
 use crate::device::staging::{StagingBuffer, StagingPool};
 use crate::error::Result;
 use crate::sampler::{BatchPlan, EpochBatches, SamplerState};
@@ -58,6 +58,7 @@ impl Stop {
 /// contended, and no planner thread has to be woken per batch).
 struct Plans<'a> {
     batches: Mutex<(EpochBatches<'a>, u64)>,
+    view: &'a View,
     sizes: &'a DatasetSizes<'a>,
     /// Set once a plan or a gather failed: the epoch ends at that error.
     failed: AtomicBool,
@@ -73,14 +74,21 @@ impl Plans<'_> {
         let (batches, seq) = &mut *guard;
         let plan = batches.next()?;
         *seq += 1;
-        let plan = match self.sizes.take_error() {
+        let numbered = (*seq - 1, self.sizes.take_error());
+        drop(guard);
+        let plan = match numbered.1 {
             Some(e) => {
                 self.fail();
                 Err(e)
             }
-            None => Ok(plan),
+            None => {
+                let mut plan = plan;
+                // Numbered as the view numbers its events until here; read as the shards do.
+                self.view.locate_plan(&mut plan);
+                Ok(plan)
+            }
         };
-        Some((*seq - 1, plan))
+        Some((numbered.0, plan))
     }
 
     /// Ends the epoch for every worker (after an error).
@@ -92,17 +100,19 @@ impl Plans<'_> {
 /// Runs the epoch from `position` with `config.workers` gathering threads (this one and
 /// `workers - 1` more), until the plans run out, an error, or a stop.
 pub(crate) fn run_workers(
-    dataset: &Dataset,
+    view: &View,
     config: &LoaderConfig,
     position: SamplerState,
     pool: &StagingPool,
     results: Sender<(u64, Result<Filled>)>,
     stop: &Stop,
 ) {
-    let sizes = DatasetSizes::new(dataset);
+    let sizes = DatasetSizes::new(view);
+    let dataset = view.dataset();
     let workers = config.workers;
     let plans = Plans {
         batches: Mutex::new((EpochBatches::new(&sizes, &config.sampler, position), 0)),
+        view,
         sizes: &sizes,
         failed: AtomicBool::new(false),
     };

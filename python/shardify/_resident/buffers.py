@@ -69,8 +69,10 @@ class OutputPool:
 
     def take(self, elements: dict[str, int], capacity: dict[str, int]) -> dict[str, torch.Tensor]:
         """Flat tensors holding at least ``elements[name]`` elements per section that no
-        handed-out tensor views; a new set of ``capacity[name]`` elements (the largest batch
-        expected) when none is free. Free sets too small are let go."""
+        handed-out tensor views; a new set when none is free, of ``capacity[name]`` elements
+        (the largest batch expected) and half more, so that the next epochs' largest
+        batches, a little larger or smaller, rarely need another. Free sets too small are
+        let go."""
         import torch
 
         for i, candidate in enumerate(self._sets):
@@ -79,8 +81,8 @@ class OutputPool:
                     return candidate.tensors
                 del self._sets[i]
                 break
-        tensors = {name: torch.empty(max(elements[name], capacity[name]), dtype=dtype,
-                                     device=self.device)
+        tensors = {name: torch.empty(max(elements[name], capacity[name]) * 3 // 2 + 1,
+                                     dtype=dtype, device=self.device)
                    for name, dtype in self.sections}
         self.allocations += 1
         self._sets.append(_BufferSet(tensors, self._uses))

@@ -107,11 +107,11 @@ class Footprint:
 
 
 def footprint(dataset: Dataset, i64_from: int | None = None) -> Footprint:
-    """The bytes ``dataset`` takes resident, from its manifest alone (nothing is read);
-    offsets are int64 from ``i64_from`` DOMs or pulses (default :data:`I64_OFFSETS_FROM`)."""
-    manifest = dataset.manifest
-    totals, types = manifest["totals"], manifest["schema"]["types"]
-    events, doms, pulses = totals["events"], totals["doms"], totals["pulses"]
+    """The bytes ``dataset`` (or a split) takes resident, from its counts and the manifest's
+    dtypes alone (nothing is read); offsets are int64 from ``i64_from`` DOMs or pulses
+    (default :data:`I64_OFFSETS_FROM`)."""
+    types = dataset.manifest["schema"]["types"]
+    events, doms, pulses = dataset.events, dataset.doms, dataset.pulses
     limit = I64_OFFSETS_FROM if i64_from is None else i64_from
     wide = doms >= limit or pulses >= limit
     offset = 8 if wide else 4
@@ -172,19 +172,18 @@ def _size(n: int) -> str:
 
 
 class _Progress:
-    """A one-line progress report of the shard bytes loaded, on a terminal (nothing
-    otherwise)."""
+    """A one-line progress report of the events loaded, on a terminal (nothing otherwise)."""
 
-    def __init__(self, enabled: bool | None, total_bytes: int, device: torch.device):
+    def __init__(self, enabled: bool | None, events: int, device: torch.device):
         self.enabled = sys.stderr.isatty() if enabled is None else enabled
-        self.total, self.device, self.started = total_bytes, device, time.perf_counter()
+        self.total, self.device, self.started = events, device, time.perf_counter()
 
     def update(self, shard: int, shards: int, done: int) -> None:
         if self.enabled:
             rate = done / max(time.perf_counter() - self.started, 1e-9)
             print(
                 f"\rshardify: loading shard {shard}/{shards} into {self.device}: "
-                f"{_size(done)} of {_size(self.total)} ({rate / 1e9:.2f} GB/s)",
+                f"{done:,} of {self.total:,} events ({rate / 1e6:.2f}M events/s)",
                 end="", file=sys.stderr, flush=True,
             )
 
@@ -200,19 +199,18 @@ def load_columns(
     i64_from: int | None = None,
     progress: bool | None = None,
 ) -> Columns:
-    """Copies every shard of ``dataset`` into concatenated columns on ``device``, one shard
-    at a time, after checking that they fit (:class:`DoesNotFit` otherwise, before any
-    allocation). Offsets are int64 from ``i64_from`` DOMs or pulses (default
-    :data:`I64_OFFSETS_FROM`). ``progress``: a line on stderr (default: when stderr is a
-    terminal).
-    Shards are validated (and checksummed, per the dataset's policy) as they are read."""
+    """Copies every shard of ``dataset`` (or the events of a split) into concatenated columns
+    on ``device``, one shard at a time, after checking that they fit (:class:`DoesNotFit`
+    otherwise, before any allocation). Offsets are int64 from ``i64_from`` DOMs or pulses
+    (default :data:`I64_OFFSETS_FROM`). ``progress``: a line on stderr (default: when
+    stderr is a terminal). Shards are validated (and checksummed, per the dataset's policy)
+    as they are read."""
     import torch
 
     need = footprint(dataset, i64_from)
     check_fits(dataset, device, need, free_bytes(device))
-    manifest = dataset.manifest
-    totals, types = manifest["totals"], manifest["schema"]["types"]
-    events, doms, pulses = totals["events"], totals["doms"], totals["pulses"]
+    types = dataset.manifest["schema"]["types"]
+    events, doms, pulses = dataset.events, dataset.doms, dataset.pulses
     offsets = getattr(torch, need.offsets_dtype)
 
     def empty(n: int, name: str) -> torch.Tensor:
@@ -232,10 +230,9 @@ def load_columns(
     )
     level_of = {"event": 0, "dom": 1, "pulse": 2}
     at = [0, 0, 0]  # events, DOMs, pulses of the shards copied so far
-    shards = manifest["shards"]
-    report = _Progress(progress, sum(entry["bytes"] for entry in shards), device)
-    done = 0
-    for i, entry in enumerate(shards):
+    shards = dataset._native.shard_counts()
+    report = _Progress(progress, events, device)
+    for i, counts in enumerate(shards):
         stored = {name: torch.from_dlpack(array)
                   for name, array in dataset._native.shard_tensors(i)}
         for name, source in stored.items():
@@ -251,8 +248,7 @@ def load_columns(
             piece = target[at[level]:at[level] + source.shape[0]]
             piece.copy_(source)
             piece.add_(base)
-        at = [at[0] + entry["events"], at[1] + entry["doms"], at[2] + entry["pulses"]]
-        done += entry["bytes"]
-        report.update(i + 1, len(shards), done)
+        at = [at[0] + counts[0], at[1] + counts[1], at[2] + counts[2]]
+        report.update(i + 1, len(shards), at[0])
     report.finish()
     return columns

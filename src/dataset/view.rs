@@ -1,0 +1,304 @@
+//! Views of a dataset: all its events, or a part of them chosen by a hash of each event's id,
+//! such as a validation split made without converting again.
+//!
+//! A loader reads a [`View`] wherever it reads a dataset (`Arc<Dataset>` converts into the
+//! view of every event). The sampler sees the view's events only, numbered inside each shard
+//! (`EventRef { shard, index }` with `index` among the events the view keeps), and
+//! [`View::locate`] finds the shard event behind each before it is read.
+//!
+//! ```no_run
+//! # fn main() -> shardify::Result<()> {
+//! use std::sync::Arc;
+//! use shardify::dataset::{ChecksumPolicy, Dataset, View};
+//!
+//! let dataset = Arc::new(Dataset::open("ds".as_ref(), ChecksumPolicy::Lazy)?);
+//! let (train, validation) = View::from(dataset).split(0.01, 0)?;
+//! assert_eq!(train.totals().events + validation.totals().events, 1_000_000);
+//! # Ok(())
+//! # }
+//! ```
+
+use std::sync::Arc;
+
+use super::Dataset;
+use crate::error::{Error, Result};
+use crate::format::order::shuffle_key;
+use crate::sampler::{BatchPlan, EventRef};
+
+/// Mixed into the split seed, so that a split never follows the stored order (which sorts
+/// events by the same hash under the conversion's seed).
+const SPLIT_STREAM: u64 = 0x5b11_7e5e_ed00_0001;
+
+/// Events, DOMs and pulses of (a part of) a dataset.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counts {
+    /// Events.
+    pub events: u64,
+    /// DOMs.
+    pub doms: u64,
+    /// Pulses.
+    pub pulses: u64,
+}
+
+impl std::ops::AddAssign for Counts {
+    fn add_assign(&mut self, other: Counts) {
+        self.events += other.events;
+        self.doms += other.doms;
+        self.pulses += other.pulses;
+    }
+}
+
+/// The events a view keeps, shard by shard.
+#[derive(Debug)]
+struct Subset {
+    /// Per shard, the indexes of the kept events, ascending.
+    kept: Vec<Vec<u32>>,
+    /// Per shard, what the kept events hold.
+    counts: Vec<Counts>,
+}
+
+/// All the events of a dataset, or a part of them.
+#[derive(Clone)]
+pub struct View {
+    dataset: Arc<Dataset>,
+    /// `None`: every event.
+    subset: Option<Arc<Subset>>,
+}
+
+impl std::fmt::Debug for View {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("View")
+            .field("dataset", &self.dataset.dir())
+            .field("whole", &self.is_whole())
+            .field("totals", &self.totals())
+            .finish()
+    }
+}
+
+impl From<Arc<Dataset>> for View {
+    fn from(dataset: Arc<Dataset>) -> View {
+        View {
+            dataset,
+            subset: None,
+        }
+    }
+}
+
+impl View {
+    /// The dataset the view is of.
+    pub fn dataset(&self) -> &Arc<Dataset> {
+        &self.dataset
+    }
+
+    /// Whether the view holds every event of its dataset.
+    pub fn is_whole(&self) -> bool {
+        self.subset.is_none()
+    }
+
+    /// What each shard's kept events hold, in manifest order.
+    pub fn shard_counts(&self) -> Vec<Counts> {
+        match &self.subset {
+            Some(subset) => subset.counts.clone(),
+            None => self
+                .dataset
+                .manifest()
+                .shards
+                .iter()
+                .map(|s| Counts {
+                    events: s.events,
+                    doms: s.doms,
+                    pulses: s.pulses,
+                })
+                .collect(),
+        }
+    }
+
+    /// What the view holds in all.
+    pub fn totals(&self) -> Counts {
+        let mut totals = Counts::default();
+        for counts in self.shard_counts() {
+            totals += counts;
+        }
+        totals
+    }
+
+    /// The indexes (in shard `shard`) of the events the view keeps, ascending; `None` when
+    /// it keeps them all.
+    pub fn kept(&self, shard: usize) -> Option<&[u32]> {
+        self.subset.as_ref().map(|s| &s.kept[shard][..])
+    }
+
+    /// The shard event behind the view's event `e` (`e.index` counts the view's events of
+    /// that shard).
+    pub fn locate(&self, e: EventRef) -> EventRef {
+        match self.kept(e.shard as usize) {
+            Some(kept) => EventRef {
+                shard: e.shard,
+                index: kept[e.index as usize],
+            },
+            None => e,
+        }
+    }
+
+    /// `plan` (events numbered as the view numbers them) with the shard events behind them.
+    pub fn locate_plan(&self, plan: &mut BatchPlan) {
+        if !self.is_whole() {
+            for e in &mut plan.events {
+                *e = self.locate(*e);
+            }
+        }
+    }
+
+    /// Splits the view in two disjoint views that together hold all its events: the second
+    /// holds `round(fraction * events)` of them, those with the smallest
+    /// `xxh3_64(event_id, seed)` (mixed with a constant, so never the stored order; ties by
+    /// event id), the first the rest. Only the event ids decide: the split is the same
+    /// whatever seed or shard size the dataset was converted with. Reads every kept event's
+    /// id and offsets (each shard opened, and checksummed under the dataset's policy).
+    pub fn split(&self, fraction: f64, seed: u64) -> Result<(View, View)> {
+        if !(0.0..=1.0).contains(&fraction) {
+            return Err(Error::config(
+                "fraction",
+                format!("{fraction}: expected a fraction of the events, from 0 to 1"),
+            ));
+        }
+        let seed = seed ^ SPLIT_STREAM;
+        let mut keys = Vec::with_capacity(self.totals().events as usize);
+        self.for_each_event(|_, _, id, _, _| keys.push(shuffle_key(seed, id)))?;
+        let wanted = (fraction * keys.len() as f64).round() as usize;
+        let mut chosen = Chosen::smallest(&mut keys, wanted);
+        drop(keys);
+        if chosen.tied_ids.is_some() {
+            // Two distinct ids with one 64-bit key at the threshold (about one split in a
+            // thousand on the whole Kaggle set): the smallest ids of those are chosen.
+            let mut ids = Vec::new();
+            self.for_each_event(|_, _, id, _, _| {
+                if chosen.at(shuffle_key(seed, id)) {
+                    ids.push(id);
+                }
+            })?;
+            ids.sort_unstable();
+            ids.truncate(chosen.ties_wanted);
+            chosen.tied_ids = Some(ids);
+        }
+        let shards = self.dataset.shard_count();
+        let mut parts = [Subset::empty(shards), Subset::empty(shards)];
+        self.for_each_event(|shard, index, id, doms, pulses| {
+            let part = usize::from(chosen.contains(shuffle_key(seed, id), id));
+            parts[part].keep(shard, index, doms, pulses);
+        })?;
+        let [rest, chosen_part] = parts;
+        let view = |subset: Subset| View {
+            dataset: self.dataset.clone(),
+            subset: Some(Arc::new(subset)),
+        };
+        Ok((view(rest), view(chosen_part)))
+    }
+
+    /// Calls `visit(shard, index, event_id, doms, pulses)` for every kept event, in stored
+    /// order.
+    fn for_each_event(&self, mut visit: impl FnMut(usize, u32, i64, u64, u64)) -> Result<()> {
+        for shard in 0..self.dataset.shard_count() {
+            let view = self.dataset.shard(shard)?.view()?;
+            let mut one = |i: u32| {
+                let doms = view.dom_range(i as usize);
+                let pulses = view.event_pulse_range(i as usize);
+                let id = view.event_id[i as usize];
+                visit(shard, i, id, doms.len() as u64, pulses.len() as u64);
+            };
+            match self.kept(shard) {
+                Some(kept) => kept.iter().copied().for_each(&mut one),
+                None => (0..view.events() as u32).for_each(&mut one),
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Subset {
+    fn empty(shards: usize) -> Subset {
+        Subset {
+            kept: vec![Vec::new(); shards],
+            counts: vec![Counts::default(); shards],
+        }
+    }
+
+    fn keep(&mut self, shard: usize, index: u32, doms: u64, pulses: u64) {
+        self.kept[shard].push(index);
+        self.counts[shard] += Counts {
+            events: 1,
+            doms,
+            pulses,
+        };
+    }
+}
+
+/// Which events a split chooses: the keys below `threshold`, and of the events whose key is
+/// the threshold, `ties_wanted` (all of them, unless `tied_ids` lists the chosen ones).
+struct Chosen {
+    threshold: Option<u64>,
+    ties_wanted: usize,
+    /// `Some` when more events than wanted share the threshold key: the ids chosen among
+    /// them, ascending (filled by the caller, empty until then).
+    tied_ids: Option<Vec<i64>>,
+}
+
+impl Chosen {
+    /// The `wanted` smallest of `keys` (reordered in the search).
+    fn smallest(keys: &mut [u64], wanted: usize) -> Chosen {
+        if wanted == 0 {
+            return Chosen {
+                threshold: None,
+                ties_wanted: 0,
+                tied_ids: None,
+            };
+        }
+        let (_, &mut threshold, _) = keys.select_nth_unstable(wanted - 1);
+        let below = keys.iter().filter(|&&k| k < threshold).count();
+        let at = keys.iter().filter(|&&k| k == threshold).count();
+        Chosen {
+            threshold: Some(threshold),
+            ties_wanted: wanted - below,
+            tied_ids: (at > wanted - below).then(Vec::new),
+        }
+    }
+
+    fn at(&self, key: u64) -> bool {
+        self.threshold == Some(key)
+    }
+
+    /// Whether the event `id` with key `key` is chosen.
+    fn contains(&self, key: u64, id: i64) -> bool {
+        match self.threshold {
+            Some(t) if key < t => true,
+            Some(t) if key == t => self
+                .tied_ids
+                .as_ref()
+                .is_none_or(|ids| ids.binary_search(&id).is_ok()),
+            _ => false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ties_at_the_threshold_are_broken_by_event_id() {
+        let mut keys = vec![5, 9, 9, 9, 1, 12];
+        let mut chosen = Chosen::smallest(&mut keys, 3);
+        assert_eq!((chosen.threshold, chosen.ties_wanted), (Some(9), 1));
+        assert!(
+            chosen.tied_ids.is_some(),
+            "three events share the threshold, one is wanted"
+        );
+        chosen.tied_ids = Some(vec![40]);
+        assert!(chosen.contains(5, 7) && chosen.contains(1, 99));
+        assert!(chosen.contains(9, 40) && !chosen.contains(9, 41) && !chosen.contains(12, 1));
+        let mut distinct = vec![3, 1, 2];
+        let all = Chosen::smallest(&mut distinct, 3);
+        assert!(all.tied_ids.is_none() && all.contains(3, 0));
+        assert!(!Chosen::smallest(&mut distinct, 0).contains(1, 0));
+    }
+}

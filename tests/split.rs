@@ -1,0 +1,109 @@
+//! Views: a split of a dataset's events by a hash of their ids, read like a dataset.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::sync::Arc;
+
+use common::*;
+use shardify::dataset::{ChecksumPolicy, Dataset, View};
+use shardify::device::DeviceChoice;
+use shardify::pipeline::{Loader, LoaderConfig};
+use shardify::sampler::{Batching, SamplerConfig, SamplerState};
+
+fn open(dir: &Path) -> Arc<Dataset> {
+    Arc::new(Dataset::open(dir, ChecksumPolicy::Lazy).unwrap())
+}
+
+/// Every event id of `view` in stored order, and what it holds, read from its shards.
+fn ids_of(view: &View) -> (Vec<i64>, u64, u64) {
+    let dataset = view.dataset();
+    let (mut ids, mut doms, mut pulses) = (Vec::new(), 0, 0);
+    for shard in 0..dataset.shard_count() {
+        let v = dataset.shard(shard).unwrap().view().unwrap();
+        let all: Vec<u32> = (0..v.events() as u32).collect();
+        for &i in view.kept(shard).unwrap_or(&all) {
+            ids.push(v.event_id[i as usize]);
+            doms += v.dom_range(i as usize).len() as u64;
+            pulses += v.event_pulse_range(i as usize).len() as u64;
+        }
+    }
+    (ids, doms, pulses)
+}
+
+#[test]
+fn a_split_is_exact_disjoint_and_independent_of_the_conversion() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    convert_all(&fixture(), "train", &a, &options(5, 2)).unwrap();
+    let mut other = options(9, 1);
+    other.shard_target_bytes = 1 << 20;
+    convert_all(&fixture(), "train", &b, &other).unwrap();
+    let (rest, chosen) = View::from(open(&a)).split(0.1, 4).unwrap();
+    let (rest_ids, rest_doms, rest_pulses) = ids_of(&rest);
+    let (chosen_ids, chosen_doms, chosen_pulses) = ids_of(&chosen);
+    assert_eq!(chosen_ids.len(), 30, "round(0.1 x 300)");
+    assert_eq!(
+        (
+            rest.totals().events,
+            rest.totals().doms,
+            rest.totals().pulses
+        ),
+        (270, rest_doms, rest_pulses)
+    );
+    assert_eq!(
+        (chosen.totals().doms, chosen.totals().pulses),
+        (chosen_doms, chosen_pulses)
+    );
+    let all: BTreeSet<i64> = rest_ids.iter().chain(&chosen_ids).copied().collect();
+    assert_eq!(all.len(), 300, "disjoint, and every event");
+    let (_, elsewhere) = View::from(open(&b)).split(0.1, 4).unwrap();
+    let set = |ids: Vec<i64>| ids.into_iter().collect::<BTreeSet<_>>();
+    assert_eq!(set(ids_of(&elsewhere).0), set(chosen_ids.clone()));
+    let (_, reseeded) = View::from(open(&a)).split(0.1, 5).unwrap();
+    assert_ne!(set(ids_of(&reseeded).0), set(chosen_ids));
+    let err = View::from(open(&a)).split(1.01, 0).unwrap_err();
+    assert!(err.to_string().contains("fraction"), "{err}");
+}
+
+#[test]
+fn a_loader_reads_a_view_like_a_dataset() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("ds");
+    convert_all(&fixture(), "train", &out, &options(5, 2)).unwrap();
+    let dataset = open(&out);
+    let (rest, chosen) = View::from(dataset.clone()).split(0.25, 1).unwrap();
+    for view in [rest, chosen] {
+        let config = LoaderConfig {
+            sampler: SamplerConfig {
+                batching: Batching::Pulses {
+                    max_pulses: 600,
+                    max_events: None,
+                },
+                window_blocks: 2,
+                block_events: 16,
+                ..SamplerConfig::default()
+            },
+            device: DeviceChoice::Cpu,
+            ..LoaderConfig::default()
+        };
+        let mut delivered = Vec::new();
+        for batch in Loader::new(view.clone(), config, SamplerState::start(1)).unwrap() {
+            let batch = batch.unwrap();
+            let packed = batch.packed().unwrap();
+            // The plan names shard events: each delivered id is the shard's, in its place.
+            for (k, e) in batch.plan().events.iter().enumerate() {
+                let shard = dataset.shard(e.shard as usize).unwrap().view().unwrap();
+                assert_eq!(packed.event_id[k], shard.event_id[e.index as usize]);
+                let doms = packed.event_dom_offsets[k + 1] - packed.event_dom_offsets[k];
+                assert_eq!(doms as usize, shard.dom_range(e.index as usize).len());
+            }
+            delivered.extend_from_slice(packed.event_id);
+        }
+        let mut expected = ids_of(&view).0;
+        expected.sort_unstable();
+        delivered.sort_unstable();
+        assert_eq!(delivered, expected, "every event of the view, once");
+    }
+}
