@@ -10,7 +10,7 @@ use std::time::Duration;
 use common::*;
 use shardify::batch::{sections, BatchLayout};
 use shardify::dataset::{ChecksumPolicy, Dataset};
-use shardify::device::DeviceChoice;
+use shardify::device::{DeviceChoice, Placement};
 use shardify::pipeline::{Batch, Loader, LoaderConfig, LoaderState};
 use shardify::sampler::{BatchOrder, Batching, SamplerConfig, SamplerState};
 
@@ -305,6 +305,40 @@ fn the_steady_state_allocates_nothing() {
         initial,
         "1 MiB buffers hold every batch of this budget: no allocation at all"
     );
+}
+
+#[test]
+fn a_pool_handed_on_serves_the_next_loaders_without_allocating() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = dataset(dir.path());
+    let config = config(Batching::Events(40), 2);
+    let cpu = Placement::resolve(DeviceChoice::Cpu).unwrap();
+    let mut first = Loader::on(ds.clone(), config.clone(), SamplerState::start(0), cpu.clone())
+        .unwrap();
+    // Stopped mid-epoch with batches in flight (prefetch 3): they go back to the pool.
+    let held = first.next().unwrap().unwrap();
+    let pool = first.staging_pool().clone();
+    drop(first);
+    let after_first = pool.allocations();
+    for epoch in 1..4 {
+        let loader = Loader::on_pool(
+            ds.clone(),
+            config.clone(),
+            SamplerState::start(epoch),
+            cpu.clone(),
+            Some(pool.clone()),
+        )
+        .unwrap();
+        let batches: Vec<Vec<u8>> = loader.map(|b| b.unwrap().bytes().to_vec()).collect();
+        let fresh: Vec<Vec<u8>> = epoch_bytes(&ds, &config, epoch);
+        assert_eq!(batches, fresh, "epoch {epoch}: the same batches as a fresh pool's");
+    }
+    assert_eq!(pool.allocations(), after_first, "no buffer allocated after the first loader");
+    drop(held);
+}
+
+fn epoch_bytes(ds: &Arc<Dataset>, config: &LoaderConfig, e: u64) -> Vec<Vec<u8>> {
+    epoch(ds, config, e).iter().map(|b| b.bytes().to_vec()).collect()
 }
 
 #[test]

@@ -250,8 +250,9 @@ class Loader:
 
     @property
     def staging_allocations(self) -> int:
-        """Batch buffers allocated: the staging buffers of this epoch's streaming loader, or
-        a resident loader's output buffers (constant in the steady state)."""
+        """Batch buffers allocated since the first batch, over all epochs and seeks: the
+        streaming loader's staging buffers, or a resident loader's output buffers (constant
+        in the steady state)."""
         if isinstance(self._batches, _Streaming):
             return self._native.staging_allocations()
         return self._batches.pool.allocations

@@ -8,6 +8,7 @@ use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use shardify::batch::{sections, BatchLayout};
 use shardify::dataset::View;
+use shardify::device::staging::StagingPool;
 use shardify::device::{DeviceChoice, Placement};
 use shardify::pipeline::{rank_batch_count, Arrival, Batch, Loader, LoaderConfig};
 use shardify::resident::plan_epoch;
@@ -31,6 +32,8 @@ struct Progress {
     position: SamplerState,
     /// The running epoch; `None` before the first batch and after a seek.
     running: Option<Loader>,
+    /// The staging buffers, kept from epoch to epoch and across seeks.
+    pool: Option<Arc<StagingPool>>,
     /// The running epoch ended (or failed): the next batch starts a new one.
     exhausted: bool,
 }
@@ -178,9 +181,11 @@ impl PyLoader {
             progress.running = None; // stops and joins the old epoch's threads first
             let (view, config) = (self.view.clone(), self.config.clone());
             let (position, placement) = (progress.position, progress.placement.clone());
+            let pool = progress.pool.clone();
             let loader = py
-                .detach(|| Loader::on(view, config, position, placement))
+                .detach(|| Loader::on_pool(view, config, position, placement, pool))
                 .map_err(to_py)?;
+            progress.pool = Some(loader.staging_pool().clone());
             progress.running = Some(loader);
             progress.exhausted = false;
         }
@@ -273,6 +278,7 @@ impl PyLoader {
                 placement,
                 position: SamplerState::start(0),
                 running: None,
+                pool: None,
                 exhausted: false,
             })),
         })
@@ -359,15 +365,12 @@ impl PyLoader {
         self.config.sampler.check_resumable(&saved).map_err(to_py)
     }
 
-    /// Staging buffers the running epoch's loader allocated (constant in the steady state;
-    /// 0 before the first batch).
+    /// Staging buffers allocated since the first batch, over every epoch and seek
+    /// (constant in the steady state; 0 before the first batch).
     fn staging_allocations(&self) -> PyResult<u64> {
         let guard = self.progress()?;
         let progress = guard.get().map_err(forked)?;
-        Ok(progress
-            .running
-            .as_ref()
-            .map_or(0, Loader::staging_allocations))
+        Ok(progress.pool.as_ref().map_or(0, |pool| pool.allocations()))
     }
 
     /// Where batches go: "cpu" or "cuda:N", and on the CPU why (e.g. no driver).

@@ -189,6 +189,22 @@ impl Loader {
         position: SamplerState,
         placement: Placement,
     ) -> Result<Loader> {
+        Loader::on_pool(dataset, config, position, placement, None)
+    }
+
+    /// As [`Loader::on`], gathering into the buffers of `pool` when given: the pool of an
+    /// earlier loader with the same configuration and placement ([`Loader::staging_pool`]),
+    /// so that a job that starts epoch after epoch, or seeks, allocates its staging buffers
+    /// once (pinned ones, on a GPU, are dear) and keeps their grown sizes. Buffers of the
+    /// earlier loader still in flight went back to the pool when it was dropped; those its
+    /// consumer still holds go back when they are freed.
+    pub fn on_pool(
+        dataset: impl Into<View>,
+        config: LoaderConfig,
+        position: SamplerState,
+        placement: Placement,
+        pool: Option<Arc<StagingPool>>,
+    ) -> Result<Loader> {
         let view = dataset.into();
         config.validate()?;
         let (allocate, slots): (Allocator, _) = match placement.cuda() {
@@ -206,12 +222,15 @@ impl Loader {
             ),
         };
         let device_buffers = slots.as_ref().map_or(0, |s| s.target());
-        // One more on a GPU: the batch the uploader holds while it waits for a slot.
-        let pool = Arc::new(StagingPool::new(
-            config.workers + config.prefetch + device_buffers + 2 + usize::from(slots.is_some()),
-            INITIAL_BUFFER_BYTES,
-            allocate,
-        ));
+        let pool = pool.unwrap_or_else(|| {
+            // One more on a GPU: the batch the uploader holds while it waits for a slot.
+            let count = config.workers
+                + config.prefetch
+                + device_buffers
+                + 2
+                + usize::from(slots.is_some());
+            Arc::new(StagingPool::new(count, INITIAL_BUFFER_BYTES, allocate))
+        });
         let stop = Arc::new(Stop::new());
         let (result_tx, results) = bounded(config.prefetch);
         let mut threads = Vec::new();
@@ -274,9 +293,16 @@ impl Loader {
         &self.placement
     }
 
-    /// Staging buffers allocated so far (constant in the steady state).
+    /// Staging buffers allocated so far by its pool (constant in the steady state; counted
+    /// since the pool was made, earlier loaders' allocations included when it was handed on
+    /// with [`Loader::on_pool`]).
     pub fn staging_allocations(&self) -> u64 {
         self.pool.allocations()
+    }
+
+    /// Its staging pool, to hand on to the next loader ([`Loader::on_pool`]).
+    pub fn staging_pool(&self) -> &Arc<StagingPool> {
+        &self.pool
     }
 
     /// Device buffer allocations so far (0 on the CPU; constant in the steady state).

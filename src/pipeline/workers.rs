@@ -148,8 +148,7 @@ fn gather_batches(
             },
         };
         let Some((seq, plan)) = plans.next() else {
-            pool.give_back(buffer);
-            return;
+            return; // the buffer goes back as it drops
         };
         let started = std::time::Instant::now();
         let filled = plan.and_then(|plan| {
@@ -171,7 +170,6 @@ fn gather_batches(
                 })
             }
             Err(e) => {
-                pool.give_back(buffer);
                 plans.fail();
                 Err(e)
             }
