@@ -66,22 +66,29 @@ class OutputPool:
         """Buffer sets allocated so far (constant in the steady state)."""
         self._sets: list[_BufferSet] = []
         self._uses = _use_counter()
+        # Per section, the size every set grows to: twice the largest epoch's capacity seen.
+        self._high_water = {name: 0 for name, _ in sections}
 
     def take(self, elements: dict[str, int], capacity: dict[str, int]) -> dict[str, torch.Tensor]:
         """Flat tensors holding at least ``elements[name]`` elements per section that no
-        handed-out tensor views; a new set when none is free, of ``capacity[name]`` elements
-        (the largest batch expected) and half more, so that the next epochs' largest
-        batches, a little larger or smaller, rarely need another. Free sets too small are
-        let go."""
+        handed-out tensor views. A new set when none is free: twice the epoch's
+        ``capacity[name]`` (the largest batch it plans), and at least what any set was made
+        with, so that the later epochs' largest batches (the real data's heavy tail moves an
+        epoch's largest batch by half) need none. A free set that cannot hold the epoch's
+        capacity is let go."""
         import torch
 
+        for name, n in capacity.items():
+            self._high_water[name] = max(self._high_water[name], 2 * n)
         for i, candidate in enumerate(self._sets):
             if candidate.idle():
-                if candidate.holds(elements):
+                if candidate.holds(capacity) and candidate.holds(elements):
                     return candidate.tensors
                 del self._sets[i]
                 break
-        tensors = {name: torch.empty(max(elements[name], capacity[name]) * 3 // 2 + 1,
+        # Zeroed: every page is touched now, not one by one as larger batches come (what RSS
+        # shows is what the set holds).
+        tensors = {name: torch.zeros(max(elements[name], self._high_water[name]) + 1,
                                      dtype=dtype, device=self.device)
                    for name, dtype in self.sections}
         self.allocations += 1
