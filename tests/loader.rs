@@ -313,8 +313,13 @@ fn a_pool_handed_on_serves_the_next_loaders_without_allocating() {
     let ds = dataset(dir.path());
     let config = config(Batching::Events(40), 2);
     let cpu = Placement::resolve(DeviceChoice::Cpu).unwrap();
-    let mut first = Loader::on(ds.clone(), config.clone(), SamplerState::start(0), cpu.clone())
-        .unwrap();
+    let mut first = Loader::on(
+        ds.clone(),
+        config.clone(),
+        SamplerState::start(0),
+        cpu.clone(),
+    )
+    .unwrap();
     // Stopped mid-epoch with batches in flight (prefetch 3): they go back to the pool.
     let held = first.next().unwrap().unwrap();
     let pool = first.staging_pool().clone();
@@ -331,14 +336,24 @@ fn a_pool_handed_on_serves_the_next_loaders_without_allocating() {
         .unwrap();
         let batches: Vec<Vec<u8>> = loader.map(|b| b.unwrap().bytes().to_vec()).collect();
         let fresh: Vec<Vec<u8>> = epoch_bytes(&ds, &config, epoch);
-        assert_eq!(batches, fresh, "epoch {epoch}: the same batches as a fresh pool's");
+        assert_eq!(
+            batches, fresh,
+            "epoch {epoch}: the same batches as a fresh pool's"
+        );
     }
-    assert_eq!(pool.allocations(), after_first, "no buffer allocated after the first loader");
+    assert_eq!(
+        pool.allocations(),
+        after_first,
+        "no buffer allocated after the first loader"
+    );
     drop(held);
 }
 
 fn epoch_bytes(ds: &Arc<Dataset>, config: &LoaderConfig, e: u64) -> Vec<Vec<u8>> {
-    epoch(ds, config, e).iter().map(|b| b.bytes().to_vec()).collect()
+    epoch(ds, config, e)
+        .iter()
+        .map(|b| b.bytes().to_vec())
+        .collect()
 }
 
 #[test]
@@ -590,3 +605,49 @@ fn a_config_that_cannot_work_is_refused_naming_what_is_wrong() {
         );
     }
 }
+
+/// One epoch's batches in `layout` at `window` blocks, hashed section by section (name,
+/// dtype, shape and bytes), as a hex digest.
+fn epoch_digest(ds: &Arc<Dataset>, window: usize, layout: BatchLayout) -> String {
+    let mut c = config(Batching::Events(16), 2);
+    c.sampler.window_blocks = window;
+    c.layout = layout;
+    let mut hasher = xxhash_rust::xxh3::Xxh3::new();
+    for batch in epoch(ds, &c, 1) {
+        for s in &batch.sections().list {
+            hasher.update(format!("{}:{:?}:{:?};", s.name, s.dtype, s.shape).as_bytes());
+            hasher.update(&batch.bytes()[s.offset..s.offset + s.len]);
+        }
+    }
+    format!("{:032x}", hasher.digest128())
+}
+
+#[test]
+fn batches_are_byte_for_byte_those_of_earlier_releases() {
+    // Digests taken at commit 732747f (before the host-path work of issue 20): a faster
+    // gather must deliver exactly these bytes. Change them only with a format or sampler
+    // change that is meant to change batches, and say so in its commit.
+    let tmp = tempfile::tempdir().unwrap();
+    let ds = dataset(tmp.path());
+    let padded = BatchLayout::Padded {
+        max_doms: 24,
+        pulses_per_dom: 3,
+    };
+    let got: Vec<String> = [
+        (1, BatchLayout::Packed),
+        (4, BatchLayout::Packed),
+        (64, BatchLayout::Packed),
+        (4, padded),
+    ]
+    .into_iter()
+    .map(|(window, layout)| epoch_digest(&ds, window, layout))
+    .collect();
+    assert_eq!(got, GOLDEN_DIGESTS, "batches changed");
+}
+
+const GOLDEN_DIGESTS: [&str; 4] = [
+    "7d735e9cfe51091d4ceb60cd3c65c566",
+    "255ad040cc67586e5e3b770d2c9b19e4",
+    "043abe213c0dde813aab2767f9757405",
+    "c858f8937edc89771c7c288f4685b9b4",
+];

@@ -63,7 +63,10 @@ fn quick_report_is_complete_and_consistent() {
     assert!(r["shard_read_gb_per_s"].as_f64().unwrap() > 0.0);
     assert!(table.contains("stages: shard read"), "{table}");
     assert!(
-        table.contains("window    1: gather") && table.contains("of memcpy; waited"),
+        table.contains("window    1: gather")
+            && table.contains("of memcpy; copying the same events' pieces")
+            && table.contains("first epoch (pool growing)")
+            && table.contains("; waited"),
         "one stage line per shardify loader: {table}"
     );
     let device = r["machine"]["device"].as_str().unwrap();
@@ -117,6 +120,15 @@ fn quick_report_is_complete_and_consistent() {
         assert!(l["gather_seconds"].as_f64().unwrap() > 0.0);
         let gather_gb = l["gather_gb_per_s"].as_f64().unwrap();
         assert!(gather_gb > 0.0);
+        // The same-run bound of the scattered copy, and the delivered ratio to it.
+        let scattered = l["scattered_copy_gb_per_s"].as_f64().unwrap();
+        let ratio = l["ratio_to_scattered_copy"].as_f64().unwrap();
+        assert!(
+            scattered > 0.0
+                && (ratio * scattered / l["gb_per_s"].as_f64().unwrap() - 1.0).abs() < 1e-9,
+            "{l}"
+        );
+        assert!(l["first_epoch_events_per_s"].as_f64().unwrap() > 0.0);
     }
     let svg = std::fs::read_to_string(&plot).unwrap();
     assert!(svg.starts_with("<svg") && svg.ends_with("</svg>"));

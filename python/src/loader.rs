@@ -16,7 +16,7 @@ use shardify::sampler::{BatchOrder, Batching, SamplerConfig, SamplerState};
 use shardify::Error;
 
 use crate::array::{numpy_name, PyHostArray};
-use crate::batch::{Delivered, PySection};
+use crate::batch::{capsules, Delivered, PySection};
 use crate::dataset::PyDataset;
 use crate::errors::{forked, to_py};
 use crate::process::ProcessBound;
@@ -302,6 +302,22 @@ impl PyLoader {
                 .map(|s| PySection::new(shared.clone(), s))
                 .collect(),
         ))
+    }
+
+    /// The next batch as legacy DLPack capsules, one per section (in `sections()` order),
+    /// or `None` at the end of the epoch; on CUDA, `stream` (the consumer's current stream,
+    /// as DLPack passes it) waits for the batch's copy. What `shardify.Loader` turns into
+    /// torch tensors: one native call per batch instead of two per section.
+    #[pyo3(signature = (stream = None))]
+    fn next_batch_capsules(
+        &self,
+        py: Python<'_>,
+        stream: Option<Bound<'_, PyAny>>,
+    ) -> PyResult<Option<Vec<Py<PyAny>>>> {
+        match self.next_batch(py)? {
+            Some(sections) => Ok(Some(capsules(py, &sections, stream.as_ref())?)),
+            None => Ok(None),
+        }
     }
 
     /// Takes the rest of the epoch in Rust, dropping each batch as it comes: the same

@@ -10,11 +10,13 @@ use serde::Serialize;
 use super::baselines::{SourceIndex, Throughput};
 use super::quality::{quality, EventInfo, Quality};
 use super::stages::{
-    cold_read_gb_per_s, copy_stage_gb_per_s, shard_read_gb_per_s, Consumer, GpuBounds,
+    cold_read_gb_per_s, copy_stage_gb_per_s, scattered_copy_gb_per_s, shard_read_gb_per_s,
+    Consumer, GpuBounds,
 };
 use super::{median_of, memcpy_gb_per_s};
 use crate::batch::BatchLayout;
 use crate::dataset::Dataset;
+use crate::device::staging::StagingPool;
 use crate::device::{DeviceChoice, Placement};
 use crate::error::Result;
 use crate::pipeline::{Loader, LoaderConfig};
@@ -83,6 +85,15 @@ pub struct LoaderFigures {
     pub gather_gb_per_s: Option<f64>,
     /// `gather_gb_per_s` / memcpy GB/s with the same threads, same run.
     pub gather_ratio_to_memcpy: Option<f64>,
+    /// Copying the same events' shard bytes piece by piece, in each batch's storage order,
+    /// with the same threads, same run, GB/s: the bound of gathering scattered events
+    /// ([`super::stages::scattered_copy_gb_per_s`]).
+    pub scattered_copy_gb_per_s: Option<f64>,
+    /// `gb_per_s` / `scattered_copy_gb_per_s`.
+    pub ratio_to_scattered_copy: Option<f64>,
+    /// Events per second of the first epoch, with the staging pool still growing (the
+    /// measured epochs follow it on the same pool, as a long job's do).
+    pub first_epoch_events_per_s: Option<f64>,
     /// Seconds the consumer waited for data.
     pub wait_seconds: Option<f64>,
     /// Seconds of simulated compute.
@@ -213,12 +224,15 @@ struct EpochRun {
     gpu_idle_busy_ms: Option<(f64, f64)>,
 }
 
+/// One epoch at `window`, gathered into `pool`'s buffers when there is one (left holding
+/// the loader's pool, for the next epoch).
 fn run_epoch(
     dataset: &Arc<Dataset>,
     config: &BenchConfig,
     placement: &Placement,
     window: usize,
     epoch: u64,
+    pool: &mut Option<Arc<StagingPool>>,
 ) -> Result<EpochRun> {
     let loader_config = LoaderConfig {
         sampler: sampler(config, window),
@@ -231,12 +245,14 @@ fn run_epoch(
         dom_positions: config.dom_positions,
     };
     let mut consumer = Consumer::new(placement, config.simulate_compute_ms)?;
-    let mut loader = Loader::on(
+    let mut loader = Loader::on_pool(
         dataset.clone(),
         loader_config,
         SamplerState::start(epoch),
         placement.clone(),
+        pool.take(),
     )?;
+    *pool = Some(loader.staging_pool().clone());
     let mut run = EpochRun {
         plans: Vec::new(),
         throughput: Throughput::default(),
@@ -321,6 +337,9 @@ fn figures(
         gather_seconds: None,
         gather_gb_per_s: None,
         gather_ratio_to_memcpy: None,
+        scattered_copy_gb_per_s: None,
+        ratio_to_scattered_copy: None,
+        first_epoch_events_per_s: None,
         wait_seconds: None,
         compute_seconds: None,
         waiting_fraction: None,
@@ -376,12 +395,16 @@ pub fn run(
     };
     let mut loaders = Vec::new();
     for &window in &config.windows {
-        let epoch = |e| {
+        // One staging pool for the window's epochs, as a job keeps one: a first epoch grows
+        // it (reported apart), the two measured ones run on it.
+        let mut pool = None;
+        let mut epoch = |e| {
             if config.cold {
                 dataset.evict_from_page_cache()?;
             }
-            run_epoch(&dataset, config, &placement, window, e)
+            run_epoch(&dataset, config, &placement, window, e, &mut pool)
         };
+        let first = epoch(2)?;
         let epochs = [epoch(0)?, epoch(1)?];
         let q = quality(
             &shardify_infos(&dataset, &epochs[0].plans)?,
@@ -400,6 +423,11 @@ pub fn run(
         f.gather_seconds = Some(gather);
         f.gather_gb_per_s = Some(gather_gb);
         f.gather_ratio_to_memcpy = Some(gather_gb / bound);
+        let scattered = scattered_copy_gb_per_s(&dataset, &epochs[0].plans, config.workers)?;
+        f.scattered_copy_gb_per_s = Some(scattered);
+        f.ratio_to_scattered_copy = Some(f.gb_per_s / scattered);
+        f.first_epoch_events_per_s =
+            Some(first.throughput.events as f64 / first.throughput.seconds.max(1e-9));
         f.wait_seconds = Some(wait);
         f.compute_seconds = Some(epochs.iter().map(|e| e.compute).sum());
         f.waiting_fraction = Some(wait / total.seconds.max(1e-9));
@@ -519,6 +547,12 @@ fn stage_line(l: &LoaderFigures) -> String {
         l.window.unwrap_or(0),
         duration(gather_s)
     );
+    if let (Some(gb), Some(r)) = (l.scattered_copy_gb_per_s, l.ratio_to_scattered_copy) {
+        out += &format!("; copying the same events' pieces {gb:.2} GB/s, delivered {r:.2} of it");
+    }
+    if let Some(first) = l.first_epoch_events_per_s {
+        out += &format!("; first epoch (pool growing) {:.2}M events/s", first / 1e6);
+    }
     if let (Some(gb), Some(s), Some(r)) = (
         l.copy_stage_gb_per_s,
         l.copy_stage_seconds,

@@ -36,6 +36,81 @@ pub fn shard_read_gb_per_s(dataset: &Dataset) -> Result<(f64, f64)> {
     Ok((bytes as f64 / seconds.max(1e-9) / 1e9, seconds))
 }
 
+/// Elements `range` of a raw column.
+fn element_range(
+    (raw, dtype): (&[u8], crate::format::safetensors::Dtype),
+    range: std::ops::Range<usize>,
+) -> &[u8] {
+    &raw[range.start * dtype.size()..range.end * dtype.size()]
+}
+
+/// GB/s of copying, with `threads` threads, exactly the pieces of shard columns the batches
+/// `plans` hold, event by event in each batch's storage order (each event's id, labels,
+/// sensor ids, DOM offsets, and pulse times, charges and flags, as the gather reads them),
+/// into one batch-sized buffer per thread: the bound on gathering scattered events, where
+/// [`super::memcpy_gb_per_s`] copies the same bytes in batch-sized sequential pieces. It
+/// leaves out what the gather computes (offsets rebased, positions looked up). The median of
+/// three passes.
+pub fn scattered_copy_gb_per_s(
+    dataset: &Dataset,
+    plans: &[crate::sampler::BatchPlan],
+    threads: usize,
+) -> Result<f64> {
+    let views = (0..dataset.shard_count())
+        .map(|i| dataset.shard(i)?.view())
+        .collect::<Result<Vec<_>>>()?;
+    // Per batch, its events' pieces (source ranges) in storage order.
+    let mut batches: Vec<Vec<&[u8]>> = Vec::with_capacity(plans.len());
+    for plan in plans {
+        let mut events = plan.events.clone();
+        events.sort_unstable();
+        let mut pieces = Vec::with_capacity(events.len() * 8);
+        for e in events {
+            let v = &views[e.shard as usize];
+            let i = e.index as usize;
+            let (doms, pulses) = (v.dom_range(i), v.event_pulse_range(i));
+            use crate::format::pod::as_bytes;
+            pieces.push(as_bytes(&v.event_id[i..=i]));
+            for labels in [v.event_azimuth, v.event_zenith].into_iter().flatten() {
+                pieces.push(as_bytes(&labels[i..=i]));
+            }
+            pieces.push(element_range(v.dom_sensor_id.raw(), doms.clone()));
+            pieces.push(as_bytes(&v.dom_pulse_offsets[doms]));
+            pieces.push(element_range(v.pulse_time.raw(), pulses.clone()));
+            pieces.push(element_range(v.pulse_charge.raw(), pulses.clone()));
+            pieces.push(&v.pulse_auxiliary[pulses]);
+        }
+        batches.push(pieces);
+    }
+    let largest = batches
+        .iter()
+        .map(|b| b.iter().map(|p| p.len()).sum::<usize>())
+        .max()
+        .unwrap_or(0);
+    let total: usize = batches.iter().flatten().map(|p| p.len()).sum();
+    let threads = threads.max(1);
+    median_of(3, || {
+        let started = Instant::now();
+        std::thread::scope(|s| {
+            for t in 0..threads {
+                let batches = &batches;
+                s.spawn(move || {
+                    let mut dst = vec![0u8; largest];
+                    for pieces in batches.iter().skip(t).step_by(threads) {
+                        let mut at = 0;
+                        for piece in pieces {
+                            dst[at..at + piece.len()].copy_from_slice(piece);
+                            at += piece.len();
+                        }
+                        std::hint::black_box(&dst);
+                    }
+                });
+            }
+        });
+        Ok::<_, crate::Error>(total as f64 / started.elapsed().as_secs_f64().max(1e-9) / 1e9)
+    })
+}
+
 /// GB/s of one cold sequential read of every shard file (evicted from the page cache
 /// first), in 8 MiB reads: the disk's bound on a cold epoch. Returns it and its seconds.
 pub fn cold_read_gb_per_s(dataset: &Dataset) -> Result<(f64, f64)> {

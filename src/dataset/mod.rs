@@ -175,6 +175,30 @@ impl Shard {
         Ok(())
     }
 
+    /// The fraction of the shard's pages in the page cache (1 when it was read into memory
+    /// rather than mapped; 0 when the kernel cannot tell).
+    pub fn resident_fraction(&self) -> f64 {
+        let ShardBytes::Mapped(map) = &self.bytes else {
+            return 1.0;
+        };
+        if map.is_empty() {
+            return 1.0;
+        }
+        // SAFETY: sysconf reads a constant of the system; no memory is involved.
+        let page = match unsafe { libc::sysconf(libc::_SC_PAGESIZE) } {
+            n if n > 0 => n as usize,
+            _ => 4096,
+        };
+        let mut flags = vec![0u8; map.len().div_ceil(page)];
+        // SAFETY: the range is the whole live mapping (page-aligned, as every mapping is) and
+        // `flags` holds one byte per page of it, as mincore writes.
+        let rc = unsafe { libc::mincore(map.as_ptr() as *mut _, map.len(), flags.as_mut_ptr()) };
+        if rc != 0 {
+            return 0.0;
+        }
+        flags.iter().filter(|&&f| f & 1 == 1).count() as f64 / flags.len() as f64
+    }
+
     /// Drops this process's mappings of the shard's pages (the next access reads them
     /// again, from the page cache or the disk): a page mapped by a process stays in the
     /// page cache whatever `posix_fadvise` asks.
