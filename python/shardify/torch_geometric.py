@@ -2,72 +2,177 @@
 
 >>> from shardify.torch_geometric import to_pyg
 >>> for batch in shardify.Loader("dataset/", batch_events=256):   # doctest: +SKIP
-...     graphs = to_pyg(batch, nodes="pulses")   # one graph per event, no edges yet
-...     graphs = knn_graph_transform(graphs)      # GraphNeT/PyG build edges on the device
+...     graphs = to_pyg(batch, standardize="graphnet", knn=8)   # what DynEdge reads
+...     prediction = model(graphs)
 
-Nodes are pulses (GraphNeT's convention) or DOMs. Features, in column order:
+Nodes are pulses (GraphNeT's convention), in time order per event (see
+:func:`shardify.transforms.time_ordered`, whose ``max_pulses`` / ``keep`` / ``seed`` /
+``epoch`` cut long events), or DOMs. Features, in column order:
 
-* ``nodes="pulses"``: x, y, z (the pulse's DOM), time, charge, auxiliary;
-* ``nodes="doms"``: x, y, z, pulse count, first pulse time, summed charge, any auxiliary.
+* ``nodes="pulses"``: x, y, z (the pulse's DOM), time, charge, auxiliary. With
+  ``standardize="graphnet"`` they are scaled exactly as GraphNeT's ``IceCubeKaggle``
+  detector does (graphnet-team/graphnet, ``src/graphnet/models/detector/icecube.py``,
+  ``IceCubeKaggle.feature_map``): x, y, z / 500; (time - 1e4) / 3e4; log10(charge) / 3;
+  auxiliary as is.
+* ``nodes="doms"``: x, y, z, pulse count, first pulse time, total charge, charge-weighted
+  mean time, any auxiliary (the summaries DOM-level models use). With
+  ``standardize="graphnet"``: positions / 500, both times (t - 1e4) / 3e4, log10(total
+  charge) / 3, the count and the auxiliary flag as they are.
 
-``pos`` holds x, y, z; ``batch`` maps each node to its event; ``ptr`` is the CSR of nodes
-per event; ``y`` is ``[B, 2]`` (azimuth, zenith) when the dataset has labels, and
-``event_id`` is kept. Everything is computed with torch on the batch's device (the packed
-batch must carry ``dom_position``, the default). Features are float32.
+Other fields: ``pos`` (x, y, z in metres, float32), ``batch`` (node -> event), ``ptr`` (CSR
+of nodes per event), ``n_pulses`` ``[B]`` (pulses per graph after any truncation, float32:
+GraphNeT's DynEdge reads ``log10(n_pulses)``), for pulse nodes ``pulse_dom`` (the node's
+DOM, a row of the batch's DOM sections), ``event_id``, and with labels ``y`` ``[B, 2]`` (azimuth,
+zenith), ``azimuth``, ``zenith`` and ``direction`` ``[B, 3]`` = (cos az sin zen,
+sin az sin zen, cos zen), as GraphNeT's ``Direction`` label (``src/graphnet/training/
+labels.py``). ``knn=k`` adds ``edge_index``: the k nearest nodes in x, y, z within each event
+(:func:`shardify.transforms.knn_edges`; GraphNeT's ``KNNEdges`` with k=8 on the first three
+features, which /500 scales uniformly: the same neighbours up to ties), else no edges.
+
+Events with 0 or 1 pulses: GraphNeT's collate drops them; here every event stays a graph (0
+or 1 node, no edge), so a batch's graphs line up with its ``event_id`` and predictions join
+back to every event. ``min_pulses=2`` drops them as GraphNeT does (the Kaggle data has at
+least 5 pulses per event, so only truncation to fewer could make such events).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from .transforms import knn_edges, time_ordered
 
-def to_pyg(batch: dict[str, Any], nodes: str = "pulses"):
+#: The scalings ``standardize`` accepts.
+STANDARDIZATIONS = (None, "graphnet")
+
+
+def graphnet_time(t: Any) -> Any:
+    """GraphNeT IceCubeKaggle's time scaling: (t - 1e4) / 3e4."""
+    return (t - 1.0e4) / 3.0e4
+
+
+def graphnet_charge(q: Any) -> Any:
+    """GraphNeT IceCubeKaggle's charge scaling: log10(q) / 3."""
+    import torch
+
+    return torch.log10(q) / 3.0
+
+
+def graphnet_xyz(xyz: Any) -> Any:
+    """GraphNeT IceCubeKaggle's position scaling: x / 500."""
+    return xyz / 500.0
+
+
+def direction(azimuth: Any, zenith: Any) -> Any:
+    """Unit vectors ``[B, 3]`` from azimuth and zenith, as GraphNeT's ``Direction`` label."""
+    import torch
+
+    sin_zenith = torch.sin(zenith)
+    return torch.stack([torch.cos(azimuth) * sin_zenith, torch.sin(azimuth) * sin_zenith,
+                        torch.cos(zenith)], dim=1)
+
+
+def to_pyg(batch: dict[str, Any], nodes: str = "pulses", *, standardize: str | None = None,
+           knn: int | None = None, max_pulses: int | None = None,
+           keep: str = "non_auxiliary_first", seed: int = 0, epoch: int = 0,
+           min_pulses: int = 0) -> Any:
     """The packed ``batch`` (a dict of torch tensors from ``shardify.Loader``) as a
-    ``torch_geometric.data.Batch`` with one graph per event."""
+    ``torch_geometric.data.Batch`` with one graph per event (see the module's docs).
+
+    ``nodes``: ``"pulses"`` or ``"doms"``. ``standardize``: None (raw units, float32) or
+    ``"graphnet"``. ``knn``: k for kNN edges, or None for none. ``max_pulses``, ``keep``,
+    ``seed``, ``epoch``: pulse truncation, as :func:`shardify.transforms.time_ordered`
+    (pulse nodes only). ``min_pulses``: events with fewer pulses (after truncation) are
+    left out (GraphNeT's collate: 2); 0 keeps every event.
+    """
     import torch
     from torch_geometric.data import Batch
 
-    if "dom_position" not in batch:
-        raise ValueError("to_pyg needs a packed batch with dom_position (layout=\"packed\", "
-                         "dom_positions=True)")
-    event_doms = batch["event_dom_offsets"].long()
-    dom_pulses = batch["dom_pulse_offsets"].long()
-    events = batch["event_id"].shape[0]
-    device = event_doms.device
-    pulses_per_dom = dom_pulses.diff()
-    dom_xyz = batch["dom_position"].to(torch.float32)
+    if standardize not in STANDARDIZATIONS:
+        raise ValueError(f"invalid standardize: {standardize!r} (expected None or \"graphnet\")")
     if nodes == "pulses":
-        pos = dom_xyz.repeat_interleave(pulses_per_dom, dim=0)
-        x = torch.cat([
-            pos,
-            batch["pulse_time"].to(torch.float32)[:, None],
-            batch["pulse_charge"].to(torch.float32)[:, None],
-            batch["pulse_auxiliary"].to(torch.float32)[:, None],
-        ], dim=1)
-        ptr = dom_pulses[event_doms]
+        fields = _pulse_nodes(batch, standardize, max_pulses, keep, seed, epoch)
     elif nodes == "doms":
-        pos = dom_xyz
-        dom_of_pulse = torch.arange(pulses_per_dom.numel(), device=device).repeat_interleave(
-            pulses_per_dom)
-        charge = torch.zeros(pos.shape[0], dtype=torch.float32, device=device)
-        charge.index_add_(0, dom_of_pulse, batch["pulse_charge"].to(torch.float32))
-        auxiliary = torch.zeros(pos.shape[0], dtype=torch.float32, device=device)
-        auxiliary.index_add_(0, dom_of_pulse, batch["pulse_auxiliary"].to(torch.float32))
-        auxiliary.clamp_(max=1.0)  # any auxiliary pulse
-        first_time = batch["pulse_time"].to(torch.float32)[dom_pulses[:-1].clamp(
-            max=max(batch["pulse_time"].numel() - 1, 0))]
-        x = torch.cat([pos, pulses_per_dom.to(torch.float32)[:, None], first_time[:, None],
-                       charge[:, None], auxiliary[:, None]], dim=1)
-        ptr = event_doms
+        if max_pulses is not None:
+            raise ValueError("max_pulses applies to pulse nodes (nodes=\"pulses\")")
+        fields = _dom_nodes(batch, standardize)
     else:
         raise ValueError(f'invalid nodes: {nodes!r} (expected "pulses" or "doms")')
-    counts = ptr.diff()
-    graph_of_node = torch.arange(events, device=device).repeat_interleave(counts)
-    fields = dict(x=x, pos=pos, batch=graph_of_node, ptr=ptr,
-                  edge_index=torch.empty(2, 0, dtype=torch.long, device=device),
-                  event_id=batch["event_id"])
+    ptr, pulse_counts = fields.pop("ptr"), fields.pop("pulse_counts")
+    graphs = torch.arange(ptr.shape[0] - 1, device=ptr.device)
+    labels = {}
     if "event_azimuth" in batch:
-        fields["y"] = torch.stack([batch["event_azimuth"], batch["event_zenith"]], dim=1)
-    graphs = Batch(**fields)
-    graphs._num_graphs = events
-    return graphs
+        azimuth, zenith = batch["event_azimuth"], batch["event_zenith"]
+        labels = dict(y=torch.stack([azimuth, zenith], dim=1), azimuth=azimuth, zenith=zenith,
+                      direction=direction(azimuth, zenith))
+    event_id = batch["event_id"]
+    if min_pulses > 0:
+        # Data-dependent: one host synchronisation.
+        chosen = (pulse_counts >= min_pulses).nonzero().flatten()
+        node_keep = torch.repeat_interleave(pulse_counts >= min_pulses, ptr.diff())
+        fields = {k: v[node_keep] for k, v in fields.items()}
+        ptr = torch.cat([ptr[:1] * 0, ptr.diff()[chosen].cumsum(0)])
+        pulse_counts, event_id = pulse_counts[chosen], event_id[chosen]
+        labels = {k: v[chosen] for k, v in labels.items()}
+        graphs = torch.arange(chosen.shape[0], device=ptr.device)
+    counts = ptr.diff()
+    node_graph = torch.repeat_interleave(graphs, counts, output_size=fields["x"].shape[0])
+    edge_index = (knn_edges(fields["pos"], ptr, knn) if knn is not None
+                  else torch.empty(2, 0, dtype=torch.long, device=ptr.device))
+    out = Batch(**fields, batch=node_graph, ptr=ptr, edge_index=edge_index, event_id=event_id,
+                n_pulses=pulse_counts.to(torch.float32), **labels)
+    out._num_graphs = graphs.shape[0]
+    return out
+
+
+def _pulse_nodes(batch: dict[str, Any], standardize: str | None, max_pulses: int | None,
+                 keep: str, seed: int, epoch: int) -> dict[str, Any]:
+    import torch
+
+    pulses = time_ordered(batch, max_pulses=max_pulses, keep=keep, seed=seed, epoch=epoch)
+    pos = pulses["pulse_position"].to(torch.float32)
+    time = pulses["pulse_time"].to(torch.float32)
+    charge = pulses["pulse_charge"].to(torch.float32)
+    auxiliary = pulses["pulse_auxiliary"].to(torch.float32)
+    if standardize == "graphnet":
+        columns = [graphnet_xyz(pos), graphnet_time(time), graphnet_charge(charge), auxiliary]
+    else:
+        columns = [pos, time, charge, auxiliary]
+    x = torch.cat([c if c.dim() == 2 else c[:, None] for c in columns], dim=1)
+    ptr = pulses["event_pulse_offsets"]
+    return dict(x=x, pos=pos, ptr=ptr, pulse_counts=ptr.diff(), pulse_dom=pulses["pulse_dom"])
+
+
+def _dom_nodes(batch: dict[str, Any], standardize: str | None) -> dict[str, Any]:
+    import torch
+
+    from .transforms import _require_packed
+
+    _require_packed(batch, "to_pyg")
+    event_doms = batch["event_dom_offsets"].long()
+    dom_pulses = batch["dom_pulse_offsets"].long()
+    pos = batch["dom_position"].to(torch.float32)
+    doms, pulses = pos.shape[0], batch["pulse_time"].shape[0]
+    device = pos.device
+    pulses_per_dom = dom_pulses.diff()
+    pulse_dom = torch.repeat_interleave(torch.arange(doms, device=device), pulses_per_dom,
+                                        output_size=pulses)
+    time = batch["pulse_time"].to(torch.float32)
+    charge = batch["pulse_charge"].to(torch.float32)
+
+    def per_dom(values: Any, reduce: str) -> Any:
+        out = torch.zeros(doms, dtype=torch.float32, device=device)
+        return out.scatter_reduce_(0, pulse_dom, values, reduce, include_self=False)
+
+    total_charge = per_dom(charge, "sum")
+    first_time = per_dom(time, "amin")
+    weighted_time = per_dom(time * charge, "sum") / total_charge
+    auxiliary = per_dom(batch["pulse_auxiliary"].to(torch.float32), "amax")
+    count = pulses_per_dom.to(torch.float32)
+    if standardize == "graphnet":
+        columns = [graphnet_xyz(pos), count, graphnet_time(first_time),
+                   graphnet_charge(total_charge), graphnet_time(weighted_time), auxiliary]
+    else:
+        columns = [pos, count, first_time, total_charge, weighted_time, auxiliary]
+    x = torch.cat([c if c.dim() == 2 else c[:, None] for c in columns], dim=1)
+    ptr = event_doms
+    return dict(x=x, pos=pos, ptr=ptr, pulse_counts=dom_pulses[event_doms].diff())

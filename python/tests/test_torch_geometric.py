@@ -24,11 +24,13 @@ def test_to_pyg_matches_the_packed_batch(train_dir, stored, torch, nodes):
             xyz = stored.positions[want["dom_sensor_id"]].astype(np.float32)
             if nodes == "pulses":
                 assert len(rows) == len(want["pulse_time"])
+                # Time order, ties in stored order.
+                order = np.argsort(want["pulse_time"], kind="stable")
                 np.testing.assert_array_equal(
-                    x[:, :3], np.repeat(xyz, want["dom_pulse_counts"], 0))
-                np.testing.assert_array_equal(x[:, 3], want["pulse_time"].astype(np.float32))
-                np.testing.assert_array_equal(x[:, 4], want["pulse_charge"].astype(np.float32))
-                np.testing.assert_array_equal(x[:, 5], want["pulse_auxiliary"].astype(np.float32))
+                    x[:, :3], np.repeat(xyz, want["dom_pulse_counts"], 0)[order])
+                for column, name in enumerate(["pulse_time", "pulse_charge", "pulse_auxiliary"]):
+                    np.testing.assert_array_equal(x[:, 3 + column],
+                                                  want[name][order].astype(np.float32))
             else:
                 assert len(rows) == len(want["dom_sensor_id"])
                 np.testing.assert_array_equal(x[:, :3], xyz)
@@ -38,6 +40,9 @@ def test_to_pyg_matches_the_packed_batch(train_dir, stored, torch, nodes):
                 np.testing.assert_array_equal(x[:, 4], first_times)
                 sums = np.add.reduceat(want["pulse_charge"].astype(np.float32), starts)
                 np.testing.assert_allclose(x[:, 5], sums, rtol=1e-6)
+                weighted = np.add.reduceat(want["pulse_time"].astype(np.float32)
+                                           * want["pulse_charge"].astype(np.float32), starts)
+                np.testing.assert_allclose(x[:, 6], weighted / sums, rtol=1e-5)
                 anyaux = np.maximum.reduceat(want["pulse_auxiliary"].astype(np.float32), starts)
-                np.testing.assert_array_equal(x[:, 6], anyaux)
+                np.testing.assert_array_equal(x[:, 7], anyaux)
             assert graphs.y[g].tolist() == [want["event_azimuth"], want["event_zenith"]]

@@ -1,0 +1,372 @@
+"""Model-ready inputs (shardify.transforms, shardify.torch_geometric) against a per-event
+NumPy reference: time order, the truncation rules at their boundaries, every feature, kNN
+edges as sets per event; on generated data with the real statistics, on the real Kaggle
+sample, and on hand-made batches with the edge cases."""
+
+from __future__ import annotations
+
+import subprocess
+
+import numpy as np
+import pytest
+import shardify
+from conftest import IN_CI, REPO, run_cli
+
+MASK64 = (1 << 64) - 1
+
+
+def mix(x: int) -> int:
+    """SplitMix64's finaliser, written independently of the package."""
+    x &= MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK64
+    return x ^ (x >> 31)
+
+
+def random_key(seed: int, epoch: int, event_id: int, rank: int) -> int:
+    """The documented random key, as a signed 64-bit integer (torch sorts int64)."""
+    key = mix(mix((event_id ^ mix(mix(seed) ^ epoch)) & MASK64) + rank)
+    return key - (1 << 64) if key >> 63 else key
+
+
+def events_of(batch) -> list[dict[str, np.ndarray]]:
+    """Each event of a packed batch: its pulses in stored order, with their DOM rows."""
+    b = {k: np.asarray(v) for k, v in batch.items()}
+    ev, dp = b["event_dom_offsets"].astype(np.int64), b["dom_pulse_offsets"].astype(np.int64)
+    out = []
+    for e in range(len(b["event_id"])):
+        doms = np.arange(ev[e], ev[e + 1])
+        counts = dp[doms + 1] - dp[doms]
+        pulses = slice(dp[ev[e]], dp[ev[e + 1]])
+        out.append({"id": int(b["event_id"][e]), "time": b["pulse_time"][pulses],
+                    "charge": b["pulse_charge"][pulses],
+                    "aux": b["pulse_auxiliary"][pulses].astype(bool),
+                    "dom": np.repeat(doms, counts), "positions": b["dom_position"]})
+    return out
+
+
+def reference_order(e: dict, max_pulses, keep: str, seed: int = 0, epoch: int = 0):
+    """One event's output pulses (indexes into its stored pulses), per the documented rule."""
+    by_time = sorted(range(len(e["time"])), key=lambda i: (e["time"][i], i))
+    if max_pulses is None:
+        return by_time
+    rank = {p: r for r, p in enumerate(by_time)}
+    if keep == "non_auxiliary_first":
+        ranked = sorted(by_time, key=lambda i: (e["aux"][i], rank[i]))
+    elif keep == "charge":
+        ranked = sorted(by_time, key=lambda i: (-e["charge"][i], rank[i]))
+    else:
+        ranked = sorted(by_time, key=lambda i: (e["aux"][i],
+                                                random_key(seed, epoch, e["id"], rank[i]),
+                                                rank[i]))
+    kept = set(ranked[:max_pulses])
+    return [i for i in by_time if i in kept]
+
+
+def check_time_ordered(batch, max_pulses=None, keep="non_auxiliary_first", seed=0, epoch=0):
+    from shardify.transforms import time_ordered
+
+    got = {k: np.asarray(v) for k, v in
+           time_ordered(batch, max_pulses=max_pulses, keep=keep, seed=seed, epoch=epoch).items()}
+    offsets = got["event_pulse_offsets"]
+    assert offsets.dtype == np.int64 and offsets[0] == 0
+    assert offsets[-1] == len(got["pulse_time"]) == len(got["pulse_dom"])
+    np.testing.assert_array_equal(got["event_id"], np.asarray(batch["event_id"]))
+    for name, section in (("pulse_time", "pulse_time"), ("pulse_charge", "pulse_charge"),
+                          ("pulse_auxiliary", "pulse_auxiliary"),
+                          ("pulse_position", "dom_position")):
+        assert got[name].dtype == np.asarray(batch[section]).dtype, name
+    for b, e in enumerate(events_of(batch)):
+        want = reference_order(e, max_pulses, keep, seed, epoch)
+        rows = slice(offsets[b], offsets[b + 1])
+        assert offsets[b + 1] - offsets[b] == len(want), e["id"]
+        np.testing.assert_array_equal(got["pulse_time"][rows], e["time"][want])
+        np.testing.assert_array_equal(got["pulse_charge"][rows], e["charge"][want])
+        np.testing.assert_array_equal(got["pulse_auxiliary"][rows], e["aux"][want])
+        np.testing.assert_array_equal(got["pulse_dom"][rows], e["dom"][want])
+        np.testing.assert_array_equal(got["pulse_position"][rows],
+                                      e["positions"][e["dom"][want]])
+    return got
+
+
+def make_batch(torch, events, labels=True):
+    """A packed batch from events given as lists of DOMs, each (sensor, [(t, q, aux), ...])."""
+    ev, dp, sensor, time, charge, aux = [0], [0], [], [], [], []
+    for doms in events:
+        for s, pulses in doms:
+            sensor.append(s)
+            for t, q, a in pulses:
+                time.append(t), charge.append(q), aux.append(a)
+            dp.append(len(time))
+        ev.append(len(sensor))
+    table = np.stack([np.arange(100) * 17.0, np.arange(100) % 7 * 3.0,
+                      np.arange(100) % 5 * -2.0], 1).astype(np.float32)
+    batch = {
+        "event_id": torch.arange(len(events), dtype=torch.int64) * 7 + 3,
+        "event_dom_offsets": torch.tensor(ev, dtype=torch.int32),
+        "dom_pulse_offsets": torch.tensor(dp, dtype=torch.int32),
+        "dom_sensor_id": torch.tensor(sensor, dtype=torch.int16),
+        "dom_position": torch.from_numpy(table[np.asarray(sensor, dtype=np.int64)]
+                                         .reshape(-1, 3)),
+        "pulse_time": torch.tensor(time, dtype=torch.int32),
+        "pulse_charge": torch.tensor(charge, dtype=torch.float32),
+        "pulse_auxiliary": torch.tensor(aux, dtype=torch.bool),
+    }
+    if labels:
+        batch["event_azimuth"] = torch.linspace(0.1, 6.0, len(events), dtype=torch.float64)
+        batch["event_zenith"] = torch.linspace(0.2, 3.0, len(events), dtype=torch.float64)
+    return batch
+
+
+def boundary_events(n: int):
+    """Events at the truncation boundary for max_pulses=n (with ties in time across DOMs):
+    exactly n, n + 1 and 0 non-auxiliary pulses, fewer than n pulses, one pulse, none."""
+    def event(non_aux: int, aux: int, sensor0: int):
+        pulses = [(100 + 10 * (i % 3), 1.0 + i, False) for i in range(non_aux)]
+        pulses += [(95 + 10 * (i % 4), 0.5 + i, True) for i in range(aux)]
+        # Spread over three DOMs, each DOM's pulses in time order as stored.
+        doms = [(sensor0 + d, sorted(pulses[d::3])) for d in range(3) if pulses[d::3]]
+        return doms
+    return [event(n, 3, 0), event(n + 1, 2, 10), event(0, n + 4, 20), event(2, 1, 30),
+            event(1, 0, 40), [], event(n + 5, 0, 50)]
+
+
+@pytest.mark.parametrize("keep", ["non_auxiliary_first", "random", "charge"])
+def test_truncation_at_its_boundaries(torch, keep):
+    n = 5
+    batch = make_batch(torch, boundary_events(n))
+    got = check_time_ordered(batch, max_pulses=n, keep=keep, seed=4, epoch=2)
+    counts = np.diff(got["event_pulse_offsets"]).tolist()
+    assert counts == [n, n, n, 3, 1, 0, n]
+    if keep == "non_auxiliary_first":
+        rows = slice(*got["event_pulse_offsets"][:2])
+        assert not got["pulse_auxiliary"][rows].any(), "exactly n non-auxiliary: all kept"
+        rows = slice(*got["event_pulse_offsets"][2:4])
+        assert got["pulse_auxiliary"][rows].all(), "no non-auxiliary pulse: auxiliary kept"
+    # Without a cut every pulse, and the ties in time keep the stored order.
+    check_time_ordered(batch)
+
+
+def test_random_keep_is_reproducible_per_event_and_new_each_epoch(torch):
+    from shardify.transforms import time_ordered
+
+    events = [[(0, [(t, 1.0, False) for t in range(40)])] for _ in range(6)]
+    batch = make_batch(torch, events)
+    kept = lambda b, **kw: time_ordered(b, max_pulses=8, keep="random", **kw)  # noqa: E731
+    first = kept(batch, seed=1, epoch=0)
+    # The same events in another batch (reversed, fewer): the same pulses per event id.
+    part = {k: v for k, v in make_batch(torch, events[:3]).items()}
+    part["event_id"] = batch["event_id"][:3].flip(0)
+    again = kept(part, seed=1, epoch=0)
+    for b in range(3):
+        mine = first["pulse_time"][8 * (2 - b):8 * (3 - b)]
+        np.testing.assert_array_equal(again["pulse_time"][8 * b:8 * (b + 1)], mine)
+    other_epoch = kept(batch, seed=1, epoch=1)
+    other_seed = kept(batch, seed=2, epoch=0)
+    assert not torch.equal(first["pulse_time"], other_epoch["pulse_time"])
+    assert not torch.equal(first["pulse_time"], other_seed["pulse_time"])
+    # Different events draw different pulses.
+    assert not torch.equal(first["pulse_time"][:8], first["pulse_time"][8:16])
+
+
+@pytest.fixture(scope="session")
+def realistic_dir(tmp_path_factory):
+    """3,000 generated events with the real statistics (shardify-gen, built by cargo test)."""
+    gen = REPO / "target" / "release" / "shardify-gen"
+    if not gen.exists():
+        if IN_CI:
+            pytest.fail(f"{gen} is missing: the README test command builds it first")
+        pytest.skip(f"{gen} is not built")
+    root = tmp_path_factory.mktemp("realistic")
+    subprocess.run([str(gen), str(root / "src"), "--events", "3000", "--files", "2"],
+                   check=True, capture_output=True)
+    run_cli("convert", str(root / "src"), str(root / "ds"), "--seed", "3")
+    return root / "ds"
+
+
+@pytest.mark.parametrize("keep", ["non_auxiliary_first", "random", "charge"])
+def test_time_ordered_on_realistic_batches(realistic_dir, torch, keep):
+    loader = shardify.Loader(realistic_dir, batch_events=256, seed=1)
+    for i, batch in enumerate(loader):
+        if i == 3:
+            break
+        check_time_ordered(batch)
+        # A cut near the median (62 pulses) lands inside many events.
+        check_time_ordered(batch, max_pulses=64, keep=keep, seed=7, epoch=loader.epoch)
+
+
+def test_time_ordered_on_the_kaggle_sample(kaggle_dataset, torch):
+    batch = next(iter(shardify.Loader(kaggle_dataset, batch_events=8, shuffle=False)))
+    check_time_ordered(batch)
+    for keep in ("non_auxiliary_first", "random", "charge"):
+        check_time_ordered(batch, max_pulses=40, keep=keep)
+
+
+def test_time_ordered_needs_no_host_sync_without_a_cut(torch):
+    """On the meta device a data-dependent size raises: the uncut path has none."""
+    from shardify.transforms import time_ordered
+
+    batch = make_batch(torch, boundary_events(5))
+    meta = {k: v.to("meta") for k, v in batch.items()}
+    out = time_ordered(meta)
+    assert out["pulse_time"].shape == batch["pulse_time"].shape
+    assert out["pulse_position"].shape == (batch["pulse_time"].shape[0], 3)
+
+
+def reference_knn(pos: np.ndarray, offsets: np.ndarray, k: int) -> list[set]:
+    """Per event, the set of (neighbour, node) pairs: float32 squared distances
+    ((dx*dx + dy*dy) + dz*dz), nearest first, ties to the lower row, no self loops."""
+    out = []
+    for b in range(len(offsets) - 1):
+        rows = np.arange(offsets[b], offsets[b + 1])
+        p = pos[rows].astype(np.float32)
+        edges = set()
+        for i in range(len(rows)):
+            d = p[:, 0] - p[i, 0]
+            dist = d * d
+            d = p[:, 1] - p[i, 1]
+            dist = dist + d * d
+            d = p[:, 2] - p[i, 2]
+            dist = dist + d * d
+            order = [j for j in np.lexsort((np.arange(len(rows)), dist)) if j != i][:k]
+            edges |= {(int(rows[j]), int(rows[i])) for j in order}
+        out.append(edges)
+    return out
+
+
+def edges_per_event(edge_index: np.ndarray, offsets: np.ndarray) -> list[set]:
+    event = np.searchsorted(offsets, edge_index[1], side="right") - 1
+    sets = [set() for _ in range(len(offsets) - 1)]
+    for (s, t), e in zip(edge_index.T.tolist(), event.tolist(), strict=True):
+        sets[e].add((s, t))
+    return sets
+
+
+def test_knn_edges_against_the_reference(realistic_dir, torch):
+    from shardify.transforms import knn_edges, time_ordered
+
+    batch = next(iter(shardify.Loader(realistic_dir, batch_events=64, seed=2)))
+    pulses = time_ordered(batch, max_pulses=300)
+    pos, offsets = pulses["pulse_position"], pulses["event_pulse_offsets"]
+    for k in (1, 8):
+        edge_index = knn_edges(pos, offsets, k)
+        got = edge_index.numpy()
+        assert got.shape[0] == 2 and got.dtype == np.int64
+        counts = np.diff(offsets.numpy())
+        assert got.shape[1] == sum(c * min(k, c - 1) for c in counts if c > 1)
+        assert (got[0] != got[1]).all(), "no self loops"
+        assert (np.diff(got[1]) >= 0).all(), "sorted by node"
+        want = reference_knn(pos.numpy(), offsets.numpy(), k)
+        assert edges_per_event(got, offsets.numpy()) == want
+
+
+def test_knn_handles_a_heavy_event_in_bounded_blocks(torch, monkeypatch):
+    """An event far larger than one distance block is split into row chunks, and agrees
+    with the reference on every node."""
+    import shardify.transforms as transforms
+
+    monkeypatch.setattr(transforms, "_KNN_BLOCK_ELEMENTS", 4096)
+    gen = np.random.default_rng(0)
+    sizes = [700, 1, 0, 9, 130]
+    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    # Positions on a coarse grid: many exact ties, as pulses of one DOM have.
+    pos = gen.integers(0, 6, size=(offsets[-1], 3)).astype(np.float32) * 17
+    got = transforms.knn_edges(torch.from_numpy(pos), torch.from_numpy(offsets), 4).numpy()
+    assert edges_per_event(got, offsets) == reference_knn(pos, offsets, 4)
+
+
+@pytest.mark.parametrize("standardize", [None, "graphnet"])
+def test_to_pyg_pulses_graphnet_features_labels_and_edges(realistic_dir, torch, standardize):
+    pyg = pytest.importorskip("torch_geometric", reason="torch_geometric is not installed")
+    from shardify.torch_geometric import to_pyg
+    from shardify.transforms import time_ordered
+
+    batch = next(iter(shardify.Loader(realistic_dir, batch_events=32, seed=5)))
+    graphs = to_pyg(batch, standardize=standardize, knn=8, max_pulses=128)
+    assert isinstance(graphs, pyg.data.Batch) and graphs.num_graphs == 32
+    pulses = {k: v.numpy() for k, v in time_ordered(batch, max_pulses=128).items()}
+    x = graphs.x.numpy()
+    assert x.dtype == np.float32 and x.shape == (len(pulses["pulse_time"]), 6)
+    xyz = pulses["pulse_position"].astype(np.float32)
+    t = pulses["pulse_time"].astype(np.float32)
+    q = pulses["pulse_charge"].astype(np.float32)
+    a = pulses["pulse_auxiliary"].astype(np.float32)
+    if standardize == "graphnet":
+        # graphnet-team/graphnet, src/graphnet/models/detector/icecube.py, IceCubeKaggle.
+        xyz, t, q = xyz / np.float32(500.0), (t - np.float32(1e4)) / np.float32(3e4), \
+            np.log10(q) / np.float32(3.0)
+    for column, want in enumerate([xyz[:, 0], xyz[:, 1], xyz[:, 2], t, q, a]):
+        np.testing.assert_allclose(x[:, column], want, rtol=1e-6, atol=1e-7)
+    np.testing.assert_array_equal(graphs.ptr.numpy(), pulses["event_pulse_offsets"])
+    np.testing.assert_array_equal(graphs.n_pulses.numpy(),
+                                  np.diff(pulses["event_pulse_offsets"]).astype(np.float32))
+    np.testing.assert_array_equal(
+        graphs.batch.numpy(), np.repeat(np.arange(32), np.diff(pulses["event_pulse_offsets"])))
+    az, zen = batch["event_azimuth"].numpy(), batch["event_zenith"].numpy()
+    np.testing.assert_allclose(graphs.direction.numpy(), np.stack(
+        [np.cos(az) * np.sin(zen), np.sin(az) * np.sin(zen), np.cos(zen)], 1), rtol=1e-12)
+    want = reference_knn(pulses["pulse_position"], pulses["event_pulse_offsets"], 8)
+    assert edges_per_event(graphs.edge_index.numpy(), pulses["event_pulse_offsets"]) == want
+
+
+def test_to_pyg_keeps_tiny_events_unless_asked(torch):
+    pytest.importorskip("torch_geometric", reason="torch_geometric is not installed")
+    from shardify.torch_geometric import to_pyg
+
+    batch = make_batch(torch, boundary_events(3))
+    graphs = to_pyg(batch, knn=8)
+    assert graphs.num_graphs == 7
+    assert graphs.n_pulses.tolist() == [6, 6, 7, 3, 1, 0, 8]
+    np.testing.assert_array_equal(graphs.event_id.numpy(), batch["event_id"].numpy())
+    dropped = to_pyg(batch, knn=8, min_pulses=2)
+    assert dropped.num_graphs == 5 and dropped.n_pulses.tolist() == [6, 6, 7, 3, 8]
+    keep = [0, 1, 2, 3, 6]
+    np.testing.assert_array_equal(dropped.event_id.numpy(), batch["event_id"].numpy()[keep])
+    np.testing.assert_array_equal(dropped.direction.numpy(), graphs.direction.numpy()[keep])
+    assert dropped.x.shape[0] == 30 and dropped.batch.max().item() == 4
+    np.testing.assert_array_equal(dropped.x.numpy(), np.concatenate(
+        [graphs.x.numpy()[graphs.ptr[g]:graphs.ptr[g + 1]] for g in keep]))
+    assert edges_per_event(dropped.edge_index.numpy(), dropped.ptr.numpy()) == \
+        reference_knn(dropped.pos.numpy(), dropped.ptr.numpy(), 8)
+
+
+def test_adapters_refuse_what_they_cannot_do(train_dir, torch):
+    from shardify.torch_geometric import to_pyg
+    from shardify.transforms import knn_edges, time_ordered
+
+    padded = next(iter(shardify.Loader(train_dir, batch_events=8, layout="padded",
+                                           max_doms=8, pulses_per_dom=2)))
+    with pytest.raises(ValueError, match="packed batch with event_dom_offsets"):
+        time_ordered(padded)
+    batch = next(iter(shardify.Loader(train_dir, batch_events=8)))
+    with pytest.raises(ValueError, match="invalid keep: 'loudest'"):
+        time_ordered(batch, max_pulses=4, keep="loudest")
+    with pytest.raises(ValueError, match="max_pulses must be a positive integer"):
+        time_ordered(batch, max_pulses=0)
+    with pytest.raises(ValueError, match="k must be a positive integer"):
+        knn_edges(batch["dom_position"], batch["event_dom_offsets"], 0)
+    with pytest.raises(ValueError, match="invalid standardize"):
+        to_pyg(batch, standardize="icecube")
+
+
+def test_train_dynedge_example_trains_checkpoints_and_resumes(train_dir, torch, tmp_path):
+    pytest.importorskip("torch_geometric", reason="torch_geometric is not installed")
+    import sys
+
+    script = REPO / "examples" / "train_dynedge.py"
+    ckpt = tmp_path / "dyn.pt"
+    common = [sys.executable, str(script), str(train_dir), "--batch-events", "32",
+              "--width", "0.05", "--max-pulses", "64", "--checkpoint", str(ckpt)]
+    first = subprocess.run(common + ["--stop-after", "3"], capture_output=True, text=True,
+                           timeout=300)
+    assert first.returncode == 0, first.stderr
+    assert "3 steps, 96 events" in first.stdout
+    assert "adapter share of a step" in first.stdout and "waiting for data" in first.stdout
+    saved = torch.load(ckpt)
+    assert saved["loader"]["batches_taken"] == 3 and "model" in saved and "optimiser" in saved
+    rest = subprocess.run(common + ["--resume"], capture_output=True, text=True, timeout=300)
+    assert rest.returncode == 0, rest.stderr
+    assert "resumed at epoch 0, batch 3" in rest.stdout
+    # The resumed run trains exactly the rest of the epoch.
+    batches = len(shardify.Loader(train_dir, batch_events=32))
+    assert f"{batches - 3} steps" in rest.stdout
