@@ -114,6 +114,18 @@ struct OrderArgs {
     resume: Option<PathBuf>,
 }
 
+impl ConvertArgs {
+    /// The input directory, when two paths were given.
+    fn input(&self) -> Option<&PathBuf> {
+        (self.paths.len() == 2).then(|| &self.paths[0])
+    }
+
+    /// The output directory: the last path.
+    fn out(&self) -> &PathBuf {
+        self.paths.last().expect("clap requires one path at least")
+    }
+}
+
 #[derive(Clone, Copy, ValueEnum)]
 enum PhaseArg {
     All,
@@ -125,10 +137,11 @@ enum PhaseArg {
 
 #[derive(Args)]
 struct ConvertArgs {
-    /// Kaggle-layout input directory (train/ or test/, *_meta.parquet, sensor_geometry.csv).
-    input: Option<PathBuf>,
-    /// Output dataset directory (created; must be empty or an unfinished conversion).
-    out: PathBuf,
+    /// `INPUT OUT`: the Kaggle-layout input directory (train/ or test/, *_meta.parquet,
+    /// sensor_geometry.csv) and the output dataset directory (created; must be empty or an
+    /// unfinished conversion); with --batch, --meta and --geometry only `OUT`.
+    #[arg(value_names = ["INPUT", "OUT"], num_args = 1..=2, required = true)]
+    paths: Vec<PathBuf>,
     /// Split to convert when the input holds both train/ and test/.
     #[arg(long)]
     split: Option<String>,
@@ -193,8 +206,8 @@ fn print_array_lines(
         }
     );
     let exe = std::env::current_exe().context("the path of this shardify binary")?;
-    let out = std::path::absolute(&args.out)?;
-    let source = match &args.input {
+    let out = std::path::absolute(args.out())?;
+    let source = match args.input() {
         Some(dir) => std::path::absolute(dir)?.display().to_string(),
         None => format!(
             "--batch {} --meta {} --geometry {}",
@@ -376,7 +389,7 @@ impl Progress for Reporter {
 }
 
 fn run_convert(args: ConvertArgs) -> Result<()> {
-    let inputs = match (&args.input, args.batches.is_empty()) {
+    let inputs = match (args.input(), args.batches.is_empty()) {
         (Some(dir), true) => InputSet::discover(dir, args.split.as_deref())?,
         (None, false) => InputSet::from_paths(
             args.batches.clone(),
@@ -385,8 +398,13 @@ fn run_convert(args: ConvertArgs) -> Result<()> {
                 .clone()
                 .context("--geometry is required with --batch")?,
         )?,
-        (Some(_), false) => bail!("give an input directory or --batch files, not both"),
-        (None, true) => bail!("give an input directory, or --batch, --meta and --geometry"),
+        (Some(_), false) => bail!(
+            "give an input directory or --batch files, not both (with --batch, the only \
+             path is OUT)"
+        ),
+        (None, true) => {
+            bail!("give an input directory before OUT, or --batch, --meta and --geometry")
+        }
     };
     let mut options = ConvertOptions {
         seed: args.seed,
@@ -412,8 +430,8 @@ fn run_convert(args: ConvertArgs) -> Result<()> {
         state: Mutex::new(("", 0, 0, Instant::now())),
     };
     let started = Instant::now();
-    let summary = convert(&inputs, &args.out, &options, phase, slice, &reporter)
-        .with_context(|| format!("converting into {}", args.out.display()))?;
+    let summary = convert(&inputs, args.out(), &options, phase, slice, &reporter)
+        .with_context(|| format!("converting into {}", args.out().display()))?;
     let elapsed = started.elapsed().as_secs_f64();
     for (phase, units) in &summary.units_run {
         let seconds = summary
@@ -431,7 +449,7 @@ fn run_convert(args: ConvertArgs) -> Result<()> {
     }
     match &summary.manifest {
         Some(m) if summary.already_complete => {
-            println!("{} is already complete: {} events in {} shards", args.out.display(), m.totals.events, m.shards.len());
+            println!("{} is already complete: {} events in {} shards", args.out().display(), m.totals.events, m.shards.len());
         }
         Some(m) => println!(
             "converted {} events, {} DOMs, {} pulses into {} shards, {:.1} MiB, in {:.2} s ({:.2} M input pulses/s)",
