@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 import os
 from functools import cached_property
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from . import _native
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 class Dataset:
@@ -89,11 +91,15 @@ class Dataset:
         """The sensor table, ``[sensors, 3]`` (x, y, z in metres; row = sensor id; NaN rows
         for ids the geometry file does not list), in its stored dtype. Read-only."""
         data, dtype = self._native.sensor_positions()
+        import numpy as np
+
         return np.frombuffer(data, dtype=np.dtype(dtype).newbyteorder("<")).reshape(-1, 3)
 
     def event_ids(self) -> np.ndarray:
         """Every event id, int64, in stored order (the shards concatenated): what predictions
         join back to the source on. Reads every shard's ``event_id`` column."""
+        import numpy as np
+
         return np.from_dlpack(self._native.event_ids())
 
     def __len__(self) -> int:
