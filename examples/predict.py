@@ -80,15 +80,16 @@ def main() -> None:
         import pyarrow.parquet as pq
 
         order = torch.argsort(event_id)
-        event_id, azimuth, zenith = (t[order].cpu().numpy() for t in (event_id, azimuth, zenith))
+        ids_out, azimuth_out, zenith_out = (t[order].cpu().numpy()
+                                            for t in (event_id, azimuth, zenith))
         expected = np.sort(loader.dataset.event_ids())
-        if not np.array_equal(event_id, expected):
-            raise SystemExit(f"predicted {len(event_id)} events, the dataset holds "
+        if not np.array_equal(ids_out, expected):
+            raise SystemExit(f"predicted {len(ids_out)} events, the dataset holds "
                              f"{len(expected)}: they differ")
-        table = pa.table({"event_id": event_id, "azimuth": azimuth, "zenith": zenith})
+        table = pa.table({"event_id": ids_out, "azimuth": azimuth_out, "zenith": zenith_out})
         pq.write_table(table, args.output + ".tmp")
         os.replace(args.output + ".tmp", args.output)
-        print(f"{len(event_id)} events from {loader.world} rank(s) -> {args.output}")
+        print(f"{len(ids_out)} events from {loader.world} rank(s) -> {args.output}")
     if distributed:
         dist.destroy_process_group()
 

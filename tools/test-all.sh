@@ -1,23 +1,35 @@
 #!/usr/bin/env bash
-# Every test: the Rust crate's (`cargo test`), then the Python package's, built with pip
-# (maturin) into a virtual environment made here and tested with pytest.
+# Every test: the Rust crate's (`cargo test`), then the Python package's, run against the
+# wheel users install (tools/build-wheel.sh) in a virtual environment whose PATH holds no
+# cargo or rustc, so a file missing from the wheel fails here.
 #
-#   bash tools/test-all.sh          # SHARDIFY_VENV=DIR picks the venv (default .venv)
+#   bash tools/test-all.sh          # SHARDIFY_VENV=DIR picks the test venv (default .venv)
 #
-# The venv gets maturin, numpy, pytest, safetensors, torch (the registry's CUDA build; it
-# runs without a GPU) and torch_geometric. With CI=true a missing torch fails the tests.
+# The venv gets numpy, pyarrow, pytest, safetensors, mypy, torch (the registry's CUDA build;
+# it runs without a GPU) and torch_geometric. With CI=true a missing torch fails the tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 cargo test --release
+
+# The wheel and the sdist (abi3, manylinux_2_28, linked through zig).
+bash tools/build-wheel.sh target/wheels
 
 venv="${SHARDIFY_VENV:-.venv}"
 if [[ ! -x "$venv/bin/python" ]]; then
     python3 -m venv "$venv"
 fi
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
-    "maturin>=1.9,<2" numpy pyarrow pytest safetensors torch torch_geometric
-# What a user runs: pip builds the wheel (maturin, release) from this checkout.
+    numpy pyarrow pytest safetensors mypy torch torch_geometric
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --force-reinstall \
-    --no-deps .
-"$venv/bin/python" -m pytest -q -rs python/tests
+    --no-deps target/wheels/shardify-*.whl
+
+# PATH without the Rust toolchain: the package must work from the wheel alone.
+rust_free_path=""
+IFS=: read -ra dirs <<< "$PATH"
+for dir in "${dirs[@]}"; do
+    if [[ -n "$dir" && ! -x "$dir/cargo" && ! -x "$dir/rustc" ]]; then
+        rust_free_path="${rust_free_path:+$rust_free_path:}$dir"
+    fi
+done
+PATH="$rust_free_path" SHARDIFY_TESTING_WHEEL=1 "$venv/bin/python" -m pytest -q -rs python/tests

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 from functools import cached_property
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from . import _native
 
@@ -21,7 +21,7 @@ class Dataset:
     raises :class:`shardify.DatasetError`, a missing one :class:`FileNotFoundError`.
     """
 
-    def __init__(self, path: str | os.PathLike, checksums: str = "lazy"):
+    def __init__(self, path: str | os.PathLike[str], checksums: str = "lazy"):
         self._native = _native.Dataset(os.fspath(path), checksums)
 
     @classmethod
@@ -81,10 +81,11 @@ class Dataset:
         return os.fspath(self._native.path)
 
     @cached_property
-    def manifest(self) -> dict:
+    def manifest(self) -> dict[str, Any]:
         """The parsed manifest: format, seed, schema, totals, shards, sources (of the whole
         dataset, for a split too)."""
-        return json.loads(self._native.manifest_json())
+        manifest: dict[str, Any] = json.loads(self._native.manifest_json())
+        return manifest
 
     @cached_property
     def geometry(self) -> np.ndarray:

@@ -14,13 +14,16 @@ from ._dataset import Dataset
 if TYPE_CHECKING:
     from ._resident import ResidentBatches
 
-def _count(name: str, value: Any, *, optional: bool = False) -> int | None:
+def _count(name: str, value: Any) -> int:
     """A non-negative integer argument, or a ValueError naming it."""
-    if value is None and optional:
-        return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"invalid {name}: expected a non-negative integer, not {value!r}")
     return value
+
+
+def _optional_count(name: str, value: Any) -> int | None:
+    """None, or a non-negative integer argument (else a ValueError naming it)."""
+    return None if value is None else _count(name, value)
 
 
 def _rank_world(rank: int | None, world: int | None) -> tuple[int, int]:
@@ -62,31 +65,80 @@ def _device_name(device: Any) -> str:
 class Loader:
     """Streams a dataset's shuffled batches for this rank, one epoch per ``for`` loop.
 
-    Each batch is a dict from section name to a tensor viewing the loader's staging buffer
-    (no copy); the buffer is reused only when the last tensor over it is freed. Packed
-    layout: ``event_id`` ``[B]`` int64, ``event_dom_offsets`` ``[B+1]`` and
-    ``dom_pulse_offsets`` ``[D+1]`` int32 (CSR offsets, rebased to the batch),
-    ``dom_sensor_id`` ``[D]``, ``dom_position`` ``[D, 3]``, ``pulse_time``,
-    ``pulse_charge``, ``pulse_auxiliary`` (bool) ``[P]`` in the stored dtypes, and
-    ``event_azimuth``, ``event_zenith`` ``[B]`` float64 when the dataset has labels.
-    Padded layout (``max_doms``, ``pulses_per_dom`` = K): ``event_id``, the labels,
-    ``dom_features`` ``[B, M, 4 + 3K]`` float32 (x, y, z, pulse count, then time, charge,
-    auxiliary of the DOM's first K pulses) and ``dom_mask`` ``[B, M]`` uint8.
+    >>> loader = shardify.Loader("dataset/", batch_events=256)   # doctest: +SKIP
+    >>> for epoch in range(10):                                  # doctest: +SKIP
+    ...     for batch in loader:                                 # the next epoch each time
+    ...         batch["pulse_time"], batch["event_dom_offsets"]
 
-    See the README for every argument; the defaults follow MosaicML Streaming and torch:
-    rank and world from ``torch.distributed`` (else ``RANK``/``WORLD_SIZE``), and
-    ``drop_last=None`` meaning True when world > 1, so every rank gets as many batches.
+    Arguments (all but the first keyword-only):
 
-    ``resident=True`` holds the whole dataset on ``device`` (a GPU, or ``"cpu"``) as
-    concatenated columns and gathers each batch there, in the order the same Rust sampler
-    plans (the streaming loader's batches, section for section); ``workers`` and
-    ``prefetch`` then do nothing, ``output`` must be ``"torch"``, and a dataset that does
-    not fit raises ``MemoryError`` before anything is allocated.
+    * ``dataset_or_path``: a :class:`shardify.Dataset` (or a split of one) or the path of a
+      directory written by ``shardify convert``.
+    * ``batch_events`` (256): events per batch. Bigger batches cost more staging memory
+      (about 2 kB per event with the real statistics, times ``prefetch``).
+    * ``max_pulses`` (None): batch by a pulse budget instead: each batch holds as many
+      events as fit in ``max_pulses`` pulses (an event larger than the budget forms a batch
+      of its own); ``max_events`` (None) caps the events of such a batch.
+    * ``layout`` ("packed"): ``"packed"`` (the two-level CSR below) or ``"padded"``, which
+      needs ``max_doms`` (M, DOMs kept per event, earliest first) and ``pulses_per_dom``
+      (K, pulses kept per DOM) and costs ``B x M x (4 + 3K)`` float32 per batch.
+    * ``seed`` (0): the shuffle's seed; with the epoch it fixes every batch.
+    * ``block_events`` (256), ``window_blocks`` (16), ``run_events`` (1): the block shuffle.
+      The stored order is rotated and cut into blocks of ``block_events`` consecutive events,
+      the blocks permuted, ``window_blocks`` blocks open at a time and their events shuffled
+      in runs of ``run_events``. Wider windows mix better and read less sequentially
+      (``window_blocks=0``: one window over the whole dataset, a complete shuffle).
+    * ``batch_order`` ("stored"): the events inside a batch in stored order (faster copies)
+      or ``"drawn"`` (the order the shuffle drew them).
+    * ``shuffle`` (True): False delivers the stored order every epoch (evaluation,
+      inference): every event of this rank's share once, the last partial batch kept.
+    * ``drop_last`` (None): drop the last partial batch. None means True when ``world > 1``
+      and shuffling, so every rank gets as many batches (DDP needs it), else False.
+    * ``rank``, ``world`` (None): this process's share; None takes them from
+      ``torch.distributed`` when initialised, else ``RANK`` / ``WORLD_SIZE``, else 0 / 1.
+    * ``workers`` (2): threads gathering batches (each one a core while it works).
+    * ``prefetch`` (4): batches gathered ahead: the staging buffers in flight.
+    * ``device`` ("auto"): ``"auto"`` (``cuda:0`` when a GPU is usable, else the CPU),
+      ``"cpu"``, ``"cuda:N"`` or a ``torch.device``. On a GPU batches are copied
+      asynchronously from pinned staging buffers onto the device, ordered before torch's
+      current stream.
+    * ``output`` ("torch"): ``"torch"`` tensors or ``"numpy"`` arrays (host only; torch is
+      then never imported).
+    * ``dom_positions`` (True): include ``dom_position`` (12 or 24 bytes per DOM); False
+      for models that embed sensor ids or look positions up themselves.
+    * ``resident`` (False): hold the whole dataset on ``device`` (a GPU, or ``"cpu"``) as
+      concatenated columns and gather each batch there, in the order the same Rust sampler
+      plans (the streaming loader's batches, section for section); ``workers`` and
+      ``prefetch`` then do nothing, ``output`` must be ``"torch"``, and a dataset that does
+      not fit raises ``MemoryError`` before anything is allocated (about 1.8 GB per
+      million events with the real statistics).
+
+    Sections of a packed batch (B events, D DOMs, P pulses):
+
+    * ``event_id`` ``[B]`` int64; ``event_azimuth``, ``event_zenith`` ``[B]`` float64 when
+      the dataset has labels;
+    * ``event_dom_offsets`` ``[B+1]`` int32 and ``dom_pulse_offsets`` ``[D+1]`` int32: CSR
+      offsets rebased to the batch (event b's DOMs are rows
+      ``event_dom_offsets[b]:event_dom_offsets[b+1]``);
+    * ``dom_sensor_id`` ``[D]`` (the stored integer dtype), ``dom_position`` ``[D, 3]``
+      (the sensor table's float dtype, metres);
+    * ``pulse_time``, ``pulse_charge`` ``[P]`` (the stored dtypes), ``pulse_auxiliary``
+      ``[P]`` bool; within a DOM in time order, DOMs by first hit.
+
+    Padded layout: ``event_id``, the labels, ``dom_features`` ``[B, M, 4 + 3K]`` float32
+    (x, y, z, pulse count, then time, charge, auxiliary of the DOM's first K pulses) and
+    ``dom_mask`` ``[B, M]`` uint8.
+
+    Each tensor views the loader's staging buffer (no copy); the buffer is reused only
+    when the last tensor over it is freed. ``len(loader)`` is this rank's batches per
+    epoch; ``state_dict()`` / ``load_state_dict()`` checkpoint and resume mid-epoch, at any
+    world size (the global position is recorded). Errors: ``ValueError`` naming the
+    argument, :class:`shardify.DatasetError` naming the shard.
     """
 
     def __init__(
         self,
-        dataset_or_path: Dataset | str | os.PathLike,
+        dataset_or_path: Dataset | str | os.PathLike[str],
         *,
         batch_events: int = 256,
         max_pulses: int | None = None,
@@ -137,11 +189,11 @@ class Loader:
         self._native = _native.Loader(
             dataset._native,
             batch_events=_count("batch_events", batch_events),
-            max_pulses=_count("max_pulses", max_pulses, optional=True),
-            max_events=_count("max_events", max_events, optional=True),
+            max_pulses=_optional_count("max_pulses", max_pulses),
+            max_events=_optional_count("max_events", max_events),
             layout=layout,
-            max_doms=_count("max_doms", max_doms, optional=True),
-            pulses_per_dom=_count("pulses_per_dom", pulses_per_dom, optional=True),
+            max_doms=_optional_count("max_doms", max_doms),
+            pulses_per_dom=_optional_count("pulses_per_dom", pulses_per_dom),
             seed=_count("seed", seed),
             block_events=_count("block_events", block_events),
             window_blocks=_count("window_blocks", window_blocks),
@@ -270,7 +322,8 @@ class _Streaming:
 
     def position(self) -> tuple[int, int, int]:
         """(epoch, origin, batches handed out since origin)."""
-        return self._native.position()
+        epoch, origin, taken = self._native.position()
+        return int(epoch), int(origin), int(taken)
 
     def seek(self, epoch: int, origin: int, batches_taken: int) -> None:
         """Moves to batch ``batches_taken`` of ``epoch`` dealt from global batch ``origin``."""

@@ -18,3 +18,26 @@ def test_import_loads_neither_torch_nor_numpy():
 
 def test_the_package_is_marked_typed():
     assert (Path(shardify.__file__).parent / "py.typed").is_file()
+
+
+def test_the_tests_run_against_the_installed_wheel_without_rust():
+    """tools/test-all.sh runs these tests on the wheel in a venv without cargo on PATH."""
+    import os
+    import shutil
+    import sysconfig
+
+    if os.environ.get("SHARDIFY_TESTING_WHEEL") != "1":
+        import pytest
+
+        pytest.skip("not run by tools/test-all.sh (SHARDIFY_TESTING_WHEEL unset)")
+    assert shutil.which("cargo") is None and shutil.which("rustc") is None
+    installed = Path(sysconfig.get_paths()["purelib"]).resolve()
+    assert Path(shardify.__file__).resolve().is_relative_to(installed), shardify.__file__
+    package = Path(shardify.__file__).parent
+    # What the wheel must hold: the native module, its stubs, the typing marker, the
+    # Python layer and the console script.
+    assert list(package.glob("_native*.so")), "the native module"
+    for name in ("_native.pyi", "py.typed", "transforms.py", "torch_geometric.py",
+                 "_resident/gather.py"):
+        assert (package / name).is_file(), name
+    assert (Path(sys.executable).parent / "shardify").is_file()

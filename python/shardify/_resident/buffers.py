@@ -17,7 +17,7 @@ ordered by the caller (``torch.cuda.Stream.wait_stream``), as for any tensor.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
@@ -37,7 +37,7 @@ def _use_counter() -> Callable[[torch.UntypedStorage], int] | None:
 class _BufferSet:
     """One flat tensor per section, and what an idle set's use counts are."""
 
-    def __init__(self, tensors: dict[str, torch.Tensor], uses: Callable | None):
+    def __init__(self, tensors: dict[str, torch.Tensor], uses: Callable[[Any], int] | None):
         self.tensors = tensors
         self._storages = [t.untyped_storage() for t in tensors.values()]
         self._uses = uses
@@ -45,10 +45,10 @@ class _BufferSet:
 
     def idle(self) -> bool:
         """Whether no tensor but the set's own views any of its storages."""
-        uses = self._uses
-        if uses is None:
+        uses, idle = self._uses, self._idle
+        if uses is None or idle is None:
             return False
-        return all(uses(s) == n for s, n in zip(self._storages, self._idle, strict=True))
+        return all(uses(s) == n for s, n in zip(self._storages, idle, strict=True))
 
     def holds(self, elements: dict[str, int]) -> bool:
         """Whether every section holds ``elements[name]`` elements."""

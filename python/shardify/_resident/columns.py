@@ -36,7 +36,8 @@ def torch_dtype(name: str) -> torch.dtype:
     manifest dtype name."""
     import torch
 
-    return getattr(torch, _MANIFEST_DTYPES.get(name, name))
+    dtype: torch.dtype = getattr(torch, _MANIFEST_DTYPES.get(name, name))
+    return dtype
 
 
 @dataclasses.dataclass
@@ -233,7 +234,7 @@ def load_columns(
     shards = dataset._native.shard_counts()
     report = _Progress(progress, events, device)
     for i, counts in enumerate(shards):
-        stored = {name: torch.from_dlpack(array)
+        stored = {name: torch.utils.dlpack.from_dlpack(array)
                   for name, array in dataset._native.shard_tensors(i)}
         for name, source in stored.items():
             target = getattr(columns, name, None)

@@ -14,6 +14,7 @@ against (with ``TRITON_INTERPRET=1`` the kernels run on CPU tensors, in CI).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import triton
@@ -198,7 +199,8 @@ def gather_packed(c: Columns, events: torch.Tensor, n: BatchSizes,
         )
 
 
-def gather_padded(pulses_per_dom: int):
+def gather_padded(pulses_per_dom: int) -> Callable[
+        [Columns, torch.Tensor, BatchSizes, dict[str, torch.Tensor]], None]:
     """The padded layout's gather, keeping ``pulses_per_dom`` pulses per DOM, in two
     launches (see the module documentation)."""
 
@@ -217,7 +219,7 @@ def gather_padded(pulses_per_dom: int):
     return gather
 
 
-def _uint8():
+def _uint8() -> torch.dtype:
     import torch
 
     return torch.uint8

@@ -132,7 +132,9 @@ def _gather_for(kind: str, layout: Layout) -> Gather:
     if kind == "fused":
         from . import fused
 
-        return fused.gather_padded(layout.pulses_per_dom) if layout.padded else fused.gather_packed
+        if layout.pulses_per_dom is not None:
+            return fused.gather_padded(layout.pulses_per_dom)
+        return fused.gather_packed
     if layout.padded:
         k = layout.pulses_per_dom
 
@@ -178,7 +180,7 @@ class ResidentBatches:
         self._plan: EpochPlan | None = None
         # The next epoch's plan, made on a thread while this epoch's batches are gathered
         # (planning a complete shuffle of 30M events takes seconds).
-        self._next_plan: tuple[int, concurrent.futures.Future] | None = None
+        self._next_plan: tuple[int, concurrent.futures.Future[Any]] | None = None
 
     def position(self) -> tuple[int, int, int]:
         """(epoch, origin, batches handed out since origin)."""
@@ -245,7 +247,7 @@ class ResidentBatches:
             arrays = ahead[1].result()
         else:
             arrays = self._native.epoch_plan(epoch, origin, taken)
-        on_host = torch.from_dlpack(arrays[0])
+        on_host = torch.utils.dlpack.from_dlpack(arrays[0])
         if self.device.type == "cuda":
             on_device = on_host.pin_memory().to(self.device, non_blocking=True)
         else:
