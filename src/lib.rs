@@ -13,13 +13,32 @@
 //! [`resident`] (an epoch's batches as flat arrays) instead. (The `bench` and `synth` modules serve this repository's benches, tests and
 //! tools, and are left out of these docs.)
 //!
-//! ```no_run
+//! Quickstart: convert the committed fixtures, then stream one epoch of shuffled batches.
+//!
+//! ```
+//! use std::sync::Arc;
 //! use shardify::convert::{convert, ConvertOptions, Phase, Silent, TaskSlice};
+//! use shardify::dataset::{ChecksumPolicy, Dataset};
+//! use shardify::pipeline::{Loader, LoaderConfig};
+//! use shardify::sampler::SamplerState;
 //! use shardify::source::InputSet;
 //! # fn main() -> shardify::Result<()> {
+//! # let tmp = tempfile::tempdir().unwrap();
+//! # let out = tmp.path().join("ds");
 //! let inputs = InputSet::discover("fixtures/kaggle-mini".as_ref(), Some("train"))?;
 //! let options = ConvertOptions { seed: 7, ..ConvertOptions::default() };
-//! convert(&inputs, "out".as_ref(), &options, Phase::All, TaskSlice::default(), &Silent)?;
+//! convert(&inputs, &out, &options, Phase::All, TaskSlice::default(), &Silent)?;
+//!
+//! let dataset = Arc::new(Dataset::open(&out, ChecksumPolicy::Lazy)?);
+//! let mut loader = Loader::new(dataset, LoaderConfig::default(), SamplerState::start(0))?;
+//! let mut events = 0;
+//! while let Some(batch) = loader.next() {
+//!     let batch = batch?;                       // an error names the shard; never a hang
+//!     let packed = batch.packed().unwrap();     // event_dom_offsets, pulse_time, ...
+//!     assert_eq!(packed.event_dom_offsets[0], 0);
+//!     events += batch.plan().events.len();
+//! }
+//! assert_eq!(events, 300);                      // every event of the epoch, once
 //! # Ok(()) }
 //! ```
 

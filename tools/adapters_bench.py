@@ -1,0 +1,126 @@
+#!/usr/bin/env python3
+"""What the model-ready adapters cost per batch, beside the loader and a DynEdge step.
+
+    python tools/adapters_bench.py DATASET [--batch-events 256] [--batches 12]
+                                   [--device cpu|cuda:N] [--width 1.0] [--max-pulses 256]
+
+Takes --batches batches from ``shardify.Loader`` and times, per batch (medians):
+
+* the loader alone: the same loader drained in Rust (``drain``: the bound of the Python
+  loader), per batch;
+* ``time_ordered`` without a cut, and with ``max_pulses`` under each ``keep`` rule;
+* ``knn_edges`` (k=8) on the cut pulses, and the whole ``to_pyg(standardize="graphnet",
+  knn=8, max_pulses=...)``;
+* a DynEdge-shaped model's training step (examples/train_dynedge.py) on those graphs:
+  forward, backward, optimiser step.
+
+and prints the adapter's time against the loader's and as a share of the step. On a GPU
+every timing synchronises the device first and last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import shardify
+import torch
+from shardify.torch_geometric import to_pyg
+from shardify.transforms import knn_edges, time_ordered
+
+
+def timed(device: torch.device, work: Callable[[], Any], repeat: int = 1) -> float:
+    """Median seconds of ``work`` over ``repeat`` runs (device synchronised)."""
+    times = []
+    for _ in range(repeat):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        work()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("dataset")
+    ap.add_argument("--batch-events", type=int, default=256)
+    ap.add_argument("--batches", type=int, default=12)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--width", type=float, default=1.0)
+    ap.add_argument("--max-pulses", type=int, default=256)
+    args = ap.parse_args()
+
+    drained = shardify.Loader(args.dataset, batch_events=args.batch_events, device=args.device)
+    batches_, _, _, seconds = drained._native.drain()
+    loader_per_batch = seconds / max(batches_, 1)
+
+    loader = shardify.Loader(args.dataset, batch_events=args.batch_events, device=args.device)
+    device = loader.device
+    batches = []
+    for batch in loader:
+        batches.append({k: v.clone() for k, v in batch.items()})
+        if len(batches) == args.batches:
+            break
+    n = args.max_pulses
+
+    def per_batch(work: Callable[[dict[str, Any]], Any]) -> float:
+        return statistics.median(timed(device, lambda b=b: work(b)) for b in batches)
+
+    cut = [time_ordered(b, max_pulses=n) for b in batches]
+    rows = [
+        ("loader alone (Rust drain), per batch", loader_per_batch),
+        ("time_ordered, no cut", per_batch(time_ordered)),
+    ]
+    for keep in ("non_auxiliary_first", "random", "charge"):
+        rows.append((f"time_ordered, max_pulses={n}, keep={keep}",
+                     per_batch(lambda b, keep=keep: time_ordered(b, max_pulses=n, keep=keep))))
+    rows.append(("knn_edges k=8 on the cut pulses", statistics.median(
+        timed(device, lambda p=p: knn_edges(p["pulse_position"], p["event_pulse_offsets"], 8))
+        for p in cut)))
+    adapter = per_batch(lambda b: to_pyg(b, standardize="graphnet", knn=8, max_pulses=n))
+    rows.append((f"to_pyg graphnet, knn=8, max_pulses={n} (the adapter)", adapter))
+
+    spec = importlib.util.spec_from_file_location(
+        "train_dynedge", Path(__file__).resolve().parents[1] / "examples" / "train_dynedge.py")
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    sys.modules["train_dynedge"] = example
+    spec.loader.exec_module(example)
+    model = example.DynEdge(6, k=8, width=args.width).to(device)
+    optimiser = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    graphs = [to_pyg(b, standardize="graphnet", knn=8, max_pulses=n) for b in batches[:4]]
+
+    def step(g: Any) -> None:
+        predicted = model(g)
+        loss = (1 - (predicted * g.direction.to(predicted.dtype)).sum(-1)).mean()
+        optimiser.zero_grad(set_to_none=True)
+        loss.backward()
+        optimiser.step()
+
+    step(graphs[0])  # warm-up
+    model_step = statistics.median(timed(device, lambda g=g: step(g)) for g in graphs[1:])
+    rows.append((f"DynEdge step (width {args.width}), forward + backward + AdamW", model_step))
+
+    events = sum(b["event_id"].shape[0] for b in batches) / len(batches)
+    pulses = sum(b["pulse_time"].shape[0] for b in batches) / len(batches)
+    kept = sum(p["pulse_time"].shape[0] for p in cut) / len(cut)
+    print(f"{args.dataset}: {events:.0f} events, {pulses:.0f} pulses ({kept:.0f} after the "
+          f"cut to {n}) per batch, on {device}")
+    for name, seconds in rows:
+        print(f"  {name:<62} {seconds * 1e3:10.3f} ms")
+    print(f"adapter / loader: {adapter / loader_per_batch:.1f}x; adapter / DynEdge step: "
+          f"{adapter / model_step:.1%}")
+
+
+if __name__ == "__main__":
+    main()
