@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import time
 
+import checkpoints
 import shardify
 import torch
 from torch import nn
@@ -75,11 +75,7 @@ def main() -> None:
     ap.add_argument("--resident", action="store_true",
                     help="hold the dataset on the device; gather batches there")
     ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("--checkpoint", default=None)
-    ap.add_argument("--checkpoint-every", type=int, default=200)
-    ap.add_argument("--resume", action="store_true")
-    ap.add_argument("--stop-after", type=int, default=None,
-                    help="stop after this many batches (checkpointed), e.g. to try --resume")
+    checkpoints.add_arguments(ap)
     args = ap.parse_args()
 
     loader = shardify.Loader(args.dataset, batch_events=args.batch_events, layout="padded",
@@ -91,20 +87,10 @@ def main() -> None:
         raise SystemExit(f"{args.dataset} has no labels (a test split): nothing to train on")
     model = DeepSets(4 + 3 * args.pulses_per_dom).to(device)
     optimiser = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    saved = checkpoints.Checkpoints(args.checkpoint, model, optimiser, loader)
     if args.resume:
-        if not args.checkpoint or not os.path.exists(args.checkpoint):
-            raise SystemExit("--resume needs an existing --checkpoint")
-        saved = torch.load(args.checkpoint, map_location=device)
-        model.load_state_dict(saved["model"])
-        optimiser.load_state_dict(saved["optimiser"])
-        loader.load_state_dict(saved["loader"])
-        print(f"resumed at epoch {loader.epoch}, batch {saved['loader']['batches_taken']}")
-
-    def checkpoint() -> None:
-        if args.checkpoint:
-            torch.save({"model": model.state_dict(), "optimiser": optimiser.state_dict(),
-                        "loader": loader.state_dict()}, args.checkpoint + ".tmp")
-            os.replace(args.checkpoint + ".tmp", args.checkpoint)
+        saved.resume(device)
+    checkpoint = saved.save
 
     on_gpu = device.type == "cuda"
     print(f"{len(loader.dataset)} events, {len(loader)} batches per epoch, on {device}"

@@ -90,8 +90,9 @@ def main() -> None:
     adapter = per_batch(lambda b: to_pyg(b, standardize="graphnet", knn=8, max_pulses=n))
     rows.append((f"to_pyg graphnet, knn=8, max_pulses={n} (the adapter)", adapter))
 
-    spec = importlib.util.spec_from_file_location(
-        "train_dynedge", Path(__file__).resolve().parents[1] / "examples" / "train_dynedge.py")
+    examples = Path(__file__).resolve().parents[1] / "examples"
+    sys.path.insert(0, str(examples))  # the example imports its neighbour checkpoints.py
+    spec = importlib.util.spec_from_file_location("train_dynedge", examples / "train_dynedge.py")
     assert spec is not None and spec.loader is not None
     example = importlib.util.module_from_spec(spec)
     sys.modules["train_dynedge"] = example

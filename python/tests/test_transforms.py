@@ -348,25 +348,3 @@ def test_adapters_refuse_what_they_cannot_do(train_dir, torch):
     with pytest.raises(ValueError, match="invalid standardize"):
         to_pyg(batch, standardize="icecube")
 
-
-def test_train_dynedge_example_trains_checkpoints_and_resumes(train_dir, torch, tmp_path):
-    pytest.importorskip("torch_geometric", reason="torch_geometric is not installed")
-    import sys
-
-    script = REPO / "examples" / "train_dynedge.py"
-    ckpt = tmp_path / "dyn.pt"
-    common = [sys.executable, str(script), str(train_dir), "--batch-events", "32",
-              "--width", "0.05", "--max-pulses", "64", "--checkpoint", str(ckpt)]
-    first = subprocess.run(common + ["--stop-after", "3"], capture_output=True, text=True,
-                           timeout=300)
-    assert first.returncode == 0, first.stderr
-    assert "3 steps, 96 events" in first.stdout
-    assert "adapter share of a step" in first.stdout and "waiting for data" in first.stdout
-    saved = torch.load(ckpt)
-    assert saved["loader"]["batches_taken"] == 3 and "model" in saved and "optimiser" in saved
-    rest = subprocess.run(common + ["--resume"], capture_output=True, text=True, timeout=300)
-    assert rest.returncode == 0, rest.stderr
-    assert "resumed at epoch 0, batch 3" in rest.stdout
-    # The resumed run trains exactly the rest of the epoch.
-    batches = len(shardify.Loader(train_dir, batch_events=32))
-    assert f"{batches - 3} steps" in rest.stdout
