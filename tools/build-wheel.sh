@@ -22,6 +22,8 @@ fi
 # maturin finds zig as `python3 -m ziglang`, with this venv's python3 first on PATH.
 export PATH="$(cd "$venv/bin" && pwd):$PATH"
 
+# The wheel is stripped: no debug information to generate (a shorter build).
+export CARGO_PROFILE_RELEASE_DEBUG=0
 rm -f "$out"/shardify-*.whl "$out"/shardify-*.tar.gz
 maturin build --release --strip --zig --compatibility manylinux_2_28 --out "$out"
 maturin sdist --out "$out"
