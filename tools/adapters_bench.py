@@ -9,8 +9,9 @@ Takes --batches batches from ``shardify.Loader`` and times, per batch (medians):
 * the loader alone: the same loader drained in Rust (``drain``: the bound of the Python
   loader), per batch;
 * ``time_ordered`` without a cut, and with ``max_pulses`` under each ``keep`` rule;
-* ``knn_edges`` (k=8) on the cut pulses, and the whole ``to_pyg(standardize="graphnet",
-  knn=8, max_pulses=...)``;
+* ``knn_edges`` (k=8) on the cut pulses (distances per pulse, and per DOM as ``to_pyg``
+  computes them), and the whole ``to_pyg(standardize="graphnet", knn=8, max_pulses=...)``;
+* a floor for any adapter: one memcpy of the bytes ``to_pyg`` returns, in the same run;
 * a DynEdge-shaped model's training step (examples/train_dynedge.py) on those graphs:
   forward, backward, optimiser step.
 
@@ -84,11 +85,31 @@ def main() -> None:
     for keep in ("non_auxiliary_first", "random", "charge"):
         rows.append((f"time_ordered, max_pulses={n}, keep={keep}",
                      per_batch(lambda b, keep=keep: time_ordered(b, max_pulses=n, keep=keep))))
-    rows.append(("knn_edges k=8 on the cut pulses", statistics.median(
+    rows.append(("knn_edges k=8 on the cut pulses, distances per pulse", statistics.median(
         timed(device, lambda p=p: knn_edges(p["pulse_position"], p["event_pulse_offsets"], 8))
         for p in cut)))
+
+    def knn_per_dom(p: dict[str, Any], b: dict[str, Any]) -> Any:
+        return knn_edges(p["pulse_position"], p["event_pulse_offsets"], 8,
+                         groups=p["pulse_dom"], group_count=b["dom_position"].shape[0])
+
+    rows.append(("knn_edges k=8 on the cut pulses, distances per DOM (groups)",
+                 statistics.median(timed(device, lambda p=p, b=b: knn_per_dom(p, b))
+                                   for p, b in zip(cut, batches, strict=True))))
     adapter = per_batch(lambda b: to_pyg(b, standardize="graphnet", knn=8, max_pulses=n))
     rows.append((f"to_pyg graphnet, knn=8, max_pulses={n} (the adapter)", adapter))
+    # The floor of any adapter: writing its output once, at memcpy speed, in this run.
+    output_bytes = statistics.median(
+        sum(v.numel() * v.element_size() for v in to_pyg(
+            b, standardize="graphnet", knn=8, max_pulses=n).to_dict().values()
+            if isinstance(v, torch.Tensor)) for b in batches)
+    batch_bytes = statistics.median(
+        sum(v.numel() * v.element_size() for v in b.values()) for b in batches)
+    source = torch.ones(int(output_bytes), dtype=torch.uint8, device=device)
+    target = torch.empty_like(source)
+    memcpy = timed(device, lambda: target.copy_(source), repeat=21)
+    rows.append((f"floor: memcpy of the adapter's output ({output_bytes / 1e6:.2f} MB, warm)",
+                 memcpy))
 
     examples = Path(__file__).resolve().parents[1] / "examples"
     sys.path.insert(0, str(examples))  # the example imports its neighbour checkpoints.py
@@ -121,6 +142,9 @@ def main() -> None:
         print(f"  {name:<62} {seconds * 1e3:10.3f} ms")
     print(f"adapter / loader: {adapter / loader_per_batch:.1f}x; adapter / DynEdge step: "
           f"{adapter / model_step:.1%}")
+    print(f"the adapter writes {output_bytes / batch_bytes:.1f}x the bytes the loader delivers "
+          f"({batch_bytes / 1e6:.2f} MB); copying them once takes "
+          f"{memcpy / loader_per_batch:.1f}x the loader's time per batch")
 
 
 if __name__ == "__main__":

@@ -116,8 +116,14 @@ def to_pyg(batch: dict[str, Any], nodes: str = "pulses", *, standardize: str | N
         graphs = torch.arange(chosen.shape[0], device=ptr.device)
     counts = ptr.diff()
     node_graph = torch.repeat_interleave(graphs, counts, output_size=fields["x"].shape[0])
-    edge_index = (knn_edges(fields["pos"], ptr, knn) if knn is not None
-                  else torch.empty(2, 0, dtype=torch.long, device=ptr.device))
+    if knn is None:
+        edge_index = torch.empty(2, 0, dtype=torch.long, device=ptr.device)
+    elif "pulse_dom" in fields:
+        # Pulses of one DOM share its position: distances once per DOM.
+        edge_index = knn_edges(fields["pos"], ptr, knn, groups=fields["pulse_dom"],
+                               group_count=batch["dom_position"].shape[0])
+    else:
+        edge_index = knn_edges(fields["pos"], ptr, knn)
     out = Batch(**fields, batch=node_graph, ptr=ptr, edge_index=edge_index, event_id=event_id,
                 n_pulses=pulse_counts.to(torch.float32), **labels)
     out._num_graphs = graphs.shape[0]

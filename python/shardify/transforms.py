@@ -30,8 +30,9 @@ KEEP_RULES = ("non_auxiliary_first", "random", "charge")
 PACKED_SECTIONS = ("event_id", "event_dom_offsets", "dom_pulse_offsets", "dom_position",
                    "pulse_time", "pulse_charge", "pulse_auxiliary")
 
-# Elements of one block of pairwise distances in knn_edges (int64 keys: 128 MiB).
-_KNN_BLOCK_ELEMENTS = 1 << 24
+# Pairs of one block of distances in knn_edges (int64 keys: 2 MiB, which stays in cache;
+# bigger blocks measured slower on the 2-core CPU).
+_KNN_BLOCK_ELEMENTS = 1 << 18
 
 _MASK64 = (1 << 64) - 1
 
@@ -210,7 +211,8 @@ def _truncate(batch: dict[str, Any], order: Any, pulse_event: Any, event_pulses:
     return order[kept[order]], offsets
 
 
-def knn_edges(pos: Any, offsets: Any, k: int) -> Any:
+def knn_edges(pos: Any, offsets: Any, k: int, *, groups: Any = None,
+              group_count: int | None = None) -> Any:
     """The k-nearest-neighbour edges of every event of a batch at once.
 
     ``pos`` ``[N, 3]``: node positions; ``offsets`` ``[B + 1]``: event ``b``'s nodes are rows
@@ -221,10 +223,21 @@ def knn_edges(pos: Any, offsets: Any, k: int) -> Any:
 
     Distances are squared Euclidean in float32, ``(dx*dx + dy*dy) + dz*dz``; ties (pulses
     of one DOM share its position) go to the lower row, so the result is deterministic.
-    Nodes are grouped by event size (a few sizes per octave) and each group's distances computed in
-    blocks of at most 2**24 pairs, so an event of thousands of nodes costs its n**2 pairs in
-    bounded memory (``torch_cluster`` has no wheel for this torch; this is plain torch).
-    One host synchronisation reads the node counts.
+
+    ``groups`` (optional, int ``[N]``, ids below ``group_count``, which defaults to
+    ``groups.max() + 1``): nodes that share a position share an id, e.g. a pulse's DOM
+    (``pulse_dom``, as ``to_pyg`` passes it). The edges are the same; the distances are
+    computed once per group instead of once per node (pulses of one DOM need the same
+    neighbours but themselves). Each id's nodes must lie in one event, at one position, and
+    the ids must ascend event by event (a batch's DOM rows do); otherwise ``ValueError``.
+
+    Events are grouped by size (a few sizes per octave) and their distances computed in
+    blocks of at most 2**18 pairs (small enough to stay in the CPU's caches), so an event
+    of thousands of nodes costs its (groups x nodes) pairs in bounded memory
+    (``torch_cluster`` has no wheel for this torch; this is plain torch). Each block writes
+    its edges in place, in node order, so nothing is sorted or selected afterwards: one host
+    synchronisation reads the node and group counts (two with ``groups`` and no
+    ``group_count``), and no other.
     """
     import torch
 
@@ -233,25 +246,84 @@ def knn_edges(pos: Any, offsets: Any, k: int) -> Any:
     device = pos.device
     pos = pos.to(torch.float32)
     offsets = offsets.long()
-    starts_host = offsets.cpu()
-    counts_host = starts_host.diff()
-    edges: list[Any] = []
-    # Events grouped by padded size: a quarter of an octave at most is padding.
+    nodes, events = pos.shape[0], offsets.shape[0] - 1
+    node_event = torch.repeat_interleave(torch.arange(events, device=device), offsets.diff(),
+                                         output_size=nodes)
+    slot, group_pos, group_offsets, consistent = _position_groups(
+        pos, node_event, events, groups, group_count)
+    host = torch.cat([offsets, group_offsets, consistent.long()[None]]).cpu()
+    if not host[-1]:
+        raise ValueError("knn_edges: groups must give each id's nodes one event and one "
+                         "position, with ids ascending event by event")
+    starts_host, group_starts_host = host[:events + 1], host[events + 1:-1]
+    counts_host, group_counts_host = starts_host.diff(), group_starts_host.diff()
+    # Node i's edges are rows edge_start[i]:edge_start[i] + min(k, n - 1) of the result, n
+    # its event's node count: each block scatters its edges there, already in node order.
+    per_node = (torch.repeat_interleave(offsets.diff(), offsets.diff(), output_size=nodes) - 1
+                ).clamp_(min=0, max=k)
+    edge_start = torch.cumsum(per_node, 0) - per_node
+    edge_count = int((counts_host * (counts_host - 1).clamp(min=0, max=k)).sum())
+    # One column more than the edges: where the blocks put the candidates they drop.
+    edge_index = torch.empty(2, edge_count + 1, dtype=torch.int64, device=device)
+    # Events of more than one node, grouped by padded size (a quarter of an octave at most
+    # is padding): one upload of that order, then every block is a slice of it.
     padded = torch.tensor([_padded_size(n) for n in counts_host.tolist()], dtype=torch.int64)
-    for size in sorted(set(padded.tolist())):
-        members = ((padded == size) & (counts_host > 1)).nonzero().flatten()
-        if members.numel() == 0:
-            continue
-        events_per_block = max(1, _KNN_BLOCK_ELEMENTS // (size * size))
-        for first in range(0, members.numel(), events_per_block):
-            chosen = members[first:first + events_per_block]
-            edges.append(_knn_block(pos, starts_host[chosen], counts_host[chosen], size, k,
-                                    device))
-    if not edges:
-        return torch.empty(2, 0, dtype=torch.int64, device=device)
-    edge_index = torch.cat(edges, dim=1)
-    # By target node; stable keeps each node's neighbours nearest first.
-    return edge_index[:, _stable_argsort(edge_index[1])]
+    order_host = _stable_argsort(padded)
+    order_host = order_host[counts_host[order_host] > 1]
+    order = order_host.to(device)
+    columns = [offsets[:-1], offsets.diff(), group_offsets[:-1], group_offsets.diff()]
+    starts, counts, group_starts, group_counts = (c[order] for c in columns)
+    sizes_host = padded[order_host].tolist()
+    widths_host = group_counts_host[order_host]
+    first = 0
+    while first < len(sizes_host):
+        size = sizes_host[first]
+        end = first + 1
+        limit = first + max(1, _KNN_BLOCK_ELEMENTS // (size * size))
+        while end < min(len(sizes_host), limit) and sizes_host[end] == size:
+            end += 1
+        block = _EventBlock(starts[first:end], counts[first:end], group_starts[first:end],
+                            group_counts[first:end], size, int(widths_host[first:end].max()))
+        _knn_block(pos, slot, group_pos, block, k, edge_start, edge_index)
+        first = end
+    return edge_index[:, :edge_count]
+
+
+def _position_groups(pos: Any, node_event: Any, events: int, groups: Any,
+                     group_count: int | None) -> tuple[Any, Any, Any, Any]:
+    """Each node's group as a dense row (``slot``, ascending event by event), each group's
+    position, the CSR offsets of groups per event, and whether ``groups`` kept its
+    contract (a 0-d bool tensor, read on the host with the counts)."""
+    import torch
+
+    device = pos.device
+    nodes = pos.shape[0]
+    if groups is None:
+        slot = torch.arange(nodes, device=device)
+        group_offsets = torch.zeros(events + 1, dtype=torch.int64, device=device)
+        torch.cumsum(torch.bincount(node_event, minlength=events), 0, out=group_offsets[1:])
+        return slot, pos, group_offsets, torch.ones((), dtype=torch.bool, device=device)
+    groups = groups.long()
+    if groups.shape != (nodes,):
+        raise ValueError(f"knn_edges: groups must have one id per node ({nodes}), not shape "
+                         f"{tuple(groups.shape)}")
+    if group_count is None:
+        group_count = int(groups.max()) + 1 if nodes else 0
+    present = torch.zeros(group_count, dtype=torch.bool, device=device)
+    present[groups] = True
+    slot = torch.cumsum(present, 0)[groups] - 1
+    # Groups number at most the nodes: sized by N, the rows past the last group stay unused
+    # (their event is `events`, past every real one).
+    group_event = torch.full((nodes,), events, dtype=torch.int64, device=device)
+    group_event[slot] = node_event
+    group_pos = torch.zeros(nodes, 3, dtype=torch.float32, device=device)
+    group_pos[slot] = pos
+    group_offsets = torch.zeros(events + 1, dtype=torch.int64, device=device)
+    torch.cumsum(torch.bincount(group_event, minlength=events + 1)[:events], 0,
+                 out=group_offsets[1:])
+    consistent = ((group_event[slot] == node_event).all() & (group_pos[slot] == pos).all()
+                  & (group_event.diff() >= 0).all())
+    return slot, group_pos, group_offsets, consistent
 
 
 def _padded_size(n: int) -> int:
@@ -263,39 +335,65 @@ def _padded_size(n: int) -> int:
     return -(-n // step) * step
 
 
-def _knn_block(pos: Any, starts: Any, counts: Any, size: int, k: int, device: Any) -> Any:
-    """Edges of the events starting at rows ``starts`` (host) with ``counts`` nodes, each
-    padded to ``size``; query rows in chunks so that a chunk holds at most
-    ``_KNN_BLOCK_ELEMENTS`` pairs."""
+class _EventBlock:
+    """Events whose kNN is computed together: their first node row and node count, first
+    group row and group count (tensors on the nodes' device), the node count they are padded
+    to and their largest group count (host integers)."""
+
+    def __init__(self, starts: Any, counts: Any, group_starts: Any, group_counts: Any,
+                 size: int, width: int) -> None:
+        self.starts, self.counts, self.size = starts, counts, size
+        self.group_starts, self.group_counts, self.width = group_starts, group_counts, width
+
+
+def _knn_block(pos: Any, slot: Any, group_pos: Any, block: _EventBlock, k: int,
+               edge_start: Any, edge_index: Any) -> None:
+    """Edges of one block of events into ``edge_index`` (node i's from column
+    ``edge_start[i]``; dropped candidates to its last column): the nearest ``k + 1`` nodes
+    of each group (its own nodes included), then for each node those of its group but
+    itself. Query groups go in chunks of at most ``_KNN_BLOCK_ELEMENTS`` pairs."""
     import torch
 
-    events = starts.shape[0]
+    device = pos.device
+    size, width = block.size, block.width
+    events = block.starts.shape[0]
     column = torch.arange(size, device=device)
-    starts_d, counts_d = starts.to(device), counts.to(device)
-    valid = column[None, :] < counts_d[:, None]
-    rows = torch.where(valid, starts_d[:, None] + column[None, :], 0)
-    nodes = pos[rows]  # [G, S, 3]
+    starts, counts = block.starts, block.counts
+    group_starts, group_counts = block.group_starts, block.group_counts
+    valid = column[None, :] < counts[:, None]
+    rows = torch.where(valid, starts[:, None] + column[None, :], 0)
+    nodes = pos[rows]  # [E, S, 3]
+    group_column = torch.arange(width, device=device)
+    group_rows = torch.where(group_column[None, :] < group_counts[:, None],
+                             group_starts[:, None] + group_column[None, :], 0)
+    queries = group_pos[group_rows]  # [E, W, 3]
     invalid_key = torch.iinfo(torch.int64).max
-    found: list[Any] = []
+    take = min(k + 1, size)
     chunk = max(1, _KNN_BLOCK_ELEMENTS // (events * size))
-    take = min(k, size - 1)
-    for r0 in range(0, size, chunk):
-        r1 = min(size, r0 + chunk)
-        query = nodes[:, r0:r1]
+    nearest = []
+    for r0 in range(0, width, chunk):
+        query = queries[:, r0:r0 + chunk]
         distance = None
         for axis in range(3):
             delta = query[:, :, None, axis] - nodes[:, None, :, axis]
-            square = delta * delta
-            distance = square if distance is None else distance + square
+            square = delta.mul_(delta)
+            distance = square if distance is None else distance.add_(square)
         assert distance is not None
         # (float bits, column) as one int64: distances are >= 0, so their bits order them.
-        key = (distance.view(torch.int32).to(torch.int64) << 32) | column
-        query_row = torch.arange(r0, r1, device=device)
-        drop = ~valid[:, None, :] | (column[None, None, :] == query_row[None, :, None])
-        key = key.masked_fill(drop, invalid_key)
-        nearest = torch.topk(key, take, dim=2, largest=False, sorted=True).values
-        keep = (nearest != invalid_key) & valid[:, r0:r1, None]
-        neighbour = (nearest & 0xFFFFFFFF) + starts_d[:, None, None]
-        node = (query_row[None, :, None] + starts_d[:, None, None]).expand_as(neighbour)
-        found.append(torch.stack([neighbour[keep], node[keep]]))
-    return torch.cat(found, dim=1)
+        key = distance.view(torch.int32).to(torch.int64).bitwise_left_shift_(32)
+        key.bitwise_or_(column).masked_fill_(~valid[:, None, :], invalid_key)
+        nearest.append(torch.topk(key, take, dim=2, largest=False, sorted=True).values)
+    group_nearest = torch.cat(nearest, dim=1)  # [E, W, take]
+    # Each node reads its group's list and drops itself.
+    node_group = torch.where(valid, slot[rows] - group_starts[:, None], 0)
+    candidates = group_nearest.gather(1, node_group[:, :, None].expand(-1, -1, take))
+    neighbour_column = candidates & 0xFFFFFFFF
+    usable = ((candidates != invalid_key) & (neighbour_column != column[None, :, None])
+              & valid[:, :, None])
+    rank = torch.cumsum(usable, dim=2)
+    usable &= rank <= k
+    target = torch.where(usable, edge_start[rows][:, :, None] + rank - 1,
+                         edge_index.shape[1] - 1).flatten()
+    neighbour = neighbour_column + starts[:, None, None]
+    edge_index[0].index_put_((target,), neighbour.flatten())
+    edge_index[1].index_put_((target,), rows[:, :, None].expand_as(neighbour).flatten())

@@ -213,14 +213,14 @@ def test_time_ordered_needs_no_host_sync_without_a_cut(torch):
     assert out["pulse_position"].shape == (batch["pulse_time"].shape[0], 3)
 
 
-def reference_knn(pos: np.ndarray, offsets: np.ndarray, k: int) -> list[set]:
-    """Per event, the set of (neighbour, node) pairs: float32 squared distances
-    ((dx*dx + dy*dy) + dz*dz), nearest first, ties to the lower row, no self loops."""
-    out = []
+def reference_knn(pos: np.ndarray, offsets: np.ndarray, k: int) -> np.ndarray:
+    """edge_index [2, E] as documented, event by event: float32 squared distances
+    ((dx*dx + dy*dy) + dz*dz), each node's neighbours nearest first, ties to the lower row,
+    no self loops, nodes in row order."""
+    pairs = []
     for b in range(len(offsets) - 1):
         rows = np.arange(offsets[b], offsets[b + 1])
         p = pos[rows].astype(np.float32)
-        edges = set()
         for i in range(len(rows)):
             d = p[:, 0] - p[i, 0]
             dist = d * d
@@ -229,17 +229,19 @@ def reference_knn(pos: np.ndarray, offsets: np.ndarray, k: int) -> list[set]:
             d = p[:, 2] - p[i, 2]
             dist = dist + d * d
             order = [j for j in np.lexsort((np.arange(len(rows)), dist)) if j != i][:k]
-            edges |= {(int(rows[j]), int(rows[i])) for j in order}
-        out.append(edges)
-    return out
+            pairs += [(int(rows[j]), int(rows[i])) for j in order]
+    return np.array(pairs, dtype=np.int64).reshape(-1, 2).T
 
 
-def edges_per_event(edge_index: np.ndarray, offsets: np.ndarray) -> list[set]:
-    event = np.searchsorted(offsets, edge_index[1], side="right") - 1
-    sets = [set() for _ in range(len(offsets) - 1)]
-    for (s, t), e in zip(edge_index.T.tolist(), event.tolist(), strict=True):
-        sets[e].add((s, t))
-    return sets
+def position_groups(pos: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """A group id per node: one per distinct position of an event, ascending event by
+    event (what a batch's ``pulse_dom`` is)."""
+    groups, first = [], 0
+    for b in range(len(offsets) - 1):
+        _, inverse = np.unique(pos[offsets[b]:offsets[b + 1]], axis=0, return_inverse=True)
+        groups.append(inverse.reshape(-1) + first)
+        first += int(inverse.max()) + 1 if len(inverse) else 0
+    return np.concatenate(groups).astype(np.int64)
 
 
 def test_knn_edges_against_the_reference(realistic_dir, torch):
@@ -257,7 +259,10 @@ def test_knn_edges_against_the_reference(realistic_dir, torch):
         assert (got[0] != got[1]).all(), "no self loops"
         assert (np.diff(got[1]) >= 0).all(), "sorted by node"
         want = reference_knn(pos.numpy(), offsets.numpy(), k)
-        assert edges_per_event(got, offsets.numpy()) == want
+        np.testing.assert_array_equal(got, want)
+        # The same graph from distances once per DOM.
+        by_dom = knn_edges(pos, offsets, k, groups=pulses["pulse_dom"])
+        np.testing.assert_array_equal(by_dom.numpy(), want)
 
 
 def test_knn_handles_a_heavy_event_in_bounded_blocks(torch, monkeypatch):
@@ -271,8 +276,32 @@ def test_knn_handles_a_heavy_event_in_bounded_blocks(torch, monkeypatch):
     offsets = np.concatenate([[0], np.cumsum(sizes)])
     # Positions on a coarse grid: many exact ties, as pulses of one DOM have.
     pos = gen.integers(0, 6, size=(offsets[-1], 3)).astype(np.float32) * 17
+    want = reference_knn(pos, offsets, 4)
     got = transforms.knn_edges(torch.from_numpy(pos), torch.from_numpy(offsets), 4).numpy()
-    assert edges_per_event(got, offsets) == reference_knn(pos, offsets, 4)
+    np.testing.assert_array_equal(got, want)
+    groups = position_groups(pos, offsets)
+    assert len(np.unique(groups)) < len(pos) / 2, "the grid makes groups of many nodes"
+    got = transforms.knn_edges(torch.from_numpy(pos), torch.from_numpy(offsets), 4,
+                               groups=torch.from_numpy(groups)).numpy()
+    np.testing.assert_array_equal(got, want)
+
+
+def test_knn_refuses_groups_that_break_their_contract(torch):
+    from shardify.transforms import knn_edges
+
+    pos = torch.tensor([[0.0, 0, 0], [0, 0, 0], [1, 0, 0], [1, 0, 0]])
+    offsets = torch.tensor([0, 2, 4])
+    fine = knn_edges(pos, offsets, 1, groups=torch.tensor([0, 0, 1, 1]))
+    assert fine.tolist() == [[1, 0, 3, 2], [0, 1, 2, 3]]
+    one_place = torch.zeros(4, 3)
+    for where, groups, why in [(one_place, [0, 1, 1, 2], "one id in two events"),
+                               (pos, [0, 0, 0, 1], "one id at two positions"),
+                               (pos, [1, 1, 0, 0], "ids descending")]:
+        with pytest.raises(ValueError, match="groups must give each id's nodes one event"):
+            knn_edges(where, offsets, 1, groups=torch.tensor(groups))
+            pytest.fail(why)
+    with pytest.raises(ValueError, match=r"one id per node \(4\)"):
+        knn_edges(pos, offsets, 1, groups=torch.tensor([0, 0, 1]))
 
 
 @pytest.mark.parametrize("standardize", [None, "graphnet"])
@@ -306,7 +335,7 @@ def test_to_pyg_pulses_graphnet_features_labels_and_edges(realistic_dir, torch, 
     np.testing.assert_allclose(graphs.direction.numpy(), np.stack(
         [np.cos(az) * np.sin(zen), np.sin(az) * np.sin(zen), np.cos(zen)], 1), rtol=1e-12)
     want = reference_knn(pulses["pulse_position"], pulses["event_pulse_offsets"], 8)
-    assert edges_per_event(graphs.edge_index.numpy(), pulses["event_pulse_offsets"]) == want
+    np.testing.assert_array_equal(graphs.edge_index.numpy(), want)
 
 
 def test_to_pyg_keeps_tiny_events_unless_asked(torch):
@@ -326,8 +355,8 @@ def test_to_pyg_keeps_tiny_events_unless_asked(torch):
     assert dropped.x.shape[0] == 30 and dropped.batch.max().item() == 4
     np.testing.assert_array_equal(dropped.x.numpy(), np.concatenate(
         [graphs.x.numpy()[graphs.ptr[g]:graphs.ptr[g + 1]] for g in keep]))
-    assert edges_per_event(dropped.edge_index.numpy(), dropped.ptr.numpy()) == \
-        reference_knn(dropped.pos.numpy(), dropped.ptr.numpy(), 8)
+    np.testing.assert_array_equal(dropped.edge_index.numpy(),
+                                  reference_knn(dropped.pos.numpy(), dropped.ptr.numpy(), 8))
 
 
 def test_adapters_refuse_what_they_cannot_do(train_dir, torch):
