@@ -11,8 +11,8 @@ Host synchronisation (a GPU batch's sizes read back by the host):
 
 * :func:`time_ordered` without ``max_pulses``: none (every size is a tensor's shape);
 * with ``max_pulses``: one per batch, how many pulses are kept (boolean selection);
-* :func:`knn_edges`: one per batch, the events' node counts (the distance blocks are sized
-  from them on the host), and one for the edge count.
+* :func:`knn_edges`: one per batch, the events' node and group counts (the distance blocks
+  are sized from them on the host; the edges are then written in place).
 
 >>> from shardify.transforms import time_ordered
 >>> for batch in shardify.Loader("dataset/", batch_events=256):   # doctest: +SKIP
