@@ -50,6 +50,11 @@ def _trim() -> None:
 
 def sample() -> dict[str, int]:
     gc.collect()
+    # A resident loader's next-epoch plan may still run after the loader is gone (its
+    # sampler thread ends with it): let it finish, or a dropped loader's plan counts as a
+    # leaked thread.
+    if "shardify._resident.source" in sys.modules:
+        sys.modules["shardify._resident.source"].settle_planner()
     _trim()
     return {"rss": rss_bytes(), "threads": len(os.listdir("/proc/self/task")),
             "files": len(os.listdir("/proc/self/fd"))}

@@ -287,6 +287,16 @@ def _planner() -> concurrent.futures.ThreadPoolExecutor:
     return _PLANNER[1]
 
 
+def settle_planner() -> None:
+    """Waits until every next-epoch plan already asked for is made. A plan outlives a
+    loader dropped while it runs (it is not interrupted; it ends by itself), and while it
+    runs its sampler thread counts among the process's threads: what measures threads (the
+    leak check) settles the planner first."""
+    if _PLANNER is not None and _PLANNER[0] == os.getpid():
+        # One thread, first in first out: a no-op done means every earlier plan is done.
+        _PLANNER[1].submit(lambda: None).result()
+
+
 def layout_of(native: Any, max_doms: int | None, pulses_per_dom: int | None) -> Layout:
     """The layout the native loader was configured with, its sections and dtypes."""
     sections = tuple((name, torch_dtype(dtype)) for name, dtype in native.sections())
