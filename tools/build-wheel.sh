@@ -29,8 +29,11 @@ maturin build --release --strip --zig --compatibility manylinux_2_28 --out "$out
 maturin sdist --out "$out"
 
 wheel=$(ls "$out"/shardify-*.whl)
-auditwheel show "$wheel"
-# The policy auditwheel reads from the wheel's symbols must be manylinux_2_28 or older.
-auditwheel show "$wheel" | grep -Eq 'manylinux_2_(1[0-9]|2[0-8])|manylinux201[0-4]' \
+report=$(auditwheel show "$wheel")
+echo "$report"
+# The policy auditwheel reads from the wheel's symbols must be manylinux_2_28 or older. (The
+# report is read whole first: `auditwheel show | grep -q` failed when grep, done at the first
+# match, closed the pipe while auditwheel still wrote, under pipefail.)
+grep -Eq 'manylinux_2_(1[0-9]|2[0-8])|manylinux201[0-4]' <<< "$report" \
     || { echo "build-wheel: $wheel is not manylinux_2_28 or older" >&2; exit 1; }
 echo "wheel: $wheel ($(du -h "$wheel" | cut -f1)); sdist: $(ls "$out"/shardify-*.tar.gz)"
