@@ -30,9 +30,15 @@ KEEP_RULES = ("non_auxiliary_first", "random", "charge")
 PACKED_SECTIONS = ("event_id", "event_dom_offsets", "dom_pulse_offsets", "dom_position",
                    "pulse_time", "pulse_charge", "pulse_auxiliary")
 
-# Pairs of one block of distances in knn_edges (int64 keys: 2 MiB, which stays in cache;
-# bigger blocks measured slower on the 2-core CPU).
+# Pairs of one block of distances in knn_edges on the CPU (int64 keys: 2 MiB, which stays in
+# cache; bigger blocks measured slower on the 2-core CPU) and on a GPU (128 MiB of keys:
+# fewer, larger launches; not yet measured on a GPU).
 _KNN_BLOCK_ELEMENTS = 1 << 18
+_KNN_BLOCK_ELEMENTS_CUDA = 1 << 24
+
+
+def _knn_block_elements(device: Any) -> int:
+    return _KNN_BLOCK_ELEMENTS_CUDA if device.type == "cuda" else _KNN_BLOCK_ELEMENTS
 
 _MASK64 = (1 << 64) - 1
 
@@ -232,9 +238,10 @@ def knn_edges(pos: Any, offsets: Any, k: int, *, groups: Any = None,
     the ids must ascend event by event (a batch's DOM rows do); otherwise ``ValueError``.
 
     Events are grouped by size (a few sizes per octave) and their distances computed in
-    blocks of at most 2**18 pairs (small enough to stay in the CPU's caches), so an event
-    of thousands of nodes costs its (groups x nodes) pairs in bounded memory
-    (``torch_cluster`` has no wheel for this torch; this is plain torch). Each block writes
+    blocks of at most 2**18 pairs on the CPU (small enough to stay in its caches; 2**24 on a
+    GPU, for fewer launches), so an event of thousands of nodes costs its (groups x nodes)
+    pairs in bounded memory (``torch_cluster`` has no wheel for this torch; this is plain
+    torch). Each block writes
     its edges in place, in node order, so nothing is sorted or selected afterwards: one host
     synchronisation reads the node and group counts (two with ``groups`` and no
     ``group_count``), and no other.
@@ -275,11 +282,12 @@ def knn_edges(pos: Any, offsets: Any, k: int, *, groups: Any = None,
     starts, counts, group_starts, group_counts = (c[order] for c in columns)
     sizes_host = padded[order_host].tolist()
     widths_host = group_counts_host[order_host]
+    block_elements = _knn_block_elements(device)
     first = 0
     while first < len(sizes_host):
         size = sizes_host[first]
         end = first + 1
-        limit = first + max(1, _KNN_BLOCK_ELEMENTS // (size * size))
+        limit = first + max(1, block_elements // (size * size))
         while end < min(len(sizes_host), limit) and sizes_host[end] == size:
             end += 1
         block = _EventBlock(starts[first:end], counts[first:end], group_starts[first:end],
@@ -351,7 +359,7 @@ def _knn_block(pos: Any, slot: Any, group_pos: Any, block: _EventBlock, k: int,
     """Edges of one block of events into ``edge_index`` (node i's from column
     ``edge_start[i]``; dropped candidates to its last column): the nearest ``k + 1`` nodes
     of each group (its own nodes included), then for each node those of its group but
-    itself. Query groups go in chunks of at most ``_KNN_BLOCK_ELEMENTS`` pairs."""
+    itself. Query groups go in chunks of at most ``_knn_block_elements`` pairs."""
     import torch
 
     device = pos.device
@@ -369,7 +377,7 @@ def _knn_block(pos: Any, slot: Any, group_pos: Any, block: _EventBlock, k: int,
     queries = group_pos[group_rows]  # [E, W, 3]
     invalid_key = torch.iinfo(torch.int64).max
     take = min(k + 1, size)
-    chunk = max(1, _KNN_BLOCK_ELEMENTS // (events * size))
+    chunk = max(1, _knn_block_elements(device) // (events * size))
     nearest = []
     for r0 in range(0, width, chunk):
         query = queries[:, r0:r0 + chunk]

@@ -39,6 +39,21 @@ def order_lines(dataset: Path, *args: str) -> list[list[int]]:
 
 
 @pytest.fixture(scope="session")
+def realistic_dir(tmp_path_factory):
+    """3,000 generated events with the real statistics (shardify-gen, built by cargo test)."""
+    gen = REPO / "target" / "release" / "shardify-gen"
+    if not gen.exists():
+        if IN_CI:
+            pytest.fail(f"{gen} is missing: the README test command builds it first")
+        pytest.skip(f"{gen} is not built")
+    root = tmp_path_factory.mktemp("realistic")
+    subprocess.run([str(gen), str(root / "src"), "--events", "3000", "--files", "2"],
+                   check=True, capture_output=True)
+    run_cli("convert", str(root / "src"), str(root / "ds"), "--seed", "3")
+    return root / "ds"
+
+
+@pytest.fixture(scope="session")
 def torch():
     """torch, required in CI (a missing torch there is a failure, not a skip)."""
     if IN_CI:

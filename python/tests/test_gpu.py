@@ -94,3 +94,26 @@ def test_a_resident_epoch_never_synchronises(train_dir, torch, cuda, monkeypatch
         if "pulse_charge" in loader.section_names:
             assert [float(s) for s in sums] == expected
         assert len(sums) == len(expected)
+
+
+def test_the_adapters_on_the_gpu_equal_the_cpu_ones(realistic_dir, torch, cuda):
+    """time_ordered (every keep rule) and knn_edges (per pulse and per DOM) give on the GPU
+    exactly what they give on the CPU, from the same batch."""
+    from shardify.transforms import KEEP_RULES, knn_edges, time_ordered
+
+    batch = next(iter(shardify.Loader(realistic_dir, batch_events=64, seed=2, device="cpu")))
+    on_gpu = {k: v.to(cuda) for k, v in batch.items()}
+    for keep in KEEP_RULES:
+        want = time_ordered(batch, max_pulses=100, keep=keep, seed=4)
+        got = time_ordered(on_gpu, max_pulses=100, keep=keep, seed=4)
+        assert got.keys() == want.keys()
+        for name in want:
+            assert torch.equal(got[name].cpu(), want[name]), (keep, name)
+    pulses = time_ordered(batch)
+    pulses_gpu = {k: v.to(cuda) for k, v in pulses.items()}
+    args = ("pulse_position", "event_pulse_offsets")
+    want = knn_edges(*(pulses[a] for a in args), 8)
+    assert torch.equal(knn_edges(*(pulses_gpu[a] for a in args), 8).cpu(), want)
+    by_dom = knn_edges(*(pulses_gpu[a] for a in args), 8, groups=pulses_gpu["pulse_dom"],
+                       group_count=batch["dom_position"].shape[0])
+    assert torch.equal(by_dom.cpu(), want)

@@ -5,12 +5,9 @@ sample, and on hand-made batches with the edge cases."""
 
 from __future__ import annotations
 
-import subprocess
-
 import numpy as np
 import pytest
 import shardify
-from conftest import IN_CI, REPO, run_cli
 
 MASK64 = (1 << 64) - 1
 
@@ -167,21 +164,6 @@ def test_random_keep_is_reproducible_per_event_and_new_each_epoch(torch):
     assert not torch.equal(first["pulse_time"], other_seed["pulse_time"])
     # Different events draw different pulses.
     assert not torch.equal(first["pulse_time"][:8], first["pulse_time"][8:16])
-
-
-@pytest.fixture(scope="session")
-def realistic_dir(tmp_path_factory):
-    """3,000 generated events with the real statistics (shardify-gen, built by cargo test)."""
-    gen = REPO / "target" / "release" / "shardify-gen"
-    if not gen.exists():
-        if IN_CI:
-            pytest.fail(f"{gen} is missing: the README test command builds it first")
-        pytest.skip(f"{gen} is not built")
-    root = tmp_path_factory.mktemp("realistic")
-    subprocess.run([str(gen), str(root / "src"), "--events", "3000", "--files", "2"],
-                   check=True, capture_output=True)
-    run_cli("convert", str(root / "src"), str(root / "ds"), "--seed", "3")
-    return root / "ds"
 
 
 @pytest.mark.parametrize("keep", ["non_auxiliary_first", "random", "charge"])
