@@ -210,7 +210,32 @@ def shardify_loaders(dataset, batch_events, window, workers, seconds, seed, devi
     for row in out:
         row["ratio_to_rust"] = row["events_per_s"] / rust["events_per_s"]
         row["python_overhead_us_per_batch"] = row["us_per_batch"] - rust["us_per_batch"]
+    sections = len(shardify.Loader(dataset, **settings).section_names)
+    out[1]["torch_wrap_floor_us_per_batch"] = torch_wrap_floor(sections)
     return out
+
+
+def torch_wrap_floor(sections, batches=20000):
+    """Microseconds torch itself takes to turn ``sections`` DLPack capsules into tensors and
+    a dict, per batch: capsules made by numpy (no shardify code), their making subtracted;
+    the median of three rounds. What any DLPack loader yielding that many tensors pays."""
+    import torch
+
+    arrays = [np.zeros(64, dtype=np.float32) for _ in range(sections)]
+    names = tuple(f"section_{i}" for i in range(sections))
+    convert = getattr(torch._C, "_from_dlpack", None) or torch.utils.dlpack.from_dlpack
+    rounds = []
+    for _ in range(3):
+        started = time.perf_counter()
+        for _ in range(batches):
+            capsules = [a.__dlpack__() for a in arrays]
+        making = time.perf_counter() - started
+        started = time.perf_counter()
+        for _ in range(batches):
+            batch = dict(zip(names, map(convert, [a.__dlpack__() for a in arrays]), strict=True))
+        rounds.append((time.perf_counter() - started - making) / batches * 1e6)
+    del capsules, batch
+    return sorted(rounds)[1]
 
 
 def run(batches, seconds):
@@ -316,6 +341,11 @@ def main():
         block = loaders[1]["events_per_s"]
         for l in package[1:]:
             print(f"{l['name']}: {l['events_per_s'] / block:.1f}x the numpy block shuffle")
+        floor, rust_us = package[1]["torch_wrap_floor_us_per_batch"], package[0]["us_per_batch"]
+        print(f"torch's own floor: wrapping a batch's capsules into tensors and a dict takes "
+              f"{floor:.1f} us ({floor / rust_us:.1%} of the Rust loader's {rust_us:.1f} us per "
+              f"batch); 0.9x the Rust loader leaves {rust_us / 9:.1f} us per batch for all the "
+              "consumer's work")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"loaders": loaders, "shardify": package, "batch_events": args.batch_events},
