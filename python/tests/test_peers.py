@@ -1,0 +1,34 @@
+"""tools/peers/peers.py (the Python-side benchmark) runs end to end on the fixtures and
+reports every loader it promises, with figures that are measured (positive, consistent)."""
+
+import json
+import subprocess
+import sys
+
+from conftest import FIXTURES, REPO
+
+
+def test_peers_reports_every_loader_and_torchs_floor(train_dir, torch, tmp_path):
+    report = tmp_path / "peers.json"
+    done = subprocess.run(
+        [sys.executable, str(REPO / "tools" / "peers" / "peers.py"), str(FIXTURES),
+         "--dataset", str(train_dir), "--seconds", "0.3", "--batch-events", "32",
+         "--json", str(report)],
+        capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    figures = json.loads(report.read_text())
+    assert [row["name"] for row in figures["loaders"]] == [
+        "pytorch Dataset + DataLoader", "numpy block shuffle"]
+    package = {row["name"]: row for row in figures["shardify"]}
+    assert list(package) == [
+        "shardify, Rust loader alone (bound)", "shardify -> torch tensors",
+        "shardify -> numpy arrays", "shardify resident (cpu, window 16)",
+        "shardify resident (cpu, complete shuffle)"]
+    for row in [*figures["loaders"], *figures["shardify"]]:
+        assert row["events_per_s"] > 0, row["name"]
+    rust = package["shardify, Rust loader alone (bound)"]
+    for row in package.values():
+        assert abs(row["ratio_to_rust"] - row["events_per_s"] / rust["events_per_s"]) < 1e-9
+    floor = package["shardify -> torch tensors"]["torch_wrap_floor_us_per_batch"]
+    assert 0 < floor < 1000, floor
+    assert "torch's own floor: wrapping a batch's capsules" in done.stdout
