@@ -241,10 +241,9 @@ def knn_edges(pos: Any, offsets: Any, k: int, *, groups: Any = None,
     blocks of at most 2**18 pairs on the CPU (small enough to stay in its caches; 2**24 on a
     GPU, for fewer launches), so an event of thousands of nodes costs its (groups x nodes)
     pairs in bounded memory (``torch_cluster`` has no wheel for this torch; this is plain
-    torch). Each block writes
-    its edges in place, in node order, so nothing is sorted or selected afterwards: one host
-    synchronisation reads the node and group counts (two with ``groups`` and no
-    ``group_count``), and no other.
+    torch). Each block writes its edges in place, in node order, so nothing is sorted or
+    selected afterwards: one host synchronisation reads the node and group counts (two with
+    ``groups`` and no ``group_count``), and no other.
     """
     import torch
 
@@ -257,7 +256,7 @@ def knn_edges(pos: Any, offsets: Any, k: int, *, groups: Any = None,
     node_event = torch.repeat_interleave(torch.arange(events, device=device), offsets.diff(),
                                          output_size=nodes)
     slot, group_pos, group_offsets, consistent = _position_groups(
-        pos, node_event, events, groups, group_count)
+        pos, offsets, node_event, groups, group_count)
     host = torch.cat([offsets, group_offsets, consistent.long()[None]]).cpu()
     if not host[-1]:
         raise ValueError("knn_edges: groups must give each id's nodes one event and one "
@@ -266,8 +265,7 @@ def knn_edges(pos: Any, offsets: Any, k: int, *, groups: Any = None,
     counts_host, group_counts_host = starts_host.diff(), group_starts_host.diff()
     # Node i's edges are rows edge_start[i]:edge_start[i] + min(k, n - 1) of the result, n
     # its event's node count: each block scatters its edges there, already in node order.
-    per_node = (torch.repeat_interleave(offsets.diff(), offsets.diff(), output_size=nodes) - 1
-                ).clamp_(min=0, max=k)
+    per_node = (offsets.diff()[node_event] - 1).clamp_(min=0, max=k)
     edge_start = torch.cumsum(per_node, 0) - per_node
     edge_count = int((counts_host * (counts_host - 1).clamp(min=0, max=k)).sum())
     # One column more than the edges: where the blocks put the candidates they drop.
@@ -297,7 +295,7 @@ def knn_edges(pos: Any, offsets: Any, k: int, *, groups: Any = None,
     return edge_index[:, :edge_count]
 
 
-def _position_groups(pos: Any, node_event: Any, events: int, groups: Any,
+def _position_groups(pos: Any, offsets: Any, node_event: Any, groups: Any,
                      group_count: int | None) -> tuple[Any, Any, Any, Any]:
     """Each node's group as a dense row (``slot``, ascending event by event), each group's
     position, the CSR offsets of groups per event, and whether ``groups`` kept its
@@ -305,12 +303,11 @@ def _position_groups(pos: Any, node_event: Any, events: int, groups: Any,
     import torch
 
     device = pos.device
-    nodes = pos.shape[0]
+    nodes, events = pos.shape[0], offsets.shape[0] - 1
     if groups is None:
+        # Each node its own group: the groups' offsets are the nodes'.
         slot = torch.arange(nodes, device=device)
-        group_offsets = torch.zeros(events + 1, dtype=torch.int64, device=device)
-        torch.cumsum(torch.bincount(node_event, minlength=events), 0, out=group_offsets[1:])
-        return slot, pos, group_offsets, torch.ones((), dtype=torch.bool, device=device)
+        return slot, pos, offsets, torch.ones((), dtype=torch.bool, device=device)
     groups = groups.long()
     if groups.shape != (nodes,):
         raise ValueError(f"knn_edges: groups must have one id per node ({nodes}), not shape "
