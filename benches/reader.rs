@@ -13,6 +13,7 @@ use shardify::bench::data;
 use shardify::bench::report::{run, table, BenchConfig};
 use shardify::dataset::{ChecksumPolicy, Dataset};
 use shardify::device::DeviceChoice;
+use shardify::pipeline::WorkerScheduling;
 use shardify::sampler::BatchOrder;
 
 fn arg(name: &str, default: u64) -> u64 {
@@ -34,6 +35,7 @@ fn main() {
         run_events: arg("--run-events", 1) as usize,
         batch_order: BatchOrder::Stored,
         workers: arg("--workers", 2) as usize,
+        worker_scheduling: vec![WorkerScheduling::Batch],
         seed: 9,
         simulate_compute_ms: 0.0,
         naive_cache_files: 0,

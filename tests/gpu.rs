@@ -48,6 +48,7 @@ fn config(layout: BatchLayout, device: DeviceChoice) -> LoaderConfig {
         device_buffers: 2,
         time_copies: true,
         dom_positions: true,
+        ..LoaderConfig::default()
     }
 }
 

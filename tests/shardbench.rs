@@ -120,13 +120,24 @@ fn quick_report_is_complete_and_consistent() {
         assert!(l["gather_seconds"].as_f64().unwrap() > 0.0);
         let gather_gb = l["gather_gb_per_s"].as_f64().unwrap();
         assert!(gather_gb > 0.0);
-        // The same-run bound of the scattered copy, and the delivered ratio to it.
-        let scattered = l["scattered_copy_gb_per_s"].as_f64().unwrap();
+        // The same-run bound of the scattered copy: its time per epoch, the delivered rate
+        // at that pace against memcpy, and the loader's pace against it.
+        let copy_seconds = l["scattered_copy_seconds"].as_f64().unwrap();
+        let epoch_seconds = wall / 2.0;
+        assert!(copy_seconds > 0.0, "{l}");
         let ratio = l["ratio_to_scattered_copy"].as_f64().unwrap();
         assert!(
-            scattered > 0.0
-                && (ratio * scattered / l["gb_per_s"].as_f64().unwrap() - 1.0).abs() < 1e-9,
+            (ratio * epoch_seconds / copy_seconds - 1.0).abs() < 1e-9,
             "{l}"
+        );
+        let bound = l["scattered_copy_bound_ratio_to_memcpy"].as_f64().unwrap();
+        let at_pace = epoch_bytes / copy_seconds / 1e9 / r["memcpy_gb_per_s"].as_f64().unwrap();
+        assert!((bound / at_pace - 1.0).abs() < 1e-9, "{l}");
+        // Stored bytes (the pieces) are fewer than delivered ones (positions added).
+        let stored = l["scattered_copy_gb_per_s"].as_f64().unwrap() * copy_seconds * 1e9;
+        assert!(
+            stored > 0.0 && stored < epoch_bytes,
+            "{stored} stored, {epoch_bytes} delivered"
         );
         assert!(l["first_epoch_events_per_s"].as_f64().unwrap() > 0.0);
     }
@@ -215,4 +226,67 @@ fn cold_report_measures_the_disk_bound_and_each_window_against_it() {
     let (table, warm) = run(false);
     assert!(warm["cold_read_gb_per_s"].is_null() && !table.contains("events/s cold"));
     assert!(warm["loaders"][0]["cold_ratio_to_disk"].is_null());
+}
+
+#[test]
+fn both_worker_scheduling_policies_are_measured_in_one_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = dir.path().join("ds");
+    convert_all(&fixture(), "train", &ds, &options(1, 2)).unwrap();
+    let json = dir.path().join("report.json");
+    let args = ["--no-baselines", "--worker-scheduling", "batch,normal"];
+    let out = quick_shardbench(&ds, &json, &args);
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    assert_eq!(
+        r["worker_scheduling"],
+        serde_json::json!(["batch", "normal"])
+    );
+    let rows: Vec<(String, u64)> = r["loaders"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| {
+            (
+                l["name"].as_str().unwrap().to_string(),
+                l["window"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    let normal = "shardify (normal scheduling)".to_string();
+    assert_eq!(
+        rows,
+        [
+            ("shardify".to_string(), 1),
+            ("shardify".to_string(), 4),
+            (normal.clone(), 1),
+            (normal, 4)
+        ]
+    );
+    // The policy changes the threads' timing, never the batches: the same order measured.
+    let loaders = r["loaders"].as_array().unwrap();
+    for window in 0..2 {
+        let (batch, normal) = (&loaders[window], &loaders[window + 2]);
+        assert_eq!(batch["events"], 600);
+        assert_eq!(batch["events"], normal["events"]);
+        assert_eq!(batch["quality"], normal["quality"]);
+    }
+    assert!(
+        table.contains("2 workers (batch, then normal scheduling)")
+            && table.contains("window    4 (normal scheduling): gather"),
+        "{table}"
+    );
+    let refused = quick_shardbench(&ds, &json, &["--worker-scheduling", "fifo"]);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success()
+            && stderr.contains("worker_scheduling")
+            && stderr.contains("fifo"),
+        "{stderr}"
+    );
 }

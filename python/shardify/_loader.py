@@ -97,6 +97,10 @@ class Loader:
     * ``rank``, ``world`` (None): this process's share; None takes them from
       ``torch.distributed`` when initialised, else ``RANK`` / ``WORLD_SIZE``, else 0 / 1.
     * ``workers`` (2): threads gathering batches (each one a core while it works).
+    * ``worker_scheduling`` ("batch"): ``"batch"`` puts the gathering threads under
+      Linux's ``SCHED_BATCH`` (same CPU share; a worker that wakes does not preempt the
+      training loop's thread, which with no core to spare saves it a context switch per
+      batch); ``"normal"`` leaves them under the process's policy.
     * ``prefetch`` (4): batches gathered ahead: the staging buffers in flight.
     * ``device`` ("auto"): ``"auto"`` (``cuda:0`` when a GPU is usable, else the CPU),
       ``"cpu"``, ``"cuda:N"`` or a ``torch.device``. On a GPU batches are copied
@@ -156,6 +160,7 @@ class Loader:
         rank: int | None = None,
         world: int | None = None,
         workers: int = 2,
+        worker_scheduling: str = "batch",
         prefetch: int = 4,
         device: Any = "auto",
         output: str = "torch",
@@ -204,6 +209,7 @@ class Loader:
             rank=rank,
             world=world,
             workers=_count("workers", workers),
+            worker_scheduling=worker_scheduling,
             prefetch=_count("prefetch", prefetch),
             # A resident loader only plans with it: its device is torch's (below).
             device="cpu" if resident else device,

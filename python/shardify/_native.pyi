@@ -101,6 +101,7 @@ class Loader:
         rank: int,
         world: int,
         workers: int,
+        worker_scheduling: str,
         prefetch: int,
         device: str,
         dom_positions: bool,

@@ -10,7 +10,9 @@ use shardify::batch::{sections, BatchLayout};
 use shardify::dataset::View;
 use shardify::device::staging::StagingPool;
 use shardify::device::{DeviceChoice, Placement};
-use shardify::pipeline::{rank_batch_count, Arrival, Batch, Loader, LoaderConfig};
+use shardify::pipeline::{
+    rank_batch_count, Arrival, Batch, Loader, LoaderConfig, WorkerScheduling,
+};
 use shardify::resident::plan_epoch;
 use shardify::sampler::{BatchOrder, Batching, SamplerConfig, SamplerState};
 use shardify::Error;
@@ -223,7 +225,7 @@ impl PyLoader {
     #[allow(clippy::too_many_arguments)]
     #[pyo3(signature = (dataset, *, batch_events, max_pulses, max_events, layout, max_doms,
         pulses_per_dom, seed, block_events, window_blocks, run_events, batch_order, shuffle,
-        drop_last, rank, world, workers, prefetch, device, dom_positions))]
+        drop_last, rank, world, workers, worker_scheduling, prefetch, device, dom_positions))]
     fn new(
         py: Python<'_>,
         dataset: &PyDataset,
@@ -243,6 +245,7 @@ impl PyLoader {
         rank: usize,
         world: usize,
         workers: usize,
+        worker_scheduling: &str,
         prefetch: usize,
         device: &str,
         dom_positions: bool,
@@ -262,6 +265,9 @@ impl PyLoader {
             },
             layout: self::layout(layout, max_doms, pulses_per_dom).map_err(to_py)?,
             workers,
+            worker_scheduling: worker_scheduling
+                .parse::<WorkerScheduling>()
+                .map_err(to_py)?,
             prefetch,
             device: device.parse::<DeviceChoice>().map_err(to_py)?,
             dom_positions,

@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 
 import pytest
 import shardify
@@ -91,3 +92,55 @@ def test_explicit_rank_and_world_without_drop_last(train_dir, torch):
                                   "--world", "3")
     assert sorted(e for r in per_rank for b in r for e in b) == sorted(
         e for b in order_lines(train_dir, "--batch-events", "16") for e in b)
+
+
+def _threads() -> dict[int, str]:
+    """This process's threads: id and name."""
+    names = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as comm:
+                names[int(tid)] = comm.read().strip()
+        except FileNotFoundError:  # ended while listed
+            pass
+    return names
+
+
+def _batch_allowed() -> bool:
+    """Whether the kernel lets a thread take SCHED_BATCH (a seccomp filter may refuse; the
+    loader's workers then keep the process's policy)."""
+    allowed = []
+
+    def probe() -> None:
+        try:
+            os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+            allowed.append(True)
+        except PermissionError:
+            allowed.append(False)
+
+    thread = threading.Thread(target=probe)
+    thread.start()
+    thread.join()
+    return allowed[0]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SCHED_BATCH is Linux's")
+@pytest.mark.parametrize("scheduling", ["batch", "normal"])
+def test_worker_scheduling_sets_the_gathering_threads_policy_not_the_order(
+        train_dir, torch, scheduling):
+    before = _threads()
+    # One event per batch: far more batches than staging buffers, so with the first batch
+    # held every worker is alive, waiting for a free buffer.
+    loader = shardify.Loader(train_dir, batch_events=1, workers=3, device="cpu",
+                             worker_scheduling=scheduling)
+    batches = iter(loader)
+    held = next(batches)
+    started = {tid: name for tid, name in _threads().items() if tid not in before}
+    assert sorted(started.values()) == ["shardify-gather"] * 3
+    expected = os.SCHED_BATCH if scheduling == "batch" and _batch_allowed() else os.SCHED_OTHER
+    assert {os.sched_getscheduler(tid) for tid in started} == {expected}
+    assert os.sched_getscheduler(0) == os.SCHED_OTHER, "the training loop's thread changed"
+    rest = ids(batches)
+    assert [held["event_id"].tolist()] + rest == order_lines(train_dir, "--batch-events", "1")
+    with pytest.raises(ValueError, match="worker_scheduling.*batch or normal.*fifo"):
+        shardify.Loader(train_dir, worker_scheduling="fifo")

@@ -22,7 +22,8 @@ def test_peers_reports_every_loader_and_torchs_floor(train_dir, torch, tmp_path)
     package = {row["name"]: row for row in figures["shardify"]}
     assert list(package) == [
         "shardify, Rust loader alone (bound)", "shardify -> torch tensors",
-        "shardify -> numpy arrays", "shardify resident (cpu, window 16)",
+        "shardify -> numpy arrays", "shardify -> torch, workers' policy normal",
+        "shardify resident (cpu, window 16)",
         "shardify resident (cpu, complete shuffle)"]
     for row in [*figures["loaders"], *figures["shardify"]]:
         assert row["events_per_s"] > 0, row["name"]

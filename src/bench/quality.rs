@@ -13,7 +13,7 @@
 //! - **displacement**: mean distance between an event's position in the stream and its
 //!   stored position, as a fraction of the dataset size (1/3 for a uniform permutation).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use serde::Serialize;
 
@@ -60,7 +60,8 @@ fn entropy_bits(counts: impl Iterator<Item = usize>, total: usize) -> f64 {
 fn mean_batch_entropy(batches: &[Vec<i64>]) -> f64 {
     let mut sum = 0.0;
     for batch in batches {
-        let mut counts: HashMap<i64, usize> = HashMap::new();
+        // Ordered: the entropy's terms are summed in the same order every run.
+        let mut counts: BTreeMap<i64, usize> = BTreeMap::new();
         for &f in batch {
             *counts.entry(f).or_default() += 1;
         }

@@ -10,8 +10,8 @@ use serde::Serialize;
 use super::baselines::{SourceIndex, Throughput};
 use super::quality::{quality, EventInfo, Quality};
 use super::stages::{
-    cold_read_gb_per_s, copy_stage_gb_per_s, scattered_copy_gb_per_s, shard_read_gb_per_s,
-    Consumer, GpuBounds,
+    cold_read_gb_per_s, copy_stage_gb_per_s, scattered_copy, shard_read_gb_per_s, Consumer,
+    GpuBounds,
 };
 use super::{median_of, memcpy_gb_per_s};
 use crate::batch::BatchLayout;
@@ -19,7 +19,7 @@ use crate::dataset::Dataset;
 use crate::device::staging::StagingPool;
 use crate::device::{DeviceChoice, Placement};
 use crate::error::Result;
-use crate::pipeline::{Loader, LoaderConfig};
+use crate::pipeline::{Loader, LoaderConfig, WorkerScheduling};
 use crate::sampler::{BatchOrder, BatchPlan, Batching, SamplerConfig, SamplerState};
 use crate::source::InputSet;
 
@@ -38,6 +38,9 @@ pub struct BenchConfig {
     pub batch_order: BatchOrder,
     /// Gather threads.
     pub workers: usize,
+    /// Scheduling policies of the gather threads, each measured at every window (rows
+    /// after the first policy's are named with theirs: the same run compares them).
+    pub worker_scheduling: Vec<WorkerScheduling>,
     /// Seed of every loader's order.
     pub seed: u64,
     /// A simulated training step per batch, in milliseconds (0: none).
@@ -86,10 +89,16 @@ pub struct LoaderFigures {
     /// `gather_gb_per_s` / memcpy GB/s with the same threads, same run.
     pub gather_ratio_to_memcpy: Option<f64>,
     /// Copying the same events' shard bytes piece by piece, in each batch's storage order,
-    /// with the same threads, same run, GB/s: the bound of gathering scattered events
-    /// ([`super::stages::scattered_copy_gb_per_s`]).
+    /// with the same threads, same run, GB/s of stored bytes ([`super::stages::scattered_copy`]).
     pub scattered_copy_gb_per_s: Option<f64>,
-    /// `gb_per_s` / `scattered_copy_gb_per_s`.
+    /// Seconds that copy takes for one epoch's batches: no gather of them takes less.
+    pub scattered_copy_seconds: Option<f64>,
+    /// The bound in delivered terms: one epoch's delivered bytes at the scattered copy's
+    /// pace (`scattered_copy_seconds`), against memcpy. No loader that copies these pieces
+    /// delivers more of memcpy than this (it also writes what the copy leaves out).
+    pub scattered_copy_bound_ratio_to_memcpy: Option<f64>,
+    /// The loader's pace against that bound: `scattered_copy_seconds` / the loader's
+    /// seconds per epoch (1 would be a loader as fast as the bare copy).
     pub ratio_to_scattered_copy: Option<f64>,
     /// Events per second of the first epoch, with the staging pool still growing (the
     /// measured epochs follow it on the same pool, as a long job's do).
@@ -192,6 +201,8 @@ pub struct Report {
     pub batch_order: BatchOrder,
     /// Gather threads (shardify).
     pub workers: usize,
+    /// Their scheduling policies, in the order the rows were measured.
+    pub worker_scheduling: Vec<WorkerScheduling>,
     /// Every loader.
     pub loaders: Vec<LoaderFigures>,
 }
@@ -224,13 +235,13 @@ struct EpochRun {
     gpu_idle_busy_ms: Option<(f64, f64)>,
 }
 
-/// One epoch at `window`, gathered into `pool`'s buffers when there is one (left holding
+/// One epoch at `window` with the gather threads under `worker_scheduling`, gathered into `pool`'s buffers when there is one (left holding
 /// the loader's pool, for the next epoch).
 fn run_epoch(
     dataset: &Arc<Dataset>,
     config: &BenchConfig,
     placement: &Placement,
-    window: usize,
+    (window, worker_scheduling): (usize, WorkerScheduling),
     epoch: u64,
     pool: &mut Option<Arc<StagingPool>>,
 ) -> Result<EpochRun> {
@@ -243,6 +254,7 @@ fn run_epoch(
         time_copies: config.time_copies,
         device_buffers: config.device_buffers,
         dom_positions: config.dom_positions,
+        worker_scheduling,
     };
     let mut consumer = Consumer::new(placement, config.simulate_compute_ms)?;
     let mut loader = Loader::on_pool(
@@ -338,6 +350,8 @@ fn figures(
         gather_gb_per_s: None,
         gather_ratio_to_memcpy: None,
         scattered_copy_gb_per_s: None,
+        scattered_copy_seconds: None,
+        scattered_copy_bound_ratio_to_memcpy: None,
         ratio_to_scattered_copy: None,
         first_epoch_events_per_s: None,
         wait_seconds: None,
@@ -394,7 +408,21 @@ pub fn run(
         None => None,
     };
     let mut loaders = Vec::new();
-    for &window in &config.windows {
+    let runs = config
+        .worker_scheduling
+        .iter()
+        .enumerate()
+        .flat_map(|(i, &scheduling)| {
+            let name = match i {
+                0 => "shardify".to_string(),
+                _ => format!("shardify ({} scheduling)", scheduling.name()),
+            };
+            config
+                .windows
+                .iter()
+                .map(move |&window| (name.clone(), window, scheduling))
+        });
+    for (name, window, scheduling) in runs {
         // One staging pool for the window's epochs, as a job keeps one: a first epoch grows
         // it (reported apart), the two measured ones run on it.
         let mut pool = None;
@@ -402,7 +430,14 @@ pub fn run(
             if config.cold {
                 dataset.evict_from_page_cache()?;
             }
-            run_epoch(&dataset, config, &placement, window, e, &mut pool)
+            run_epoch(
+                &dataset,
+                config,
+                &placement,
+                (window, scheduling),
+                e,
+                &mut pool,
+            )
         };
         let first = epoch(2)?;
         let epochs = [epoch(0)?, epoch(1)?];
@@ -416,23 +451,27 @@ pub fn run(
             bytes: epochs.iter().map(|e| e.throughput.bytes).sum(),
             seconds: epochs.iter().map(|e| e.throughput.seconds).sum(),
         };
-        let mut f = figures("shardify", Some(window), total, bound, q);
+        let mut f = figures(&name, Some(window), total, bound, q);
         let wait: f64 = epochs.iter().map(|e| e.wait).sum();
         let gather: f64 = epochs.iter().map(|e| e.gather).sum();
         let gather_gb = total.bytes as f64 / 1e9 / (gather / config.workers as f64).max(1e-12);
         f.gather_seconds = Some(gather);
         f.gather_gb_per_s = Some(gather_gb);
         f.gather_ratio_to_memcpy = Some(gather_gb / bound);
-        let scattered = scattered_copy_gb_per_s(&dataset, &epochs[0].plans, config.workers)?;
-        f.scattered_copy_gb_per_s = Some(scattered);
-        f.ratio_to_scattered_copy = Some(f.gb_per_s / scattered);
+        let scattered = scattered_copy(&dataset, &epochs[0].plans, config.workers)?;
+        let epoch_seconds = total.seconds / epochs.len() as f64;
+        let epoch_bytes = total.bytes as f64 / epochs.len() as f64;
+        f.scattered_copy_gb_per_s = Some(scattered.gb_per_s());
+        f.scattered_copy_seconds = Some(scattered.seconds);
+        f.scattered_copy_bound_ratio_to_memcpy =
+            Some(epoch_bytes / scattered.seconds.max(1e-12) / 1e9 / bound);
+        f.ratio_to_scattered_copy = Some(scattered.seconds / epoch_seconds.max(1e-12));
         f.first_epoch_events_per_s =
             Some(first.throughput.events as f64 / first.throughput.seconds.max(1e-9));
         f.wait_seconds = Some(wait);
         f.compute_seconds = Some(epochs.iter().map(|e| e.compute).sum());
         f.waiting_fraction = Some(wait / total.seconds.max(1e-9));
         if let Some(disk) = cold_read {
-            let epoch_seconds = total.seconds / epochs.len() as f64;
             f.cold_events_per_s = Some(f.events_per_s);
             f.cold_ratio_to_disk =
                 Some(m.totals.bytes as f64 / epoch_seconds.max(1e-9) / 1e9 / disk);
@@ -518,6 +557,7 @@ pub fn run(
         run_events: config.run_events,
         batch_order: config.batch_order,
         workers: config.workers,
+        worker_scheduling: config.worker_scheduling.clone(),
         loaders,
     })
 }
@@ -542,13 +582,21 @@ fn stage_line(l: &LoaderFigures) -> String {
     ) else {
         return String::new();
     };
+    let policy = l.name.strip_prefix("shardify").unwrap_or(&l.name);
     let mut out = format!(
-        "  window {:>4}: gather {} (all workers) = {gather_gb:.2} GB/s = {gather_ratio:.2} of memcpy",
+        "  window {:>4}{policy}: gather {} (all workers) = {gather_gb:.2} GB/s = {gather_ratio:.2} of memcpy",
         l.window.unwrap_or(0),
         duration(gather_s)
     );
-    if let (Some(gb), Some(r)) = (l.scattered_copy_gb_per_s, l.ratio_to_scattered_copy) {
-        out += &format!("; copying the same events' pieces {gb:.2} GB/s, delivered {r:.2} of it");
+    if let (Some(s), Some(bound), Some(r)) = (
+        l.scattered_copy_seconds,
+        l.scattered_copy_bound_ratio_to_memcpy,
+        l.ratio_to_scattered_copy,
+    ) {
+        out += &format!(
+            "; copying the same events' pieces {} per epoch (bound: delivered at that pace = {bound:.2} of memcpy), the loader at {r:.2} of that pace",
+            duration(s)
+        );
     }
     if let Some(first) = l.first_epoch_events_per_s {
         out += &format!("; first epoch (pool growing) {:.2}M events/s", first / 1e6);
@@ -588,8 +636,9 @@ pub fn table(report: &Report) -> String {
         report.dataset_events, report.dataset_pulses, report.machine.cpus, report.memcpy_gb_per_s, report.simulate_compute_ms
     );
     out += &format!(
-        "batches of {} events; shardify: blocks of {} events, runs of {}, batch order {}, {} workers\n",
-        report.batch_events, report.block_events, report.run_events, report.batch_order, report.workers
+        "batches of {} events; shardify: blocks of {} events, runs of {}, batch order {}, {} workers ({} scheduling)\n",
+        report.batch_events, report.block_events, report.run_events, report.batch_order, report.workers,
+        report.worker_scheduling.iter().map(|s| s.name()).collect::<Vec<_>>().join(", then ")
     );
     out += &format!(
         "{:<44} {:>6} {:>11} {:>12} {:>7} {:>6} {:>7} {:>7} {:>7} {:>7} {:>6}\n",

@@ -44,18 +44,34 @@ fn element_range(
     &raw[range.start * dtype.size()..range.end * dtype.size()]
 }
 
-/// GB/s of copying, with `threads` threads, exactly the pieces of shard columns the batches
-/// `plans` hold, event by event in each batch's storage order (each event's id, labels,
-/// sensor ids, DOM offsets, and pulse times, charges and flags, as the gather reads them),
-/// into one batch-sized buffer per thread: the bound on gathering scattered events, where
-/// [`super::memcpy_gb_per_s`] copies the same bytes in batch-sized sequential pieces. It
-/// leaves out what the gather computes (offsets rebased, positions looked up). The median of
-/// three passes.
-pub fn scattered_copy_gb_per_s(
+/// One timed copy of scattered pieces.
+#[derive(Debug, Clone, Copy)]
+pub struct ScatteredCopy {
+    /// Seconds the copy took (the median of three passes).
+    pub seconds: f64,
+    /// Bytes copied: the pieces' bytes as stored.
+    pub bytes: usize,
+}
+
+impl ScatteredCopy {
+    /// Stored bytes per second, GB/s.
+    pub fn gb_per_s(&self) -> f64 {
+        self.bytes as f64 / self.seconds.max(1e-9) / 1e9
+    }
+}
+
+/// Copies, with `threads` threads, exactly the pieces of shard columns the batches `plans`
+/// hold, event by event in each batch's storage order (each event's id, labels, sensor ids,
+/// DOM offsets, and pulse times, charges and flags, as the gather reads them), into one
+/// batch-sized buffer per thread: the least any gather of these batches does, so its time
+/// bounds the loader's, where [`super::memcpy_gb_per_s`] copies bytes in batch-sized
+/// sequential pieces. It leaves out what the gather computes (offsets rebased, positions
+/// looked up and written). The median of three passes.
+pub fn scattered_copy(
     dataset: &Dataset,
     plans: &[crate::sampler::BatchPlan],
     threads: usize,
-) -> Result<f64> {
+) -> Result<ScatteredCopy> {
     let views = (0..dataset.shard_count())
         .map(|i| dataset.shard(i)?.view())
         .collect::<Result<Vec<_>>>()?;
@@ -107,7 +123,11 @@ pub fn scattered_copy_gb_per_s(
                 });
             }
         });
-        Ok::<_, crate::Error>(total as f64 / started.elapsed().as_secs_f64().max(1e-9) / 1e9)
+        Ok::<_, crate::Error>(started.elapsed().as_secs_f64())
+    })
+    .map(|seconds| ScatteredCopy {
+        seconds,
+        bytes: total,
     })
 }
 

@@ -9,6 +9,7 @@ use clap::Parser;
 use shardify::bench::report::{run, table, BenchConfig};
 use shardify::dataset::{ChecksumPolicy, Dataset};
 use shardify::device::DeviceChoice;
+use shardify::pipeline::WorkerScheduling;
 use shardify::source::InputSet;
 
 #[path = "common/sampler_args.rs"]
@@ -40,6 +41,11 @@ struct Args {
     /// Gather threads.
     #[arg(long, default_value_t = 2)]
     workers: usize,
+    /// Scheduling policies of the gather threads, comma-separated: batch (Linux
+    /// SCHED_BATCH, the loader's default: no wake-up preemption of the consumer) and/or
+    /// normal (the process's policy); each is measured at every window, in this run.
+    #[arg(long, value_delimiter = ',', default_value = "batch")]
+    worker_scheduling: Vec<WorkerScheduling>,
     /// A training step of this many milliseconds per batch (a sleep on the CPU; on a GPU,
     /// memory-bound work on a compute stream, calibrated to this length).
     #[arg(long, default_value_t = 0.0)]
@@ -110,6 +116,7 @@ fn main() -> Result<()> {
         run_events: args.sampler.run_events,
         batch_order: args.sampler.batch_order,
         workers: args.workers,
+        worker_scheduling: args.worker_scheduling,
         seed: args.sampler.seed,
         simulate_compute_ms: args.simulate_compute,
         naive_cache_files: args.naive_cache_files,

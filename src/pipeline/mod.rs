@@ -21,6 +21,7 @@
 
 mod delivered;
 mod in_order;
+mod scheduling;
 mod uploader;
 mod workers;
 
@@ -34,6 +35,7 @@ use serde::{Deserialize, Serialize};
 
 pub use delivered::{Batch, DeviceSection};
 pub use in_order::Arrival;
+pub use scheduling::{WorkerScheduling, GATHER_THREAD_NAME, UPLOAD_THREAD_NAME};
 
 use crate::batch::BatchLayout;
 use crate::dataset::{DatasetSizes, View};
@@ -76,6 +78,12 @@ pub struct LoaderConfig {
     /// always has positions among its features, so it requires `true`.
     #[serde(default = "default_dom_positions")]
     pub dom_positions: bool,
+    /// How the gathering threads are scheduled beside the consumer: `Batch` (Linux
+    /// `SCHED_BATCH`, the default) keeps a worker that wakes from preempting the consumer's
+    /// thread, which on a machine with no core to spare costs the consumer a context switch
+    /// per batch ([`WorkerScheduling`]).
+    #[serde(default)]
+    pub worker_scheduling: WorkerScheduling,
 }
 
 fn default_dom_positions() -> bool {
@@ -112,6 +120,18 @@ impl LoaderConfig {
     }
 }
 
+/// Starts a loader thread named `name` (`top -H`, `py-spy` and debuggers show it). Like
+/// `std::thread::spawn`, it panics only when the system cannot make a thread at all.
+fn spawn_named<T: Send + 'static>(
+    name: &str,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> JoinHandle<T> {
+    std::thread::Builder::new()
+        .name(name.to_string())
+        .spawn(work)
+        .unwrap_or_else(|e| panic!("cannot start the loader's {name} thread: {e}"))
+}
+
 fn default_device_buffers() -> usize {
     2
 }
@@ -127,6 +147,7 @@ impl Default for LoaderConfig {
             device_buffers: default_device_buffers(),
             time_copies: false,
             dom_positions: default_dom_positions(),
+            worker_scheduling: WorkerScheduling::default(),
         }
     }
 }
@@ -237,7 +258,7 @@ impl Loader {
         {
             let (view, config, pool, stop) =
                 (view.clone(), config.clone(), pool.clone(), stop.clone());
-            threads.push(std::thread::spawn(move || {
+            threads.push(spawn_named(GATHER_THREAD_NAME, move || {
                 run_workers(&view, &config, position, &pool, result_tx, &stop)
             }));
         }
@@ -247,7 +268,7 @@ impl Loader {
             Some(slots) => {
                 let (uploaded_tx, uploaded) = unbounded();
                 let for_thread = slots.clone();
-                threads.push(std::thread::spawn(move || {
+                threads.push(spawn_named(UPLOAD_THREAD_NAME, move || {
                     upload_batches(order, for_thread, uploaded_tx)
                 }));
                 Delivery::Device { slots, uploaded }

@@ -6,6 +6,7 @@ use std::sync::Mutex;
 
 use crossbeam_channel::{bounded, select, Receiver, Sender, TrySendError};
 
+use super::scheduling::{WorkerScheduling, GATHER_THREAD_NAME};
 use super::LoaderConfig;
 use crate::batch::{plan_sections, BatchShape, Gatherer, Sections};
 use crate::dataset::{Dataset, DatasetSizes, View};
@@ -116,10 +117,32 @@ pub(crate) fn run_workers(
         sizes: &sizes,
         failed: AtomicBool::new(false),
     };
+    // This thread gathers too (it is named as a gathering thread where it is spawned); the
+    // others take its policy only if the kernel granted it.
+    let scheduling = match config.worker_scheduling.apply_to_current_thread() {
+        Ok(()) => config.worker_scheduling,
+        Err(e) => {
+            tracing::warn!(
+                "gathering threads keep the process's scheduling policy ({} refused: {e})",
+                config.worker_scheduling.name()
+            );
+            WorkerScheduling::Normal
+        }
+    };
     std::thread::scope(|scope| {
         for _ in 1..workers {
             let (plans, results) = (&plans, results.clone());
-            scope.spawn(move || gather_batches(dataset, config, pool, plans, results, stop));
+            let spawned = std::thread::Builder::new()
+                .name(GATHER_THREAD_NAME.to_string())
+                .spawn_scoped(scope, move || {
+                    // Granted to the first thread above, so granted here.
+                    let _ = scheduling.apply_to_current_thread();
+                    gather_batches(dataset, config, pool, plans, results, stop)
+                });
+            if let Err(e) = spawned {
+                // The threads already running gather the epoch; this one is not needed.
+                tracing::warn!("gathering thread not started: {e}");
+            }
         }
         gather_batches(dataset, config, pool, &plans, results, stop);
     });

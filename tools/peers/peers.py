@@ -19,7 +19,8 @@ Needs numpy and pyarrow; torch optional.
 With --dataset (the same source converted by `shardify convert`) it also runs, in this
 process, the `shardify` Python package's loader at the same batch size: the Rust loader
 alone (batches taken and dropped in Rust: the bound), then yielding torch tensors, then
-numpy arrays, then resident (the dataset held whole on --device, at the same window and
+numpy arrays, then torch tensors with the gathering threads under the process's scheduling
+policy (`worker_scheduling="normal"`; the default is SCHED_BATCH), then resident (the dataset held whole on --device, at the same window and
 with one window over the whole dataset), and prints each one's ratio to the Rust loader,
 the overhead per batch (its time per batch less the Rust loader's) and the host time per
 batch (the time spent in the loader's iterator; on a GPU the resident gather runs
@@ -162,7 +163,9 @@ def shardify_loaders(dataset, batch_events, window, workers, seconds, seed, devi
             loader = resident[kind]
         else:
             loader = shardify.Loader(dataset, window_blocks=window, workers=workers,
-                                     output="numpy" if kind == "numpy" else "torch", **settings)
+                                     output="numpy" if kind == "numpy" else "torch",
+                                     worker_scheduling="normal" if kind == "normal" else "batch",
+                                     **settings)
         batches = events = pulses = 0
         host = 0.0
         started = time.perf_counter()
@@ -193,6 +196,7 @@ def shardify_loaders(dataset, batch_events, window, workers, seconds, seed, devi
 
     names = {"rust": "shardify, Rust loader alone (bound)", "torch": "shardify -> torch tensors",
              "numpy": "shardify -> numpy arrays",
+             "normal": "shardify -> torch, workers' policy normal",
              "resident": f"shardify resident ({device}, window {window})",
              "resident-all": f"shardify resident ({device}, complete shuffle)"}
     if device.startswith("cuda"):
