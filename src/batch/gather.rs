@@ -310,6 +310,8 @@ impl<'a> Gatherer<'a> {
         let v = self.views.get(run.shard);
         let ((d0, d1), (p0, p1)) = (run.doms, run.pulses);
         prefetch(element_bytes(sized(v.dom_sensor_id.raw()), d0, d1));
+        // Locating read only the ends of the DOM offsets; rebasing reads them all.
+        prefetch(&v.dom_pulse_offsets[d0..=d1]);
         prefetch(element_bytes(sized(v.pulse_time.raw()), p0, p1));
         prefetch(element_bytes(sized(v.pulse_charge.raw()), p0, p1));
         prefetch(element_bytes((v.pulse_auxiliary, 1), p0, p1));
