@@ -108,53 +108,65 @@ impl PySection {
     }
 
     fn export<M: ManagedTensorBase>(&self) -> PyResult<Managed<M>> {
-        self.export_from(self.delivered()?)
-    }
-
-    /// The managed tensor of this section of `delivered` (this section's batch, already
-    /// checked to belong to this process: the check is a `getpid` system call, 0.5 µs here).
-    fn export_from<M: ManagedTensorBase>(&self, delivered: &Delivered) -> PyResult<Managed<M>> {
-        let described = Described {
-            data: delivered.address(&self.section),
-            shape: &self.section.shape,
-            dtype: self.section.dtype,
-            device: delivered.device(),
-            read_only: false,
-        };
-        // SAFETY: the data pointer addresses `section.len` bytes of the batch's buffer (its
-        // own, writable memory), which the context (a clone of the shared batch) keeps alive
-        // and unmoved until the consumer calls the deleter; `section.shape` in
-        // `section.dtype` is exactly those bytes.
-        unsafe { export_tensor(self.batch.clone(), described) }
+        export_section(&self.batch, self.delivered()?, &self.section)
     }
 }
 
-/// Legacy DLPack capsules of a batch's `sections` (all of one batch), in order: what a
-/// consumer turns into tensors with one call each, where `__dlpack__` and
+/// The managed tensor of `section` of `delivered`, the batch `shared` holds (already
+/// checked to belong to this process: the check is a `getpid` system call, 0.5 µs here).
+fn export_section<M: ManagedTensorBase>(
+    shared: &SharedBatch,
+    delivered: &Delivered,
+    section: &Section,
+) -> PyResult<Managed<M>> {
+    let described = Described {
+        data: delivered.address(section),
+        shape: &section.shape,
+        dtype: section.dtype,
+        device: delivered.device(),
+        read_only: false,
+    };
+    // SAFETY: the data pointer addresses `section.len` bytes of the batch's buffer (its own,
+    // writable memory), which the context (a clone of the shared batch) keeps alive and
+    // unmoved until the consumer calls the deleter; `section.shape` in `section.dtype` is
+    // exactly those bytes.
+    unsafe { export_tensor(shared.clone(), described) }
+}
+
+/// Legacy DLPack capsules of the sections of `shared` that `hands_out` names, in buffer
+/// order: what a consumer turns into tensors with one call each, where `__dlpack__` and
 /// `__dlpack_device__` per section cost three times as much (48 against 17 µs per batch of
 /// ten sections, measured). The batch is checked to belong to this process once, not three
-/// times per section (`getpid` costs 0.5 µs on these machines). On CUDA, `stream` (the
+/// times per section (`getpid` costs 0.5 µs on these machines), and its sections are read
+/// in place (no `Section` object, no copy of their shapes). On CUDA, `stream` (the
 /// consumer's, as DLPack passes it) is made to wait for the batch's copy once, for all its
 /// sections.
 pub fn capsules(
     py: Python<'_>,
-    sections: &[PySection],
+    shared: &SharedBatch,
+    hands_out: impl Fn(&str) -> bool,
     stream: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<Vec<Py<PyAny>>> {
-    let Some(first) = sections.first() else {
-        return Ok(Vec::new());
-    };
-    let delivered = first.delivered()?;
+    let delivered = shared.get().map_err(forked)?;
     if let Memory::Cuda { .. } = delivered.memory {
         let request = ExportRequest::parse(stream, None, None, None)?;
         delivered.order_after_copy(request.cuda_stream()?)?;
     }
-    sections
-        .iter()
-        .map(|s| {
-            let tensor: Managed<DLManagedTensor> = s.export_from(delivered)?;
-            Ok(tensor.into_pyobject(py)?.into_any().unbind())
-        })
+    // The tensors are made under the lock, the Python objects after it: making one may run
+    // the garbage collector, and with it any DLPack deleter.
+    let tensors = {
+        let batch = delivered.batch.lock().unwrap_or_else(|e| e.into_inner());
+        batch
+            .sections()
+            .list
+            .iter()
+            .filter(|s| hands_out(s.name))
+            .map(|s| export_section::<DLManagedTensor>(shared, delivered, s))
+            .collect::<PyResult<Vec<_>>>()?
+    };
+    tensors
+        .into_iter()
+        .map(|tensor| Ok(tensor.into_pyobject(py)?.into_any().unbind()))
         .collect()
 }
 

@@ -212,6 +212,16 @@ impl PyLoader {
         }
     }
 
+    /// The next batch and the CUDA device it was copied to, or `None` at the epoch's end.
+    fn next_with_ordinal(&self, py: Python<'_>) -> PyResult<Option<(Batch, Option<usize>)>> {
+        let mut guard = self.progress()?;
+        let progress = guard.get_mut().map_err(forked)?;
+        let ordinal = progress.placement.cuda().map(|d| d.ordinal());
+        Ok(self
+            .next_delivered(py, progress)?
+            .map(|batch| (batch, ordinal)))
+    }
+
     /// The sections a batch hands out, in buffer order.
     fn hands_out(&self, name: &str) -> bool {
         self.labels || (name != sections::EVENT_AZIMUTH && name != sections::EVENT_ZENITH)
@@ -294,10 +304,7 @@ impl PyLoader {
     /// dataset), or `None` at the end of the epoch; the GIL is released while waiting, and
     /// Ctrl-C raises `KeyboardInterrupt` within a fraction of a second.
     fn next_batch(&self, py: Python<'_>) -> PyResult<Option<Vec<PySection>>> {
-        let mut guard = self.progress()?;
-        let progress = guard.get_mut().map_err(forked)?;
-        let ordinal = progress.placement.cuda().map(|d| d.ordinal());
-        let Some(batch) = self.next_delivered(py, progress)? else {
+        let Some((batch, ordinal)) = self.next_with_ordinal(py)? else {
             return Ok(None);
         };
         let list = batch.sections().list.clone();
@@ -320,10 +327,12 @@ impl PyLoader {
         py: Python<'_>,
         stream: Option<Bound<'_, PyAny>>,
     ) -> PyResult<Option<Vec<Py<PyAny>>>> {
-        match self.next_batch(py)? {
-            Some(sections) => Ok(Some(capsules(py, &sections, stream.as_ref())?)),
-            None => Ok(None),
-        }
+        let Some((batch, ordinal)) = self.next_with_ordinal(py)? else {
+            return Ok(None);
+        };
+        let shared = Arc::new(ProcessBound::new(Delivered::new(batch, ordinal)));
+        let hands_out = |name: &str| self.hands_out(name);
+        Ok(Some(capsules(py, &shared, hands_out, stream.as_ref())?))
     }
 
     /// Takes the rest of the epoch in Rust, dropping each batch as it comes: the same
