@@ -55,6 +55,12 @@ impl Delivered {
         }
     }
 
+    /// A copy of its section list (names, dtypes, shapes, offsets).
+    pub fn sections(&self) -> Vec<Section> {
+        let batch = self.batch.lock().unwrap_or_else(|e| e.into_inner());
+        batch.sections().list.clone()
+    }
+
     fn device(&self) -> DLDevice {
         match self.memory {
             Memory::Host(_) => DLDevice::CPU,

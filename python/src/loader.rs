@@ -18,7 +18,7 @@ use shardify::sampler::{BatchOrder, Batching, SamplerConfig, SamplerState};
 use shardify::Error;
 
 use crate::array::{numpy_name, PyHostArray};
-use crate::batch::{capsules, Delivered, PySection};
+use crate::batch::{capsules, Delivered, PySection, SharedBatch};
 use crate::dataset::PyDataset;
 use crate::errors::{forked, to_py};
 use crate::process::ProcessBound;
@@ -212,14 +212,14 @@ impl PyLoader {
         }
     }
 
-    /// The next batch and the CUDA device it was copied to, or `None` at the epoch's end.
-    fn next_with_ordinal(&self, py: Python<'_>) -> PyResult<Option<(Batch, Option<usize>)>> {
+    /// The next batch, shared by whatever will view it, or `None` at the epoch's end.
+    fn next_shared(&self, py: Python<'_>) -> PyResult<Option<SharedBatch>> {
         let mut guard = self.progress()?;
         let progress = guard.get_mut().map_err(forked)?;
         let ordinal = progress.placement.cuda().map(|d| d.ordinal());
         Ok(self
             .next_delivered(py, progress)?
-            .map(|batch| (batch, ordinal)))
+            .map(|batch| Arc::new(ProcessBound::new(Delivered::new(batch, ordinal)))))
     }
 
     /// The sections a batch hands out, in buffer order.
@@ -304,11 +304,10 @@ impl PyLoader {
     /// dataset), or `None` at the end of the epoch; the GIL is released while waiting, and
     /// Ctrl-C raises `KeyboardInterrupt` within a fraction of a second.
     fn next_batch(&self, py: Python<'_>) -> PyResult<Option<Vec<PySection>>> {
-        let Some((batch, ordinal)) = self.next_with_ordinal(py)? else {
+        let Some(shared) = self.next_shared(py)? else {
             return Ok(None);
         };
-        let list = batch.sections().list.clone();
-        let shared = Arc::new(ProcessBound::new(Delivered::new(batch, ordinal)));
+        let list = shared.get().map_err(forked)?.sections();
         Ok(Some(
             list.into_iter()
                 .filter(|s| self.hands_out(s.name))
@@ -327,10 +326,9 @@ impl PyLoader {
         py: Python<'_>,
         stream: Option<Bound<'_, PyAny>>,
     ) -> PyResult<Option<Vec<Py<PyAny>>>> {
-        let Some((batch, ordinal)) = self.next_with_ordinal(py)? else {
+        let Some(shared) = self.next_shared(py)? else {
             return Ok(None);
         };
-        let shared = Arc::new(ProcessBound::new(Delivered::new(batch, ordinal)));
         let hands_out = |name: &str| self.hands_out(name);
         Ok(Some(capsules(py, &shared, hands_out, stream.as_ref())?))
     }
