@@ -98,10 +98,19 @@ fn gathering_threads_are_named_and_take_the_configured_policy() {
         );
         drop(held);
         drop(loader);
-        let left: Vec<i32> = threads()
-            .into_keys()
-            .filter(|tid| started.contains_key(tid))
-            .collect();
+        // Joined threads leave /proc a moment after the join returns (the kernel reaps
+        // them after waking the joiner): wait for that, for at most 2 s.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        let left = loop {
+            let left: Vec<i32> = threads()
+                .into_keys()
+                .filter(|tid| started.contains_key(tid))
+                .collect();
+            if left.is_empty() || std::time::Instant::now() > deadline {
+                break left;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        };
         assert!(
             left.is_empty(),
             "{scheduling:?}: threads left running: {left:?}"
