@@ -235,8 +235,8 @@ struct EpochRun {
     gpu_idle_busy_ms: Option<(f64, f64)>,
 }
 
-/// One epoch at `window` with the gather threads under `worker_scheduling`, gathered into `pool`'s buffers when there is one (left holding
-/// the loader's pool, for the next epoch).
+/// One epoch at `window` with the gather threads under `worker_scheduling`, gathered into
+/// `pool`'s buffers when there is one (left holding the loader's pool, for the next epoch).
 fn run_epoch(
     dataset: &Arc<Dataset>,
     config: &BenchConfig,

@@ -74,7 +74,8 @@ pub struct LoaderConfig {
     pub time_copies: bool,
     /// Whether packed batches carry `dom_position` (each DOM's row of the sensor table,
     /// looked up while gathering). `false` leaves it out, for models that embed sensor ids
-    /// or look positions up on the GPU from [`Dataset::sensor_table`](crate::dataset::Dataset::sensor_table); the padded layout
+    /// or look positions up on the GPU from
+    /// [`Dataset::sensor_table`](crate::dataset::Dataset::sensor_table); the padded layout
     /// always has positions among its features, so it requires `true`.
     #[serde(default = "default_dom_positions")]
     pub dom_positions: bool,

@@ -6,7 +6,7 @@ use std::sync::Mutex;
 
 use crossbeam_channel::{bounded, select, Receiver, Sender, TrySendError};
 
-use super::scheduling::{WorkerScheduling, GATHER_THREAD_NAME};
+use super::scheduling::GATHER_THREAD_NAME;
 use super::LoaderConfig;
 use crate::batch::{plan_sections, BatchShape, Gatherer, Sections};
 use crate::dataset::{Dataset, DatasetSizes, View};
@@ -118,25 +118,19 @@ pub(crate) fn run_workers(
         failed: AtomicBool::new(false),
     };
     // This thread gathers too (it is named as a gathering thread where it is spawned); the
-    // others take its policy only if the kernel granted it.
-    let scheduling = match config.worker_scheduling.apply_to_current_thread() {
-        Ok(()) => config.worker_scheduling,
-        Err(e) => {
-            tracing::warn!(
-                "gathering threads keep the process's scheduling policy ({} refused: {e})",
-                config.worker_scheduling.name()
-            );
-            WorkerScheduling::Normal
-        }
-    };
+    // ones it starts below inherit its policy (Linux threads start under their creator's).
+    if let Err(e) = config.worker_scheduling.apply_to_current_thread() {
+        tracing::warn!(
+            "gathering threads keep the process's scheduling policy ({} refused: {e})",
+            config.worker_scheduling.name()
+        );
+    }
     std::thread::scope(|scope| {
         for _ in 1..workers {
             let (plans, results) = (&plans, results.clone());
             let spawned = std::thread::Builder::new()
                 .name(GATHER_THREAD_NAME.to_string())
                 .spawn_scoped(scope, move || {
-                    // Granted to the first thread above, so granted here.
-                    let _ = scheduling.apply_to_current_thread();
                     gather_batches(dataset, config, pool, plans, results, stop)
                 });
             if let Err(e) = spawned {
