@@ -66,7 +66,10 @@ fn quick_report_is_complete_and_consistent() {
         table.contains("window    1: gather")
             && table.contains("of memcpy; copying the same events' pieces")
             && table.contains("first epoch (pool growing)")
-            && table.contains("; waited"),
+            && table.contains("; waited")
+            && table.contains("one thread gathers an event in")
+            && table.contains("ns per DOM); reading its pieces alone")
+            && table.contains("the workers outside the gather"),
         "one stage line per shardify loader: {table}"
     );
     let device = r["machine"]["device"].as_str().unwrap();
@@ -140,6 +143,31 @@ fn quick_report_is_complete_and_consistent() {
             "{stored} stored, {epoch_bytes} delivered"
         );
         assert!(l["first_epoch_events_per_s"].as_f64().unwrap() > 0.0);
+        // One thread's gather of the first epoch's batches, split into its stages: the
+        // parts add up to the whole, over every event and DOM of the epoch.
+        let g = &l["gather_stages"];
+        assert_eq!(g["batches"], batches.ceil() as u64, "{g}");
+        assert_eq!(g["events"], 300, "{g}");
+        assert_eq!(g["doms"], t.doms, "{g}");
+        let part = |k: &str| g[k].as_f64().unwrap_or_else(|| panic!("{k} missing: {g}"));
+        let whole = part("gather_seconds");
+        let parts = part("locate_seconds") + part("columns_seconds") + part("positions_seconds");
+        assert!(whole > 0.0 && part("locate_seconds") > 0.0, "{g}");
+        assert!(
+            part("columns_seconds") >= 0.0 && part("positions_seconds") >= 0.0,
+            "{g}"
+        );
+        // Equal, unless noise made a difference negative and it was counted as zero.
+        assert!(parts >= whole - 1e-12, "{g}");
+        assert!(part("read_floor_seconds") > 0.0, "{g}");
+        // The workers' time outside the gather, per batch, from the row's own figures.
+        let outside =
+            (2.0 * wall - l["gather_seconds"].as_f64().unwrap()).max(0.0) / (2.0 * batches.ceil());
+        let reported = l["outside_gather_seconds_per_batch"].as_f64().unwrap();
+        assert!(
+            (reported - outside).abs() <= 1e-9 * outside.max(1e-9),
+            "{l}"
+        );
     }
     let svg = std::fs::read_to_string(&plot).unwrap();
     assert!(svg.starts_with("<svg") && svg.ends_with("</svg>"));
@@ -275,6 +303,10 @@ fn both_worker_scheduling_policies_are_measured_in_one_run() {
         assert_eq!(batch["events"], 600);
         assert_eq!(batch["events"], normal["events"]);
         assert_eq!(batch["quality"], normal["quality"]);
+        assert_eq!(
+            batch["gather_stages"]["doms"],
+            normal["gather_stages"]["doms"]
+        );
     }
     assert!(
         table.contains("2 workers (batch, then normal scheduling)")
@@ -289,4 +321,45 @@ fn both_worker_scheduling_policies_are_measured_in_one_run() {
             && stderr.contains("fifo"),
         "{stderr}"
     );
+}
+
+#[test]
+fn gather_stages_split_the_gather_with_and_without_positions() {
+    use shardify::bench::stages::gather_stages;
+    use shardify::dataset::{ChecksumPolicy, Dataset, DatasetSizes, View};
+    use shardify::sampler::{Batching, EpochBatches, SamplerConfig, SamplerState};
+    let dir = tempfile::tempdir().unwrap();
+    let ds = dir.path().join("ds");
+    convert_all(&fixture(), "train", &ds, &options(1, 2)).unwrap();
+    let dataset = std::sync::Arc::new(Dataset::open(&ds, ChecksumPolicy::Full).unwrap());
+    let view: View = dataset.clone().into();
+    let sizes = DatasetSizes::new(&view);
+    let config = SamplerConfig {
+        block_events: 16,
+        window_blocks: 4,
+        batching: Batching::Events(32),
+        ..SamplerConfig::default()
+    };
+    let mut plans: Vec<_> = EpochBatches::new(&sizes, &config, SamplerState::start(0)).collect();
+    for plan in &mut plans {
+        view.locate_plan(plan);
+    }
+    let m = dataset.manifest();
+    for positions in [true, false] {
+        let g = gather_stages(&dataset, &plans, positions).unwrap();
+        assert_eq!(
+            (g.batches, g.events as u64, g.doms as u64),
+            (plans.len(), m.totals.events, m.totals.doms)
+        );
+        assert_eq!(g.positions_seconds.is_some(), positions, "{g:?}");
+        assert!(
+            g.gather_seconds > 0.0 && g.read_floor_seconds > 0.0,
+            "{g:?}"
+        );
+        let per_event = g.ns_per_event(g.gather_seconds);
+        assert!(
+            (per_event - g.gather_seconds * 1e9 / m.totals.events as f64).abs() < 1e-6,
+            "{g:?}"
+        );
+    }
 }

@@ -10,8 +10,8 @@ use serde::Serialize;
 use super::baselines::{SourceIndex, Throughput};
 use super::quality::{quality, EventInfo, Quality};
 use super::stages::{
-    cold_read_gb_per_s, copy_stage_gb_per_s, scattered_copy, shard_read_gb_per_s, Consumer,
-    GpuBounds,
+    cold_read_gb_per_s, copy_stage_gb_per_s, gather_stages, scattered_copy, shard_read_gb_per_s,
+    Consumer, GatherStages, GpuBounds,
 };
 use super::{median_of, memcpy_gb_per_s};
 use crate::batch::BatchLayout;
@@ -100,6 +100,13 @@ pub struct LoaderFigures {
     /// The loader's pace against that bound: `scattered_copy_seconds` / the loader's
     /// seconds per epoch (1 would be a loader as fast as the bare copy).
     pub ratio_to_scattered_copy: Option<f64>,
+    /// One thread's time per epoch on each part of the gather, the same batches, same run
+    /// ([`gather_stages`]): what remains to be made faster.
+    pub gather_stages: Option<GatherStages>,
+    /// Worker time per batch outside the gather: the workers' seconds per epoch (threads
+    /// x epoch seconds) less the seconds they spent gathering, over the epoch's batches.
+    /// Planning, hand-offs, and time without a core or blocked on a full queue.
+    pub outside_gather_seconds_per_batch: Option<f64>,
     /// Events per second of the first epoch, with the staging pool still growing (the
     /// measured epochs follow it on the same pool, as a long job's do).
     pub first_epoch_events_per_s: Option<f64>,
@@ -353,6 +360,8 @@ fn figures(
         scattered_copy_seconds: None,
         scattered_copy_bound_ratio_to_memcpy: None,
         ratio_to_scattered_copy: None,
+        gather_stages: None,
+        outside_gather_seconds_per_batch: None,
         first_epoch_events_per_s: None,
         wait_seconds: None,
         compute_seconds: None,
@@ -466,6 +475,14 @@ pub fn run(
         f.scattered_copy_bound_ratio_to_memcpy =
             Some(epoch_bytes / scattered.seconds.max(1e-12) / 1e9 / bound);
         f.ratio_to_scattered_copy = Some(scattered.seconds / epoch_seconds.max(1e-12));
+        f.gather_stages = Some(gather_stages(
+            &dataset,
+            &epochs[0].plans,
+            config.dom_positions,
+        )?);
+        let batches: usize = epochs.iter().map(|e| e.plans.len()).sum();
+        f.outside_gather_seconds_per_batch =
+            Some((config.workers as f64 * total.seconds - gather).max(0.0) / batches.max(1) as f64);
         f.first_epoch_events_per_s =
             Some(first.throughput.events as f64 / first.throughput.seconds.max(1e-9));
         f.wait_seconds = Some(wait);
@@ -626,7 +643,35 @@ fn stage_line(l: &LoaderFigures) -> String {
             duration(s)
         );
     }
+    if let Some(g) = &l.gather_stages {
+        out += &format!("\n               {}", gather_stages_line(g));
+    }
+    if let Some(s) = l.outside_gather_seconds_per_batch {
+        out += &format!("; the workers outside the gather {} per batch", duration(s));
+    }
     out + "\n"
+}
+
+/// Where one thread's gather time goes, per event, against the floor of its reads.
+fn gather_stages_line(g: &GatherStages) -> String {
+    let per_event = |s| g.ns_per_event(s);
+    let mut out = format!(
+        "one thread gathers an event in {:.0} ns: locating {:.0}, columns and offsets {:.0}",
+        per_event(g.gather_seconds),
+        per_event(g.locate_seconds),
+        per_event(g.columns_seconds)
+    );
+    if let Some(p) = g.positions_seconds {
+        out += &format!(
+            ", positions {:.0} ({:.2} ns per DOM)",
+            per_event(p),
+            p * 1e9 / g.doms.max(1) as f64
+        );
+    }
+    out + &format!(
+        "; reading its pieces alone {:.0} ns",
+        per_event(g.read_floor_seconds)
+    )
 }
 
 /// The report as a table.

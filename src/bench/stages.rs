@@ -9,13 +9,15 @@ use cudarc::driver::{CudaEvent, CudaStream};
 use serde::Serialize;
 
 use super::median_of;
+use crate::batch::{plan_sections, BatchLayout, Gatherer, Sections};
 use crate::dataset::Dataset;
 use crate::device::cuda::{elapsed_ms, BusyWork, CudaDevice, H2dProbe, PinnedMemory};
-use crate::device::staging::HostMemory;
+use crate::device::staging::{HostMemory, PlainMemory};
 use crate::device::transfer::DeviceSlots;
 use crate::device::Placement;
 use crate::error::Result;
 use crate::pipeline::Batch;
+use crate::prefetch::prefetch;
 
 /// GB/s of one sequential pass over every shard's bytes through the memory map (the shard
 /// read stage on its own: page cache, or disk when the shards are not cached).
@@ -60,23 +62,19 @@ impl ScatteredCopy {
     }
 }
 
-/// Copies, with `threads` threads, exactly the pieces of shard columns the batches `plans`
-/// hold, event by event in each batch's storage order (each event's id, labels, sensor ids,
-/// DOM offsets, and pulse times, charges and flags, as the gather reads them), into one
-/// batch-sized buffer per thread: the least any gather of these batches does, so its time
-/// bounds the loader's, where [`super::memcpy_gb_per_s`] copies bytes in batch-sized
-/// sequential pieces. It leaves out what the gather computes (offsets rebased, positions
-/// looked up and written). The median of three passes.
-pub fn scattered_copy(
-    dataset: &Dataset,
+/// Pieces ahead of the one being copied or read whose memory is prefetched: about six
+/// events' worth, as the gather prefetches six runs ahead.
+const PREFETCH_PIECES: usize = 42;
+
+/// Per batch of `plans`, the pieces of shard columns its events hold, event by event in
+/// the batch's storage order: each event's id, labels, sensor ids, DOM offsets, and pulse
+/// times, charges and flags, as the gather reads them.
+fn batch_pieces<'a>(
+    views: &'a [crate::format::ShardView<'a>],
     plans: &[crate::sampler::BatchPlan],
-    threads: usize,
-) -> Result<ScatteredCopy> {
-    let views = (0..dataset.shard_count())
-        .map(|i| dataset.shard(i)?.view())
-        .collect::<Result<Vec<_>>>()?;
-    // Per batch, its events' pieces (source ranges) in storage order.
-    let mut batches: Vec<Vec<&[u8]>> = Vec::with_capacity(plans.len());
+) -> Vec<Vec<&'a [u8]>> {
+    use crate::format::pod::as_bytes;
+    let mut batches = Vec::with_capacity(plans.len());
     for plan in plans {
         let mut events = plan.events.clone();
         events.sort_unstable();
@@ -85,7 +83,6 @@ pub fn scattered_copy(
             let v = &views[e.shard as usize];
             let i = e.index as usize;
             let (doms, pulses) = (v.dom_range(i), v.event_pulse_range(i));
-            use crate::format::pod::as_bytes;
             pieces.push(as_bytes(&v.event_id[i..=i]));
             for labels in [v.event_azimuth, v.event_zenith].into_iter().flatten() {
                 pieces.push(as_bytes(&labels[i..=i]));
@@ -98,6 +95,29 @@ pub fn scattered_copy(
         }
         batches.push(pieces);
     }
+    batches
+}
+
+/// Every shard's validated view.
+fn shard_views(dataset: &Dataset) -> Result<Vec<crate::format::ShardView<'_>>> {
+    (0..dataset.shard_count())
+        .map(|i| dataset.shard(i)?.view())
+        .collect()
+}
+
+/// Copies, with `threads` threads, exactly the pieces of shard columns the batches `plans`
+/// hold ([`batch_pieces`]), prefetching the pieces ahead as the gather does, into one
+/// batch-sized buffer per thread: the least any gather of these batches does, so its time
+/// bounds the loader's, where [`super::memcpy_gb_per_s`] copies bytes in batch-sized
+/// sequential pieces. It leaves out what the gather computes (offsets rebased, positions
+/// looked up and written). The median of three passes.
+pub fn scattered_copy(
+    dataset: &Dataset,
+    plans: &[crate::sampler::BatchPlan],
+    threads: usize,
+) -> Result<ScatteredCopy> {
+    let views = shard_views(dataset)?;
+    let batches = batch_pieces(&views, plans);
     let largest = batches
         .iter()
         .map(|b| b.iter().map(|p| p.len()).sum::<usize>())
@@ -114,7 +134,10 @@ pub fn scattered_copy(
                     let mut dst = vec![0u8; largest];
                     for pieces in batches.iter().skip(t).step_by(threads) {
                         let mut at = 0;
-                        for piece in pieces {
+                        for (k, piece) in pieces.iter().enumerate() {
+                            if let Some(ahead) = pieces.get(k + PREFETCH_PIECES) {
+                                prefetch(ahead);
+                            }
                             dst[at..at + piece.len()].copy_from_slice(piece);
                             at += piece.len();
                         }
@@ -128,6 +151,119 @@ pub fn scattered_copy(
     .map(|seconds| ScatteredCopy {
         seconds,
         bytes: total,
+    })
+}
+
+/// One thread's seconds on each part of gathering one epoch's batches, the same batches
+/// the loader delivered, in the same run (each the median of three passes): where a
+/// gather's time goes, against the least its reads alone cost.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct GatherStages {
+    /// Batches, events and DOMs gathered in each pass.
+    pub batches: usize,
+    /// Events gathered.
+    pub events: usize,
+    /// DOMs gathered.
+    pub doms: usize,
+    /// Locating every batch ([`Gatherer::shape`]: sorting its events into runs and reading
+    /// their offsets).
+    pub locate_seconds: f64,
+    /// Copying the columns and rebasing the offsets: a gather without `dom_position`,
+    /// less locating.
+    pub columns_seconds: f64,
+    /// Looking every DOM's position up in the sensor table and writing it: the whole
+    /// gather less the gather without positions (`None` when batches carry none).
+    pub positions_seconds: Option<f64>,
+    /// The whole gather (locating included) as the loader runs it.
+    pub gather_seconds: f64,
+    /// Reading every cache line of the pieces the batches hold, prefetched as the gather
+    /// prefetches, writing nothing: a floor no gather of these batches goes under.
+    pub read_floor_seconds: f64,
+}
+
+impl GatherStages {
+    /// Nanoseconds per event of a stage's `seconds`.
+    pub fn ns_per_event(&self, seconds: f64) -> f64 {
+        seconds * 1e9 / self.events.max(1) as f64
+    }
+}
+
+/// Measures [`GatherStages`] over `plans` (located batches, as a loader delivered them),
+/// in the packed layout, with positions when `dom_positions`.
+pub fn gather_stages(
+    dataset: &Dataset,
+    plans: &[crate::sampler::BatchPlan],
+    dom_positions: bool,
+) -> Result<GatherStages> {
+    let types = dataset.manifest().schema.types;
+    let mut gatherer = Gatherer::new(dataset);
+    let mut sections = |positions| {
+        plans
+            .iter()
+            .map(|p| {
+                Ok(plan_sections(
+                    BatchLayout::Packed,
+                    gatherer.shape(p)?,
+                    &types,
+                    positions,
+                ))
+            })
+            .collect::<Result<Vec<_>>>()
+    };
+    let (with, without) = (sections(dom_positions)?, sections(false)?);
+    let doms = plans
+        .iter()
+        .map(|p| Ok(gatherer.shape(p)?.doms))
+        .sum::<Result<usize>>()?;
+    let largest = with.iter().map(|s| s.total).max().unwrap_or(0);
+    let mut buffer = PlainMemory::new(largest.max(1));
+    let mut gather_all = |gatherer: &mut Gatherer<'_>, sections: &[Sections]| {
+        median_of(3, || {
+            let started = Instant::now();
+            for (plan, s) in plans.iter().zip(sections) {
+                gatherer.shape(plan)?;
+                gatherer.gather(plan, BatchLayout::Packed, s, buffer.bytes_mut())?;
+            }
+            std::hint::black_box(buffer.bytes());
+            Ok::<_, crate::Error>(started.elapsed().as_secs_f64())
+        })
+    };
+    let gather_seconds = gather_all(&mut gatherer, &with)?;
+    let without_positions = gather_all(&mut gatherer, &without)?;
+    let locate_seconds = median_of(3, || {
+        let started = Instant::now();
+        for plan in plans {
+            std::hint::black_box(gatherer.shape(plan)?);
+        }
+        Ok::<_, crate::Error>(started.elapsed().as_secs_f64())
+    })?;
+    let views = shard_views(dataset)?;
+    let batches = batch_pieces(&views, plans);
+    let read_floor_seconds = median_of(3, || {
+        let started = Instant::now();
+        let mut sum = 0u64;
+        for pieces in &batches {
+            for (k, piece) in pieces.iter().enumerate() {
+                if let Some(ahead) = pieces.get(k + PREFETCH_PIECES) {
+                    prefetch(ahead);
+                }
+                for line in piece.chunks(64) {
+                    sum = sum.wrapping_add(u64::from(line[0]));
+                }
+            }
+        }
+        std::hint::black_box(sum);
+        Ok::<_, crate::Error>(started.elapsed().as_secs_f64())
+    })?;
+    Ok(GatherStages {
+        batches: plans.len(),
+        events: plans.iter().map(|p| p.events.len()).sum(),
+        doms,
+        locate_seconds,
+        columns_seconds: (without_positions - locate_seconds).max(0.0),
+        positions_seconds: dom_positions.then(|| (gather_seconds - without_positions).max(0.0)),
+        gather_seconds,
+        read_floor_seconds,
     })
 }
 
