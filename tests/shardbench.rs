@@ -54,6 +54,7 @@ fn quick_report_is_complete_and_consistent() {
         "pulses_per_s",
         "gb_per_s",
         "memcpy_gb_per_s",
+        "memcpy_after_loaders_gb_per_s",
         "ratio_to_memcpy",
     ] {
         let v = r[key].as_f64().unwrap_or_else(|| panic!("{key} missing"));
@@ -62,6 +63,11 @@ fn quick_report_is_complete_and_consistent() {
     assert!(r["machine"]["cpus"].as_u64().unwrap() >= 1);
     assert!(r["shard_read_gb_per_s"].as_f64().unwrap() > 0.0);
     assert!(table.contains("stages: shard read"), "{table}");
+    let drift = format!(
+        "{:.2} again after the shardify loaders",
+        r["memcpy_after_loaders_gb_per_s"].as_f64().unwrap()
+    );
+    assert!(table.contains(&drift), "{table}");
     assert!(
         table.contains("window    1: gather")
             && table.contains("of memcpy; copying the same events' pieces")

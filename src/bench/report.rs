@@ -170,6 +170,9 @@ pub struct Report {
     pub dataset_pulses: u64,
     /// memcpy GB/s with the loader's thread count, same run.
     pub memcpy_gb_per_s: f64,
+    /// The same memcpy measured again after the shardify loaders ran: how far the machine
+    /// drifted during the run (every ratio divides by `memcpy_gb_per_s`).
+    pub memcpy_after_loaders_gb_per_s: f64,
     /// Bytes per copy in that measurement (an average batch).
     pub memcpy_chunk_bytes: usize,
     /// One sequential pass over the shards through the memory map, GB/s (the read stage
@@ -308,6 +311,22 @@ fn run_epoch(
     Ok(run)
 }
 
+/// memcpy GB/s over the first 256 MiB of the shards, in pieces of `batch_bytes` (at least
+/// 4 KiB), with `threads` threads: the median of 5 passes (one pass lasts ~20 ms, and single
+/// passes on a shared 2-core machine ranged 13-20 GB/s within minutes).
+fn memcpy_bound(dataset: &Dataset, batch_bytes: usize, threads: usize) -> Result<f64> {
+    let mut sample = Vec::new();
+    for i in 0..dataset.shard_count() {
+        let bytes = dataset.shard(i)?.bytes();
+        sample.extend_from_slice(
+            &bytes[..bytes.len().min((256 << 20) - sample.len().min(256 << 20))],
+        );
+    }
+    median_of(5, || {
+        Ok::<_, crate::Error>(memcpy_gb_per_s(&sample, batch_bytes.max(4096), threads))
+    })
+}
+
 fn shardify_infos(dataset: &Dataset, plans: &[BatchPlan]) -> Result<Vec<Vec<EventInfo>>> {
     let mut first_index = vec![0u64];
     for s in &dataset.manifest().shards {
@@ -386,26 +405,12 @@ pub fn run(
     source: Option<&InputSet>,
     config: &BenchConfig,
 ) -> Result<Report> {
-    let mut sample = Vec::new();
-    for i in 0..dataset.shard_count() {
-        let bytes = dataset.shard(i)?.bytes();
-        sample.extend_from_slice(
-            &bytes[..bytes.len().min((256 << 20) - sample.len().min(256 << 20))],
-        );
-    }
     let m = dataset.manifest();
     // One bound for the whole run: copies of an average batch's size, with the loader's
-    // threads; the median of 5 passes over 256 MiB (one pass lasts ~20 ms, and single
-    // passes on a shared 2-core machine ranged 13-20 GB/s within minutes).
+    // threads (`memcpy_bound`). Measured again after the shardify loaders, to show how far
+    // the machine drifted while they ran.
     let batch_bytes = (m.totals.bytes / m.totals.events.max(1)) as usize * config.batch_events;
-    let bound = median_of(5, || {
-        Ok::<_, crate::Error>(memcpy_gb_per_s(
-            &sample,
-            batch_bytes.max(4096),
-            config.workers,
-        ))
-    })?;
-    drop(sample);
+    let bound = memcpy_bound(&dataset, batch_bytes, config.workers)?;
     let (shard_read_gb_per_s, shard_read_seconds) = shard_read_gb_per_s(&dataset)?;
     let cold_read = match config.cold {
         true => Some(cold_read_gb_per_s(&dataset)?.0),
@@ -515,6 +520,7 @@ pub fn run(
         }
         loaders.push(f);
     }
+    let memcpy_after = memcpy_bound(&dataset, batch_bytes, config.workers)?;
     if let Some(source) = source {
         let index = SourceIndex::new(source)?;
         let b = config.batch_events;
@@ -556,6 +562,7 @@ pub fn run(
         dataset_events: m.totals.events,
         dataset_pulses: m.totals.pulses,
         memcpy_gb_per_s: bound,
+        memcpy_after_loaders_gb_per_s: memcpy_after,
         memcpy_chunk_bytes: batch_bytes.max(4096),
         shard_read_gb_per_s,
         shard_read_seconds,
@@ -677,8 +684,8 @@ fn gather_stages_line(g: &GatherStages) -> String {
 /// The report as a table.
 pub fn table(report: &Report) -> String {
     let mut out = format!(
-        "dataset {} events, {} pulses; {} CPUs; memcpy {:.2} GB/s (same threads, same run); compute step {} ms\n",
-        report.dataset_events, report.dataset_pulses, report.machine.cpus, report.memcpy_gb_per_s, report.simulate_compute_ms
+        "dataset {} events, {} pulses; {} CPUs; memcpy {:.2} GB/s (same threads, same run; {:.2} again after the shardify loaders); compute step {} ms\n",
+        report.dataset_events, report.dataset_pulses, report.machine.cpus, report.memcpy_gb_per_s, report.memcpy_after_loaders_gb_per_s, report.simulate_compute_ms
     );
     out += &format!(
         "batches of {} events; shardify: blocks of {} events, runs of {}, batch order {}, {} workers ({} scheduling)\n",
