@@ -149,6 +149,9 @@ fn quick_report_is_complete_and_consistent() {
             "{stored} stored, {epoch_bytes} delivered"
         );
         assert!(l["first_epoch_events_per_s"].as_f64().unwrap() > 0.0);
+        // Grown to the measured epochs' largest batch beforehand, the pool allocates
+        // nothing while they are timed.
+        assert_eq!(l["measured_epoch_allocations"], 0, "{l}");
         // One thread's gather of the first epoch's batches, split into its stages: the
         // parts add up to the whole, over every event and DOM of the epoch.
         let g = &l["gather_stages"];
@@ -366,6 +369,50 @@ fn gather_stages_split_the_gather_with_and_without_positions() {
         assert!(
             (per_event - g.gather_seconds * 1e9 / m.totals.events as f64).abs() < 1e-6,
             "{g:?}"
+        );
+    }
+}
+
+#[test]
+fn largest_batch_bytes_is_the_largest_batch_the_loader_delivers() {
+    use shardify::bench::stages::largest_batch_bytes;
+    use shardify::dataset::{ChecksumPolicy, Dataset};
+    use shardify::device::DeviceChoice;
+    use shardify::pipeline::{Loader, LoaderConfig};
+    use shardify::sampler::{Batching, SamplerConfig, SamplerState};
+    let dir = tempfile::tempdir().unwrap();
+    let ds = dir.path().join("ds");
+    convert_all(&fixture(), "train", &ds, &options(1, 2)).unwrap();
+    let dataset = std::sync::Arc::new(Dataset::open(&ds, ChecksumPolicy::Full).unwrap());
+    for (seed, window, positions) in [(0, 1, true), (3, 4, true), (5, 4, false)] {
+        let sampler = SamplerConfig {
+            seed,
+            block_events: 16,
+            window_blocks: window,
+            batching: Batching::Events(32),
+            ..SamplerConfig::default()
+        };
+        let mut delivered = Vec::new();
+        for epoch in [0, 1] {
+            let config = LoaderConfig {
+                sampler: sampler.clone(),
+                device: DeviceChoice::Cpu,
+                dom_positions: positions,
+                ..LoaderConfig::default()
+            };
+            let loader = Loader::new(dataset.clone(), config, SamplerState::start(epoch)).unwrap();
+            delivered.push(loader.map(|b| b.unwrap().sections().total).max().unwrap());
+        }
+        let both = largest_batch_bytes(&dataset, &sampler, positions, &[0, 1]).unwrap();
+        assert_eq!(
+            both,
+            delivered[0].max(delivered[1]),
+            "seed {seed}, window {window}"
+        );
+        let second = largest_batch_bytes(&dataset, &sampler, positions, &[1]).unwrap();
+        assert_eq!(
+            second, delivered[1],
+            "seed {seed}, window {window}, epoch 1"
         );
     }
 }

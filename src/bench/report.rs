@@ -10,8 +10,8 @@ use serde::Serialize;
 use super::baselines::{SourceIndex, Throughput};
 use super::quality::{quality, EventInfo, Quality};
 use super::stages::{
-    cold_read_gb_per_s, copy_stage_gb_per_s, gather_stages, scattered_copy, shard_read_gb_per_s,
-    Consumer, GatherStages, GpuBounds,
+    cold_read_gb_per_s, copy_stage_gb_per_s, gather_stages, largest_batch_bytes, scattered_copy,
+    shard_read_gb_per_s, Consumer, GatherStages, GpuBounds,
 };
 use super::{median_of, memcpy_gb_per_s};
 use crate::batch::BatchLayout;
@@ -107,6 +107,9 @@ pub struct LoaderFigures {
     /// x epoch seconds) less the seconds they spent gathering, over the epoch's batches.
     /// Planning, hand-offs, and time without a core or blocked on a full queue.
     pub outside_gather_seconds_per_batch: Option<f64>,
+    /// Staging buffers allocated during the two measured epochs: 0 when the pool, grown to
+    /// their largest batch beforehand, held every batch (as a long job's does).
+    pub measured_epoch_allocations: Option<u64>,
     /// Events per second of the first epoch, with the staging pool still growing (the
     /// measured epochs follow it on the same pool, as a long job's do).
     pub first_epoch_events_per_s: Option<f64>,
@@ -381,6 +384,7 @@ fn figures(
         ratio_to_scattered_copy: None,
         gather_stages: None,
         outside_gather_seconds_per_batch: None,
+        measured_epoch_allocations: None,
         first_epoch_events_per_s: None,
         wait_seconds: None,
         compute_seconds: None,
@@ -438,23 +442,33 @@ pub fn run(
         });
     for (name, window, scheduling) in runs {
         // One staging pool for the window's epochs, as a job keeps one: a first epoch grows
-        // it (reported apart), the two measured ones run on it.
+        // it (reported apart), then it is grown to the measured epochs' largest batch (a
+        // long job's pool has seen its largest batches: one that grows again in a measured
+        // epoch reallocates every buffer there, 28 ms of a 40 ms epoch measured), and the two
+        // measured epochs run on it.
         let mut pool = None;
-        let mut epoch = |e| {
+        let epoch = |e, pool: &mut Option<Arc<StagingPool>>| {
             if config.cold {
                 dataset.evict_from_page_cache()?;
             }
-            run_epoch(
-                &dataset,
-                config,
-                &placement,
-                (window, scheduling),
-                e,
-                &mut pool,
-            )
+            run_epoch(&dataset, config, &placement, (window, scheduling), e, pool)
         };
-        let first = epoch(2)?;
-        let epochs = [epoch(0)?, epoch(1)?];
+        let first = epoch(2, &mut pool)?;
+        let largest = largest_batch_bytes(
+            &dataset,
+            &sampler(config, window),
+            config.dom_positions,
+            &[0, 1],
+        )?;
+        let allocations_before = pool.as_ref().map(|p| {
+            p.reserve(largest);
+            p.allocations()
+        });
+        let epochs = [epoch(0, &mut pool)?, epoch(1, &mut pool)?];
+        let measured_allocations = pool
+            .as_ref()
+            .zip(allocations_before)
+            .map(|(p, before)| p.allocations() - before);
         let q = quality(
             &shardify_infos(&dataset, &epochs[0].plans)?,
             &shardify_infos(&dataset, &epochs[1].plans)?,
@@ -488,6 +502,7 @@ pub fn run(
         let batches: usize = epochs.iter().map(|e| e.plans.len()).sum();
         f.outside_gather_seconds_per_batch =
             Some((config.workers as f64 * total.seconds - gather).max(0.0) / batches.max(1) as f64);
+        f.measured_epoch_allocations = measured_allocations;
         f.first_epoch_events_per_s =
             Some(first.throughput.events as f64 / first.throughput.seconds.max(1e-9));
         f.wait_seconds = Some(wait);
@@ -624,6 +639,9 @@ fn stage_line(l: &LoaderFigures) -> String {
     }
     if let Some(first) = l.first_epoch_events_per_s {
         out += &format!("; first epoch (pool growing) {:.2}M events/s", first / 1e6);
+    }
+    if let Some(grown) = l.measured_epoch_allocations.filter(|&n| n > 0) {
+        out += &format!("; the staging pool grew {grown} buffers in the measured epochs");
     }
     if let (Some(gb), Some(s), Some(r)) = (
         l.copy_stage_gb_per_s,

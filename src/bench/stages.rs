@@ -10,7 +10,7 @@ use serde::Serialize;
 
 use super::median_of;
 use crate::batch::{plan_sections, BatchLayout, Gatherer, Sections};
-use crate::dataset::Dataset;
+use crate::dataset::{Dataset, DatasetSizes, View};
 use crate::device::cuda::{elapsed_ms, BusyWork, CudaDevice, H2dProbe, PinnedMemory};
 use crate::device::staging::{HostMemory, PlainMemory};
 use crate::device::transfer::DeviceSlots;
@@ -18,6 +18,7 @@ use crate::device::Placement;
 use crate::error::Result;
 use crate::pipeline::Batch;
 use crate::prefetch::prefetch;
+use crate::sampler::{EpochBatches, SamplerConfig, SamplerState};
 
 /// GB/s of one sequential pass over every shard's bytes through the memory map (the shard
 /// read stage on its own: page cache, or disk when the shards are not cached).
@@ -265,6 +266,34 @@ pub fn gather_stages(
         gather_seconds,
         read_floor_seconds,
     })
+}
+
+/// The largest batch (bytes of its packed sections) the loader delivers in `epochs` at
+/// `sampler` (one rank's, as the sampler deals them), with `dom_positions` or not: sizes
+/// only, from the shards' offsets, nothing gathered.
+pub fn largest_batch_bytes(
+    dataset: &Arc<Dataset>,
+    sampler: &SamplerConfig,
+    dom_positions: bool,
+    epochs: &[u64],
+) -> Result<usize> {
+    let view = View::from(dataset.clone());
+    let sizes = DatasetSizes::without_read_ahead(&view);
+    let types = dataset.manifest().schema.types;
+    let mut gatherer = Gatherer::new(dataset);
+    let mut largest = 0;
+    for &epoch in epochs {
+        for mut plan in EpochBatches::new(&sizes, sampler, SamplerState::start(epoch)) {
+            view.locate_plan(&mut plan);
+            let shape = gatherer.shape(&plan)?;
+            let sections = plan_sections(BatchLayout::Packed, shape, &types, dom_positions);
+            largest = largest.max(sections.total);
+        }
+        if let Some(e) = sizes.take_error() {
+            return Err(e);
+        }
+    }
+    Ok(largest)
 }
 
 /// GB/s of one cold sequential read of every shard file (evicted from the page cache

@@ -254,6 +254,19 @@ impl StagingPool {
         }
     }
 
+    /// Grows every free buffer to hold at least `bytes` now, as
+    /// [`StagingPool::ensure_capacity`] would at its next use (buffers out with a consumer
+    /// follow the high-water mark when they are next used): a caller that knows its largest
+    /// batch ahead pays for the growth before a phase it times.
+    pub fn reserve(&self, bytes: usize) {
+        let mut taken = Vec::new();
+        while let Ok(mut buffer) = self.free.try_recv() {
+            self.ensure_capacity(&mut buffer, bytes);
+            taken.push(buffer);
+        }
+        // Dropped, they go back to the pool.
+    }
+
     /// Buffers allocated since the pool was made (initial ones included).
     pub fn allocations(&self) -> u64 {
         self.allocations.load(Ordering::Relaxed)
@@ -320,6 +333,41 @@ mod tests {
         pool.return_lent(d);
         assert_eq!(pool.free().len(), 2, "back to the base size");
         assert_eq!(pool.allocations(), 5);
+    }
+
+    #[test]
+    fn reserve_grows_every_free_buffer_once() {
+        let pool = StagingPool::new(
+            3,
+            100,
+            Arc::new(|n| Box::new(PlainMemory::new(n)) as Box<dyn HostMemory>),
+        );
+        let held = pool.free().recv().unwrap();
+        pool.reserve(5000);
+        assert_eq!(pool.allocations(), 5, "the two free buffers grew");
+        let mut free: Vec<_> = (0..2).map(|_| pool.free().try_recv().unwrap()).collect();
+        for b in &mut free {
+            assert!(b.bytes().len() >= 5000);
+            pool.ensure_capacity(b, 5000);
+        }
+        assert_eq!(
+            pool.allocations(),
+            5,
+            "grown buffers hold the batch: nothing more"
+        );
+        pool.reserve(100);
+        assert_eq!(
+            pool.allocations(),
+            5,
+            "nothing free to grow, nothing needed"
+        );
+        let mut held = held;
+        pool.ensure_capacity(&mut held, 10);
+        assert!(
+            held.bytes().len() >= 5000,
+            "the buffer that was out follows the high-water mark at its next use"
+        );
+        assert_eq!(pool.allocations(), 6);
     }
 
     /// Memory that counts how many of its kind are alive.
