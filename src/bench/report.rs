@@ -444,7 +444,7 @@ pub fn run(
         // One staging pool for the window's epochs, as a job keeps one: a first epoch grows
         // it (reported apart), then it is grown to the measured epochs' largest batch (a
         // long job's pool has seen its largest batches: one that grows again in a measured
-        // epoch reallocates every buffer there, 28 ms of a 40 ms epoch measured), and the two
+        // epoch reallocates every buffer there: 28 ms on top of a 38 ms epoch measured), and the two
         // measured epochs run on it.
         let mut pool = None;
         let epoch = |e, pool: &mut Option<Arc<StagingPool>>| {
