@@ -443,9 +443,9 @@ pub fn run(
     for (name, window, scheduling) in runs {
         // One staging pool for the window's epochs, as a job keeps one: a first epoch grows
         // it (reported apart), then it is grown to the measured epochs' largest batch (a
-        // long job's pool has seen its largest batches: one that grows again in a measured
-        // epoch reallocates every buffer there: 28 ms on top of a 38 ms epoch measured), and the two
-        // measured epochs run on it.
+        // long job's pool has seen its largest batches; a pool that grows again inside a
+        // measured epoch reallocates every buffer there, measured at 28 ms on top of a 38 ms
+        // epoch), and the two measured epochs run on it.
         let mut pool = None;
         let epoch = |e, pool: &mut Option<Arc<StagingPool>>| {
             if config.cold {
