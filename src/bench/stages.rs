@@ -107,8 +107,9 @@ fn shard_views(dataset: &Dataset) -> Result<Vec<crate::format::ShardView<'_>>> {
 }
 
 /// Copies, with `threads` threads, exactly the pieces of shard columns the batches `plans`
-/// hold ([`batch_pieces`]), prefetching the pieces ahead as the gather does, into one
-/// batch-sized buffer per thread: the least any gather of these batches does, so its time
+/// hold (each event's id, labels, sensor ids, DOM offsets and pulse columns), prefetching
+/// the pieces ahead as the gather does, into one batch-sized buffer per thread: the least
+/// any gather of these batches does, so its time
 /// bounds the loader's, where [`super::memcpy_gb_per_s`] copies bytes in batch-sized
 /// sequential pieces. It leaves out what the gather computes (offsets rebased, positions
 /// looked up and written). The median of three passes.
