@@ -332,23 +332,35 @@ fn both_worker_scheduling_policies_are_measured_in_one_run() {
     );
 }
 
+/// The fixture's train split converted into `dir`, opened with full checksums.
+fn fixture_dataset(dir: &Path) -> std::sync::Arc<shardify::dataset::Dataset> {
+    use shardify::dataset::{ChecksumPolicy, Dataset};
+    let ds = dir.join("ds");
+    convert_all(&fixture(), "train", &ds, &options(1, 2)).unwrap();
+    std::sync::Arc::new(Dataset::open(&ds, ChecksumPolicy::Full).unwrap())
+}
+
+/// Batches of 32 events from blocks of 16, `window` blocks at a time.
+fn small_batches(seed: u64, window: usize) -> shardify::sampler::SamplerConfig {
+    shardify::sampler::SamplerConfig {
+        seed,
+        block_events: 16,
+        window_blocks: window,
+        batching: shardify::sampler::Batching::Events(32),
+        ..shardify::sampler::SamplerConfig::default()
+    }
+}
+
 #[test]
 fn gather_stages_split_the_gather_with_and_without_positions() {
     use shardify::bench::stages::gather_stages;
-    use shardify::dataset::{ChecksumPolicy, Dataset, DatasetSizes, View};
-    use shardify::sampler::{Batching, EpochBatches, SamplerConfig, SamplerState};
+    use shardify::dataset::{DatasetSizes, View};
+    use shardify::sampler::{EpochBatches, SamplerState};
     let dir = tempfile::tempdir().unwrap();
-    let ds = dir.path().join("ds");
-    convert_all(&fixture(), "train", &ds, &options(1, 2)).unwrap();
-    let dataset = std::sync::Arc::new(Dataset::open(&ds, ChecksumPolicy::Full).unwrap());
+    let dataset = fixture_dataset(dir.path());
     let view: View = dataset.clone().into();
     let sizes = DatasetSizes::new(&view);
-    let config = SamplerConfig {
-        block_events: 16,
-        window_blocks: 4,
-        batching: Batching::Events(32),
-        ..SamplerConfig::default()
-    };
+    let config = small_batches(0, 4);
     let mut plans: Vec<_> = EpochBatches::new(&sizes, &config, SamplerState::start(0)).collect();
     for plan in &mut plans {
         view.locate_plan(plan);
@@ -376,22 +388,13 @@ fn gather_stages_split_the_gather_with_and_without_positions() {
 #[test]
 fn largest_batch_bytes_is_the_largest_batch_the_loader_delivers() {
     use shardify::bench::stages::largest_batch_bytes;
-    use shardify::dataset::{ChecksumPolicy, Dataset};
     use shardify::device::DeviceChoice;
     use shardify::pipeline::{Loader, LoaderConfig};
-    use shardify::sampler::{Batching, SamplerConfig, SamplerState};
+    use shardify::sampler::SamplerState;
     let dir = tempfile::tempdir().unwrap();
-    let ds = dir.path().join("ds");
-    convert_all(&fixture(), "train", &ds, &options(1, 2)).unwrap();
-    let dataset = std::sync::Arc::new(Dataset::open(&ds, ChecksumPolicy::Full).unwrap());
+    let dataset = fixture_dataset(dir.path());
     for (seed, window, positions) in [(0, 1, true), (3, 4, true), (5, 4, false)] {
-        let sampler = SamplerConfig {
-            seed,
-            block_events: 16,
-            window_blocks: window,
-            batching: Batching::Events(32),
-            ..SamplerConfig::default()
-        };
+        let sampler = small_batches(seed, window);
         let mut delivered = Vec::new();
         for epoch in [0, 1] {
             let config = LoaderConfig {
