@@ -99,6 +99,17 @@ fn batch_pieces<'a>(
     batches
 }
 
+/// Calls `visit` on each of a batch's `pieces` in order, prefetching the piece
+/// [`PREFETCH_PIECES`] ahead first, as the gather prefetches the runs ahead.
+fn visit_prefetched(pieces: &[&[u8]], mut visit: impl FnMut(&[u8])) {
+    for (k, piece) in pieces.iter().enumerate() {
+        if let Some(ahead) = pieces.get(k + PREFETCH_PIECES) {
+            prefetch(ahead);
+        }
+        visit(piece);
+    }
+}
+
 /// Every shard's validated view.
 fn shard_views(dataset: &Dataset) -> Result<Vec<crate::format::ShardView<'_>>> {
     (0..dataset.shard_count())
@@ -109,10 +120,10 @@ fn shard_views(dataset: &Dataset) -> Result<Vec<crate::format::ShardView<'_>>> {
 /// Copies, with `threads` threads, exactly the pieces of shard columns the batches `plans`
 /// hold (each event's id, labels, sensor ids, DOM offsets and pulse columns), prefetching
 /// the pieces ahead as the gather does, into one batch-sized buffer per thread: the least
-/// any gather of these batches does, so its time
-/// bounds the loader's, where [`super::memcpy_gb_per_s`] copies bytes in batch-sized
-/// sequential pieces. It leaves out what the gather computes (offsets rebased, positions
-/// looked up and written). The median of three passes.
+/// any gather of these batches does, so its time bounds the loader's, where
+/// [`super::memcpy_gb_per_s`] copies bytes in batch-sized sequential pieces. It leaves out
+/// what the gather computes (offsets rebased, positions looked up and written). The median
+/// of three passes.
 pub fn scattered_copy(
     dataset: &Dataset,
     plans: &[crate::sampler::BatchPlan],
@@ -136,13 +147,10 @@ pub fn scattered_copy(
                     let mut dst = vec![0u8; largest];
                     for pieces in batches.iter().skip(t).step_by(threads) {
                         let mut at = 0;
-                        for (k, piece) in pieces.iter().enumerate() {
-                            if let Some(ahead) = pieces.get(k + PREFETCH_PIECES) {
-                                prefetch(ahead);
-                            }
+                        visit_prefetched(pieces, |piece| {
                             dst[at..at + piece.len()].copy_from_slice(piece);
                             at += piece.len();
-                        }
+                        });
                         std::hint::black_box(&dst);
                     }
                 });
@@ -161,7 +169,7 @@ pub fn scattered_copy(
 /// gather's time goes, against the least its reads alone cost.
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct GatherStages {
-    /// Batches, events and DOMs gathered in each pass.
+    /// Batches gathered in each pass.
     pub batches: usize,
     /// Events gathered.
     pub events: usize,
@@ -199,24 +207,18 @@ pub fn gather_stages(
 ) -> Result<GatherStages> {
     let types = dataset.manifest().schema.types;
     let mut gatherer = Gatherer::new(dataset);
-    let mut sections = |positions| {
-        plans
-            .iter()
-            .map(|p| {
-                Ok(plan_sections(
-                    BatchLayout::Packed,
-                    gatherer.shape(p)?,
-                    &types,
-                    positions,
-                ))
-            })
-            .collect::<Result<Vec<_>>>()
-    };
-    let (with, without) = (sections(dom_positions)?, sections(false)?);
-    let doms = plans
+    let shapes = plans
         .iter()
-        .map(|p| Ok(gatherer.shape(p)?.doms))
-        .sum::<Result<usize>>()?;
+        .map(|p| gatherer.shape(p))
+        .collect::<Result<Vec<_>>>()?;
+    let sections = |positions| -> Vec<Sections> {
+        shapes
+            .iter()
+            .map(|&shape| plan_sections(BatchLayout::Packed, shape, &types, positions))
+            .collect()
+    };
+    let (with, without) = (sections(dom_positions), sections(false));
+    let doms = shapes.iter().map(|s| s.doms).sum();
     let largest = with.iter().map(|s| s.total).max().unwrap_or(0);
     let mut buffer = PlainMemory::new(largest.max(1));
     let mut gather_all = |gatherer: &mut Gatherer<'_>, sections: &[Sections]| {
@@ -245,14 +247,11 @@ pub fn gather_stages(
         let started = Instant::now();
         let mut sum = 0u64;
         for pieces in &batches {
-            for (k, piece) in pieces.iter().enumerate() {
-                if let Some(ahead) = pieces.get(k + PREFETCH_PIECES) {
-                    prefetch(ahead);
-                }
+            visit_prefetched(pieces, |piece| {
                 for line in piece.chunks(64) {
                     sum = sum.wrapping_add(u64::from(line[0]));
                 }
-            }
+            });
         }
         std::hint::black_box(sum);
         Ok::<_, crate::Error>(started.elapsed().as_secs_f64())
