@@ -29,6 +29,7 @@ fn main() {
     let dir = data::converted(&data::root(), events, 8).unwrap();
     let dataset = Arc::new(Dataset::open(&dir, ChecksumPolicy::Full).unwrap());
     let config = BenchConfig {
+        consumer_gathers: vec![true],
         windows: vec![1, 4, 16, 64],
         batch_events: arg("--batch", 256) as usize,
         block_events: 256,

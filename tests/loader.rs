@@ -225,6 +225,55 @@ fn batches_do_not_depend_on_worker_count() {
     );
 }
 
+/// The thread waiting for a batch gathers while it waits (`consumer_gathers`): the batches,
+/// their order and their bytes are those the workers alone deliver, and the batches it
+/// gathered are counted. One worker and one-event batches that the consumer drops at once:
+/// the next batch is often not ready, so the waiting thread really gathers (up to 3 epochs
+/// are tried for it to happen at least once).
+#[test]
+fn batches_do_not_depend_on_which_thread_gathers_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = dataset(dir.path());
+    let run = |gathers: bool, e: u64| {
+        let config = LoaderConfig {
+            consumer_gathers: gathers,
+            ..config(Batching::Events(1), 1)
+        };
+        let mut loader = Loader::new(ds.clone(), config, SamplerState::start(e)).unwrap();
+        let (mut batches, mut flagged) = (Vec::new(), 0u64);
+        for batch in loader.by_ref() {
+            let batch = batch.unwrap();
+            flagged += u64::from(batch.gathered_while_waiting());
+            batches.push((batch.plan().clone(), batch.bytes().to_vec()));
+        }
+        assert_eq!(
+            flagged,
+            loader.gathered_while_waiting(),
+            "the batches flagged are the ones the loader counts"
+        );
+        (batches, flagged)
+    };
+    let mut gathered_while_waiting = 0;
+    for e in 0..3 {
+        let (alone, none) = run(false, e);
+        assert_eq!(none, 0, "a waiting thread that sleeps gathers nothing");
+        assert_eq!(alone.len() as u64, ds.manifest().totals.events);
+        let (helped, gathered) = run(true, e);
+        assert!(
+            alone == helped,
+            "epoch {e}: the waiting thread changed the batches"
+        );
+        gathered_while_waiting += gathered;
+        if gathered_while_waiting > 0 {
+            break;
+        }
+    }
+    assert!(
+        gathered_while_waiting > 0,
+        "in 3 epochs of one-event batches the waiting thread never gathered one"
+    );
+}
+
 #[test]
 fn padded_layout_matches_the_packed_one() {
     let dir = tempfile::tempdir().unwrap();

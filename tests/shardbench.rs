@@ -70,7 +70,7 @@ fn quick_report_is_complete_and_consistent() {
     assert!(table.contains(&drift), "{table}");
     assert!(
         table.contains("window    1: gather")
-            && table.contains("of memcpy; copying the same events' pieces")
+            && table.contains("; copying the same events' pieces")
             && table.contains("first epoch (pool growing)")
             && table.contains("; waited")
             && table.contains("one thread gathers an event in")
@@ -169,9 +169,18 @@ fn quick_report_is_complete_and_consistent() {
         // Equal, unless noise made a difference negative and it was counted as zero.
         assert!(parts >= whole - 1e-12, "{g}");
         assert!(part("read_floor_seconds") > 0.0, "{g}");
+        // The waiting thread's share of the gather (the loader's default lets it gather).
+        let by_waiting = l["waiting_thread_gather_seconds"].as_f64().unwrap();
+        let share = l["gathered_while_waiting_fraction"].as_f64().unwrap();
+        assert!((0.0..=1.0).contains(&share), "{l}");
+        assert!(
+            by_waiting >= 0.0 && by_waiting <= l["gather_seconds"].as_f64().unwrap(),
+            "{l}"
+        );
+        assert_eq!(share == 0.0, by_waiting == 0.0, "{l}");
         // The workers' time outside the gather, per batch, from the row's own figures.
-        let outside =
-            (2.0 * wall - l["gather_seconds"].as_f64().unwrap()).max(0.0) / (2.0 * batches.ceil());
+        let worker_gather = l["gather_seconds"].as_f64().unwrap() - by_waiting;
+        let outside = (2.0 * wall - worker_gather).max(0.0) / (2.0 * batches.ceil());
         let reported = l["outside_gather_seconds_per_batch"].as_f64().unwrap();
         assert!(
             (reported - outside).abs() <= 1e-9 * outside.max(1e-9),
@@ -266,12 +275,18 @@ fn cold_report_measures_the_disk_bound_and_each_window_against_it() {
 }
 
 #[test]
-fn both_worker_scheduling_policies_are_measured_in_one_run() {
+fn every_scheduling_policy_and_waiting_thread_setting_is_measured_in_one_run() {
     let dir = tempfile::tempdir().unwrap();
     let ds = dir.path().join("ds");
     convert_all(&fixture(), "train", &ds, &options(1, 2)).unwrap();
     let json = dir.path().join("report.json");
-    let args = ["--no-baselines", "--worker-scheduling", "batch,normal"];
+    let args = [
+        "--no-baselines",
+        "--worker-scheduling",
+        "batch,normal",
+        "--consumer-gathers",
+        "true,false",
+    ];
     let out = quick_shardbench(&ds, &json, &args);
     let table = String::from_utf8_lossy(&out.stdout);
     assert!(
@@ -284,9 +299,9 @@ fn both_worker_scheduling_policies_are_measured_in_one_run() {
         r["worker_scheduling"],
         serde_json::json!(["batch", "normal"])
     );
-    let rows: Vec<(String, u64)> = r["loaders"]
-        .as_array()
-        .unwrap()
+    assert_eq!(r["consumer_gathers"], serde_json::json!([true, false]));
+    let loaders = r["loaders"].as_array().unwrap();
+    let rows: Vec<(String, u64)> = loaders
         .iter()
         .map(|l| {
             (
@@ -295,31 +310,40 @@ fn both_worker_scheduling_policies_are_measured_in_one_run() {
             )
         })
         .collect();
-    let normal = "shardify (normal scheduling)".to_string();
-    assert_eq!(
-        rows,
-        [
-            ("shardify".to_string(), 1),
-            ("shardify".to_string(), 4),
-            (normal.clone(), 1),
-            (normal, 4)
-        ]
-    );
-    // The policy changes the threads' timing, never the batches: the same order measured.
-    let loaders = r["loaders"].as_array().unwrap();
+    let names = [
+        "shardify",
+        "shardify (waiting thread sleeps)",
+        "shardify (normal scheduling)",
+        "shardify (normal scheduling, waiting thread sleeps)",
+    ];
+    let expected: Vec<(String, u64)> = names
+        .iter()
+        .flat_map(|n| [(n.to_string(), 1), (n.to_string(), 4)])
+        .collect();
+    assert_eq!(rows, expected);
+    // The settings change the threads' timing, never the batches: the same order measured.
     for window in 0..2 {
-        let (batch, normal) = (&loaders[window], &loaders[window + 2]);
-        assert_eq!(batch["events"], 600);
-        assert_eq!(batch["events"], normal["events"]);
-        assert_eq!(batch["quality"], normal["quality"]);
-        assert_eq!(
-            batch["gather_stages"]["doms"],
-            normal["gather_stages"]["doms"]
-        );
+        let first = &loaders[window];
+        assert_eq!(first["events"], 600);
+        for other in [2, 4, 6].map(|row| &loaders[row + window]) {
+            assert_eq!(first["events"], other["events"]);
+            assert_eq!(first["quality"], other["quality"]);
+            assert_eq!(
+                first["gather_stages"]["doms"],
+                other["gather_stages"]["doms"]
+            );
+        }
+    }
+    // A waiting thread that sleeps gathers nothing.
+    for row in [2, 3, 6, 7] {
+        let l = &loaders[row];
+        assert_eq!(l["gathered_while_waiting_fraction"], 0.0, "{l}");
+        assert_eq!(l["waiting_thread_gather_seconds"], 0.0, "{l}");
     }
     assert!(
-        table.contains("2 workers (batch, then normal scheduling)")
-            && table.contains("window    4 (normal scheduling): gather"),
+        table.contains("2 workers (batch, then normal scheduling; waiting thread gathers, then waiting thread sleeps)")
+            && table.contains("window    4 (normal scheduling): gather")
+            && table.contains("window    4 (normal scheduling, waiting thread sleeps): gather"),
         "{table}"
     );
     let refused = quick_shardbench(&ds, &json, &["--worker-scheduling", "fifo"]);

@@ -101,6 +101,10 @@ class Loader:
       Linux's ``SCHED_BATCH`` (same CPU share; a worker that wakes does not preempt the
       training loop's thread, which with no core to spare saves it a context switch per
       batch); ``"normal"`` leaves them under the process's policy.
+    * ``consumer_gathers`` (True): the thread that waits for the next batch (the one
+      iterating, or on a GPU the loader's copy thread) gathers a batch itself while it
+      would wait, instead of sleeping until a worker sends one; the batches are the same.
+      With as many workers as cores this keeps a core from idling while threads wake.
     * ``prefetch`` (4): batches gathered ahead: the staging buffers in flight.
     * ``device`` ("auto"): ``"auto"`` (``cuda:0`` when a GPU is usable, else the CPU),
       ``"cpu"``, ``"cuda:N"`` or a ``torch.device``. On a GPU batches are copied
@@ -161,6 +165,7 @@ class Loader:
         world: int | None = None,
         workers: int = 2,
         worker_scheduling: str = "batch",
+        consumer_gathers: bool = True,
         prefetch: int = 4,
         device: Any = "auto",
         output: str = "torch",
@@ -210,6 +215,7 @@ class Loader:
             world=world,
             workers=_count("workers", workers),
             worker_scheduling=worker_scheduling,
+            consumer_gathers=bool(consumer_gathers),
             prefetch=_count("prefetch", prefetch),
             # A resident loader only plans with it: its device is torch's (below).
             device="cpu" if resident else device,

@@ -102,6 +102,7 @@ class Loader:
         world: int,
         workers: int,
         worker_scheduling: str,
+        consumer_gathers: bool,
         prefetch: int,
         device: str,
         dom_positions: bool,

@@ -235,7 +235,8 @@ impl PyLoader {
     #[allow(clippy::too_many_arguments)]
     #[pyo3(signature = (dataset, *, batch_events, max_pulses, max_events, layout, max_doms,
         pulses_per_dom, seed, block_events, window_blocks, run_events, batch_order, shuffle,
-        drop_last, rank, world, workers, worker_scheduling, prefetch, device, dom_positions))]
+        drop_last, rank, world, workers, worker_scheduling, consumer_gathers, prefetch, device,
+        dom_positions))]
     fn new(
         py: Python<'_>,
         dataset: &PyDataset,
@@ -256,6 +257,7 @@ impl PyLoader {
         world: usize,
         workers: usize,
         worker_scheduling: &str,
+        consumer_gathers: bool,
         prefetch: usize,
         device: &str,
         dom_positions: bool,
@@ -278,6 +280,7 @@ impl PyLoader {
             worker_scheduling: worker_scheduling
                 .parse::<WorkerScheduling>()
                 .map_err(to_py)?,
+            consumer_gathers,
             prefetch,
             device: device.parse::<DeviceChoice>().map_err(to_py)?,
             dom_positions,

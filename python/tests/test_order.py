@@ -144,3 +144,14 @@ def test_worker_scheduling_sets_the_gathering_threads_policy_not_the_order(
     assert [held["event_id"].tolist()] + rest == order_lines(train_dir, "--batch-events", "1")
     with pytest.raises(ValueError, match="worker_scheduling.*batch or normal.*fifo"):
         shardify.Loader(train_dir, worker_scheduling="fifo")
+
+
+def test_consumer_gathers_changes_which_thread_gathers_not_the_batches(train_dir):
+    def epoch(gathers):
+        loader = shardify.Loader(train_dir, batch_events=3, workers=1, device="cpu",
+                                 output="numpy", consumer_gathers=gathers)
+        return [{name: array.tobytes() for name, array in batch.items()} for batch in loader]
+
+    sleeping = epoch(False)
+    assert len(sleeping) > 1
+    assert epoch(True) == sleeping

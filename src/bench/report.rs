@@ -41,6 +41,10 @@ pub struct BenchConfig {
     /// Scheduling policies of the gather threads, each measured at every window (rows
     /// after the first policy's are named with theirs: the same run compares them).
     pub worker_scheduling: Vec<WorkerScheduling>,
+    /// Whether the thread waiting for a batch gathers one itself
+    /// (`LoaderConfig::consumer_gathers`), each setting measured at every window and
+    /// scheduling policy (rows after the first setting's are named with theirs).
+    pub consumer_gathers: Vec<bool>,
     /// Seed of every loader's order.
     pub seed: u64,
     /// A simulated training step per batch, in milliseconds (0: none).
@@ -82,8 +86,14 @@ pub struct LoaderFigures {
     pub events: u64,
     /// Seconds timed.
     pub seconds: f64,
-    /// Worker seconds spent gathering (shard reads through the memory map included).
+    /// Seconds spent gathering, by the workers and by the thread waiting for batches
+    /// (shard reads through the memory map included).
     pub gather_seconds: Option<f64>,
+    /// The part of `gather_seconds` spent by the thread waiting for batches
+    /// (`LoaderConfig::consumer_gathers`).
+    pub waiting_thread_gather_seconds: Option<f64>,
+    /// The share of the measured batches that thread gathered.
+    pub gathered_while_waiting_fraction: Option<f64>,
     /// The gather stage's rate: bytes delivered / (`gather_seconds` / workers), GB/s.
     pub gather_gb_per_s: Option<f64>,
     /// `gather_gb_per_s` / memcpy GB/s with the same threads, same run.
@@ -104,7 +114,8 @@ pub struct LoaderFigures {
     /// ([`gather_stages`]): what remains to be made faster.
     pub gather_stages: Option<GatherStages>,
     /// Worker time per batch outside the gather: the workers' seconds per epoch (threads
-    /// x epoch seconds) less the seconds they spent gathering, over the epoch's batches.
+    /// x epoch seconds) less the seconds they spent gathering (the waiting thread's gathers
+    /// left out), over the epoch's batches.
     /// Planning, hand-offs, and time without a core or blocked on a full queue.
     pub outside_gather_seconds_per_batch: Option<f64>,
     /// Staging buffers allocated during the two measured epochs: 0 when the pool, grown to
@@ -216,6 +227,8 @@ pub struct Report {
     pub workers: usize,
     /// Their scheduling policies, in the order the rows were measured.
     pub worker_scheduling: Vec<WorkerScheduling>,
+    /// Whether the waiting thread gathered, in the order the rows were measured.
+    pub consumer_gathers: Vec<bool>,
     /// Every loader.
     pub loaders: Vec<LoaderFigures>,
 }
@@ -241,6 +254,8 @@ struct EpochRun {
     plans: Vec<BatchPlan>,
     throughput: Throughput,
     gather: f64,
+    /// The part of `gather` the waiting thread spent, and the batches it gathered.
+    gather_while_waiting: (f64, usize),
     wait: f64,
     compute: f64,
     copy: Option<(f64, u64)>,
@@ -248,13 +263,64 @@ struct EpochRun {
     gpu_idle_busy_ms: Option<(f64, f64)>,
 }
 
-/// One epoch at `window` with the gather threads under `worker_scheduling`, gathered into
-/// `pool`'s buffers when there is one (left holding the loader's pool, for the next epoch).
+/// How one row's loader runs, besides its window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Variant {
+    scheduling: WorkerScheduling,
+    consumer_gathers: bool,
+}
+
+impl Variant {
+    /// Every combination of the configured settings, the loader's defaults first when
+    /// they are configured first.
+    fn all(config: &BenchConfig) -> Vec<Variant> {
+        config
+            .worker_scheduling
+            .iter()
+            .flat_map(|&scheduling| {
+                config
+                    .consumer_gathers
+                    .iter()
+                    .map(move |&consumer_gathers| Variant {
+                        scheduling,
+                        consumer_gathers,
+                    })
+            })
+            .collect()
+    }
+
+    /// The row's name: "shardify", followed by the settings in which it differs from the
+    /// first variant.
+    fn name(self, first: Variant) -> String {
+        let mut differences = Vec::new();
+        if self.scheduling != first.scheduling {
+            differences.push(format!("{} scheduling", self.scheduling.name()));
+        }
+        if self.consumer_gathers != first.consumer_gathers {
+            differences.push(waiting_thread(self.consumer_gathers).to_string());
+        }
+        match differences.is_empty() {
+            true => "shardify".to_string(),
+            false => format!("shardify ({})", differences.join(", ")),
+        }
+    }
+}
+
+/// What the thread waiting for a batch does, in a report's words.
+fn waiting_thread(gathers: bool) -> &'static str {
+    match gathers {
+        true => "waiting thread gathers",
+        false => "waiting thread sleeps",
+    }
+}
+
+/// One epoch at `window` with the loader in `variant`, gathered into `pool`'s buffers when
+/// there is one (left holding the loader's pool, for the next epoch).
 fn run_epoch(
     dataset: &Arc<Dataset>,
     config: &BenchConfig,
     placement: &Placement,
-    (window, worker_scheduling): (usize, WorkerScheduling),
+    (window, variant): (usize, Variant),
     epoch: u64,
     pool: &mut Option<Arc<StagingPool>>,
 ) -> Result<EpochRun> {
@@ -267,7 +333,8 @@ fn run_epoch(
         time_copies: config.time_copies,
         device_buffers: config.device_buffers,
         dom_positions: config.dom_positions,
-        worker_scheduling,
+        worker_scheduling: variant.scheduling,
+        consumer_gathers: variant.consumer_gathers,
     };
     let mut consumer = Consumer::new(placement, config.simulate_compute_ms)?;
     let mut loader = Loader::on_pool(
@@ -282,6 +349,7 @@ fn run_epoch(
         plans: Vec::new(),
         throughput: Throughput::default(),
         gather: 0.0,
+        gather_while_waiting: (0.0, 0),
         wait: 0.0,
         compute: 0.0,
         copy: None,
@@ -298,6 +366,10 @@ fn run_epoch(
         run.throughput.pulses += batch.shape().pulses as u64;
         run.throughput.bytes += batch.sections().payload_bytes() as u64;
         run.gather += batch.gather_seconds();
+        if batch.gathered_while_waiting() {
+            run.gather_while_waiting.0 += batch.gather_seconds();
+            run.gather_while_waiting.1 += 1;
+        }
         run.compute += consumer.consume(&mut batch)?;
         if let Some(copy) = batch.device() {
             run.batch_bytes.push(batch.bytes().len());
@@ -376,6 +448,8 @@ fn figures(
         events: t.events,
         seconds: t.seconds,
         gather_seconds: None,
+        waiting_thread_gather_seconds: None,
+        gathered_while_waiting_fraction: None,
         gather_gb_per_s: None,
         gather_ratio_to_memcpy: None,
         scattered_copy_gb_per_s: None,
@@ -426,21 +500,15 @@ pub fn run(
         None => None,
     };
     let mut loaders = Vec::new();
-    let runs = config
-        .worker_scheduling
-        .iter()
-        .enumerate()
-        .flat_map(|(i, &scheduling)| {
-            let name = match i {
-                0 => "shardify".to_string(),
-                _ => format!("shardify ({} scheduling)", scheduling.name()),
-            };
-            config
-                .windows
-                .iter()
-                .map(move |&window| (name.clone(), window, scheduling))
-        });
-    for (name, window, scheduling) in runs {
+    let variants = Variant::all(config);
+    let runs = variants.iter().flat_map(|&variant| {
+        let name = variant.name(variants[0]);
+        config
+            .windows
+            .iter()
+            .map(move |&window| (name.clone(), window, variant))
+    });
+    for (name, window, variant) in runs {
         // One staging pool for the window's epochs, as a job keeps one: a first epoch grows
         // it (reported apart), then it is grown to the measured epochs' largest batch (a
         // long job's pool has seen its largest batches; a pool that grows again inside a
@@ -451,7 +519,7 @@ pub fn run(
             if config.cold {
                 dataset.evict_from_page_cache()?;
             }
-            run_epoch(&dataset, config, &placement, (window, scheduling), e, pool)
+            run_epoch(&dataset, config, &placement, (window, variant), e, pool)
         };
         let first = epoch(2, &mut pool)?;
         let largest = largest_batch_bytes(
@@ -482,8 +550,14 @@ pub fn run(
         let mut f = figures(&name, Some(window), total, bound, q);
         let wait: f64 = epochs.iter().map(|e| e.wait).sum();
         let gather: f64 = epochs.iter().map(|e| e.gather).sum();
+        let gather_while_waiting: f64 = epochs.iter().map(|e| e.gather_while_waiting.0).sum();
+        let batches: usize = epochs.iter().map(|e| e.plans.len()).sum();
+        let batches_while_waiting: usize = epochs.iter().map(|e| e.gather_while_waiting.1).sum();
         let gather_gb = total.bytes as f64 / 1e9 / (gather / config.workers as f64).max(1e-12);
         f.gather_seconds = Some(gather);
+        f.waiting_thread_gather_seconds = Some(gather_while_waiting);
+        f.gathered_while_waiting_fraction =
+            Some(batches_while_waiting as f64 / batches.max(1) as f64);
         f.gather_gb_per_s = Some(gather_gb);
         f.gather_ratio_to_memcpy = Some(gather_gb / bound);
         let scattered = scattered_copy(&dataset, &epochs[0].plans, config.workers)?;
@@ -499,9 +573,11 @@ pub fn run(
             &epochs[0].plans,
             config.dom_positions,
         )?);
-        let batches: usize = epochs.iter().map(|e| e.plans.len()).sum();
-        f.outside_gather_seconds_per_batch =
-            Some((config.workers as f64 * total.seconds - gather).max(0.0) / batches.max(1) as f64);
+        let worker_gather = gather - gather_while_waiting;
+        f.outside_gather_seconds_per_batch = Some(
+            (config.workers as f64 * total.seconds - worker_gather).max(0.0)
+                / batches.max(1) as f64,
+        );
         f.measured_epoch_allocations = measured_allocations;
         f.first_epoch_events_per_s =
             Some(first.throughput.events as f64 / first.throughput.seconds.max(1e-9));
@@ -597,6 +673,7 @@ pub fn run(
         batch_order: config.batch_order,
         workers: config.workers,
         worker_scheduling: config.worker_scheduling.clone(),
+        consumer_gathers: config.consumer_gathers.clone(),
         loaders,
     })
 }
@@ -623,10 +700,22 @@ fn stage_line(l: &LoaderFigures) -> String {
     };
     let policy = l.name.strip_prefix("shardify").unwrap_or(&l.name);
     let mut out = format!(
-        "  window {:>4}{policy}: gather {} (all workers) = {gather_gb:.2} GB/s = {gather_ratio:.2} of memcpy",
+        "  window {:>4}{policy}: gather {} (all threads) = {gather_gb:.2} GB/s = {gather_ratio:.2} of memcpy",
         l.window.unwrap_or(0),
         duration(gather_s)
     );
+    if let (Some(share), Some(s)) = (
+        l.gathered_while_waiting_fraction,
+        l.waiting_thread_gather_seconds,
+    ) {
+        if share > 0.0 {
+            out += &format!(
+                ", of which the waiting thread {} ({:.0}% of the batches)",
+                duration(s),
+                100.0 * share
+            );
+        }
+    }
     if let (Some(s), Some(bound), Some(r)) = (
         l.scattered_copy_seconds,
         l.scattered_copy_bound_ratio_to_memcpy,
@@ -706,9 +795,10 @@ pub fn table(report: &Report) -> String {
         report.dataset_events, report.dataset_pulses, report.machine.cpus, report.memcpy_gb_per_s, report.memcpy_after_loaders_gb_per_s, report.simulate_compute_ms
     );
     out += &format!(
-        "batches of {} events; shardify: blocks of {} events, runs of {}, batch order {}, {} workers ({} scheduling)\n",
+        "batches of {} events; shardify: blocks of {} events, runs of {}, batch order {}, {} workers ({} scheduling; {})\n",
         report.batch_events, report.block_events, report.run_events, report.batch_order, report.workers,
-        report.worker_scheduling.iter().map(|s| s.name()).collect::<Vec<_>>().join(", then ")
+        report.worker_scheduling.iter().map(|s| s.name()).collect::<Vec<_>>().join(", then "),
+        report.consumer_gathers.iter().map(|&g| waiting_thread(g)).collect::<Vec<_>>().join(", then ")
     );
     out += &format!(
         "{:<44} {:>6} {:>11} {:>12} {:>7} {:>6} {:>7} {:>7} {:>7} {:>7} {:>6}\n",
@@ -785,7 +875,7 @@ pub fn table(report: &Report) -> String {
             )
         }
     }
-    out += "per loader, each stage against its bound (gather: worker time summed, bytes per worker-second x workers):\n";
+    out += "per loader, each stage against its bound (gather: thread time summed, bytes per thread-second x workers):\n";
     for l in &report.loaders {
         out += &stage_line(l);
     }

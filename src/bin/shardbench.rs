@@ -46,6 +46,11 @@ struct Args {
     /// normal (the process's policy); each is measured at every window, in this run.
     #[arg(long, value_delimiter = ',', default_value = "batch")]
     worker_scheduling: Vec<WorkerScheduling>,
+    /// Whether the thread waiting for the next batch gathers one itself (true, the
+    /// loader's default) or sleeps until a worker sends it (false), comma-separated; each
+    /// is measured at every window and scheduling policy, in this run.
+    #[arg(long, value_delimiter = ',', default_value = "true")]
+    consumer_gathers: Vec<bool>,
     /// A training step of this many milliseconds per batch (a sleep on the CPU; on a GPU,
     /// memory-bound work on a compute stream, calibrated to this length).
     #[arg(long, default_value_t = 0.0)]
@@ -117,6 +122,7 @@ fn main() -> Result<()> {
         batch_order: args.sampler.batch_order,
         workers: args.workers,
         worker_scheduling: args.worker_scheduling,
+        consumer_gathers: args.consumer_gathers,
         seed: args.sampler.seed,
         simulate_compute_ms: args.simulate_compute,
         naive_cache_files: args.naive_cache_files,

@@ -28,6 +28,7 @@ pub struct Batch {
     plan: BatchPlan,
     shape: BatchShape,
     gather_seconds: f64,
+    gathered_while_waiting: bool,
     layout: BatchLayout,
 }
 
@@ -72,6 +73,7 @@ impl Batch {
             plan: filled.plan,
             shape: filled.shape,
             gather_seconds: filled.gather_seconds,
+            gathered_while_waiting: filled.gathered_while_waiting,
             layout,
         }
     }
@@ -149,10 +151,16 @@ impl Batch {
         &self.plan
     }
 
-    /// Seconds a worker spent gathering this batch (shard reads through the memory map
-    /// included).
+    /// Seconds spent gathering this batch, by a worker or by the thread that waited for it
+    /// (shard reads through the memory map included).
     pub fn gather_seconds(&self) -> f64 {
         self.gather_seconds
+    }
+
+    /// Whether the thread that waited for this batch gathered it, not a worker
+    /// ([`LoaderConfig::consumer_gathers`](super::LoaderConfig::consumer_gathers)).
+    pub fn gathered_while_waiting(&self) -> bool {
+        self.gathered_while_waiting
     }
 
     /// Events, DOMs and pulses in the batch.

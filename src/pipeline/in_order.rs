@@ -1,11 +1,12 @@
 //! Gathered batches back in plan order: workers finish out of order.
 
 use std::collections::BTreeMap;
-
+use std::sync::Arc;
 use std::time::Instant;
 
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 
+use super::helping::Lending;
 use super::workers::Filled;
 use crate::error::Result;
 
@@ -19,19 +20,23 @@ pub enum Arrival<T> {
     Finished,
 }
 
-/// The workers' numbered results, handed on in sequence.
+/// The workers' numbered results, handed on in sequence; while the next one is not there,
+/// the thread asking gathers the epoch's next batch itself when the workers lend it their
+/// plans ([`Lending`]).
 pub(crate) struct InOrder {
     results: Receiver<(u64, Result<Filled>)>,
     pending: BTreeMap<u64, Result<Filled>>,
     next_seq: u64,
+    lending: Arc<Lending>,
 }
 
 impl InOrder {
-    pub(crate) fn new(results: Receiver<(u64, Result<Filled>)>) -> InOrder {
+    pub(crate) fn new(results: Receiver<(u64, Result<Filled>)>, lending: Arc<Lending>) -> InOrder {
         InOrder {
             results,
             pending: BTreeMap::new(),
             next_seq: 0,
+            lending,
         }
     }
 
@@ -43,12 +48,22 @@ impl InOrder {
         }
     }
 
-    /// The next batch in order, waiting for it until `deadline` (forever without one).
+    /// The next batch in order, waiting for it until `deadline` (forever without one). A
+    /// gather of its own started before the deadline may end after it (by one batch's
+    /// gather).
     pub(crate) fn next_until(&mut self, deadline: Option<Instant>) -> Arrival<Result<Filled>> {
         loop {
             if let Some(result) = self.pending.remove(&self.next_seq) {
                 self.next_seq += 1;
                 return Arrival::Ready(result);
+            }
+            if let Ok((seq, result)) = self.results.try_recv() {
+                self.pending.insert(seq, result);
+                continue;
+            }
+            if let Some((seq, result)) = self.lending.gather_next() {
+                self.pending.insert(seq, result);
+                continue;
             }
             let received = match deadline {
                 None => self

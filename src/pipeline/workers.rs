@@ -6,6 +6,7 @@ use std::sync::Mutex;
 
 use crossbeam_channel::{bounded, select, Receiver, Sender, TrySendError};
 
+use super::helping::{Helper, Lending};
 use super::scheduling::GATHER_THREAD_NAME;
 use super::LoaderConfig;
 use crate::batch::{plan_sections, BatchShape, Gatherer, Sections};
@@ -21,6 +22,8 @@ pub(crate) struct Filled {
     pub(crate) plan: BatchPlan,
     pub(crate) shape: BatchShape,
     pub(crate) gather_seconds: f64,
+    /// Gathered by the thread waiting for batches ([`super::helping`]), not a worker.
+    pub(crate) gathered_while_waiting: bool,
 }
 
 /// Asks the pipeline's threads to stop: a flag they check between batches, and a channel
@@ -49,7 +52,7 @@ impl Stop {
         drop(self.sender.lock().unwrap_or_else(|e| e.into_inner()).take());
     }
 
-    fn requested(&self) -> bool {
+    pub(crate) fn requested(&self) -> bool {
         self.requested.load(Ordering::Acquire)
     }
 }
@@ -57,7 +60,7 @@ impl Stop {
 /// The epoch's batch plans, numbered, shared by the workers: each takes the next under a
 /// lock (planning a batch costs far less than gathering it, so the lock is rarely
 /// contended, and no planner thread has to be woken per batch).
-struct Plans<'a> {
+pub(crate) struct Plans<'a> {
     batches: Mutex<(EpochBatches<'a>, u64)>,
     view: &'a View,
     sizes: &'a DatasetSizes<'a>,
@@ -65,9 +68,24 @@ struct Plans<'a> {
     failed: AtomicBool,
 }
 
-impl Plans<'_> {
+impl<'a> Plans<'a> {
+    /// The plans of `config`'s epoch from `position` on.
+    pub(crate) fn new(
+        view: &'a View,
+        sizes: &'a DatasetSizes<'a>,
+        config: &LoaderConfig,
+        position: SamplerState,
+    ) -> Plans<'a> {
+        Plans {
+            batches: Mutex::new((EpochBatches::new(sizes, &config.sampler, position), 0)),
+            view,
+            sizes,
+            failed: AtomicBool::new(false),
+        }
+    }
+
     /// The next plan and its number; `None` at the end of the epoch or after an error.
-    fn next(&self) -> Option<(u64, Result<BatchPlan>)> {
+    pub(crate) fn next(&self) -> Option<(u64, Result<BatchPlan>)> {
         if self.failed.load(Ordering::Acquire) {
             return None;
         }
@@ -107,16 +125,12 @@ pub(crate) fn run_workers(
     pool: &StagingPool,
     results: Sender<(u64, Result<Filled>)>,
     stop: &Stop,
+    lending: &Lending,
 ) {
     let sizes = DatasetSizes::new(view);
     let dataset = view.dataset();
     let workers = config.workers;
-    let plans = Plans {
-        batches: Mutex::new((EpochBatches::new(&sizes, &config.sampler, position), 0)),
-        view,
-        sizes: &sizes,
-        failed: AtomicBool::new(false),
-    };
+    let plans = Plans::new(view, &sizes, config, position);
     // This thread gathers too (it is named as a gathering thread where it is spawned); the
     // ones it starts below inherit its policy (Linux threads start under their creator's).
     if let Err(e) = config.worker_scheduling.apply_to_current_thread() {
@@ -125,21 +139,35 @@ pub(crate) fn run_workers(
             config.worker_scheduling.name()
         );
     }
-    std::thread::scope(|scope| {
-        for _ in 1..workers {
-            let (plans, results) = (&plans, results.clone());
-            let spawned = std::thread::Builder::new()
-                .name(GATHER_THREAD_NAME.to_string())
-                .spawn_scoped(scope, move || {
-                    gather_batches(dataset, config, pool, plans, results, stop)
-                });
-            if let Err(e) = spawned {
-                // The threads already running gather the epoch; this one is not needed.
-                tracing::warn!("gathering thread not started: {e}");
+    let gather_all = || {
+        std::thread::scope(|scope| {
+            for _ in 1..workers {
+                let (plans, results) = (&plans, results.clone());
+                let spawned = std::thread::Builder::new()
+                    .name(GATHER_THREAD_NAME.to_string())
+                    .spawn_scoped(scope, move || {
+                        gather_batches(dataset, config, pool, plans, results, stop)
+                    });
+                if let Err(e) = spawned {
+                    // The threads already running gather the epoch; this one is not needed.
+                    tracing::warn!("gathering thread not started: {e}");
+                }
             }
-        }
-        gather_batches(dataset, config, pool, &plans, results, stop);
-    });
+            gather_batches(dataset, config, pool, &plans, results, stop);
+        })
+    };
+    if config.consumer_gathers {
+        let helper = Helper {
+            plans: &plans,
+            gatherer: Mutex::new(Gatherer::new(dataset)),
+            config,
+            pool,
+            stop,
+        };
+        lending.lend_while(&helper, gather_all);
+    } else {
+        gather_all();
+    }
 }
 
 /// Takes a free buffer, then a plan, gathers, and sends the result; until the plans run
@@ -154,10 +182,8 @@ fn gather_batches(
     stop: &Stop,
 ) {
     let mut gatherer = Gatherer::new(dataset);
-    let types = dataset.manifest().schema.types;
-    let layout = config.layout;
     while !stop.requested() {
-        let mut buffer = match pool.free().try_recv() {
+        let buffer = match pool.free().try_recv() {
             Ok(b) => b,
             Err(_) => select! {
                 recv(pool.free()) -> b => match b { Ok(b) => b, Err(_) => return },
@@ -167,30 +193,7 @@ fn gather_batches(
         let Some((seq, plan)) = plans.next() else {
             return; // the buffer goes back as it drops
         };
-        let started = std::time::Instant::now();
-        let filled = plan.and_then(|plan| {
-            let shape = gatherer.shape(&plan)?;
-            let sections = plan_sections(layout, shape, &types, config.dom_positions);
-            pool.ensure_capacity(&mut buffer, sections.total);
-            gatherer.gather(&plan, layout, &sections, buffer.bytes_mut())?;
-            Ok((sections, plan, shape))
-        });
-        let item = match filled {
-            Ok((sections, plan, shape)) => {
-                let gather_seconds = started.elapsed().as_secs_f64();
-                Ok(Filled {
-                    buffer,
-                    sections,
-                    plan,
-                    shape,
-                    gather_seconds,
-                })
-            }
-            Err(e) => {
-                plans.fail();
-                Err(e)
-            }
-        };
+        let item = gather_plan(&mut gatherer, config, pool, plans, buffer, plan);
         let failed = item.is_err();
         match results.try_send((seq, item)) {
             Ok(()) => {}
@@ -202,6 +205,40 @@ fn gather_batches(
         }
         if failed {
             return;
+        }
+    }
+}
+
+/// Gathers `plan` into `buffer`; an error ends the epoch for every worker.
+pub(crate) fn gather_plan(
+    gatherer: &mut Gatherer<'_>,
+    config: &LoaderConfig,
+    pool: &StagingPool,
+    plans: &Plans<'_>,
+    mut buffer: StagingBuffer,
+    plan: Result<BatchPlan>,
+) -> Result<Filled> {
+    let started = std::time::Instant::now();
+    let types = plans.view.dataset().manifest().schema.types;
+    let filled = plan.and_then(|plan| {
+        let shape = gatherer.shape(&plan)?;
+        let sections = plan_sections(config.layout, shape, &types, config.dom_positions);
+        pool.ensure_capacity(&mut buffer, sections.total);
+        gatherer.gather(&plan, config.layout, &sections, buffer.bytes_mut())?;
+        Ok((sections, plan, shape))
+    });
+    match filled {
+        Ok((sections, plan, shape)) => Ok(Filled {
+            buffer,
+            sections,
+            plan,
+            shape,
+            gather_seconds: started.elapsed().as_secs_f64(),
+            gathered_while_waiting: false,
+        }),
+        Err(e) => {
+            plans.fail();
+            Err(e)
         }
     }
 }
