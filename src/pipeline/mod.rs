@@ -11,7 +11,9 @@
 //! The workers share the sampler under a lock (planning a batch costs a small fraction of
 //! gathering it), so no planner thread is woken per batch. A worker takes a free staging
 //! buffer *before* it takes the next plan, so the oldest batch in flight always owns a
-//! buffer and reordering can never starve it. On a GPU the
+//! buffer and reordering can never starve it. The thread that waits for the next batch in
+//! order (the consumer, or the uploader on a GPU) gathers one itself while it would wait,
+//! with the workers' plans lent to it ([`LoaderConfig::consumer_gathers`], `helping`). On a GPU the
 //! staging buffers are pinned, and an uploader thread queues each batch's copy onto the
 //! device's copy stream ([`crate::device::transfer`]) as soon as a device buffer is free:
 //! with two, the copy of batch n+1 runs while the consumer's GPU work on batch n does, and
