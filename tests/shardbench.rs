@@ -69,7 +69,8 @@ fn quick_report_is_complete_and_consistent() {
     );
     assert!(table.contains(&drift), "{table}");
     assert!(
-        table.contains("window    1: gather")
+        table.contains("window    1: delivered")
+            && table.contains("of memcpy measured around its epochs (")
             && table.contains("; copying the same events' pieces")
             && table.contains("first epoch (pool growing)")
             && table.contains("; waited")
@@ -124,6 +125,17 @@ fn quick_report_is_complete_and_consistent() {
             "{delivered} bytes delivered, two epochs hold {}",
             2.0 * epoch_bytes
         );
+        // The bound measured around the row's epochs, and the ratio against their mean.
+        let around: Vec<f64> = l["memcpy_around_gb_per_s"]
+            .as_array()
+            .unwrap_or_else(|| panic!("memcpy_around_gb_per_s missing: {l}"))
+            .iter()
+            .map(|v| v.as_f64().unwrap())
+            .collect();
+        assert!(around.len() == 2 && around.iter().all(|&v| v > 0.0), "{l}");
+        let ratio = l["ratio_to_memcpy_around"].as_f64().unwrap();
+        let expected = l["gb_per_s"].as_f64().unwrap() / ((around[0] + around[1]) / 2.0);
+        assert!((ratio / expected - 1.0).abs() < 1e-9, "{l}");
         let wall = l["seconds"].as_f64().unwrap();
         assert!(l["wait_seconds"].as_f64().unwrap() <= wall + 1e-6);
         assert!(l["gather_seconds"].as_f64().unwrap() > 0.0);
@@ -342,8 +354,8 @@ fn every_scheduling_policy_and_waiting_thread_setting_is_measured_in_one_run() {
     }
     assert!(
         table.contains("2 workers (batch, then normal scheduling; waiting thread gathers, then waiting thread sleeps)")
-            && table.contains("window    4 (normal scheduling): gather")
-            && table.contains("window    4 (normal scheduling, waiting thread sleeps): gather"),
+            && table.contains("window    4 (normal scheduling): delivered")
+            && table.contains("window    4 (normal scheduling, waiting thread sleeps): delivered"),
         "{table}"
     );
     let refused = quick_shardbench(&ds, &json, &["--worker-scheduling", "fifo"]);

@@ -82,6 +82,13 @@ pub struct LoaderFigures {
     pub gb_per_s: f64,
     /// `gb_per_s` / memcpy GB/s of the same run.
     pub ratio_to_memcpy: f64,
+    /// memcpy GB/s measured as the run-wide bound is, just before this row's measured
+    /// epochs and just after them (shardify only): the machine's memory bandwidth drifts
+    /// (on the shared 2-core machine by up to 16 GB/s within one run), and these two
+    /// bracket the loader in time.
+    pub memcpy_around_gb_per_s: Option<[f64; 2]>,
+    /// `gb_per_s` / the mean of `memcpy_around_gb_per_s`.
+    pub ratio_to_memcpy_around: Option<f64>,
     /// Events timed.
     pub events: u64,
     /// Seconds timed.
@@ -445,6 +452,8 @@ fn figures(
         pulses_per_s: t.pulses as f64 / secs,
         gb_per_s: gb,
         ratio_to_memcpy: gb / memcpy,
+        memcpy_around_gb_per_s: None,
+        ratio_to_memcpy_around: None,
         events: t.events,
         seconds: t.seconds,
         gather_seconds: None,
@@ -532,7 +541,12 @@ pub fn run(
             p.reserve(largest);
             p.allocations()
         });
+        let memcpy_before = memcpy_bound(&dataset, batch_bytes, config.workers)?;
         let epochs = [epoch(0, &mut pool)?, epoch(1, &mut pool)?];
+        let memcpy_around = [
+            memcpy_before,
+            memcpy_bound(&dataset, batch_bytes, config.workers)?,
+        ];
         let measured_allocations = pool
             .as_ref()
             .zip(allocations_before)
@@ -548,6 +562,8 @@ pub fn run(
             seconds: epochs.iter().map(|e| e.throughput.seconds).sum(),
         };
         let mut f = figures(&name, Some(window), total, bound, q);
+        f.memcpy_around_gb_per_s = Some(memcpy_around);
+        f.ratio_to_memcpy_around = Some(f.gb_per_s / (memcpy_around.iter().sum::<f64>() / 2.0));
         let wait: f64 = epochs.iter().map(|e| e.wait).sum();
         let gather: f64 = epochs.iter().map(|e| e.gather).sum();
         let gather_while_waiting: f64 = epochs.iter().map(|e| e.gather_while_waiting.0).sum();
@@ -699,8 +715,14 @@ fn stage_line(l: &LoaderFigures) -> String {
         return String::new();
     };
     let policy = l.name.strip_prefix("shardify").unwrap_or(&l.name);
+    let around = match (l.memcpy_around_gb_per_s, l.ratio_to_memcpy_around) {
+        (Some([before, after]), Some(r)) => format!(
+            "delivered {r:.2} of memcpy measured around its epochs ({before:.2} GB/s before, {after:.2} after); "
+        ),
+        _ => String::new(),
+    };
     let mut out = format!(
-        "  window {:>4}{policy}: gather {} (all threads) = {gather_gb:.2} GB/s = {gather_ratio:.2} of memcpy",
+        "  window {:>4}{policy}: {around}gather {} (all threads) = {gather_gb:.2} GB/s = {gather_ratio:.2} of memcpy",
         l.window.unwrap_or(0),
         duration(gather_s)
     );
