@@ -274,6 +274,37 @@ fn batches_do_not_depend_on_which_thread_gathers_them() {
     );
 }
 
+/// `next_within` lets a caller poll (Python checks for Ctrl-C between polls): it gives the
+/// same batches as `next`, and the waiting thread starts no gather once the wait is over, so
+/// polling with no wait at all never gathers while waiting.
+#[test]
+fn polling_gives_the_same_batches_and_gathers_nothing_past_the_deadline() {
+    use shardify::pipeline::Arrival;
+    let dir = tempfile::tempdir().unwrap();
+    let ds = dataset(dir.path());
+    let config = config(Batching::Events(4), 1);
+    let expected: Vec<Vec<u8>> = epoch(&ds, &config, 1)
+        .iter()
+        .map(|b| b.bytes().to_vec())
+        .collect();
+    let mut loader = Loader::new(ds.clone(), config, SamplerState::start(1)).unwrap();
+    let (mut polled, mut not_yet) = (Vec::new(), 0);
+    loop {
+        match loader.next_within(Duration::ZERO) {
+            Arrival::Ready(batch) => polled.push(batch.unwrap().bytes().to_vec()),
+            Arrival::NotYet => not_yet += 1,
+            Arrival::Finished => break,
+        }
+    }
+    assert!(polled == expected, "polling changed the batches");
+    assert_eq!(
+        loader.gathered_while_waiting(),
+        0,
+        "{not_yet} polls came back empty"
+    );
+    assert!(loader.next().is_none(), "the epoch stays over");
+}
+
 #[test]
 fn padded_layout_matches_the_packed_one() {
     let dir = tempfile::tempdir().unwrap();

@@ -50,7 +50,7 @@ impl InOrder {
 
     /// The next batch in order, waiting for it until `deadline` (forever without one). A
     /// gather of its own started before the deadline may end after it (by one batch's
-    /// gather).
+    /// gather); none starts after it.
     pub(crate) fn next_until(&mut self, deadline: Option<Instant>) -> Arrival<Result<Filled>> {
         loop {
             if let Some(result) = self.pending.remove(&self.next_seq) {
@@ -61,9 +61,12 @@ impl InOrder {
                 self.pending.insert(seq, result);
                 continue;
             }
-            if let Some((seq, result)) = self.lending.gather_next() {
-                self.pending.insert(seq, result);
-                continue;
+            // No gather is started past the deadline (one started before may end after it).
+            if deadline.is_none_or(|d| Instant::now() < d) {
+                if let Some((seq, result)) = self.lending.gather_next() {
+                    self.pending.insert(seq, result);
+                    continue;
+                }
             }
             let received = match deadline {
                 None => self
