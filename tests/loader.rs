@@ -283,10 +283,7 @@ fn polling_gives_the_same_batches_and_gathers_nothing_past_the_deadline() {
     let dir = tempfile::tempdir().unwrap();
     let ds = dataset(dir.path());
     let config = config(Batching::Events(4), 1);
-    let expected: Vec<Vec<u8>> = epoch(&ds, &config, 1)
-        .iter()
-        .map(|b| b.bytes().to_vec())
-        .collect();
+    let expected = epoch_bytes(&ds, &config, 1);
     let mut loader = Loader::new(ds.clone(), config, SamplerState::start(1)).unwrap();
     let (mut polled, mut not_yet) = (Vec::new(), 0);
     loop {
