@@ -23,6 +23,7 @@ def test_peers_reports_every_loader_and_torchs_floor(train_dir, torch, tmp_path)
     assert list(package) == [
         "shardify, Rust loader alone (bound)", "shardify -> torch tensors",
         "shardify -> numpy arrays", "shardify -> torch, workers' policy normal",
+        "shardify -> torch, waiting thread sleeps",
         "shardify resident (cpu, window 16)",
         "shardify resident (cpu, complete shuffle)"]
     for row in [*figures["loaders"], *figures["shardify"]]:

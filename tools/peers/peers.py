@@ -20,7 +20,9 @@ With --dataset (the same source converted by `shardify convert`) it also runs, i
 process, the `shardify` Python package's loader at the same batch size: the Rust loader
 alone (batches taken and dropped in Rust: the bound), then yielding torch tensors, then
 numpy arrays, then torch tensors with the gathering threads under the process's scheduling
-policy (`worker_scheduling="normal"`; the default is SCHED_BATCH), then resident (the dataset held whole on --device, at the same window and
+policy (`worker_scheduling="normal"`; the default is SCHED_BATCH), then torch tensors with
+the thread that waits for a batch sleeping instead of gathering one itself
+(`consumer_gathers=False`), then resident (the dataset held whole on --device, at the same window and
 with one window over the whole dataset), and prints each one's ratio to the Rust loader,
 the overhead per batch (its time per batch less the Rust loader's) and the host time per
 batch (the time spent in the loader's iterator; on a GPU the resident gather runs
@@ -165,6 +167,7 @@ def shardify_loaders(dataset, batch_events, window, workers, seconds, seed, devi
             loader = shardify.Loader(dataset, window_blocks=window, workers=workers,
                                      output="numpy" if kind == "numpy" else "torch",
                                      worker_scheduling="normal" if kind == "normal" else "batch",
+                                     consumer_gathers=kind != "sleeps",
                                      **settings)
         batches = events = pulses = 0
         host = 0.0
@@ -197,6 +200,7 @@ def shardify_loaders(dataset, batch_events, window, workers, seconds, seed, devi
     names = {"rust": "shardify, Rust loader alone (bound)", "torch": "shardify -> torch tensors",
              "numpy": "shardify -> numpy arrays",
              "normal": "shardify -> torch, workers' policy normal",
+             "sleeps": "shardify -> torch, waiting thread sleeps",
              "resident": f"shardify resident ({device}, window {window})",
              "resident-all": f"shardify resident ({device}, complete shuffle)"}
     if device.startswith("cuda"):
