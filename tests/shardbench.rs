@@ -61,6 +61,19 @@ fn quick_report_is_complete_and_consistent() {
         assert!(v.is_finite() && v > 0.0, "{key} = {v}");
     }
     assert!(r["machine"]["cpus"].as_u64().unwrap() >= 1);
+    // The CPU is named as the kernel names it (where it does: Linux on x86 here).
+    let kernel_model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|info| {
+            info.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_string())
+        });
+    if let Some(model) = kernel_model {
+        assert_eq!(r["machine"]["cpu_model"].as_str(), Some(model.as_str()));
+        assert!(table.contains(&format!("CPUs ({model})")), "{table}");
+    }
     assert!(r["shard_read_gb_per_s"].as_f64().unwrap() > 0.0);
     assert!(table.contains("stages: shard read"), "{table}");
     let drift = format!(

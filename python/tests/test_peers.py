@@ -4,6 +4,7 @@ reports every loader it promises, with figures that are measured (positive, cons
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 from conftest import FIXTURES, REPO
 
@@ -17,6 +18,10 @@ def test_peers_reports_every_loader_and_torchs_floor(train_dir, torch, tmp_path)
         capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     figures = json.loads(report.read_text())
+    assert figures["machine"]["cpus"] >= 1
+    model = figures["machine"]["cpu_model"]
+    if Path("/proc/cpuinfo").exists() and "model name" in Path("/proc/cpuinfo").read_text():
+        assert model and f"CPUs ({model})" in done.stdout, done.stdout
     assert [row["name"] for row in figures["loaders"]] == [
         "pytorch Dataset + DataLoader", "numpy block shuffle"]
     package = {row["name"]: row for row in figures["shardify"]}

@@ -172,12 +172,27 @@ pub struct LoaderFigures {
 pub struct Machine {
     /// Logical CPUs available.
     pub cpus: usize,
+    /// The CPU's model name as the kernel reports it (`/proc/cpuinfo`); `None` where it
+    /// does not. Figures differ by CPU far more than by run, so every report names it.
+    pub cpu_model: Option<String>,
     /// Operating system.
     pub os: &'static str,
     /// Architecture.
     pub arch: &'static str,
     /// Device the batches were delivered to (and, on the CPU, why).
     pub device: String,
+}
+
+/// The first `model name` line of `/proc/cpuinfo` (x86 Linux), else its first `Model`
+/// line (ARM Linux); `None` elsewhere.
+fn cpu_model() -> Option<String> {
+    let info = std::fs::read_to_string("/proc/cpuinfo").ok()?;
+    ["model name", "Model"].iter().find_map(|key| {
+        info.lines().find_map(|line| {
+            let (name, value) = line.split_once(':')?;
+            (name.trim() == *key && !value.trim().is_empty()).then(|| value.trim().to_string())
+        })
+    })
 }
 
 /// A whole run.
@@ -662,6 +677,7 @@ pub fn run(
     Ok(Report {
         machine: Machine {
             cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            cpu_model: cpu_model(),
             os: std::env::consts::OS,
             arch: std::env::consts::ARCH,
             device: placement.describe(),
@@ -813,8 +829,8 @@ fn gather_stages_line(g: &GatherStages) -> String {
 /// The report as a table.
 pub fn table(report: &Report) -> String {
     let mut out = format!(
-        "dataset {} events, {} pulses; {} CPUs; memcpy {:.2} GB/s (same threads, same run; {:.2} again after the shardify loaders); compute step {} ms\n",
-        report.dataset_events, report.dataset_pulses, report.machine.cpus, report.memcpy_gb_per_s, report.memcpy_after_loaders_gb_per_s, report.simulate_compute_ms
+        "dataset {} events, {} pulses; {} CPUs ({}); memcpy {:.2} GB/s (same threads, same run; {:.2} again after the shardify loaders); compute step {} ms\n",
+        report.dataset_events, report.dataset_pulses, report.machine.cpus, report.machine.cpu_model.as_deref().unwrap_or("CPU model unknown"), report.memcpy_gb_per_s, report.memcpy_after_loaders_gb_per_s, report.simulate_compute_ms
     );
     out += &format!(
         "batches of {} events; shardify: blocks of {} events, runs of {}, batch order {}, {} workers ({} scheduling; {})\n",

@@ -305,6 +305,19 @@ def quality(index, epochs, batch_events):
             "pair_repeat_iid": (batch_events - 1) / max(len(files) - 1, 1), "displacement": displacement}
 
 
+def machine():
+    """The CPU count and model (as /proc/cpuinfo names it, where it does): the figures
+    differ by CPU far more than by run, so every report names it."""
+    model = None
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f
+                          if line.startswith("model name")), None)
+    except OSError:
+        pass
+    return {"cpus": os.cpu_count(), "cpu_model": model}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("source")
@@ -328,7 +341,9 @@ def main():
         dict(name="numpy block shuffle", **numpy_block_shuffle(files, index, args.batch_events, args.seconds, args.seed),
              quality=quality(index, block_orders, args.batch_events)),
     ]
-    print(f"{len(index['file'])} events in {len(files)} files; batches of {args.batch_events}")
+    host = machine()
+    print(f"{len(index['file'])} events in {len(files)} files; batches of {args.batch_events}; "
+          f"{host['cpus']} CPUs ({host['cpu_model'] or 'CPU model unknown'})")
     print(f"{'loader':<44} {'events/s':>11} {'pulses/s':>12} {'GB/s':>7} {'mixing':>7} {'autocor':>8} {'repeat':>7} {'displ':>6}")
     for l in loaders:
         q = l["quality"]
@@ -358,8 +373,8 @@ def main():
               "consumer's work")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"loaders": loaders, "shardify": package, "batch_events": args.batch_events},
-                      f, indent=2)
+            json.dump({"machine": host, "loaders": loaders, "shardify": package,
+                       "batch_events": args.batch_events}, f, indent=2)
 
 
 if __name__ == "__main__":
