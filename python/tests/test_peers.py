@@ -20,7 +20,8 @@ def test_peers_reports_every_loader_and_torchs_floor(train_dir, torch, tmp_path)
     figures = json.loads(report.read_text())
     assert figures["machine"]["cpus"] >= 1
     model = figures["machine"]["cpu_model"]
-    if Path("/proc/cpuinfo").exists() and "model name" in Path("/proc/cpuinfo").read_text():
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists() and "model name" in cpuinfo.read_text():
         assert model and f"CPUs ({model})" in done.stdout, done.stdout
     assert [row["name"] for row in figures["loaders"]] == [
         "pytorch Dataset + DataLoader", "numpy block shuffle"]

@@ -190,7 +190,8 @@ fn cpu_model() -> Option<String> {
     ["model name", "Model"].iter().find_map(|key| {
         info.lines().find_map(|line| {
             let (name, value) = line.split_once(':')?;
-            (name.trim() == *key && !value.trim().is_empty()).then(|| value.trim().to_string())
+            let value = value.trim();
+            (name.trim() == *key && !value.is_empty()).then(|| value.to_string())
         })
     })
 }

@@ -306,15 +306,17 @@ def quality(index, epochs, batch_events):
 
 
 def machine():
-    """The CPU count and model (as /proc/cpuinfo names it, where it does): the figures
-    differ by CPU far more than by run, so every report names it."""
-    model = None
+    """The CPU count and model, by shardbench's rule: /proc/cpuinfo's first non-empty
+    ``model name`` (x86 Linux), else its first ``Model`` (ARM Linux), else None. The
+    figures differ by CPU far more than by run, so every report names it."""
     try:
         with open("/proc/cpuinfo") as f:
-            model = next((line.split(":", 1)[1].strip() for line in f
-                          if line.startswith("model name")), None)
+            fields = [tuple(part.strip() for part in line.split(":", 1))
+                      for line in f if ":" in line]
     except OSError:
-        pass
+        fields = []
+    model = next((value for key in ("model name", "Model") for name, value in fields
+                  if name == key and value), None)
     return {"cpus": os.cpu_count(), "cpu_model": model}
 
 
