@@ -11,6 +11,10 @@ Takes --batches batches from ``shardify.Loader`` and times, per batch (medians):
 * ``time_ordered`` without a cut, and with ``max_pulses`` under each ``keep`` rule;
 * ``knn_edges`` (k=8) on the cut pulses (distances per pulse, and per DOM as ``to_pyg``
   computes them), and the whole ``to_pyg(standardize="graphnet", knn=8, max_pulses=...)``;
+* the adapter's torch operations per batch (views left out: on a GPU, its kernel launches);
+* ``knn_edges`` per DOM under three block plans: the default cost model, one block per size
+  class, and the fewest blocks the memory budget allows (what a block's fixed cost is
+  worth on this device);
 * a floor for any adapter: one memcpy of the bytes ``to_pyg`` returns, in the same run;
 * a DynEdge-shaped model's training step (examples/train_dynedge.py) on those graphs:
   forward, backward, optimiser step.
@@ -26,14 +30,17 @@ import importlib.util
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import shardify
+import shardify.transforms as transforms
 import torch
 from shardify.torch_geometric import to_pyg
 from shardify.transforms import knn_edges, time_ordered
+from torch.utils._python_dispatch import TorchDispatchMode
 
 
 def timed(device: torch.device, work: Callable[[], Any], repeat: int = 1) -> float:
@@ -48,6 +55,55 @@ def timed(device: torch.device, work: Callable[[], Any], repeat: int = 1) -> flo
             torch.cuda.synchronize(device)
         times.append(time.perf_counter() - start)
     return statistics.median(times)
+
+
+@contextmanager
+def block_cost(device: torch.device, pairs: int) -> Iterator[None]:
+    """knn_edges on ``device`` with ``pairs`` as the cost of a distance block."""
+    name = "_KNN_BLOCK_COST_PAIRS_CUDA" if device.type == "cuda" else "_KNN_BLOCK_COST_PAIRS"
+    saved = getattr(transforms, name)
+    setattr(transforms, name, pairs)
+    try:
+        yield
+    finally:
+        setattr(transforms, name, saved)
+
+
+def count_blocks(work: Callable[[], Any]) -> int:
+    """The distance blocks knn_edges computes during ``work``."""
+    real, blocks = transforms._knn_block, [0]
+
+    def counted(*args: Any) -> None:
+        blocks[0] += 1
+        real(*args)
+
+    transforms._knn_block = counted
+    try:
+        work()
+    finally:
+        transforms._knn_block = real
+    return blocks[0]
+
+
+class _Operations(TorchDispatchMode):
+    """Counts the torch operations dispatched inside it, views left out."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
+                           kwargs: Any = None) -> Any:
+        if not func.is_view:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def count_operations(work: Callable[[], Any]) -> int:
+    """Torch operations (not views) that ``work`` dispatches."""
+    with _Operations() as operations:
+        work()
+    return operations.count
 
 
 def main() -> None:
@@ -96,8 +152,25 @@ def main() -> None:
     rows.append(("knn_edges k=8 on the cut pulses, distances per DOM (groups)",
                  statistics.median(timed(device, lambda p=p, b=b: knn_per_dom(p, b))
                                    for p, b in zip(cut, batches, strict=True))))
+    # How events share distance blocks (transforms._plan_blocks): the default cost model,
+    # one block per size class (no padding across sizes), and as few blocks as the memory
+    # budget allows (every class padded to the largest).
+    default_cost = transforms._knn_block_cost_pairs(device)
+    planned = []
+    for name, cost in (("default", default_cost), ("one per size class", 0),
+                       ("fewest", 1 << 62)):
+        with block_cost(device, cost):
+            seconds = statistics.median(timed(device, lambda p=p, b=b: knn_per_dom(p, b))
+                                        for p, b in zip(cut, batches, strict=True))
+            blocks = count_blocks(lambda: [knn_per_dom(p, b) for p, b in zip(cut, batches,
+                                                                                strict=True)])
+        planned.append(f"{name} ({cost}): {blocks / len(batches):.1f} blocks per batch, "
+                       f"{seconds * 1e3:.3f} ms")
     adapter = per_batch(lambda b: to_pyg(b, standardize="graphnet", knn=8, max_pulses=n))
     rows.append((f"to_pyg graphnet, knn=8, max_pulses={n} (the adapter)", adapter))
+    operations = statistics.median(
+        count_operations(lambda b=b: to_pyg(b, standardize="graphnet", knn=8, max_pulses=n))
+        for b in batches)
     # The floor of any adapter: writing its output once, at memcpy speed, in this run.
     graphs = [to_pyg(b, standardize="graphnet", knn=8, max_pulses=n) for b in batches]
     output_bytes = statistics.median(
@@ -141,6 +214,11 @@ def main() -> None:
         print(f"  {name:<62} {seconds * 1e3:10.3f} ms")
     print(f"adapter / loader: {adapter / loader_per_batch:.1f}x; adapter / DynEdge step: "
           f"{adapter / model_step:.1%}")
+    print(f"the adapter runs {operations:.0f} torch operations per batch (views left out; on "
+          f"a GPU each is a kernel launch), {adapter / operations * 1e6:.1f} us each on average")
+    print("knn_edges per DOM by block plan (block cost in pairs):")
+    for line in planned:
+        print(f"  {line}")
     print(f"the adapter writes {output_bytes / batch_bytes:.1f}x the bytes the loader delivers "
           f"({batch_bytes / 1e6:.2f} MB); copying them once takes "
           f"{memcpy / loader_per_batch:.1f}x the loader's time per batch")

@@ -36,9 +36,23 @@ PACKED_SECTIONS = ("event_id", "event_dom_offsets", "dom_pulse_offsets", "dom_po
 _KNN_BLOCK_ELEMENTS = 1 << 18
 _KNN_BLOCK_ELEMENTS_CUDA = 1 << 24
 
+# What one distance block costs beyond its pairs, counted in pairs: its ~45 torch operations
+# (each dispatched from Python, and on a GPU a kernel launch) against one pair's distance,
+# key and selection. knn_edges pads events of different sizes into one block when the
+# padding costs fewer pairs than another block would. CPU: ~360 us of operations against
+# ~20 ns a pair on the Ice Lake 2-core machine (docs/results.md). GPU: an estimate (~45
+# launches of ~6 us against ~0.1 ns a pair) until `tools/adapters_bench.py --device cuda:0`
+# measures it.
+_KNN_BLOCK_COST_PAIRS = 1 << 14
+_KNN_BLOCK_COST_PAIRS_CUDA = 1 << 21
+
 
 def _knn_block_elements(device: Any) -> int:
     return _KNN_BLOCK_ELEMENTS_CUDA if device.type == "cuda" else _KNN_BLOCK_ELEMENTS
+
+
+def _knn_block_cost_pairs(device: Any) -> int:
+    return _KNN_BLOCK_COST_PAIRS_CUDA if device.type == "cuda" else _KNN_BLOCK_COST_PAIRS
 
 _MASK64 = (1 << 64) - 1
 
@@ -241,9 +255,12 @@ def knn_edges(pos: Any, offsets: Any, k: int, *, groups: Any = None,
     blocks of at most 2**18 pairs on the CPU (small enough to stay in its caches; 2**24 on a
     GPU, for fewer launches), so an event of thousands of nodes costs its (groups x nodes)
     pairs in bounded memory (``torch_cluster`` has no wheel for this torch; this is plain
-    torch). Each block writes its edges in place, in node order, so nothing is sorted or
-    selected afterwards: one host synchronisation reads the node and group counts (two with
-    ``groups`` and no ``group_count``), and no other.
+    torch). Each block is some 45 torch operations (on a GPU, kernel launches), so events
+    of neighbouring sizes share a block, padded to the largest, wherever the padding costs
+    less than another block: on a GPU a 256-event batch cut to 256 pulses per event takes 2
+    blocks instead of 18. Each block writes its edges in place, in node order, so nothing is
+    sorted or selected afterwards: one host synchronisation reads the node and group counts
+    (two with ``groups`` and no ``group_count``), and no other.
     """
     import torch
 
@@ -270,29 +287,73 @@ def knn_edges(pos: Any, offsets: Any, k: int, *, groups: Any = None,
     edge_count = int((counts_host * (counts_host - 1).clamp(min=0, max=k)).sum())
     # One column more than the edges: where the blocks put the candidates they drop.
     edge_index = torch.empty(2, edge_count + 1, dtype=torch.int64, device=device)
-    # Events of more than one node, grouped by padded size (a quarter of an octave at most
-    # is padding): one upload of that order, then every block is a slice of it.
+    # Events of more than one node, largest padded size first (a quarter of an octave at
+    # most is padding): one upload of that order, then every block is a slice of it.
     padded = torch.tensor([_padded_size(n) for n in counts_host.tolist()], dtype=torch.int64)
-    order_host = _stable_argsort(padded)
+    order_host = _stable_argsort(-padded)
     order_host = order_host[counts_host[order_host] > 1]
     order = order_host.to(device)
     columns = [offsets[:-1], offsets.diff(), group_offsets[:-1], group_offsets.diff()]
     starts, counts, group_starts, group_counts = (c[order] for c in columns)
     sizes_host = padded[order_host].tolist()
-    widths_host = group_counts_host[order_host]
-    block_elements = _knn_block_elements(device)
-    first = 0
-    while first < len(sizes_host):
-        size = sizes_host[first]
-        end = first + 1
-        limit = first + max(1, block_elements // (size * size))
-        while end < min(len(sizes_host), limit) and sizes_host[end] == size:
-            end += 1
+    widths_host = group_counts_host[order_host].tolist()
+    for first, end in _plan_blocks(sizes_host, widths_host, _knn_block_elements(device),
+                                   _knn_block_cost_pairs(device)):
         block = _EventBlock(starts[first:end], counts[first:end], group_starts[first:end],
-                            group_counts[first:end], size, int(widths_host[first:end].max()))
+                            group_counts[first:end], sizes_host[first],
+                            max(widths_host[first:end]))
         _knn_block(pos, slot, group_pos, block, k, edge_start, edge_index)
-        first = end
     return edge_index[:, :edge_count]
+
+
+def _plan_blocks(sizes: list[int], widths: list[int], budget: int,
+                 block_cost: int) -> list[tuple[int, int]]:
+    """The blocks ``[first, end)`` of events (``sizes``: padded node counts, largest first;
+    ``widths``: group counts): the groups of :func:`_group_classes`, each cut into blocks of
+    at most ``budget // size**2`` events (one block's memory), ``size`` its largest."""
+    blocks = []
+    for first, end in _group_classes(sizes, widths, budget, block_cost):
+        per_block = max(1, budget // (sizes[first] ** 2))
+        blocks += [(b, min(b + per_block, end)) for b in range(first, end, per_block)]
+    return blocks
+
+
+def _group_classes(sizes: list[int], widths: list[int], budget: int,
+                   block_cost: int) -> list[tuple[int, int]]:
+    """Events ``[first, end)`` whose distances are computed padded to one size.
+
+    Events of one padded size form a class; a group is a run of consecutive classes, padded
+    to its first (largest) size and its widest event. A group of E events costs
+    ``ceil(E / per_block) * block_cost + E * size * widest`` pairs (``per_block`` the events
+    ``budget`` allows at that size); the groups returned minimise the sum (exactly, over
+    every partition of the classes into runs)."""
+    classes: list[tuple[int, int, int]] = []  # (first event, events, widest)
+    for i, (size, width) in enumerate(zip(sizes, widths, strict=True)):
+        if classes and sizes[classes[-1][0]] == size:
+            first, events, widest = classes[-1]
+            classes[-1] = (first, events + 1, max(widest, width))
+        else:
+            classes.append((i, 1, width))
+    # best[c]: the least cost of classes c onwards; cut[c]: where the group starting at c ends.
+    best = [0] * (len(classes) + 1)
+    cut = [len(classes)] * len(classes)
+    for c in range(len(classes) - 1, -1, -1):
+        size = sizes[classes[c][0]]
+        per_block = max(1, budget // (size * size))
+        best[c], events, widest = -1, 0, 0
+        for end in range(c + 1, len(classes) + 1):
+            events += classes[end - 1][1]
+            widest = max(widest, classes[end - 1][2])
+            cost = -(-events // per_block) * block_cost + events * size * widest + best[end]
+            if best[c] < 0 or cost < best[c]:
+                best[c], cut[c] = cost, end
+    groups = []
+    c = 0
+    while c < len(classes):
+        last = classes[cut[c] - 1]
+        groups.append((classes[c][0], last[0] + last[1]))
+        c = cut[c]
+    return groups
 
 
 def _position_groups(pos: Any, offsets: Any, node_event: Any, groups: Any,

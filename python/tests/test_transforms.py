@@ -247,6 +247,79 @@ def test_knn_edges_against_the_reference(realistic_dir, torch):
         np.testing.assert_array_equal(by_dom.numpy(), want)
 
 
+@pytest.mark.parametrize("block_cost", [0, 1 << 40])
+def test_knn_edges_do_not_depend_on_how_events_share_blocks(realistic_dir, torch, monkeypatch,
+                                                            block_cost):
+    """One block per size class (no padding across sizes), or every class padded into as
+    few blocks as a small budget allows: the same edges as the reference."""
+    import shardify.transforms as transforms
+
+    blocks = []
+    real_block = transforms._knn_block
+    monkeypatch.setattr(transforms, "_knn_block",
+                        lambda *a: blocks.append(a[3]) or real_block(*a))
+    monkeypatch.setattr(transforms, "_KNN_BLOCK_COST_PAIRS", block_cost)
+    monkeypatch.setattr(transforms, "_KNN_BLOCK_ELEMENTS", 1 << 16)
+    batch = next(iter(shardify.Loader(realistic_dir, batch_events=64, seed=3)))
+    pulses = transforms.time_ordered(batch, max_pulses=300)
+    pos, offsets = pulses["pulse_position"], pulses["event_pulse_offsets"]
+    want = reference_knn(pos.numpy(), offsets.numpy(), 8)
+    for groups in (None, pulses["pulse_dom"]):
+        blocks.clear()
+        got = transforms.knn_edges(pos, offsets, 8, groups=groups)
+        np.testing.assert_array_equal(got.numpy(), want)
+        counts = np.diff(offsets.numpy())
+        assert sum(b.starts.shape[0] for b in blocks) == (counts > 1).sum()
+        # Every block fits the budget; with no cost per block each holds one size class.
+        for b in blocks:
+            assert b.starts.shape[0] * b.size * b.size <= max(1 << 16, b.size * b.size)
+            sizes = {transforms._padded_size(int(n)) for n in b.counts}
+            assert max(sizes) == b.size
+            if block_cost == 0:
+                assert sizes == {b.size}
+        if block_cost:
+            assert any(len({transforms._padded_size(int(n)) for n in b.counts}) > 1
+                       for b in blocks), "some block pads smaller events"
+
+
+def group_cost(sizes, widths, first, end, budget, block_cost):
+    """The documented cost of computing events [first, end) padded to one size."""
+    per_block = max(1, budget // sizes[first] ** 2)
+    blocks = -(-(end - first) // per_block)
+    return blocks * block_cost + (end - first) * sizes[first] * max(widths[first:end])
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_block_groups_are_the_cheapest_runs_of_size_classes(seed):
+    """Against every partition of the size classes into runs, on random batches."""
+    from itertools import combinations
+
+    from shardify.transforms import _group_classes, _padded_size, _plan_blocks
+
+    gen = np.random.default_rng(seed)
+    counts = gen.choice([2, 3, 9, 14, 30, 40, 70, 130, 256], size=int(gen.integers(1, 40)))
+    sizes = sorted((_padded_size(int(n)) for n in counts), reverse=True)
+    widths = [int(gen.integers(1, s + 1)) for s in sizes]
+    budget, block_cost = int(gen.choice([1 << 12, 1 << 16])), int(gen.choice([0, 500, 40000]))
+    starts = [i for i in range(len(sizes)) if i == 0 or sizes[i] != sizes[i - 1]]
+    best = None
+    for r in range(len(starts)):
+        for cuts in combinations(starts[1:], r):
+            bounds = [0, *cuts, len(sizes)]
+            cost = sum(group_cost(sizes, widths, a, b, budget, block_cost)
+                       for a, b in zip(bounds[:-1], bounds[1:], strict=True))
+            best = cost if best is None else min(best, cost)
+    groups = _group_classes(sizes, widths, budget, block_cost)
+    assert [g[0] for g in groups][0] == 0 and groups[-1][1] == len(sizes)
+    assert all(a[1] == b[0] and b[0] in starts for a, b in zip(groups[:-1], groups[1:],
+                                                                  strict=True))
+    assert sum(group_cost(sizes, widths, a, b, budget, block_cost) for a, b in groups) == best
+    blocks = _plan_blocks(sizes, widths, budget, block_cost)
+    assert [i for b in blocks for i in range(*b)] == list(range(len(sizes)))
+    assert all(b - a <= max(1, budget // sizes[a] ** 2) for a, b in blocks)
+    assert {a for a, _ in groups} <= {a for a, _ in blocks}
+
+
 def test_knn_handles_a_heavy_event_in_bounded_blocks(torch, monkeypatch):
     """An event far larger than one distance block is split into row chunks, and agrees
     with the reference on every node."""
