@@ -3,28 +3,91 @@
 # built elsewhere. Build them first (on the build machine):
 #
 #   cargo build --release --bins --examples && cargo test --release --no-run
-#   bash tools/gpu-check.sh --stage        # copies the binaries into .gpu-bin/ (ignored;
-#                                          # carry it: the device tool's carry [".gpu-bin"])
+#   bash tools/build-wheel.sh target/wheels   # the wheel, for the Python stage
+#   bash tools/gpu-check.sh --stage        # copies the binaries into .gpu-bin/ and the wheel
+#                                          # and shardify-gen into .gpu-py/ (both ignored;
+#                                          # carry one per call, the device tool carrying
+#                                          # 64 MiB: [".gpu-bin"], then [".gpu-py"])
 #
 # then, on the GPU machine, from the repository root:
 #
-#   bash tools/gpu-check.sh [EVENTS]       # default 1000000
+#   bash tools/gpu-check.sh [EVENTS]            # default 1000000
+#   bash tools/gpu-check.sh --python [EVENTS]   # default 320000
 #
-# It runs the GPU tests (byte-identical epoch, raw-pointer consumer, overlap, allocation
-# counters), the per-call cost of a copy (examples/h2d_overheads.rs), the example
-# training loop on cuda:0, and shardbench with and without a 1 ms simulated step, and
-# packs logs, JSON reports and the plot into $OUT/gpu-check.tar.gz (or ./gpu-check.tar.gz).
+# The first runs the GPU tests (byte-identical epoch, raw-pointer consumer, overlap,
+# allocation counters), the per-call cost of a copy (examples/h2d_overheads.rs), the
+# example training loop on cuda:0, and shardbench with and without a 1 ms simulated step,
+# and packs logs, JSON reports and the plot into $OUT/gpu-check.tar.gz (or
+# ./gpu-check.tar.gz). The second installs the wheel in .gpu-py/ into the machine's python3
+# (the one with torch; nothing is fetched) and runs the Python package's GPU tests
+# (python/tests/test_gpu.py: DLPack's stream hand-over, resident batches, the adapters),
+# tools/adapters_bench.py, examples/train_dynedge.py and tools/peers/peers.py on cuda:0,
+# into $OUT/gpu-check-python.tar.gz; a step that fails is logged and the others still run.
 set -euo pipefail
 
 bin=.gpu-bin
+py=.gpu-py
 if [[ "${1:-}" == "--stage" ]]; then
+    rm -rf "$bin"
     mkdir -p "$bin"
     cp target/release/shardify target/release/shardbench target/release/shardify-gen "$bin/"
     cp target/release/examples/train_loop target/release/examples/h2d_overheads "$bin/"
     gpu_test=$(ls -t target/release/deps/gpu-* | grep -v '\.d$' | head -1)
     cp "$gpu_test" "$bin/gpu-tests"
     strip "$bin"/*   # debug info makes them ~100 MB each; the device tool carries 64 MiB
-    du -sh "$bin"
+    rm -rf "$py"
+    mkdir -p "$py"
+    cp "$bin/shardify-gen" "$py/"
+    if ls target/wheels/shardify-*.whl >/dev/null 2>&1; then
+        cp target/wheels/shardify-*.whl "$py/"
+    else
+        echo "gpu-check: no wheel in target/wheels (bash tools/build-wheel.sh target/wheels):" \
+            "the Python stage will have nothing to install" >&2
+    fi
+    # The commit the staged builds come from (the device gets no .git): every figure names it.
+    commit="$(git rev-parse HEAD)$([[ -z "$(git status --porcelain)" ]] || echo "+changes")"
+    echo "$commit" | tee "$bin/commit.txt" > "$py/commit.txt"
+    du -sh "$bin" "$py"
+    exit 0
+fi
+
+if [[ "${1:-}" == "--python" ]]; then
+    events=${2:-320000}
+    out=${OUT:-.}/gpu-check-python
+    work=$(mktemp -d)
+    mkdir -p "$out"
+    failed=()
+    step() { # NAME COMMAND...: runs it, its output to the screen and $out/NAME.log
+        local name=$1
+        shift
+        echo "== $name: $*"
+        if ! "$@" 2>&1 | tee "$out/$name.log"; then
+            echo "== $name FAILED" | tee -a "$out/$name.log"
+            failed+=("$name")
+        fi
+    }
+    wheel=$(ls "$py"/shardify-*.whl)
+    echo "built from commit $(cat "$py/commit.txt")" | tee "$out/commit.txt"
+    (nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv || true) \
+        | tee "$out/gpu.txt"
+    python3 -m pip install --quiet --no-index --no-deps --force-reinstall "$wheel"
+    # The tests' generated dataset comes from shardify-gen where cargo would have put it.
+    mkdir -p target/release
+    cp "$py/shardify-gen" target/release/shardify-gen
+    "$py/shardify-gen" "$work/src" --events "$events" --files 8 >/dev/null
+    python3 -m shardify convert "$work/src" "$work/ds" --split train --seed 1 | tail -1
+    step python-gpu-tests python3 -m pytest -q -rs python/tests/test_gpu.py
+    step adapters-bench python3 tools/adapters_bench.py "$work/ds" --device cuda:0
+    step train-dynedge python3 examples/train_dynedge.py "$work/ds" --device cuda:0 \
+        --stop-after 40
+    step peers python3 tools/peers/peers.py "$work/src" --dataset "$work/ds" \
+        --device cuda:0 --seconds 5 --json "$out/peers.json"
+    rm -rf "$work"
+    tar -czf "$out.tar.gz" -C "$(dirname "$out")" "$(basename "$out")" && rm -rf "$out"
+    if (( ${#failed[@]} )); then
+        echo "gpu-check --python: failed: ${failed[*]}" >&2
+        exit 1
+    fi
     exit 0
 fi
 
@@ -33,6 +96,8 @@ out=${OUT:-.}/gpu-check
 work=$(mktemp -d)
 mkdir -p "$out"
 (nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv || echo "no nvidia-smi") | tee "$out/gpu.txt"
+echo "built from commit $(cat "$bin/commit.txt" 2>/dev/null || echo "(not recorded)")" \
+    | tee "$out/commit.txt"
 
 echo "== GPU tests"
 "$bin/gpu-tests" --nocapture --test-threads 1 2>&1 | tee "$out/gpu-tests.log"
