@@ -11,7 +11,9 @@ Takes --batches batches from ``shardify.Loader`` and times, per batch (medians):
 * ``time_ordered`` without a cut, and with ``max_pulses`` under each ``keep`` rule;
 * ``knn_edges`` (k=8) on the cut pulses (distances per pulse, and per DOM as ``to_pyg``
   computes them), and the whole ``to_pyg(standardize="graphnet", knn=8, max_pulses=...)``;
-* the adapter's torch operations per batch (views left out: on a GPU, its kernel launches);
+* the adapter's torch operations per batch (views left out: on a GPU, its kernel launches),
+  and what that many trivial operations cost on this device (the floor of an adapter made
+  of that many torch operations, however little each computes);
 * ``knn_edges`` per DOM under three block plans: the default cost model, one block per size
   class, and the fewest blocks the memory budget allows (what a block's fixed cost is
   worth on this device);
@@ -104,6 +106,15 @@ def count_operations(work: Callable[[], Any]) -> int:
     with _Operations() as operations:
         work()
     return operations.count
+
+
+def operation_time(device: torch.device, repeat: int = 2000) -> float:
+    """Seconds of one trivial torch operation on ``device``: an in-place add on one element,
+    ``repeat`` in a row, synchronised once (Python's dispatch, and on a GPU the launch)."""
+    x = torch.zeros(1, device=device)
+    for _ in range(100):
+        x.add_(1)
+    return timed(device, lambda: [x.add_(1) for _ in range(repeat)]) / repeat
 
 
 def main() -> None:
@@ -214,8 +225,12 @@ def main() -> None:
         print(f"  {name:<62} {seconds * 1e3:10.3f} ms")
     print(f"adapter / loader: {adapter / loader_per_batch:.1f}x; adapter / DynEdge step: "
           f"{adapter / model_step:.1%}")
+    floor = operation_time(device)
     print(f"the adapter runs {operations:.0f} torch operations per batch (views left out; on "
-          f"a GPU each is a kernel launch), {adapter / operations * 1e6:.1f} us each on average")
+          f"a GPU each is a kernel launch), {adapter / operations * 1e6:.1f} us each on average;"
+          f" one trivial operation takes {floor * 1e6:.1f} us here, so these operations cost "
+          f"at least {operations * floor * 1e3:.3f} ms "
+          f"({operations * floor / loader_per_batch:.1f}x the loader's time per batch)")
     print("knn_edges per DOM by block plan (block cost in pairs):")
     for line in planned:
         print(f"  {line}")
