@@ -3,6 +3,7 @@
 import gc
 
 import numpy as np
+import pytest
 import shardify
 from conftest import assert_a_held_batch_survives, span
 
@@ -39,6 +40,23 @@ def test_a_tensor_outlives_its_loader(train_dir, torch):
         pass
     assert torch.equal(charge, expected)
     assert float(charge.sum()) == float(expected.sum())
+
+
+@pytest.mark.parametrize("aside", [1, 3])
+def test_batches_kept_aside_cost_no_allocation_per_batch(train_dir, torch, aside):
+    """A loop that keeps batches for good (a sample to log) and holds the previous batch
+    while it takes the next (``for batch in loader``) holds more than the pool's slack at
+    every new batch: the pool adds buffers for that once, not one per batch."""
+    loader = shardify.Loader(train_dir, batch_events=2, device="cpu")
+    batches = iter(loader)
+    kept = [next(batches) for _ in range(aside)]
+    counts = []
+    for n, batch in enumerate(batches):
+        if n in (20, 100, 140):
+            counts.append(loader.staging_allocations)
+    assert n == 149 - aside
+    assert counts[0] == counts[1] == counts[2], f"the pool allocated per batch: {counts}"
+    assert all(int(k["event_id"][0]) >= 0 for k in kept)
 
 
 def test_steady_state_allocates_no_buffers(train_dir, torch):

@@ -149,7 +149,10 @@ impl StagingBuffer {
 
 /// A pool of staging buffers: `base` of them, plus one for each batch the consumer holds
 /// beyond [`CONSUMER_SLACK`] (so a consumer that keeps many batches never starves the
-/// workers), given up again as those batches are dropped.
+/// workers), given up again as those batches are dropped, down to [`CONSUMER_HEADROOM`]
+/// more than the consumer's holding needs (so a consumer that keeps a batch aside, and
+/// holds one more than its slack at each new batch, reuses a buffer instead of allocating
+/// one and freeing another per batch).
 pub struct StagingPool {
     free: Receiver<StagingBuffer>,
     returns: Sender<StagingBuffer>,
@@ -165,6 +168,12 @@ pub struct StagingPool {
 
 /// Batches a consumer may hold before the pool adds buffers for the workers.
 pub const CONSUMER_SLACK: usize = 2;
+
+/// Buffers added for a consumer's holding that the pool keeps after the consumer drops the
+/// batches they served, beyond what its holding still needs: a consumer whose holding rises
+/// and falls by up to this many batches at each new one allocates nothing in the steady
+/// state.
+pub const CONSUMER_HEADROOM: usize = 2;
 
 impl StagingPool {
     /// A pool of `count` buffers of `initial_bytes` each.
@@ -199,22 +208,35 @@ impl StagingPool {
         }
     }
 
+    /// The buffers a consumer holding `lent` batches needs: the base ones, and one for each
+    /// batch beyond [`CONSUMER_SLACK`].
+    fn needed(&self, lent: usize) -> usize {
+        self.base + lent.saturating_sub(CONSUMER_SLACK)
+    }
+
     /// Records that a buffer went to the consumer; adds a buffer when the consumer holds
-    /// more than [`CONSUMER_SLACK`].
+    /// more than [`CONSUMER_SLACK`] and the buffers there are do not cover that already.
     pub fn lend(&self) {
-        if self.lent.fetch_add(1, Ordering::AcqRel) + 1 > CONSUMER_SLACK {
-            self.existing.fetch_add(1, Ordering::AcqRel);
+        let needed = self.needed(self.lent.fetch_add(1, Ordering::AcqRel) + 1);
+        let grow = self
+            .existing
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < needed).then_some(n + 1)
+            })
+            .is_ok();
+        if grow {
             self.add(self.high_water.load(Ordering::Acquire));
         }
     }
 
-    /// Takes back a buffer the consumer had; surplus buffers are freed.
+    /// Takes back a buffer the consumer had; it is freed when the pool holds more than
+    /// [`CONSUMER_HEADROOM`] buffers beyond what the consumer's holding still needs.
     pub fn return_lent(&self, buffer: StagingBuffer) {
-        self.lent.fetch_sub(1, Ordering::AcqRel);
+        let kept = self.needed(self.lent.fetch_sub(1, Ordering::AcqRel) - 1) + CONSUMER_HEADROOM;
         let surplus = self
             .existing
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n > self.base).then(|| n - 1)
+                (n > kept).then(|| n - 1)
             })
             .is_ok();
         if surplus {
@@ -325,14 +347,81 @@ mod tests {
             "a buffer added later starts at the high water"
         );
         pool.return_lent(b);
-        assert!(
-            pool.free().try_recv().is_err(),
-            "the surplus buffer is freed, not kept"
-        );
         pool.return_lent(c);
         pool.return_lent(d);
-        assert_eq!(pool.free().len(), 2, "back to the base size");
+        assert_eq!(
+            pool.free().len(),
+            3,
+            "the added buffer is kept: within the headroom"
+        );
         assert_eq!(pool.allocations(), 5);
+    }
+
+    fn plain_pool(base: usize) -> StagingPool {
+        StagingPool::new(
+            base,
+            100,
+            Arc::new(|n| Box::new(PlainMemory::new(n)) as Box<dyn HostMemory>),
+        )
+    }
+
+    /// The consumer takes a batch: a buffer goes out of the pool to it.
+    fn lend_one(pool: &StagingPool) -> StagingBuffer {
+        pool.lend();
+        pool.free().try_recv().expect("a free buffer for the batch")
+    }
+
+    #[test]
+    fn a_consumer_keeping_batches_aside_allocates_once_not_per_batch() {
+        for aside in 1..=4 {
+            let pool = plain_pool(3);
+            // Batches kept for good (a sample to log, say), then a loop that holds the
+            // previous batch while it takes the next, as `for batch in loader` does.
+            let kept: Vec<_> = (0..aside).map(|_| lend_one(&pool)).collect();
+            let mut previous = lend_one(&pool);
+            let before = pool.allocations();
+            let mut added = Vec::new();
+            for _ in 0..100 {
+                let next = lend_one(&pool);
+                pool.return_lent(std::mem::replace(&mut previous, next));
+                added.push(pool.allocations() - before);
+            }
+            assert!(
+                added.iter().all(|&n| n == added[0]) && added[0] <= 1,
+                "{aside} kept aside: at most one buffer added, at the first batch: {added:?}"
+            );
+            assert_eq!(
+                pool.existing.load(Ordering::Acquire),
+                3 + (aside + 2usize).saturating_sub(CONSUMER_SLACK),
+                "{aside} kept aside: one buffer per batch held beyond the slack"
+            );
+            drop(kept);
+        }
+    }
+
+    #[test]
+    fn buffers_added_for_a_large_holding_are_freed_as_it_is_dropped() {
+        let alive = Arc::new(AtomicUsize::new(0));
+        let counter = alive.clone();
+        let pool = StagingPool::new(
+            2,
+            100,
+            Arc::new(move |n| {
+                counter.fetch_add(1, Ordering::SeqCst);
+                Box::new(Counted(PlainMemory::new(n), counter.clone())) as Box<dyn HostMemory>
+            }),
+        );
+        let held: Vec<_> = (0..10).map(|_| lend_one(&pool)).collect();
+        assert_eq!(pool.allocations(), 2 + 8, "one per batch beyond the slack");
+        for buffer in held {
+            pool.return_lent(buffer);
+        }
+        assert_eq!(
+            alive.load(Ordering::SeqCst),
+            2 + CONSUMER_HEADROOM,
+            "freed down to the base and the headroom"
+        );
+        assert_eq!(pool.free().len(), 2 + CONSUMER_HEADROOM);
     }
 
     #[test]
