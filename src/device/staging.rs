@@ -149,10 +149,10 @@ impl StagingBuffer {
 
 /// A pool of staging buffers: `base` of them, plus one for each batch the consumer holds
 /// beyond [`CONSUMER_SLACK`] (so a consumer that keeps many batches never starves the
-/// workers), given up again as those batches are dropped, down to [`CONSUMER_HEADROOM`]
-/// more than the consumer's holding needs (so a consumer that keeps a batch aside, and
-/// holds one more than its slack at each new batch, reuses a buffer instead of allocating
-/// one and freeing another per batch).
+/// workers), given up again once the consumer has held fewer for [`HOLDING_WINDOW`] to
+/// twice that many batches. A consumer whose holding rises and falls (a batch kept aside
+/// while the loop holds the previous one, batches gathered for an accumulated step) thus
+/// reuses its buffers instead of allocating one and freeing another per batch.
 pub struct StagingPool {
     free: Receiver<StagingBuffer>,
     returns: Sender<StagingBuffer>,
@@ -164,16 +164,20 @@ pub struct StagingPool {
     high_water: AtomicUsize,
     existing: AtomicUsize,
     lent: AtomicUsize,
+    /// Batches lent so far (to count the windows).
+    lends: AtomicUsize,
+    /// The most buffers the consumer's holding needed in this window of lends, and in the
+    /// window before.
+    peak: AtomicUsize,
+    last_peak: AtomicUsize,
 }
 
 /// Batches a consumer may hold before the pool adds buffers for the workers.
 pub const CONSUMER_SLACK: usize = 2;
 
-/// Buffers added for a consumer's holding that the pool keeps after the consumer drops the
-/// batches they served, beyond what its holding still needs: a consumer whose holding rises
-/// and falls by up to this many batches at each new one allocates nothing in the steady
-/// state.
-pub const CONSUMER_HEADROOM: usize = 2;
+/// Batches over which the pool remembers the consumer's largest holding: buffers added for
+/// a holding are kept while one as large came in this window or the one before.
+pub const HOLDING_WINDOW: usize = 64;
 
 impl StagingPool {
     /// A pool of `count` buffers of `initial_bytes` each.
@@ -189,6 +193,9 @@ impl StagingPool {
             high_water: AtomicUsize::new(initial_bytes),
             existing: AtomicUsize::new(count),
             lent: AtomicUsize::new(0),
+            lends: AtomicUsize::new(0),
+            peak: AtomicUsize::new(count),
+            last_peak: AtomicUsize::new(count),
         };
         for _ in 0..count {
             pool.add(initial_bytes);
@@ -218,6 +225,12 @@ impl StagingPool {
     /// more than [`CONSUMER_SLACK`] and the buffers there are do not cover that already.
     pub fn lend(&self) {
         let needed = self.needed(self.lent.fetch_add(1, Ordering::AcqRel) + 1);
+        self.peak.fetch_max(needed, Ordering::AcqRel);
+        if (self.lends.fetch_add(1, Ordering::AcqRel) + 1) % HOLDING_WINDOW == 0 {
+            // A new window: the one ending becomes the one before.
+            let ending = self.peak.swap(needed, Ordering::AcqRel);
+            self.last_peak.store(ending, Ordering::Release);
+        }
         let grow = self
             .existing
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
@@ -229,10 +242,14 @@ impl StagingPool {
         }
     }
 
-    /// Takes back a buffer the consumer had; it is freed when the pool holds more than
-    /// [`CONSUMER_HEADROOM`] buffers beyond what the consumer's holding still needs.
+    /// Takes back a buffer the consumer had; it is freed when the pool holds more buffers
+    /// than the consumer's holding needs now or needed at its largest in this window of
+    /// [`HOLDING_WINDOW`] lends or the one before.
     pub fn return_lent(&self, buffer: StagingBuffer) {
-        let kept = self.needed(self.lent.fetch_sub(1, Ordering::AcqRel) - 1) + CONSUMER_HEADROOM;
+        let now = self.needed(self.lent.fetch_sub(1, Ordering::AcqRel) - 1);
+        let kept = now
+            .max(self.peak.load(Ordering::Acquire))
+            .max(self.last_peak.load(Ordering::Acquire));
         let surplus = self
             .existing
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
@@ -352,7 +369,7 @@ mod tests {
         assert_eq!(
             pool.free().len(),
             3,
-            "the added buffer is kept: within the headroom"
+            "the added buffer is kept: the holding that needed it is recent"
         );
         assert_eq!(pool.allocations(), 5);
     }
@@ -400,7 +417,30 @@ mod tests {
     }
 
     #[test]
-    fn buffers_added_for_a_large_holding_are_freed_as_it_is_dropped() {
+    fn a_holding_that_rises_and_falls_reuses_its_buffers() {
+        // Batches gathered for an accumulated step: 8 held, then all dropped, 20 times.
+        let pool = plain_pool(3);
+        let mut allocations = Vec::new();
+        for _ in 0..20 {
+            let held: Vec<_> = (0..8).map(|_| lend_one(&pool)).collect();
+            for buffer in held {
+                pool.return_lent(buffer);
+            }
+            allocations.push(pool.allocations());
+        }
+        assert_eq!(
+            allocations[0],
+            3 + 6,
+            "one buffer per batch held beyond the slack"
+        );
+        assert!(
+            allocations.iter().all(|&n| n == allocations[0]),
+            "the later cycles reuse them: {allocations:?}"
+        );
+    }
+
+    #[test]
+    fn buffers_added_for_a_large_holding_are_freed_once_it_is_over() {
         let alive = Arc::new(AtomicUsize::new(0));
         let counter = alive.clone();
         let pool = StagingPool::new(
@@ -418,10 +458,17 @@ mod tests {
         }
         assert_eq!(
             alive.load(Ordering::SeqCst),
-            2 + CONSUMER_HEADROOM,
-            "freed down to the base and the headroom"
+            10,
+            "kept while the holding is recent"
         );
-        assert_eq!(pool.free().len(), 2 + CONSUMER_HEADROOM);
+        // Then a loop holding one batch at a time, for two windows and a few batches more.
+        for _ in 0..2 * HOLDING_WINDOW + 8 {
+            let buffer = lend_one(&pool);
+            pool.return_lent(buffer);
+        }
+        assert_eq!(alive.load(Ordering::SeqCst), 2, "freed down to the base");
+        assert_eq!(pool.free().len(), 2);
+        assert_eq!(pool.allocations(), 10, "nothing allocated since");
     }
 
     #[test]
