@@ -51,7 +51,8 @@ def test_batches_kept_aside_cost_no_allocation_per_batch(train_dir, torch, aside
     batches = iter(loader)
     kept = [next(batches) for _ in range(aside)]
     counts = []
-    for n, batch in enumerate(batches):
+    # The loop variable holds the previous batch while the next is taken.
+    for n, _batch in enumerate(batches):
         if n in (20, 100, 140):
             counts.append(loader.staging_allocations)
     assert n == 149 - aside
