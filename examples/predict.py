@@ -28,6 +28,7 @@ import torch.distributed as dist
 from shardify.distributed import gather_predictions
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from distributed_exit import exit_without_finalising  # noqa: E402
 from train_torch import DeepSets, normalise  # noqa: E402
 
 
@@ -96,3 +97,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    exit_without_finalising()

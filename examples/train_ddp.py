@@ -43,6 +43,7 @@ import torch.distributed as dist
 from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from distributed_exit import exit_without_finalising  # noqa: E402
 from train_torch import DeepSets, direction, normalise  # noqa: E402
 
 
@@ -160,8 +161,11 @@ def main() -> None:
         why = "preempted (SIGTERM): checkpointed" if stopped else "done"
         print(f"rank 0 of {world}: {steps} steps, {events} events in {elapsed:.1f} s "
               f"({events * world / elapsed:,.0f} events/s over all ranks); {why}", flush=True)
+    if record is not None:
+        record.close()
     dist.destroy_process_group()
 
 
 if __name__ == "__main__":
     main()
+    exit_without_finalising()
