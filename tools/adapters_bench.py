@@ -60,15 +60,14 @@ def timed(device: torch.device, work: Callable[[], Any], repeat: int = 1) -> flo
 
 
 @contextmanager
-def block_cost(device: torch.device, pairs: int) -> Iterator[None]:
-    """knn_edges on ``device`` with ``pairs`` as the cost of a distance block."""
-    name = "_KNN_BLOCK_COST_PAIRS_CUDA" if device.type == "cuda" else "_KNN_BLOCK_COST_PAIRS"
-    saved = getattr(transforms, name)
-    setattr(transforms, name, pairs)
+def block_cost(pairs: int) -> Iterator[None]:
+    """knn_edges (on any device) with ``pairs`` as the cost of a distance block."""
+    saved = transforms._knn_block_cost_pairs
+    transforms._knn_block_cost_pairs = lambda device: pairs
     try:
         yield
     finally:
-        setattr(transforms, name, saved)
+        transforms._knn_block_cost_pairs = saved
 
 
 def count_blocks(work: Callable[[], Any]) -> int:
@@ -170,7 +169,7 @@ def main() -> None:
     planned = []
     for name, cost in (("default", default_cost), ("one per size class", 0),
                        ("fewest", 1 << 62)):
-        with block_cost(device, cost):
+        with block_cost(cost):
             seconds = statistics.median(timed(device, lambda p=p, b=b: knn_per_dom(p, b))
                                         for p, b in zip(cut, batches, strict=True))
             blocks = count_blocks(lambda: [knn_per_dom(p, b) for p, b in zip(cut, batches,

@@ -313,9 +313,15 @@ def _plan_blocks(sizes: list[int], widths: list[int], budget: int,
     at most ``budget // size**2`` events (one block's memory), ``size`` its largest."""
     blocks = []
     for first, end in _group_classes(sizes, widths, budget, block_cost):
-        per_block = max(1, budget // (sizes[first] ** 2))
+        per_block = _events_per_block(budget, sizes[first])
         blocks += [(b, min(b + per_block, end)) for b in range(first, end, per_block)]
     return blocks
+
+
+def _events_per_block(budget: int, size: int) -> int:
+    """Events of ``size`` nodes (padded) whose ``size**2`` pairs each fit ``budget``: 1 at
+    least."""
+    return max(1, budget // (size * size))
 
 
 def _group_classes(sizes: list[int], widths: list[int], budget: int,
@@ -339,7 +345,7 @@ def _group_classes(sizes: list[int], widths: list[int], budget: int,
     cut = [len(classes)] * len(classes)
     for c in range(len(classes) - 1, -1, -1):
         size = sizes[classes[c][0]]
-        per_block = max(1, budget // (size * size))
+        per_block = _events_per_block(budget, size)
         best[c], events, widest = -1, 0, 0
         for end in range(c + 1, len(classes) + 1):
             events += classes[end - 1][1]

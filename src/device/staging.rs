@@ -316,13 +316,29 @@ impl StagingPool {
 mod tests {
     use super::*;
 
-    #[test]
-    fn buffers_are_aligned_reused_and_counted() {
-        let pool = StagingPool::new(
-            2,
+    /// A pool of `base` buffers of 100 bytes in plain memory.
+    fn plain_pool(base: usize) -> StagingPool {
+        StagingPool::new(
+            base,
             100,
             Arc::new(|n| Box::new(PlainMemory::new(n)) as Box<dyn HostMemory>),
-        );
+        )
+    }
+
+    /// A pool of `base` buffers of `initial_bytes`, and the count of its buffers alive.
+    fn counted_pool(base: usize, initial_bytes: usize) -> (StagingPool, Arc<AtomicUsize>) {
+        let alive = Arc::new(AtomicUsize::new(0));
+        let counter = alive.clone();
+        let allocate: Allocator = Arc::new(move |n| {
+            counter.fetch_add(1, Ordering::SeqCst);
+            Box::new(Counted(PlainMemory::new(n), counter.clone())) as Box<dyn HostMemory>
+        });
+        (StagingPool::new(base, initial_bytes, allocate), alive)
+    }
+
+    #[test]
+    fn buffers_are_aligned_reused_and_counted() {
+        let pool = plain_pool(2);
         assert_eq!(pool.allocations(), 2);
         let mut a = pool.free().recv().unwrap();
         assert_eq!(a.bytes().as_ptr() as usize % BUFFER_ALIGN, 0);
@@ -372,14 +388,6 @@ mod tests {
             "the added buffer is kept: the holding that needed it is recent"
         );
         assert_eq!(pool.allocations(), 5);
-    }
-
-    fn plain_pool(base: usize) -> StagingPool {
-        StagingPool::new(
-            base,
-            100,
-            Arc::new(|n| Box::new(PlainMemory::new(n)) as Box<dyn HostMemory>),
-        )
     }
 
     /// The consumer takes a batch: a buffer goes out of the pool to it.
@@ -441,16 +449,7 @@ mod tests {
 
     #[test]
     fn buffers_added_for_a_large_holding_are_freed_once_it_is_over() {
-        let alive = Arc::new(AtomicUsize::new(0));
-        let counter = alive.clone();
-        let pool = StagingPool::new(
-            2,
-            100,
-            Arc::new(move |n| {
-                counter.fetch_add(1, Ordering::SeqCst);
-                Box::new(Counted(PlainMemory::new(n), counter.clone())) as Box<dyn HostMemory>
-            }),
-        );
+        let (pool, alive) = counted_pool(2, 100);
         let held: Vec<_> = (0..10).map(|_| lend_one(&pool)).collect();
         assert_eq!(pool.allocations(), 2 + 8, "one per batch beyond the slack");
         for buffer in held {
@@ -473,11 +472,7 @@ mod tests {
 
     #[test]
     fn reserve_grows_every_free_buffer_once() {
-        let pool = StagingPool::new(
-            3,
-            100,
-            Arc::new(|n| Box::new(PlainMemory::new(n)) as Box<dyn HostMemory>),
-        );
+        let pool = plain_pool(3);
         let held = pool.free().recv().unwrap();
         pool.reserve(5000);
         assert_eq!(pool.allocations(), 5, "the two free buffers grew");
@@ -526,13 +521,7 @@ mod tests {
 
     #[test]
     fn a_dropped_buffer_goes_home_and_is_freed_once_its_pool_is_gone() {
-        let alive = Arc::new(AtomicUsize::new(0));
-        let counter = alive.clone();
-        let allocate: Allocator = Arc::new(move |n| {
-            counter.fetch_add(1, Ordering::SeqCst);
-            Box::new(Counted(PlainMemory::new(n), counter.clone())) as Box<dyn HostMemory>
-        });
-        let pool = StagingPool::new(3, 64, allocate);
+        let (pool, alive) = counted_pool(3, 64);
         let held = pool.free().recv().unwrap();
         assert_eq!(pool.free().len(), 2);
         drop(held);
