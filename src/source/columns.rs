@@ -3,8 +3,14 @@
 //! Integers of any width (signed or unsigned, dictionary-encoded or not) come out as
 //! `Int64`, floats of any width as `Float64`, booleans as `Boolean`. Nullable columns are
 //! accepted as long as they hold no null; the first null is reported with its row.
+//!
+//! A corrupt file is an error naming it, never a panic: the parquet crate asserts on some
+//! footers (a column chunk at a negative offset) rather than failing, so the footer's byte
+//! ranges are checked before any column is read ([`check_footer`]), and a panic the decoder
+//! still raises on corrupt data becomes the same error ([`guarded`]).
 
 use std::fs::File;
+use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -82,8 +88,12 @@ impl ParquetSource {
     /// Opens `path` and decodes its footer.
     pub fn open(path: &Path) -> Result<ParquetSource> {
         let file = File::open(path).at(path)?;
-        let builder =
-            ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| Error::parquet(path, e))?;
+        let file_bytes = file.metadata().at(path)?.len();
+        let builder = guarded(path, || {
+            ParquetRecordBatchReaderBuilder::try_new(file).map_err(|e| Error::parquet(path, e))
+        })?;
+        check_footer(builder.metadata(), file_bytes)
+            .map_err(|problem| Error::parquet(path, ParquetError::General(problem)))?;
         Ok(ParquetSource {
             path: path.to_path_buf(),
             builder,
@@ -157,14 +167,64 @@ impl ParquetSource {
         if let Some(groups) = row_groups {
             builder = builder.with_row_groups(groups);
         }
-        let inner = builder.build().map_err(|e| Error::parquet(&self.path, e))?;
+        let inner = guarded(&self.path, || {
+            builder.build().map_err(|e| Error::parquet(&self.path, e))
+        })?;
         Ok(ColumnReader {
             path: self.path,
             specs: columns.to_vec(),
-            inner,
+            inner: Some(inner),
             next_row: first_row,
         })
     }
+}
+
+/// Checks what the parquet crate takes on trust from a footer, and asserts on rather than
+/// fails when it is wrong: every row group's row count is not negative, and every column
+/// chunk's bytes lie inside the file (`file_bytes` long). The problem, naming the row group
+/// and column, else `Ok`.
+fn check_footer(metadata: &ParquetMetaData, file_bytes: u64) -> std::result::Result<(), String> {
+    for (g, group) in metadata.row_groups().iter().enumerate() {
+        if group.num_rows() < 0 {
+            return Err(format!("row group {g}: {} rows", group.num_rows()));
+        }
+        for chunk in group.columns() {
+            let data = chunk.data_page_offset();
+            let start = chunk.dictionary_page_offset().unwrap_or(data);
+            let len = chunk.compressed_size();
+            let inside = data >= 0
+                && start >= 0
+                && len >= 0
+                && (start as u64)
+                    .checked_add(len as u64)
+                    .is_some_and(|end| end <= file_bytes);
+            if !inside {
+                return Err(format!(
+                    "row group {g}, column `{}`: {len} bytes at byte {start} (data at {data}), \
+                     outside the file's {file_bytes} bytes",
+                    chunk.column_path().string()
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Runs a step of the parquet reader on `path`, turning a panic of the decoder (on corrupt
+/// data that the footer's checks cannot see) into the error a corrupt file gets. The reader
+/// that panicked is dropped with the error, never used again.
+fn guarded<T>(path: &Path, step: impl FnOnce() -> Result<T>) -> Result<T> {
+    std::panic::catch_unwind(AssertUnwindSafe(step)).unwrap_or_else(|panic| {
+        let message = panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "no message".into());
+        Err(Error::parquet(
+            path,
+            ParquetError::General(format!("the decoder failed: {message}")),
+        ))
+    })
 }
 
 /// The row index (within the file) at which row group `group` starts.
@@ -216,7 +276,8 @@ impl Columns {
 pub struct ColumnReader {
     path: PathBuf,
     specs: Vec<ColumnSpec>,
-    inner: ParquetRecordBatchReader,
+    /// `None` after an error.
+    inner: Option<ParquetRecordBatchReader>,
     next_row: u64,
 }
 
@@ -259,17 +320,46 @@ impl Iterator for ColumnReader {
     type Item = Result<Columns>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        let batch = match self.inner.next()? {
-            Ok(batch) => batch,
+        let inner = self.inner.as_mut()?;
+        let path = &self.path;
+        let next = guarded(path, || {
+            inner
+                .next()
+                .transpose()
+                .map_err(|e| Error::parquet(path, ParquetError::ArrowError(e.to_string())))
+        });
+        let batch = match next {
+            Ok(batch) => batch?,
             Err(e) => {
-                return Some(Err(Error::parquet(
-                    &self.path,
-                    ParquetError::ArrowError(e.to_string()),
-                )))
+                // Reading ends at an error (a reader that panicked may be inconsistent).
+                self.inner = None;
+                return Some(Err(e));
             }
         };
         let columns = self.canonical(&batch);
         self.next_row += batch.num_rows() as u64;
         Some(columns)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_decoder_panic_is_the_error_of_a_corrupt_file() {
+        let path = Path::new("data/batch_7.parquet");
+        let error = guarded::<()>(path, || panic!("offset out of range")).unwrap_err();
+        assert!(matches!(&error, Error::Parquet { path: p, .. } if p == path));
+        assert_eq!(
+            error.to_string(),
+            "data/batch_7.parquet: not a readable Parquet file: Parquet error: the decoder \
+             failed: offset out of range"
+        );
+        let error = guarded::<()>(path, || std::panic::panic_any(3)).unwrap_err();
+        assert!(error
+            .to_string()
+            .ends_with("the decoder failed: no message"));
+        assert_eq!(guarded(path, || Ok(5)).unwrap(), 5);
     }
 }
