@@ -131,8 +131,14 @@ impl<'w, W: Write> SpillWriter<'w, W> {
             self.flush(bucket)?;
         }
         let buf = &mut self.buffers[bucket];
-        if buf.capacity() == 0 {
-            buf.reserve_exact(self.capacity);
+        let needed = buf.len() + self.record.len();
+        if needed > buf.capacity() {
+            // Doubling up to the capacity, never beyond: a bucket's share of a large budget
+            // is taken only as its events fill it (reserved whole at the first event, a
+            // 64 GiB limit over few buckets asked the allocator for tens of GiB at once, and
+            // a machine with less memory aborted).
+            let grown = (2 * buf.capacity()).clamp(MIN_BUFFER_BYTES, self.capacity);
+            buf.reserve_exact(grown.max(needed) - buf.len());
         }
         buf.extend_from_slice(&self.record);
         self.counts[bucket].0 += 1;
@@ -371,5 +377,33 @@ mod tests {
         let (chunks, _) = writer.finish().unwrap();
         assert!(chunks.iter().all(|c| c.len <= 64 << 10));
         assert_eq!(chunks.iter().map(|c| c.events).sum::<u64>(), 2000);
+    }
+
+    #[test]
+    fn a_large_budget_is_taken_only_as_events_fill_it() {
+        let e = event(vec![1; 100], vec![1.0; 100]);
+        let mut sink = Vec::new();
+        // A 64 GiB budget over 2 buckets (a big --memory-limit, a small input).
+        let mut writer = SpillWriter::new(&mut sink, 2, 64 << 30);
+        for i in 0..40 {
+            writer.push(i % 2, i as u64, &e).unwrap();
+            for b in &writer.buffers {
+                assert!(
+                    b.capacity() <= (2 * b.len()).max(MIN_BUFFER_BYTES),
+                    "{} bytes held for {} buffered",
+                    b.capacity(),
+                    b.len()
+                );
+            }
+        }
+        let held: Vec<usize> = writer.buffers.iter().map(|b| b.len()).collect();
+        let (chunks, written) = writer.finish().unwrap();
+        assert_eq!(
+            chunks.len(),
+            2,
+            "one chunk per bucket: nothing flushed early"
+        );
+        assert_eq!(written as usize, held.iter().sum::<usize>());
+        assert_eq!(chunks.iter().map(|c| c.events).sum::<u64>(), 40);
     }
 }
