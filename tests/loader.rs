@@ -673,6 +673,22 @@ fn a_config_that_cannot_work_is_refused_naming_what_is_wrong() {
             },
             ("workers", "must be at least 1"),
         ),
+        // Buffers no machine holds (1 MiB each at least): refused before any is allocated,
+        // where the pool would have been killed by the kernel for its memory.
+        (
+            LoaderConfig {
+                prefetch: 1 << 40,
+                ..good.clone()
+            },
+            ("prefetch", "staging buffers of at least 1 MiB each"),
+        ),
+        (
+            LoaderConfig {
+                workers: 1 << 40,
+                ..good.clone()
+            },
+            ("workers", "more than this"),
+        ),
     ] {
         let start = SamplerState::start(0);
         let err = Loader::new(ds.clone(), bad, start).err().unwrap();

@@ -105,7 +105,9 @@ class Loader:
       iterating, or on a GPU the loader's copy thread) gathers a batch itself while it
       would wait, instead of sleeping until a worker sends one; the batches are the same.
       With as many workers as cores this keeps a core from idling while threads wake.
-    * ``prefetch`` (4): batches gathered ahead: the staging buffers in flight.
+    * ``prefetch`` (4): batches gathered ahead: the staging buffers in flight. Workers and
+      prefetched batches whose buffers need more than the machine's (or the job's cgroup's)
+      memory raise ``ValueError`` here, before anything is allocated.
     * ``device`` ("auto"): ``"auto"`` (``cuda:0`` when a GPU is usable, else the CPU),
       ``"cpu"``, ``"cuda:N"`` or a ``torch.device``. On a GPU batches are copied
       asynchronously from pinned staging buffers onto the device, ordered before torch's

@@ -11,7 +11,7 @@ use shardify::dataset::View;
 use shardify::device::staging::StagingPool;
 use shardify::device::{DeviceChoice, Placement};
 use shardify::pipeline::{
-    rank_batch_count, Arrival, Batch, Loader, LoaderConfig, WorkerScheduling,
+    check_staging_fits, rank_batch_count, Arrival, Batch, Loader, LoaderConfig, WorkerScheduling,
 };
 use shardify::resident::plan_epoch;
 use shardify::sampler::{BatchOrder, Batching, SamplerConfig, SamplerState};
@@ -289,6 +289,7 @@ impl PyLoader {
         config.validate().map_err(to_py)?;
         let choice = config.device;
         let placement = py.detach(|| Placement::resolve(choice)).map_err(to_py)?;
+        check_staging_fits(&dataset.view, &config, &placement).map_err(to_py)?;
         Ok(PyLoader {
             labels: dataset.view.dataset().manifest().schema.types.labels,
             view: dataset.view.clone(),

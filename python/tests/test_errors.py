@@ -19,6 +19,9 @@ BAD = [
     (dict(rank=1), "rank"),
     (dict(workers=0), "workers"),
     (dict(prefetch=0), "prefetch"),
+    # More staging buffers than the machine holds: refused, not killed for memory.
+    (dict(prefetch=10**12), "invalid prefetch: .* staging buffers .* more than this"),
+    (dict(workers=10**12), "invalid workers: .* staging buffers"),
     (dict(output="numpy", device="cuda"), "device"),
     (dict(layout="padded", max_doms=4, pulses_per_dom=1, dom_positions=False), "dom_positions"),
 ]

@@ -416,13 +416,14 @@ fn run_convert(args: ConvertArgs) -> Result<()> {
     if let Some(threads) = args.threads {
         options.threads = threads;
     }
-    if let Some((bytes, what)) = memory_available() {
-        if options.memory_limit_bytes > bytes {
+    if let Some(available) = shardify::device::memory::available() {
+        if options.memory_limit_bytes > available.bytes {
             eprintln!(
                 "warning: --memory-limit {} MiB is more than {what} ({} MiB): the \
                  conversion may be killed before it reaches its limit; give at most that",
                 options.memory_limit_bytes >> 20,
-                bytes >> 20
+                available.bytes >> 20,
+                what = available.limited_by
             );
         }
     }
@@ -501,38 +502,6 @@ fn run_convert(args: ConvertArgs) -> Result<()> {
             .with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(())
-}
-
-/// The memory this process can have, in bytes, and what sets it: the smaller of the
-/// machine's (`MemTotal`) and its cgroup's limit (`memory.max` under cgroup v2,
-/// `memory.limit_in_bytes` under v1: what a Slurm job's `--mem` or a container sets).
-fn memory_available() -> Option<(u64, &'static str)> {
-    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = meminfo.lines().find(|l| l.starts_with("MemTotal:"))?;
-    let machine = line.split_whitespace().nth(1)?.parse::<u64>().ok()? * 1024;
-    let cgroups = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
-    let cgroup = cgroups.lines().find_map(|line| {
-        // `hierarchy:controllers:path`; v2's line has no controllers.
-        let (_, rest) = line.split_once(':')?;
-        let (controllers, path) = rest.split_once(':')?;
-        let file = match controllers {
-            "" => format!("/sys/fs/cgroup{path}/memory.max"),
-            c if c.split(',').any(|c| c == "memory") => {
-                format!("/sys/fs/cgroup/memory{path}/memory.limit_in_bytes")
-            }
-            _ => return None,
-        };
-        // "max" (v2) or a huge number (v1) when there is no limit.
-        std::fs::read_to_string(file)
-            .ok()?
-            .trim()
-            .parse::<u64>()
-            .ok()
-    });
-    Some(match cgroup {
-        Some(limit) if limit < machine => (limit, "this cgroup's memory limit"),
-        _ => (machine, "this machine's memory"),
-    })
 }
 
 /// This process's peak resident memory in bytes (`VmHWM`; unlike `ru_maxrss`, it does not

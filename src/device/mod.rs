@@ -11,6 +11,7 @@
 //! without libcuda never panics: the driver library is probed before any CUDA call.
 
 pub mod cuda;
+pub mod memory;
 pub mod staging;
 pub mod transfer;
 

@@ -25,6 +25,7 @@ mod delivered;
 mod helping;
 mod in_order;
 mod scheduling;
+mod staging_budget;
 mod uploader;
 mod workers;
 
@@ -39,6 +40,7 @@ use serde::{Deserialize, Serialize};
 pub use delivered::{Batch, DeviceSection};
 pub use in_order::Arrival;
 pub use scheduling::{WorkerScheduling, GATHER_THREAD_NAME, UPLOAD_THREAD_NAME};
+pub use staging_budget::check_staging_fits;
 
 use crate::batch::BatchLayout;
 use crate::dataset::{DatasetSizes, View};
@@ -109,6 +111,20 @@ fn default_dom_positions() -> bool {
 }
 
 impl LoaderConfig {
+    /// The staging buffers a loader of this configuration starts with on `placement`: one
+    /// per worker and per batch prefetched, two for the consumer, and on a GPU one per
+    /// device buffer and one for the batch the uploader holds while it waits for a slot.
+    pub fn staging_buffers(&self, placement: &Placement) -> usize {
+        let device = match placement.cuda() {
+            Some(_) => self.device_buffers.saturating_add(1),
+            None => 0,
+        };
+        self.workers
+            .saturating_add(self.prefetch)
+            .saturating_add(device)
+            .saturating_add(2)
+    }
+
     /// Rejects settings that cannot work.
     pub fn validate(&self) -> Result<()> {
         self.sampler.validate()?;
@@ -262,16 +278,14 @@ impl Loader {
                 None,
             ),
         };
-        let device_buffers = slots.as_ref().map_or(0, |s| s.target());
-        let pool = pool.unwrap_or_else(|| {
-            // One more on a GPU: the batch the uploader holds while it waits for a slot.
-            let count = config.workers
-                + config.prefetch
-                + device_buffers
-                + 2
-                + usize::from(slots.is_some());
-            Arc::new(StagingPool::new(count, INITIAL_BUFFER_BYTES, allocate))
-        });
+        let pool = match pool {
+            Some(pool) => pool,
+            None => {
+                check_staging_fits(&view, &config, &placement)?;
+                let count = config.staging_buffers(&placement);
+                Arc::new(StagingPool::new(count, INITIAL_BUFFER_BYTES, allocate))
+            }
+        };
         let stop = Arc::new(Stop::new());
         let lending = Arc::new(Lending::default());
         let (result_tx, results) = bounded(config.prefetch);
