@@ -66,8 +66,14 @@ mod tests {
             .and_then(|v| v.split_whitespace().next()?.parse().ok())
             .unwrap();
         assert!(available.bytes > 0 && available.bytes <= total_kib * 1024);
-        assert!(
-            available.limited_by.ends_with("memory") || available.limited_by.ends_with("limit")
+        let by_machine = available.bytes == total_kib * 1024;
+        assert_eq!(
+            available.limited_by,
+            if by_machine {
+                "this machine's memory"
+            } else {
+                "this cgroup's memory limit"
+            }
         );
     }
 }
