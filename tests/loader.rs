@@ -689,6 +689,30 @@ fn a_config_that_cannot_work_is_refused_naming_what_is_wrong() {
             },
             ("workers", "more than this"),
         ),
+        (
+            LoaderConfig {
+                layout: BatchLayout::Padded {
+                    max_doms: 0,
+                    pulses_per_dom: 2,
+                },
+                ..good.clone()
+            },
+            ("layout", "max_doms of at least 1"),
+        ),
+        // 4 + 3 x 2^40 features per DOM: one batch is terabytes (the allocator aborted).
+        (
+            LoaderConfig {
+                layout: BatchLayout::Padded {
+                    max_doms: 64,
+                    pulses_per_dom: 1 << 40,
+                },
+                ..good.clone()
+            },
+            (
+                "layout",
+                "one padded batch (max_doms, pulses_per_dom) needs about",
+            ),
+        ),
     ] {
         let start = SamplerState::start(0);
         let err = Loader::new(ds.clone(), bad, start).err().unwrap();

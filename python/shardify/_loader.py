@@ -215,11 +215,12 @@ class Loader:
             drop_last=self.drop_last,
             rank=rank,
             world=world,
-            workers=_count("workers", workers),
+            # A resident loader only plans with it: it gathers nothing (no staging buffers
+            # to hold), and its device is torch's (below).
+            workers=1 if resident else _count("workers", workers),
             worker_scheduling=worker_scheduling,
             consumer_gathers=bool(consumer_gathers),
-            prefetch=_count("prefetch", prefetch),
-            # A resident loader only plans with it: its device is torch's (below).
+            prefetch=1 if resident else _count("prefetch", prefetch),
             device="cpu" if resident else device,
             dom_positions=bool(dom_positions),
         )

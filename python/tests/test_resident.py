@@ -55,6 +55,16 @@ def test_resident_batches_equal_streaming_ones(train_dir, torch, settings):
         assert resident.epoch == streaming.epoch == e + 1
 
 
+def test_workers_and_prefetch_do_nothing_resident(train_dir, torch):
+    # A streaming loader refuses staging buffers no machine holds; a resident one holds none.
+    with pytest.raises(ValueError, match="invalid prefetch"):
+        shardify.Loader(train_dir, device="cpu", prefetch=10**12)
+    resident = shardify.Loader(train_dir, device="cpu", resident=True, prefetch=10**12,
+                               workers=10**12)
+    usual = shardify.Loader(train_dir, device="cpu", resident=True)
+    assert_same_batches(epoch(usual), epoch(resident), torch)
+
+
 def test_an_unlabelled_dataset_has_no_label_sections(test_dir, torch):
     streamed = epoch(shardify.Loader(test_dir, batch_events=50, device="cpu"))
     resident = epoch(shardify.Loader(test_dir, batch_events=50, device="cpu", resident=True))

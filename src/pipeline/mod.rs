@@ -143,6 +143,12 @@ impl LoaderConfig {
                 ),
             ));
         }
+        if let BatchLayout::Padded { max_doms: 0, .. } = self.layout {
+            return Err(Error::config(
+                "layout",
+                "a padded batch needs max_doms of at least 1 (DOMs kept per event)",
+            ));
+        }
         if !self.dom_positions && self.layout != BatchLayout::Packed {
             return Err(Error::config(
                 "dom_positions",

@@ -3,6 +3,7 @@
 //! count) are an error naming them before anything is allocated, not a process the kernel
 //! kills (the pool allocates its buffers when the loader starts, 1 MiB each at least).
 
+use crate::batch::BatchLayout;
 use crate::dataset::View;
 use crate::device::{memory, Placement};
 use crate::error::{Error, Result};
@@ -20,10 +21,24 @@ pub fn check_staging_fits(view: &View, config: &LoaderConfig, placement: &Placem
         return Ok(());
     };
     let buffers = config.staging_buffers(placement);
-    let per_buffer = mean_batch_bytes(view, config).max(INITIAL_BUFFER_BYTES as u64);
-    let total = per_buffer.saturating_mul(buffers as u64);
-    if total <= available.bytes {
+    let batch = mean_batch_bytes(view, config);
+    let per_buffer = batch.max(INITIAL_BUFFER_BYTES as f64);
+    let total = per_buffer * buffers as f64;
+    if total <= available.bytes as f64 {
         return Ok(());
+    }
+    let mib = |bytes: f64| format!("{:.0} MiB", bytes / f64::from(1 << 20));
+    let beyond = format!("{} ({})", available.limited_by, mib(available.bytes as f64));
+    if batch > available.bytes as f64 {
+        // One batch alone is too large: the batching or the padded shape is wrong.
+        let (field, what) = match config.layout {
+            BatchLayout::Padded { .. } => ("layout", "padded batch (max_doms, pulses_per_dom)"),
+            BatchLayout::Packed => ("batching", "batch"),
+        };
+        return Err(Error::config(
+            field,
+            format!("one {what} needs about {}, more than {beyond}", mib(batch)),
+        ));
     }
     let field = if config.workers > config.prefetch {
         "workers"
@@ -34,26 +49,38 @@ pub fn check_staging_fits(view: &View, config: &LoaderConfig, placement: &Placem
         field,
         format!(
             "{} workers and {} batches prefetched hold {buffers} staging buffers of at least \
-             {} MiB each, {} MiB in all: more than {} ({} MiB)",
+             {} each, {} in all: more than {beyond}",
             config.workers,
             config.prefetch,
-            per_buffer >> 20,
-            total >> 20,
-            available.limited_by,
-            available.bytes >> 20
+            mib(per_buffer),
+            mib(total),
         ),
     ))
 }
 
-/// The bytes of a mean batch of `config`'s batching over `view`'s dataset, from its
-/// manifest's totals: the shards' bytes per event, and each DOM's position (the heavy tail
-/// makes the largest batches several times larger).
-fn mean_batch_bytes(view: &View, config: &LoaderConfig) -> u64 {
+/// The bytes of a mean batch of `config`'s batching and layout over `view`'s dataset, from
+/// its manifest's totals (the heavy tail makes the largest batches several times larger).
+/// Packed: the shards' bytes per event and each DOM's position. Padded: each event's rows
+/// of `4 + 3K` float32 features and a mask byte, for its mean DOM count (or `max_doms`, when
+/// smaller). In floating point: absurd settings must not overflow.
+fn mean_batch_bytes(view: &View, config: &LoaderConfig) -> f64 {
     let manifest = view.dataset().manifest();
     let totals = &manifest.totals;
     let events = totals.events.max(1) as f64;
-    let positions = totals.doms * 3 * manifest.schema.types.position.size() as u64;
-    let per_event = (totals.bytes + positions) as f64 / events;
+    let doms_per_event = totals.doms as f64 / events;
+    let per_event = match config.layout {
+        BatchLayout::Packed => {
+            let position = 3.0 * manifest.schema.types.position.size() as f64;
+            totals.bytes as f64 / events + doms_per_event * position
+        }
+        BatchLayout::Padded {
+            max_doms,
+            pulses_per_dom,
+        } => {
+            let row = (4.0 + 3.0 * pulses_per_dom as f64) * 4.0 + 1.0;
+            doms_per_event.min(max_doms as f64) * row
+        }
+    };
     let batch_events = match config.sampler.batching {
         Batching::Events(n) => n as f64,
         Batching::Pulses {
@@ -64,5 +91,5 @@ fn mean_batch_bytes(view: &View, config: &LoaderConfig) -> u64 {
             by_pulses.min(max_events.map_or(f64::INFINITY, |m| m as f64))
         }
     };
-    (per_event * batch_events.min(events)) as u64
+    per_event * batch_events.min(events)
 }
