@@ -198,6 +198,7 @@ class Loader:
         self.dataset = dataset
         self.output = output
         self.rank, self.world, self.drop_last = rank, world, bool(drop_last)
+        workers, prefetch = _count("workers", workers), _count("prefetch", prefetch)
         self._native = _native.Loader(
             dataset._native,
             batch_events=_count("batch_events", batch_events),
@@ -216,11 +217,11 @@ class Loader:
             rank=rank,
             world=world,
             # A resident loader only plans with it: it gathers nothing (no staging buffers
-            # to hold), and its device is torch's (below).
-            workers=1 if resident else _count("workers", workers),
+            # to hold; 0 is still refused), and its device is torch's (below).
+            workers=min(workers, 1) if resident else workers,
             worker_scheduling=worker_scheduling,
             consumer_gathers=bool(consumer_gathers),
-            prefetch=1 if resident else _count("prefetch", prefetch),
+            prefetch=min(prefetch, 1) if resident else prefetch,
             device="cpu" if resident else device,
             dom_positions=bool(dom_positions),
         )

@@ -63,6 +63,10 @@ def test_workers_and_prefetch_do_nothing_resident(train_dir, torch):
                                workers=10**12)
     usual = shardify.Loader(train_dir, device="cpu", resident=True)
     assert_same_batches(epoch(usual), epoch(resident), torch)
+    # Values that are no count at all are still refused.
+    for bad in (dict(workers=-1), dict(prefetch=0)):
+        with pytest.raises(ValueError, match=f"invalid {next(iter(bad))}"):
+            shardify.Loader(train_dir, device="cpu", resident=True, **bad)
 
 
 def test_an_unlabelled_dataset_has_no_label_sections(test_dir, torch):
