@@ -38,6 +38,9 @@ def test_train_dynedge_example_trains_checkpoints_and_resumes(train_dir, torch, 
     assert first.returncode == 0, first.stderr
     assert "3 steps, 96 events" in first.stdout
     assert "adapter share of a step" in first.stdout and "waiting for data" in first.stdout
+    # The warm-up (3 steps by default) leaves at least one step to the steady state.
+    assert "warm-up (the first 2 steps)" in first.stdout
+    assert "steady state (1 steps)" in first.stdout
     saved = torch.load(ckpt)
     assert saved["loader"]["batches_taken"] == 3 and "model" in saved and "optimiser" in saved
     rest = subprocess.run(common + ["--resume"], capture_output=True, text=True, timeout=300)
