@@ -3,6 +3,7 @@
 
     python tools/adapters_bench.py DATASET [--batch-events 256] [--batches 12]
                                    [--device cpu|cuda:N] [--width 1.0] [--max-pulses 256]
+                                   [--block-costs 2^19,2^23]
 
 Takes --batches batches from ``shardify.Loader`` and times, per batch (medians):
 
@@ -10,19 +11,21 @@ Takes --batches batches from ``shardify.Loader`` and times, per batch (medians):
   loader), per batch;
 * ``time_ordered`` without a cut, and with ``max_pulses`` under each ``keep`` rule;
 * ``knn_edges`` (k=8) on the cut pulses (distances per pulse, and per DOM as ``to_pyg``
-  computes them), and the whole ``to_pyg(standardize="graphnet", knn=8, max_pulses=...)``;
+  computes them on the CPU, and on a GPU for events cut to more than 256 pulses), and the
+  whole ``to_pyg(standardize="graphnet", knn=8, max_pulses=...)``;
 * the adapter's torch operations per batch (views left out: on a GPU, its kernel launches),
   and what that many trivial operations cost on this device (the floor of an adapter made
   of that many torch operations, however little each computes);
 * ``knn_edges`` per DOM under three block plans: the default cost model, one block per size
   class, and the fewest blocks the memory budget allows (what a block's fixed cost is
-  worth on this device);
+  worth on this device), and under each cost in ``--block-costs``;
 * a floor for any adapter: one memcpy of the bytes ``to_pyg`` returns, in the same run;
 * a DynEdge-shaped model's training step (examples/train_dynedge.py) on those graphs:
   forward, backward, optimiser step.
 
 and prints the adapter's time against the loader's and as a share of the step. On a GPU
-every timing synchronises the device first and last.
+every timing synchronises the device first and last. Each row runs its work on every batch
+once untimed first (kernel loading, the allocator's growth).
 """
 
 from __future__ import annotations
@@ -57,6 +60,15 @@ def timed(device: torch.device, work: Callable[[], Any], repeat: int = 1) -> flo
             torch.cuda.synchronize(device)
         times.append(time.perf_counter() - start)
     return statistics.median(times)
+
+
+def median_warm(device: torch.device, works: list[Callable[[], Any]]) -> float:
+    """Median seconds of each of ``works``, timed after one untimed run of them all (on a GPU
+    the first call of a kernel loads it, and a new shape can pick a new kernel: an H200 run
+    timed the first kNN rows at twice their warm time)."""
+    for work in works:
+        work()
+    return statistics.median(timed(device, work) for work in works)
 
 
 @contextmanager
@@ -116,6 +128,21 @@ def operation_time(device: torch.device, repeat: int = 2000) -> float:
     return timed(device, lambda: [x.add_(1) for _ in range(repeat)]) / repeat
 
 
+def block_costs(text: str) -> list[int]:
+    """``--block-costs``: comma-separated pair counts, each an integer or ``2^K``."""
+    costs = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        base, _, power = item.partition("^")
+        try:
+            cost = 2 ** int(power) if power and base == "2" else int(item)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{item!r} is neither an integer nor 2^K") from None
+        if cost < 0:
+            raise argparse.ArgumentTypeError(f"{item!r} is negative")
+        costs.append(cost)
+    return costs
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -125,6 +152,9 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--width", type=float, default=1.0)
     ap.add_argument("--max-pulses", type=int, default=256)
+    ap.add_argument("--block-costs", type=block_costs, default=[],
+                    help="more block costs (pairs) to time knn_edges under, comma-separated: "
+                         "integers or powers of two written 2^K (e.g. 2^19,2^23)")
     args = ap.parse_args()
 
     drained = shardify.Loader(args.dataset, batch_events=args.batch_events, device=args.device)
@@ -141,7 +171,7 @@ def main() -> None:
     n = args.max_pulses
 
     def per_batch(work: Callable[[dict[str, Any]], Any]) -> float:
-        return statistics.median(timed(device, lambda b=b: work(b)) for b in batches)
+        return median_warm(device, [lambda b=b: work(b) for b in batches])
 
     cut = [time_ordered(b, max_pulses=n) for b in batches]
     rows = [
@@ -151,27 +181,29 @@ def main() -> None:
     for keep in ("non_auxiliary_first", "random", "charge"):
         rows.append((f"time_ordered, max_pulses={n}, keep={keep}",
                      per_batch(lambda b, keep=keep: time_ordered(b, max_pulses=n, keep=keep))))
-    rows.append(("knn_edges k=8 on the cut pulses, distances per pulse", statistics.median(
-        timed(device, lambda p=p: knn_edges(p["pulse_position"], p["event_pulse_offsets"], 8))
-        for p in cut)))
+    rows.append(("knn_edges k=8 on the cut pulses, distances per pulse", median_warm(
+        device, [lambda p=p: knn_edges(p["pulse_position"], p["event_pulse_offsets"], 8)
+                 for p in cut])))
 
     def knn_per_dom(p: dict[str, Any], b: dict[str, Any]) -> Any:
         return knn_edges(p["pulse_position"], p["event_pulse_offsets"], 8,
                          groups=p["pulse_dom"], group_count=b["dom_position"].shape[0])
 
     rows.append(("knn_edges k=8 on the cut pulses, distances per DOM (groups)",
-                 statistics.median(timed(device, lambda p=p, b=b: knn_per_dom(p, b))
-                                   for p, b in zip(cut, batches, strict=True))))
+                 median_warm(device, [lambda p=p, b=b: knn_per_dom(p, b)
+                                      for p, b in zip(cut, batches, strict=True)])))
     # How events share distance blocks (transforms._plan_blocks): the default cost model,
     # one block per size class (no padding across sizes), and as few blocks as the memory
     # budget allows (every class padded to the largest).
     default_cost = transforms._knn_block_cost_pairs(device)
     planned = []
-    for name, cost in (("default", default_cost), ("one per size class", 0),
-                       ("fewest", 1 << 62)):
+    plans = [("default", default_cost), ("one per size class", 0), ("fewest", 1 << 62)]
+    plans += [(f"2^{cost.bit_length() - 1}" if cost & (cost - 1) == 0 else str(cost), cost)
+              for cost in args.block_costs]
+    for name, cost in plans:
         with block_cost(cost):
-            seconds = statistics.median(timed(device, lambda p=p, b=b: knn_per_dom(p, b))
-                                        for p, b in zip(cut, batches, strict=True))
+            seconds = median_warm(device, [lambda p=p, b=b: knn_per_dom(p, b)
+                                           for p, b in zip(cut, batches, strict=True)])
             blocks = count_blocks(lambda: [knn_per_dom(p, b) for p, b in zip(cut, batches,
                                                                                 strict=True)])
         planned.append(f"{name} ({cost}): {blocks / len(batches):.1f} blocks per batch, "

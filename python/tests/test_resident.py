@@ -311,3 +311,19 @@ def test_the_fused_gather_equals_streaming(train_dir, test_dir, torch):
                           capture_output=True, text=True, env=env, cwd=REPO, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
     assert "fused gather equals the streaming loader" in done.stdout
+
+
+def test_the_host_time_tool_times_each_part_of_a_batch(train_dir, torch):
+    """tools/resident_host_time.py on the CPU: the whole next() and each of its parts, each
+    a positive time, for the torch gather (Triton's needs a GPU)."""
+    out = subprocess.run([sys.executable, str(REPO / "tools" / "resident_host_time.py"),
+                          str(train_dir), "--device", "cpu", "--batches", "5"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith(f"{train_dir} on cpu; torch ")
+    assert lines[1].startswith("torch: ") and "us host per batch" in lines[1]
+    parts = {line[:42].strip(): float(line[42:].split()[0]) for line in lines[2:]}
+    assert list(parts) == ["plan lookup", "sizes and elements", "take a buffer set", "views",
+                           "slice the events", "the gather's launches"]
+    assert all(t > 0 for t in parts.values()), parts
