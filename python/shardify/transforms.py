@@ -36,13 +36,14 @@ PACKED_SECTIONS = ("event_id", "event_dom_offsets", "dom_pulse_offsets", "dom_po
 _KNN_BLOCK_ELEMENTS = 1 << 18
 _KNN_BLOCK_ELEMENTS_CUDA = 1 << 24
 
-# What one distance block costs beyond its pairs, counted in pairs: its ~45 torch operations
+# What one distance block costs beyond its pairs, counted in pairs: its 31-41 torch operations
 # (each dispatched from Python, and on a GPU a kernel launch) against one pair's distance,
 # key and selection. knn_edges pads events of different sizes into one block when the
 # padding costs fewer pairs than another block would. CPU: ~360 us of operations against
-# ~20 ns a pair on the Ice Lake 2-core machine (docs/results.md). GPU: an estimate (~45
-# launches of ~6 us against ~0.1 ns a pair) until `tools/adapters_bench.py --device cuda:0`
-# measures it.
+# ~20 ns a pair on the Ice Lake 2-core machine (docs/results.md). GPU: measured on an H200
+# (`tools/adapters_bench.py --device cuda:0 --block-costs ...`, a 256-event batch cut to 256
+# pulses per event): 2^20 to 2^22 within 2% of each other (2 blocks per batch, 3.2 ms),
+# 2^19 1.3x, 2^23 and over (one block) 1.07x, one block per size class 4.9x.
 _KNN_BLOCK_COST_PAIRS = 1 << 14
 _KNN_BLOCK_COST_PAIRS_CUDA = 1 << 21
 
@@ -154,14 +155,12 @@ def time_ordered(batch: dict[str, Any], max_pulses: int | None = None,
             max_pulses, int) or max_pulses < 1):
         raise ValueError(f"max_pulses must be a positive integer or None, not {max_pulses!r}")
     time = batch["pulse_time"]
-    device = time.device
     event_doms = batch["event_dom_offsets"].long()
     dom_pulses = batch["dom_pulse_offsets"].long()
-    pulses, doms, events = time.shape[0], dom_pulses.shape[0] - 1, event_doms.shape[0] - 1
-    pulse_dom = torch.repeat_interleave(torch.arange(doms, device=device), dom_pulses.diff(),
-                                        output_size=pulses)
-    dom_event = torch.repeat_interleave(torch.arange(events, device=device), event_doms.diff(),
-                                        output_size=doms)
+    pulses, doms = time.shape[0], dom_pulses.shape[0] - 1
+    # repeat_interleave of the counts alone: each row's index, repeated (no arange to gather).
+    pulse_dom = torch.repeat_interleave(dom_pulses.diff(), output_size=pulses)
+    dom_event = torch.repeat_interleave(event_doms.diff(), output_size=doms)
     pulse_event = dom_event[pulse_dom]
     # The stored CSR of pulses per event (the DOM groups of an event are contiguous).
     event_pulses = dom_pulses[event_doms]
@@ -255,7 +254,8 @@ def knn_edges(pos: Any, offsets: Any, k: int, *, groups: Any = None,
     blocks of at most 2**18 pairs on the CPU (small enough to stay in its caches; 2**24 on a
     GPU, for fewer launches), so an event of thousands of nodes costs its (groups x nodes)
     pairs in bounded memory (``torch_cluster`` has no wheel for this torch; this is plain
-    torch). Each block is some 45 torch operations (on a GPU, kernel launches), so events
+    torch; at its peak a block holds some 24 bytes per pair). Each block is 31 torch
+    operations (41 with ``groups``; on a GPU, kernel launches), so events
     of neighbouring sizes share a block, padded to the largest, wherever the padding costs
     less than another block: on a GPU a 256-event batch cut to 256 pulses per event takes 2
     blocks instead of 18. Each block writes its edges in place, in node order, so nothing is
@@ -270,8 +270,7 @@ def knn_edges(pos: Any, offsets: Any, k: int, *, groups: Any = None,
     pos = pos.to(torch.float32)
     offsets = offsets.long()
     nodes, events = pos.shape[0], offsets.shape[0] - 1
-    node_event = torch.repeat_interleave(torch.arange(events, device=device), offsets.diff(),
-                                         output_size=nodes)
+    node_event = torch.repeat_interleave(offsets.diff(), output_size=nodes)
     slot, group_pos, group_offsets, consistent = _position_groups(
         pos, offsets, node_event, groups, group_count)
     host = torch.cat([offsets, group_offsets, consistent.long()[None]]).cpu()
@@ -280,10 +279,10 @@ def knn_edges(pos: Any, offsets: Any, k: int, *, groups: Any = None,
                          "position, with ids ascending event by event")
     starts_host, group_starts_host = host[:events + 1], host[events + 1:-1]
     counts_host, group_counts_host = starts_host.diff(), group_starts_host.diff()
-    # Node i's edges are rows edge_start[i]:edge_start[i] + min(k, n - 1) of the result, n
-    # its event's node count: each block scatters its edges there, already in node order.
+    # Node i's edges are rows edge_before[i] + 1 to edge_before[i] + min(k, n - 1) of the
+    # result, n its event's node count: each block scatters its edges there, in node order.
     per_node = (offsets.diff()[node_event] - 1).clamp_(min=0, max=k)
-    edge_start = torch.cumsum(per_node, 0) - per_node
+    edge_before = torch.cumsum(per_node, 0) - (per_node + 1)
     edge_count = int((counts_host * (counts_host - 1).clamp(min=0, max=k)).sum())
     # One column more than the edges: where the blocks put the candidates they drop.
     edge_index = torch.empty(2, edge_count + 1, dtype=torch.int64, device=device)
@@ -297,12 +296,15 @@ def knn_edges(pos: Any, offsets: Any, k: int, *, groups: Any = None,
     starts, counts, group_starts, group_counts = (c[order] for c in columns)
     sizes_host = padded[order_host].tolist()
     widths_host = group_counts_host[order_host].tolist()
+    # Coordinates as three planes ([3, N]): a block's differences are then one operation.
+    planes = pos.t().contiguous()
+    group_planes = planes if slot is None else group_pos.t().contiguous()
     for first, end in _plan_blocks(sizes_host, widths_host, _knn_block_elements(device),
                                    _knn_block_cost_pairs(device)):
         block = _EventBlock(starts[first:end], counts[first:end], group_starts[first:end],
                             group_counts[first:end], sizes_host[first],
                             max(widths_host[first:end]))
-        _knn_block(pos, slot, group_pos, block, k, edge_start, edge_index)
+        _knn_block(planes, slot, group_planes, block, k, edge_before, edge_index)
     return edge_index[:, :edge_count]
 
 
@@ -364,17 +366,17 @@ def _group_classes(sizes: list[int], widths: list[int], budget: int,
 
 def _position_groups(pos: Any, offsets: Any, node_event: Any, groups: Any,
                      group_count: int | None) -> tuple[Any, Any, Any, Any]:
-    """Each node's group as a dense row (``slot``, ascending event by event), each group's
-    position, the CSR offsets of groups per event, and whether ``groups`` kept its
-    contract (a 0-d bool tensor, read on the host with the counts)."""
+    """Each node's group as a dense row (``slot``, ascending event by event; None without
+    ``groups``: each node its own group), each group's position, the CSR offsets of groups
+    per event, and whether ``groups`` kept its contract (a 0-d bool tensor, read on the host
+    with the counts)."""
     import torch
 
     device = pos.device
     nodes, events = pos.shape[0], offsets.shape[0] - 1
     if groups is None:
         # Each node its own group: the groups' offsets are the nodes'.
-        slot = torch.arange(nodes, device=device)
-        return slot, pos, offsets, torch.ones((), dtype=torch.bool, device=device)
+        return None, pos, offsets, torch.ones((), dtype=torch.bool, device=device)
     groups = groups.long()
     if groups.shape != (nodes,):
         raise ValueError(f"knn_edges: groups must have one id per node ({nodes}), not shape "
@@ -418,54 +420,62 @@ class _EventBlock:
         self.group_starts, self.group_counts, self.width = group_starts, group_counts, width
 
 
-def _knn_block(pos: Any, slot: Any, group_pos: Any, block: _EventBlock, k: int,
-               edge_start: Any, edge_index: Any) -> None:
+def _knn_block(planes: Any, slot: Any, group_planes: Any, block: _EventBlock, k: int,
+               edge_before: Any, edge_index: Any) -> None:
     """Edges of one block of events into ``edge_index`` (node i's from column
-    ``edge_start[i]``; dropped candidates to its last column): the nearest ``k + 1`` nodes
-    of each group (its own nodes included), then for each node those of its group but
-    itself. Query groups go in chunks of at most ``_knn_block_elements`` pairs."""
+    ``edge_before[i] + 1``; dropped candidates to its last column): the nearest ``k + 1``
+    nodes of each group (its own nodes included), then for each node those of its group but
+    itself. ``planes`` / ``group_planes``: node / group coordinates ``[3, N]``; ``slot``:
+    each node's group row, or None when each node is its own group (then a group's list is
+    its node's). Query groups go in chunks of at most ``_knn_block_elements`` pairs."""
     import torch
 
-    device = pos.device
+    device = planes.device
     size, width = block.size, block.width
     events = block.starts.shape[0]
     column = torch.arange(size, device=device)
     starts, counts = block.starts, block.counts
-    group_starts, group_counts = block.group_starts, block.group_counts
     valid = column[None, :] < counts[:, None]
     rows = torch.where(valid, starts[:, None] + column[None, :], 0)
-    nodes = pos[rows]  # [E, S, 3]
-    group_column = torch.arange(width, device=device)
-    group_rows = torch.where(group_column[None, :] < group_counts[:, None],
-                             group_starts[:, None] + group_column[None, :], 0)
-    queries = group_pos[group_rows]  # [E, W, 3]
+    nodes = planes[:, rows]  # [3, E, S]
+    # Every event has at most `width` groups, and no more groups than nodes: width <= size.
+    if slot is None:
+        queries = nodes[:, :, :width]
+        # The nodes with edges: the first `width` columns (the block's largest event's).
+        node_valid, node_rows, node_column = valid[:, :width], rows[:, :width], column[:width]
+    else:
+        group_column = column[:width]
+        group_rows = torch.where(group_column[None, :] < block.group_counts[:, None],
+                                 block.group_starts[:, None] + group_column[None, :], 0)
+        queries = group_planes[:, group_rows]  # [3, E, W]
+        node_valid, node_rows, node_column = valid, rows, column
     invalid_key = torch.iinfo(torch.int64).max
     take = min(k + 1, size)
     chunk = max(1, _knn_block_elements(device) // (events * size))
+    padding = ~valid[:, None, :]
     nearest = []
     for r0 in range(0, width, chunk):
-        query = queries[:, r0:r0 + chunk]
-        distance = None
-        for axis in range(3):
-            delta = query[:, :, None, axis] - nodes[:, None, :, axis]
-            square = delta.mul_(delta)
-            distance = square if distance is None else distance.add_(square)
-        assert distance is not None
+        square = queries[:, :, r0:r0 + chunk, None] - nodes[:, :, None, :]  # [3, E, C, S]
+        square.mul_(square)
+        distance = (square[0] + square[1]).add_(square[2])  # (dx*dx + dy*dy) + dz*dz
         # (float bits, column) as one int64: distances are >= 0, so their bits order them.
         key = distance.view(torch.int32).to(torch.int64).bitwise_left_shift_(32)
-        key.bitwise_or_(column).masked_fill_(~valid[:, None, :], invalid_key)
+        key.bitwise_or_(column).masked_fill_(padding, invalid_key)
         nearest.append(torch.topk(key, take, dim=2, largest=False, sorted=True).values)
-    group_nearest = torch.cat(nearest, dim=1)  # [E, W, take]
-    # Each node reads its group's list and drops itself.
-    node_group = torch.where(valid, slot[rows] - group_starts[:, None], 0)
-    candidates = group_nearest.gather(1, node_group[:, :, None].expand(-1, -1, take))
+    group_nearest = nearest[0] if len(nearest) == 1 else torch.cat(nearest, dim=1)
+    if slot is None:
+        candidates = group_nearest  # [E, W, take]: each node's own list
+    else:
+        # Each node reads its group's list and drops itself.
+        node_group = torch.where(valid, slot[rows] - block.group_starts[:, None], 0)
+        candidates = group_nearest.gather(1, node_group[:, :, None].expand(-1, -1, take))
     neighbour_column = candidates & 0xFFFFFFFF
-    usable = ((candidates != invalid_key) & (neighbour_column != column[None, :, None])
-              & valid[:, :, None])
+    usable = ((candidates != invalid_key) & (neighbour_column != node_column[None, :, None])
+              & node_valid[:, :, None])
     rank = torch.cumsum(usable, dim=2)
     usable &= rank <= k
-    target = torch.where(usable, edge_start[rows][:, :, None] + rank - 1,
-                         edge_index.shape[1] - 1).flatten()
+    target = torch.where(usable, edge_before[node_rows][:, :, None] + rank,
+                         edge_index.shape[1] - 1)
     neighbour = neighbour_column + starts[:, None, None]
-    edge_index[0].index_put_((target,), neighbour.flatten())
-    edge_index[1].index_put_((target,), rows[:, :, None].expand_as(neighbour).flatten())
+    edge_index[0].index_put_((target,), neighbour)
+    edge_index[1].index_put_((target,), node_rows[:, :, None].expand_as(neighbour))

@@ -117,3 +117,21 @@ def test_the_adapters_on_the_gpu_equal_the_cpu_ones(realistic_dir, torch, cuda):
     by_dom = knn_edges(*(pulses_gpu[a] for a in args), 8, groups=pulses_gpu["pulse_dom"],
                        group_count=batch["dom_position"].shape[0])
     assert torch.equal(by_dom.cpu(), want)
+
+
+@pytest.mark.parametrize("max_pulses", [256, None])
+def test_to_pyg_on_the_gpu_equals_the_cpu(realistic_dir, torch, cuda, max_pulses):
+    """to_pyg on the GPU (distances per pulse when cut to 256, per DOM uncut) gives the CPU's
+    graphs, which group by DOM: every field."""
+    pytest.importorskip("torch_geometric", reason="torch_geometric is not installed")
+    from shardify.torch_geometric import to_pyg
+
+    batch = next(iter(shardify.Loader(realistic_dir, batch_events=64, seed=3, device="cpu")))
+    want = to_pyg(batch, standardize="graphnet", knn=8, max_pulses=max_pulses).to_dict()
+    got = to_pyg({k: v.to(cuda) for k, v in batch.items()}, standardize="graphnet", knn=8,
+                 max_pulses=max_pulses).to_dict()
+    assert got.keys() == want.keys()
+    for name, value in want.items():
+        if isinstance(value, torch.Tensor):
+            assert torch.allclose(got[name].cpu(), value, rtol=1e-6, atol=1e-7) \
+                if value.is_floating_point() else torch.equal(got[name].cpu(), value), name

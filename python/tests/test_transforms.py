@@ -393,6 +393,42 @@ def test_to_pyg_pulses_graphnet_features_labels_and_edges(realistic_dir, torch, 
     np.testing.assert_array_equal(graphs.edge_index.numpy(), want)
 
 
+@pytest.mark.parametrize("per_dom", [True, False])
+def test_to_pyg_edges_are_the_same_per_pulse_and_per_dom(realistic_dir, torch, monkeypatch,
+                                                        per_dom):
+    """to_pyg computes kNN distances per DOM or (on a GPU, short cut events) per pulse: each
+    way, the reference's edges; and the rule picks per pulse only there."""
+    pytest.importorskip("torch_geometric", reason="torch_geometric is not installed")
+    import shardify.torch_geometric as tg
+    from shardify.transforms import time_ordered
+
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    assert not tg.distances_per_dom(cuda, 256) and not tg.distances_per_dom(cuda, 1)
+    assert tg.distances_per_dom(cuda, 257) and tg.distances_per_dom(cuda, None)
+    assert tg.distances_per_dom(cpu, 256) and tg.distances_per_dom(cpu, None)
+    chosen = []
+
+    def rule(device, max_pulses):
+        chosen.append((device.type, max_pulses))
+        return per_dom
+
+    monkeypatch.setattr(tg, "distances_per_dom", rule)
+    calls = []
+    real = tg.knn_edges
+
+    def knn_edges(*args, **kwargs):
+        calls.append("groups" in kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tg, "knn_edges", knn_edges)
+    batch = next(iter(shardify.Loader(realistic_dir, batch_events=32, seed=6)))
+    graphs = tg.to_pyg(batch, standardize="graphnet", knn=8, max_pulses=64)
+    assert chosen == [("cpu", 64)] and calls == [per_dom]
+    pulses = {k: v.numpy() for k, v in time_ordered(batch, max_pulses=64).items()}
+    want = reference_knn(pulses["pulse_position"], pulses["event_pulse_offsets"], 8)
+    np.testing.assert_array_equal(graphs.edge_index.numpy(), want)
+
+
 def test_to_pyg_keeps_tiny_events_unless_asked(torch):
     pytest.importorskip("torch_geometric", reason="torch_geometric is not installed")
     from shardify.torch_geometric import to_pyg
