@@ -16,13 +16,16 @@
 #
 # The first runs the GPU tests (byte-identical epoch, raw-pointer consumer, overlap,
 # allocation counters), the per-call cost of a copy (examples/h2d_overheads.rs), the
-# example training loop on cuda:0, and shardbench with and without a 1 ms simulated step,
-# and packs logs, JSON reports and the plot into $OUT/gpu-check.tar.gz (or
+# example training loop on cuda:0, shardbench with and without a 1 ms simulated step, and
+# the CPU path on two of the machine's cores (taskset: issue 20's 2-worker figures on a
+# fast CPU), and packs logs, JSON reports and the plot into $OUT/gpu-check.tar.gz (or
 # ./gpu-check.tar.gz). The second installs the wheel in .gpu-py/ into the machine's python3
 # (the one with torch; nothing is fetched) and runs the Python package's GPU tests
 # (python/tests/test_gpu.py: DLPack's stream hand-over, resident batches, the adapters),
-# tools/adapters_bench.py, examples/train_dynedge.py and tools/peers/peers.py on cuda:0,
-# into $OUT/gpu-check-python.tar.gz; a step that fails is logged and the others still run.
+# tools/adapters_bench.py (with a sweep of kNN block costs), examples/train_dynedge.py,
+# tools/resident_host_time.py and tools/peers/peers.py on cuda:0, and peers.py on two CPU
+# cores, into $OUT/gpu-check-python.tar.gz; a step that fails is logged and the others
+# still run.
 set -euo pipefail
 
 bin=.gpu-bin
@@ -77,11 +80,16 @@ if [[ "${1:-}" == "--python" ]]; then
     "$py/shardify-gen" "$work/src" --events "$events" --files 8 >/dev/null
     python3 -m shardify convert "$work/src" "$work/ds" --split train --seed 1 | tail -1
     step python-gpu-tests python3 -m pytest -q -rs python/tests/test_gpu.py
-    step adapters-bench python3 tools/adapters_bench.py "$work/ds" --device cuda:0
+    step adapters-bench python3 tools/adapters_bench.py "$work/ds" --device cuda:0 \
+        --block-costs 2^19,2^20,2^22,2^23
     step train-dynedge python3 examples/train_dynedge.py "$work/ds" --device cuda:0 \
         --stop-after 40
+    step resident-host-time python3 tools/resident_host_time.py "$work/ds" --device cuda:0
     step peers python3 tools/peers/peers.py "$work/src" --dataset "$work/ds" \
         --device cuda:0 --seconds 5 --json "$out/peers.json"
+    # Issue 20's Python target (>= 0.9x the Rust loader, >= 10x numpy) on 2 cores of this CPU.
+    step peers-cpu-2-cores taskset -c 0,1 python3 tools/peers/peers.py "$work/src" \
+        --dataset "$work/ds" --seconds 4 --json "$out/peers-cpu-2-cores.json"
     rm -rf "$work"
     tar -czf "$out.tar.gz" -C "$(dirname "$out")" "$(basename "$out")" && rm -rf "$out"
     if (( ${#failed[@]} )); then
@@ -135,6 +143,18 @@ bench w8-runs8 --no-baselines --windows 1,16 --workers 8 --run-events 8
 # Side by side with the Parquet baselines, on this machine's disk and cores.
 bench w8-baselines --windows 1,4,16,64 --workers 8 --baseline-seconds 10 \
     --plot "$out/shardbench-w8-baselines.svg"
+# Issue 20's targets on this CPU: 2 workers, the CPU path, the machine's 16 cores and 2 of
+# them (the CI class), on 320k events as the issue measures them.
+echo "== CPU path, 2 workers, 320k events: all cores, then taskset -c 0,1"
+"$bin/shardify-gen" "$work/src320k" --events 320000 --files 8 >/dev/null
+"$bin/shardify" convert "$work/src320k" "$work/ds320k" --split train --seed 1 >/dev/null 2>&1
+for cores in all 0,1; do
+    run=()
+    [[ "$cores" == all ]] || run=(taskset -c "$cores")
+    ${run[@]+"${run[@]}"} "$bin/shardbench" "$work/ds320k" --no-baselines --windows 1,4,16,64 \
+        --workers 2 --device cpu --json "$out/shardbench-cpu-cores-${cores/,/-}.json" 2>&1 \
+        | tee "$out/shardbench-cpu-cores-${cores/,/-}.log"
+done
 rm -rf "$work"
 # One file back: the device tool returns a limited number of files.
 tar -czf "$out.tar.gz" -C "$(dirname "$out")" "$(basename "$out")" && rm -rf "$out"
