@@ -247,6 +247,28 @@ def test_knn_edges_against_the_reference(realistic_dir, torch):
         np.testing.assert_array_equal(by_dom.numpy(), want)
 
 
+@pytest.mark.parametrize("at_once", [True, False])
+def test_knn_distances_at_once_or_axis_by_axis_give_the_reference(realistic_dir, torch,
+                                                                  monkeypatch, at_once):
+    """The GPU's form (all three axes per operation) and the CPU's (axis by axis), each run
+    here on the CPU: the reference's edges, per pulse and per DOM, in chunks of queries."""
+    import shardify.transforms as transforms
+
+    chosen = []
+    monkeypatch.setattr(transforms, "_distances_at_once",
+                        lambda device: chosen.append(device.type) or at_once)
+    monkeypatch.setattr(transforms, "_KNN_BLOCK_ELEMENTS", 1 << 12)  # several chunks
+    batch = next(iter(shardify.Loader(realistic_dir, batch_events=48, seed=8)))
+    pulses = transforms.time_ordered(batch, max_pulses=200)
+    pos, offsets = pulses["pulse_position"], pulses["event_pulse_offsets"]
+    want = reference_knn(pos.numpy(), offsets.numpy(), 8)
+    for groups in (None, pulses["pulse_dom"]):
+        chosen.clear()
+        got = transforms.knn_edges(pos, offsets, 8, groups=groups)
+        np.testing.assert_array_equal(got.numpy(), want)
+        assert chosen and set(chosen) == {"cpu"}
+
+
 @pytest.mark.parametrize("block_cost", [0, 1 << 40])
 def test_knn_edges_do_not_depend_on_how_events_share_blocks(realistic_dir, torch, monkeypatch,
                                                             block_cost):
