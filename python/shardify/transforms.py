@@ -267,6 +267,7 @@ def knn_edges(pos: Any, offsets: Any, k: int, *, groups: Any = None,
     sorted or selected afterwards: one host synchronisation reads the node and group counts
     (two with ``groups`` and no ``group_count``), and no other.
     """
+    import numpy as np
     import torch
 
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
@@ -278,27 +279,29 @@ def knn_edges(pos: Any, offsets: Any, k: int, *, groups: Any = None,
     node_event = torch.repeat_interleave(offsets.diff(), output_size=nodes)
     slot, group_pos, group_offsets, consistent = _position_groups(
         pos, offsets, node_event, groups, group_count)
-    host = torch.cat([offsets, group_offsets, consistent.long()[None]]).cpu()
+    host = torch.cat([offsets, group_offsets, consistent.long()[None]]).cpu().numpy()
     if not host[-1]:
         raise ValueError("knn_edges: groups must give each id's nodes one event and one "
                          "position, with ids ascending event by event")
     starts_host, group_starts_host = host[:events + 1], host[events + 1:-1]
-    counts_host, group_counts_host = starts_host.diff(), group_starts_host.diff()
+    counts_host, group_counts_host = np.diff(starts_host), np.diff(group_starts_host)
     # Node i's edges are rows edge_before[i] + 1 to edge_before[i] + min(k, n - 1) of the
     # result, n its event's node count: each block scatters its edges there, in node order.
     per_node = (offsets.diff()[node_event] - 1).clamp_(min=0, max=k)
     edge_before = torch.cumsum(per_node, 0) - (per_node + 1)
-    edge_count = int((counts_host * (counts_host - 1).clamp(min=0, max=k)).sum())
+    edge_count = int((counts_host * np.clip(counts_host - 1, 0, k)).sum())
     # One column more than the edges: where the blocks put the candidates they drop.
     edge_index = torch.empty(2, edge_count + 1, dtype=torch.int64, device=device)
     # Events of more than one node, largest padded size first (a quarter of an octave at
-    # most is padding): one upload of that order, then every block is a slice of it.
-    padded = torch.tensor([_padded_size(n) for n in counts_host.tolist()], dtype=torch.int64)
-    order_host = _stable_argsort(-padded)
+    # most is padding): their node and group ranges in that order, in one upload, then
+    # every block is a slice of it. (The host's arrays are numpy's: on a GPU a torch
+    # operation on a CPU tensor costs a dispatch, a numpy one a fraction of it.)
+    padded = np.array([_padded_size(n) for n in counts_host.tolist()], dtype=np.int64)
+    order_host = np.argsort(-padded, kind="stable")
     order_host = order_host[counts_host[order_host] > 1]
-    order = order_host.to(device)
-    columns = [offsets[:-1], offsets.diff(), group_offsets[:-1], group_offsets.diff()]
-    starts, counts, group_starts, group_counts = (c[order] for c in columns)
+    ranges = np.stack([starts_host[:-1], counts_host, group_starts_host[:-1],
+                       group_counts_host])[:, order_host]
+    starts, counts, group_starts, group_counts = torch.from_numpy(ranges).to(device)
     sizes_host = padded[order_host].tolist()
     widths_host = group_counts_host[order_host].tolist()
     # Coordinates as three planes ([3, N]): a block's differences are then one operation.
