@@ -17,42 +17,46 @@ ordered by the caller (``torch.cuda.Stream.wait_stream``), as for any tensor.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import torch
 
 
-def _use_counter() -> Callable[[torch.UntypedStorage], int] | None:
-    """torch's count of the tensors sharing a storage, or ``None`` where this torch does not
-    expose it (then no buffer is ever reused: always safe)."""
+def _use_counter() -> Callable[[int], int] | None:
+    """torch's count of the tensors sharing a storage, given the storage's handle
+    (``UntypedStorage._cdata``), or ``None`` where this torch does not expose it (then no
+    buffer is ever reused: always safe)."""
     import torch
 
-    count = getattr(torch._C, "_storage_Use_Count", None)
-    if count is None:
-        return None
-    return lambda storage: count(storage._cdata)
+    count: Callable[[int], int] | None = getattr(torch._C, "_storage_Use_Count", None)
+    return count
 
 
 class _BufferSet:
     """One flat tensor per section, and what an idle set's use counts are."""
 
-    def __init__(self, tensors: dict[str, torch.Tensor], uses: Callable[[Any], int] | None):
+    def __init__(self, tensors: dict[str, torch.Tensor], uses: Callable[[int], int] | None):
         self.tensors = tensors
+        # The set keeps its storages, so their handles stay valid (read once: an attribute
+        # read per storage and batch was a fifth of taking a set).
         self._storages = [t.untyped_storage() for t in tensors.values()]
+        self._handles = [s._cdata for s in self._storages]
         self._uses = uses
-        self._idle = [uses(s) for s in self._storages] if uses is not None else None
+        self._idle = [uses(h) for h in self._handles] if uses is not None else None
+        self._elements = {name: t.numel() for name, t in tensors.items()}
 
     def idle(self) -> bool:
         """Whether no tensor but the set's own views any of its storages."""
         uses, idle = self._uses, self._idle
         if uses is None or idle is None:
             return False
-        return all(uses(s) == n for s, n in zip(self._storages, idle, strict=True))
+        return all(uses(h) == n for h, n in zip(self._handles, idle, strict=True))
 
     def holds(self, elements: dict[str, int]) -> bool:
         """Whether every section holds ``elements[name]`` elements."""
-        return all(t.numel() >= elements[name] for name, t in self.tensors.items())
+        held = self._elements
+        return all(held[name] >= n for name, n in elements.items())
 
 
 class OutputPool:
@@ -68,6 +72,7 @@ class OutputPool:
         self._uses = _use_counter()
         # Per section, the size every set grows to: twice the largest epoch's capacity seen.
         self._high_water = {name: 0 for name, _ in sections}
+        self._capacity: dict[str, int] = {}
 
     def take(self, elements: dict[str, int], capacity: dict[str, int]) -> dict[str, torch.Tensor]:
         """Flat tensors holding at least ``elements[name]`` elements per section that no
@@ -78,8 +83,10 @@ class OutputPool:
         capacity is let go."""
         import torch
 
-        for name, n in capacity.items():
-            self._high_water[name] = max(self._high_water[name], 2 * n)
+        if capacity != self._capacity:  # a new plan (once an epoch)
+            self._capacity = dict(capacity)
+            for name, n in capacity.items():
+                self._high_water[name] = max(self._high_water[name], 2 * n)
         for i, candidate in enumerate(self._sets):
             if candidate.idle():
                 if candidate.holds(capacity) and candidate.holds(elements):
