@@ -258,15 +258,28 @@ def test_knn_distances_at_once_or_axis_by_axis_give_the_reference(realistic_dir,
     monkeypatch.setattr(transforms, "_distances_at_once",
                         lambda device: chosen.append(device.type) or at_once)
     monkeypatch.setattr(transforms, "_KNN_BLOCK_ELEMENTS", 1 << 12)  # several chunks
-    batch = next(iter(shardify.Loader(realistic_dir, batch_events=48, seed=8)))
-    pulses = transforms.time_ordered(batch, max_pulses=200)
+    passes = 0
+    for _ in knn_against_the_reference(realistic_dir, events=48, seed=8, max_pulses=200):
+        assert chosen and set(chosen) == {"cpu"}
+        chosen.clear()
+        passes += 1
+    assert passes == 2
+
+
+def knn_against_the_reference(realistic_dir, events, seed, max_pulses):
+    """Checks knn_edges (k=8) per pulse, then per DOM, against the reference on a
+    realistic batch cut to ``max_pulses``; yields each pass's node offsets after its check
+    (for the caller's own)."""
+    import shardify.transforms as transforms
+
+    batch = next(iter(shardify.Loader(realistic_dir, batch_events=events, seed=seed)))
+    pulses = transforms.time_ordered(batch, max_pulses=max_pulses)
     pos, offsets = pulses["pulse_position"], pulses["event_pulse_offsets"]
     want = reference_knn(pos.numpy(), offsets.numpy(), 8)
     for groups in (None, pulses["pulse_dom"]):
-        chosen.clear()
         got = transforms.knn_edges(pos, offsets, 8, groups=groups)
         np.testing.assert_array_equal(got.numpy(), want)
-        assert chosen and set(chosen) == {"cpu"}
+        yield offsets
 
 
 @pytest.mark.parametrize("block_cost", [0, 1 << 40])
@@ -282,14 +295,7 @@ def test_knn_edges_do_not_depend_on_how_events_share_blocks(realistic_dir, torch
                         lambda *a: blocks.append(a[3]) or real_block(*a))
     monkeypatch.setattr(transforms, "_KNN_BLOCK_COST_PAIRS", block_cost)
     monkeypatch.setattr(transforms, "_KNN_BLOCK_ELEMENTS", 1 << 16)
-    batch = next(iter(shardify.Loader(realistic_dir, batch_events=64, seed=3)))
-    pulses = transforms.time_ordered(batch, max_pulses=300)
-    pos, offsets = pulses["pulse_position"], pulses["event_pulse_offsets"]
-    want = reference_knn(pos.numpy(), offsets.numpy(), 8)
-    for groups in (None, pulses["pulse_dom"]):
-        blocks.clear()
-        got = transforms.knn_edges(pos, offsets, 8, groups=groups)
-        np.testing.assert_array_equal(got.numpy(), want)
+    for offsets in knn_against_the_reference(realistic_dir, events=64, seed=3, max_pulses=300):
         counts = np.diff(offsets.numpy())
         assert sum(b.starts.shape[0] for b in blocks) == (counts > 1).sum()
         # Every block fits the budget; with no cost per block each holds one size class.
@@ -302,6 +308,7 @@ def test_knn_edges_do_not_depend_on_how_events_share_blocks(realistic_dir, torch
         if block_cost:
             assert any(len({transforms._padded_size(int(n)) for n in b.counts}) > 1
                        for b in blocks), "some block pads smaller events"
+        blocks.clear()
 
 
 def group_cost(sizes, widths, first, end, budget, block_cost):
