@@ -156,8 +156,7 @@ def main() -> None:
         return time.perf_counter()
 
     print(f"{len(loader.dataset)} events, {len(loader)} batches per epoch, on {device}")
-    steps = 0
-    timings = []  # per step: (events, waited, adapting, stepping, wall), in seconds
+    timings = []  # per step: (events, waited, adapting, stepping), times in seconds
     for _ in range(args.epochs):
         losses = []
         epoch = loader.epoch
@@ -177,26 +176,24 @@ def main() -> None:
             optimiser.zero_grad(set_to_none=True)
             loss.backward()
             optimiser.step()
-            done = now()
             timings.append((graphs.num_graphs, adapt_start - asked, step_start - adapt_start,
-                            done - step_start, done - asked))
-            steps += 1
+                            now() - step_start))
             losses.append(loss.item())
-            if steps % args.checkpoint_every == 0:
+            if len(timings) % args.checkpoint_every == 0:
                 checkpoint()
-            if args.stop_after is not None and steps >= args.stop_after:
+            if args.stop_after is not None and len(timings) >= args.stop_after:
                 break
         if losses:
             mean = sum(losses) / len(losses)
             print(f"epoch {epoch}: mean loss {mean:.4f} (mean angular error "
                   f"~{math.degrees(math.acos(max(-1.0, 1 - mean))):.1f} deg)")
-        if args.stop_after is not None and steps >= args.stop_after:
+        if args.stop_after is not None and len(timings) >= args.stop_after:
             break
     checkpoint()
     if not timings:
         print("no steps: the epochs held no batch")
         return
-    events, _, _, _, elapsed = (sum(column) for column in zip(*timings, strict=True))
+    events, elapsed = sum(t[0] for t in timings), sum(sum(t[1:]) for t in timings)
     print(f"{len(timings)} steps, {events} events in {elapsed:.2f} s: "
           f"{events / max(elapsed, 1e-12):,.0f} events/s")
     warm = min(max(args.warmup, 0), len(timings) - 1)
@@ -206,10 +203,10 @@ def main() -> None:
            timings[warm:])
 
 
-def report(title: str, timings: list[tuple[int, float, float, float, float]]) -> None:
+def report(title: str, timings: list[tuple[int, float, float, float]]) -> None:
     """Prints events/s and the per-batch waiting, adapter and model times of ``timings``."""
-    events, waited, adapting, stepping, elapsed = (
-        sum(column) for column in zip(*timings, strict=True))
+    events, waited, adapting, stepping = (sum(column) for column in zip(*timings, strict=True))
+    elapsed = waited + adapting + stepping
     per = 1e3 / len(timings)
     print(f"{title}: {events / max(elapsed, 1e-12):,.0f} events/s; per batch: waiting for "
           f"data {waited * per:.2f} ms, adapter (to_pyg) {adapting * per:.2f} ms, model step "

@@ -113,7 +113,6 @@ def to_pyg(batch: dict[str, Any], nodes: str = "pulses", *, standardize: str | N
     else:
         raise ValueError(f'invalid nodes: {nodes!r} (expected "pulses" or "doms")')
     ptr, pulse_counts = fields.pop("ptr"), fields.pop("pulse_counts")
-    graphs = torch.arange(ptr.shape[0] - 1, device=ptr.device)
     labels = {}
     if "event_azimuth" in batch:
         azimuth, zenith = batch["event_azimuth"], batch["event_zenith"]
@@ -128,9 +127,8 @@ def to_pyg(batch: dict[str, Any], nodes: str = "pulses", *, standardize: str | N
         ptr = torch.cat([ptr[:1] * 0, ptr.diff()[chosen].cumsum(0)])
         pulse_counts, event_id = pulse_counts[chosen], event_id[chosen]
         labels = {k: v[chosen] for k, v in labels.items()}
-        graphs = torch.arange(chosen.shape[0], device=ptr.device)
     counts = ptr.diff()
-    # Graph g's index, repeated for its nodes (graphs is an arange).
+    # Each graph's index, repeated for its nodes.
     node_graph = torch.repeat_interleave(counts.long(), output_size=fields["x"].shape[0])
     if knn is None:
         edge_index = torch.empty(2, 0, dtype=torch.long, device=ptr.device)
@@ -142,7 +140,7 @@ def to_pyg(batch: dict[str, Any], nodes: str = "pulses", *, standardize: str | N
         edge_index = knn_edges(fields["pos"], ptr, knn)
     out = Batch(**fields, batch=node_graph, ptr=ptr, edge_index=edge_index, event_id=event_id,
                 n_pulses=pulse_counts.to(torch.float32), **labels)
-    out._num_graphs = graphs.shape[0]
+    out._num_graphs = ptr.shape[0] - 1
     return out
 
 
