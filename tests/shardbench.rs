@@ -88,7 +88,10 @@ fn quick_report_is_complete_and_consistent() {
             && table.contains("first epoch (pool growing)")
             && table.contains("; waited")
             && table.contains("one thread gathers an event in")
-            && table.contains("ns per DOM); reading its pieces alone")
+            && table.contains("ns per DOM); into the pool's ")
+            && table.contains(" buffers in turn ")
+            && table.contains("(stores missing the cache")
+            && table.contains("); reading its pieces alone")
             && table.contains("the workers outside the gather"),
         "one stage line per shardify loader: {table}"
     );
@@ -194,6 +197,12 @@ fn quick_report_is_complete_and_consistent() {
         // Equal, unless noise made a difference negative and it was counted as zero.
         assert!(parts >= whole - 1e-12, "{g}");
         assert!(part("read_floor_seconds") > 0.0, "{g}");
+        // The same gather into the loader's staging buffers in turn: 2 workers, 4 batches
+        // prefetched, 2 for the consumer, and on a GPU 2 device buffers plus the one the
+        // uploader holds.
+        assert!(part("rotated_gather_seconds") > 0.0, "{g}");
+        let on_gpu = !r["gpu"].is_null();
+        assert_eq!(g["rotation"], if on_gpu { 11 } else { 8 }, "{g}");
         // The waiting thread's share of the gather (the loader's default lets it gather).
         let by_waiting = l["waiting_thread_gather_seconds"].as_f64().unwrap();
         let share = l["gathered_while_waiting_fraction"].as_f64().unwrap();
@@ -415,15 +424,17 @@ fn gather_stages_split_the_gather_with_and_without_positions() {
         view.locate_plan(plan);
     }
     let m = dataset.manifest();
-    for positions in [true, false] {
-        let g = gather_stages(&dataset, &plans, positions).unwrap();
+    for (positions, rotation) in [(true, 3), (false, 1), (true, 0)] {
+        let g = gather_stages(&dataset, &plans, positions, rotation).unwrap();
         assert_eq!(
             (g.batches, g.events as u64, g.doms as u64),
             (plans.len(), m.totals.events, m.totals.doms)
         );
         assert_eq!(g.positions_seconds.is_some(), positions, "{g:?}");
+        // At least one buffer, whatever was asked.
+        assert_eq!(g.rotation, rotation.max(1), "{g:?}");
         assert!(
-            g.gather_seconds > 0.0 && g.read_floor_seconds > 0.0,
+            g.gather_seconds > 0.0 && g.rotated_gather_seconds > 0.0 && g.read_floor_seconds > 0.0,
             "{g:?}"
         );
         let per_event = g.ns_per_event(g.gather_seconds);

@@ -337,17 +337,9 @@ fn waiting_thread(gathers: bool) -> &'static str {
     }
 }
 
-/// One epoch at `window` with the loader in `variant`, gathered into `pool`'s buffers when
-/// there is one (left holding the loader's pool, for the next epoch).
-fn run_epoch(
-    dataset: &Arc<Dataset>,
-    config: &BenchConfig,
-    placement: &Placement,
-    (window, variant): (usize, Variant),
-    epoch: u64,
-    pool: &mut Option<Arc<StagingPool>>,
-) -> Result<EpochRun> {
-    let loader_config = LoaderConfig {
+/// The loader's configuration for `window` and `variant`.
+fn loader_config(config: &BenchConfig, window: usize, variant: Variant) -> LoaderConfig {
+    LoaderConfig {
         sampler: sampler(config, window),
         layout: BatchLayout::Packed,
         workers: config.workers,
@@ -358,7 +350,20 @@ fn run_epoch(
         dom_positions: config.dom_positions,
         worker_scheduling: variant.scheduling,
         consumer_gathers: variant.consumer_gathers,
-    };
+    }
+}
+
+/// One epoch at `window` with the loader in `variant`, gathered into `pool`'s buffers when
+/// there is one (left holding the loader's pool, for the next epoch).
+fn run_epoch(
+    dataset: &Arc<Dataset>,
+    config: &BenchConfig,
+    placement: &Placement,
+    (window, variant): (usize, Variant),
+    epoch: u64,
+    pool: &mut Option<Arc<StagingPool>>,
+) -> Result<EpochRun> {
+    let loader_config = loader_config(config, window, variant);
     let mut consumer = Consumer::new(placement, config.simulate_compute_ms)?;
     let mut loader = Loader::on_pool(
         dataset.clone(),
@@ -604,6 +609,7 @@ pub fn run(
             &dataset,
             &epochs[0].plans,
             config.dom_positions,
+            loader_config(config, window, variant).staging_buffers(&placement),
         )?);
         let worker_gather = gather - gather_while_waiting;
         f.outside_gather_seconds_per_batch = Some(
@@ -822,7 +828,11 @@ fn gather_stages_line(g: &GatherStages) -> String {
         );
     }
     out + &format!(
-        "; reading its pieces alone {:.0} ns",
+        "; into the pool's {} buffers in turn {:.0} ns (stores missing the cache {:+.0}); \
+         reading its pieces alone {:.0} ns",
+        g.rotation,
+        per_event(g.rotated_gather_seconds),
+        per_event(g.rotated_gather_seconds - g.gather_seconds),
         per_event(g.read_floor_seconds)
     )
 }

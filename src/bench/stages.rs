@@ -184,8 +184,16 @@ pub struct GatherStages {
     /// Looking every DOM's position up in the sensor table and writing it: the whole
     /// gather less the gather without positions (`None` when batches carry none).
     pub positions_seconds: Option<f64>,
-    /// The whole gather (locating included) as the loader runs it.
+    /// The whole gather (locating included) as the loader runs it, into one buffer: the
+    /// batch's stores find their lines in cache from the batch before.
     pub gather_seconds: f64,
+    /// The same gather into `rotation` buffers in turn, as a loader's staging pool hands
+    /// its buffers out: each written again only after the others, its lines gone from the
+    /// caches closest to the thread, so every store first fetches its line. The difference
+    /// to [`GatherStages::gather_seconds`] is what those misses cost.
+    pub rotated_gather_seconds: f64,
+    /// Buffers in that rotation (the loader's staging buffers).
+    pub rotation: usize,
     /// Reading every cache line of the pieces the batches hold, prefetched as the gather
     /// prefetches, writing nothing: a floor no gather of these batches goes under.
     pub read_floor_seconds: f64,
@@ -199,11 +207,13 @@ impl GatherStages {
 }
 
 /// Measures [`GatherStages`] over `plans` (located batches, as a loader delivered them),
-/// in the packed layout, with positions when `dom_positions`.
+/// in the packed layout, with positions when `dom_positions`, the rotated gather into
+/// `rotation` buffers (at least one).
 pub fn gather_stages(
     dataset: &Dataset,
     plans: &[crate::sampler::BatchPlan],
     dom_positions: bool,
+    rotation: usize,
 ) -> Result<GatherStages> {
     let types = dataset.manifest().schema.types;
     let mut gatherer = Gatherer::new(dataset);
@@ -220,20 +230,26 @@ pub fn gather_stages(
     let (with, without) = (sections(dom_positions), sections(false));
     let doms = shapes.iter().map(|s| s.doms).sum();
     let largest = with.iter().map(|s| s.total).max().unwrap_or(0);
-    let mut buffer = PlainMemory::new(largest.max(1));
-    let mut gather_all = |gatherer: &mut Gatherer<'_>, sections: &[Sections]| {
+    let rotation = rotation.max(1);
+    let mut buffers: Vec<PlainMemory> = (0..rotation)
+        .map(|_| PlainMemory::new(largest.max(1)))
+        .collect();
+    // Batch `i` into buffer `i % turn`.
+    let mut gather_all = |gatherer: &mut Gatherer<'_>, sections: &[Sections], turn: usize| {
         median_of(3, || {
             let started = Instant::now();
-            for (plan, s) in plans.iter().zip(sections) {
+            for (i, (plan, s)) in plans.iter().zip(sections).enumerate() {
                 gatherer.shape(plan)?;
-                gatherer.gather(plan, BatchLayout::Packed, s, buffer.bytes_mut())?;
+                let buffer = buffers[i % turn].bytes_mut();
+                gatherer.gather(plan, BatchLayout::Packed, s, buffer)?;
             }
-            std::hint::black_box(buffer.bytes());
+            std::hint::black_box(&buffers);
             Ok::<_, crate::Error>(started.elapsed().as_secs_f64())
         })
     };
-    let gather_seconds = gather_all(&mut gatherer, &with)?;
-    let without_positions = gather_all(&mut gatherer, &without)?;
+    let gather_seconds = gather_all(&mut gatherer, &with, 1)?;
+    let without_positions = gather_all(&mut gatherer, &without, 1)?;
+    let rotated_gather_seconds = gather_all(&mut gatherer, &with, rotation)?;
     let locate_seconds = median_of(3, || {
         let started = Instant::now();
         for plan in plans {
@@ -264,6 +280,8 @@ pub fn gather_stages(
         columns_seconds: (without_positions - locate_seconds).max(0.0),
         positions_seconds: dom_positions.then(|| (gather_seconds - without_positions).max(0.0)),
         gather_seconds,
+        rotated_gather_seconds,
+        rotation,
         read_floor_seconds,
     })
 }
