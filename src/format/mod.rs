@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 
 pub use columns::{FloatColumn, IntColumn};
 pub use manifest::{Manifest, MANIFEST_FILE};
-pub use sensor_table::{SensorTable, SensorTableEntry, SENSOR_TABLE_FILE};
+pub use sensor_table::{LookupRows, SensorTable, SensorTableEntry, SENSOR_TABLE_FILE};
 pub use shard::{ShardEntry, ShardProblem, ShardView, StorageTypes, Validation};
 
 /// The value of `format` in the manifest and in every file's `__metadata__`.
