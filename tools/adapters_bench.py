@@ -21,11 +21,16 @@ Takes --batches batches from ``shardify.Loader`` and times, per batch (medians):
   worth on this device), and under each cost in ``--block-costs``;
 * a floor for any adapter: one memcpy of the bytes ``to_pyg`` returns, in the same run;
 * a DynEdge-shaped model's training step (examples/train_dynedge.py) on those graphs:
-  forward, backward, optimiser step.
+  forward, backward, optimiser step;
+* the same steps as a training loop runs them, back to back over every batch with the
+  device synchronised once before and once after the loop: on graphs made beforehand, and
+  with ``to_pyg`` called before each step. Their difference is what the adapter costs a
+  training job per batch, where on a GPU its launches can run while the device still works
+  on the step before (rounds of the two loops alternated, medians).
 
 and prints the adapter's time against the loader's and as a share of the step. On a GPU
-every timing synchronises the device first and last. Each row runs its work on every batch
-once untimed first (kernel loading, the allocator's growth).
+every other timing synchronises the device first and last. Each row runs its work on every
+batch once untimed first (kernel loading, the allocator's growth).
 """
 
 from __future__ import annotations
@@ -69,6 +74,22 @@ def median_warm(device: torch.device, works: list[Callable[[], Any]]) -> float:
     for work in works:
         work()
     return statistics.median(timed(device, work) for work in works)
+
+
+def training_loop(device: torch.device, alone: Callable[[], Any],
+                  adapted: Callable[[], Any], batches: int,
+                  rounds: int = 3) -> tuple[float, float]:
+    """Seconds per batch of two loops over ``batches`` batches, each run once untimed, then
+    ``rounds`` times alternated, each timed with one synchronisation before and after:
+    medians of ``alone`` (the steps on graphs made beforehand) and of ``adapted`` (the same
+    steps, each graph made just before)."""
+    alone()
+    adapted()
+    times: dict[str, list[float]] = {"alone": [], "adapted": []}
+    for _ in range(rounds):
+        for name, loop in (("alone", alone), ("adapted", adapted)):
+            times[name].append(timed(device, loop) / batches)
+    return statistics.median(times["alone"]), statistics.median(times["adapted"])
 
 
 @contextmanager
@@ -155,6 +176,10 @@ def main() -> None:
     ap.add_argument("--block-costs", type=block_costs, default=[],
                     help="more block costs (pairs) to time knn_edges under, comma-separated: "
                          "integers or powers of two written 2^K (e.g. 2^19,2^23)")
+    ap.add_argument("--training-loop", action="store_true",
+                    help="time the training loop's rows on the CPU too (always on a GPU); on "
+                         "the CPU nothing overlaps and a full-width step takes seconds, so "
+                         "their difference is the adapter's own time within the steps' noise")
     args = ap.parse_args()
 
     drained = shardify.Loader(args.dataset, batch_events=args.batch_events, device=args.device)
@@ -246,6 +271,16 @@ def main() -> None:
     step(graphs[0])  # warm-up
     model_step = statistics.median(timed(device, lambda g=g: step(g)) for g in graphs[1:4])
     rows.append((f"DynEdge step (width {args.width}), forward + backward + AdamW", model_step))
+    in_loop = None
+    if device.type == "cuda" or args.training_loop:
+        steps_alone, adapted_steps = training_loop(
+            device, lambda: [step(g) for g in graphs],
+            lambda: [step(to_pyg(b, standardize="graphnet", knn=8, max_pulses=n))
+                     for b in batches], len(batches))
+        rows.append(("a training loop's steps on ready graphs (one sync per loop)",
+                     steps_alone))
+        rows.append(("the same loop calling to_pyg before each step", adapted_steps))
+        in_loop = (adapted_steps - steps_alone, adapted_steps)
 
     events = sum(b["event_id"].shape[0] for b in batches) / len(batches)
     pulses = sum(b["pulse_time"].shape[0] for b in batches) / len(batches)
@@ -256,6 +291,11 @@ def main() -> None:
         print(f"  {name:<62} {seconds * 1e3:10.3f} ms")
     print(f"adapter / loader: {adapter / loader_per_batch:.1f}x; adapter / DynEdge step: "
           f"{adapter / model_step:.1%}")
+    if in_loop is not None:
+        cost, per_batch_in_loop = in_loop
+        print(f"in a training loop the adapter costs {cost * 1e3:.3f} ms per batch "
+              f"({cost / per_batch_in_loop:.1%} of the loop's time per batch; "
+              f"{cost / adapter:.2f}x its own time above)")
     floor = operation_time(device)
     print(f"the adapter runs {operations:.0f} torch operations per batch (views left out; on "
           f"a GPU each is a kernel launch), {adapter / operations * 1e6:.1f} us each on average;"

@@ -22,7 +22,8 @@
 # ./gpu-check.tar.gz). The second installs the wheel in .gpu-py/ into the machine's python3
 # (the one with torch; nothing is fetched) and runs the Python package's GPU tests
 # (python/tests/test_gpu.py: DLPack's stream hand-over, resident batches, the adapters),
-# tools/adapters_bench.py (with a sweep of kNN block costs), examples/train_dynedge.py,
+# tools/adapters_bench.py (with a sweep of kNN block costs, and the adapter's cost inside an
+# unsynchronised training loop), examples/train_dynedge.py,
 # tools/resident_host_time.py and tools/peers/peers.py on cuda:0, and peers.py on two CPU
 # cores, into $OUT/gpu-check-python.tar.gz; a step that fails is logged and the others
 # still run.

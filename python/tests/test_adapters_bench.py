@@ -1,0 +1,80 @@
+"""tools/adapters_bench.py (what the model-ready adapters cost; gpu-check.sh runs it on a GPU)
+runs end to end on the CPU and prints every row it promises, each a measured time."""
+
+import re
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO
+
+ROWS = [
+    "loader alone (Rust drain), per batch",
+    "time_ordered, no cut",
+    "time_ordered, max_pulses=64, keep=non_auxiliary_first",
+    "time_ordered, max_pulses=64, keep=random",
+    "time_ordered, max_pulses=64, keep=charge",
+    "knn_edges k=8 on the cut pulses, distances per pulse",
+    "knn_edges k=8 on the cut pulses, distances per DOM (groups)",
+    "to_pyg graphnet, knn=8, max_pulses=64 (the adapter)",
+    "floor: memcpy of the adapter's output",
+    "DynEdge step (width 0.05), forward + backward + AdamW",
+]
+LOOP_ROWS = [
+    "a training loop's steps on ready graphs (one sync per loop)",
+    "the same loop calling to_pyg before each step",
+]
+
+
+def bench(train_dir, *extra: str) -> str:
+    done = subprocess.run(
+        [sys.executable, str(REPO / "tools" / "adapters_bench.py"), str(train_dir),
+         "--batch-events", "32", "--batches", "3", "--width", "0.05", "--max-pulses", "64",
+         *extra],
+        capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+def row_times(out: str) -> dict[str, float]:
+    """The report's table: each "  name   N.NNN ms" row after its first line, by name, up
+    to the first line that is not one."""
+    rows = {}
+    for line in out.splitlines()[1:]:
+        match = re.fullmatch(r"  (\S.*?)\s+(-?\d+\.\d+) ms", line)
+        if match is None:
+            break
+        rows[match.group(1)] = float(match.group(2))
+    return rows
+
+
+def test_adapters_bench_times_every_row_and_the_training_loop(train_dir, torch):
+    pytest.importorskip("torch_geometric", reason="torch_geometric is not installed")
+    out = bench(train_dir, "--training-loop", "--block-costs", "2^10")
+    rows = row_times(out)
+    names = [name for name in rows if not name.startswith("floor")]
+    floor = [name for name in rows if name.startswith("floor")]
+    assert names + floor == [r for r in ROWS if not r.startswith("floor")] + LOOP_ROWS + floor
+    assert len(floor) == 1 and floor[0].startswith(ROWS[8]), out
+    assert all(seconds > 0 for seconds in rows.values()), out
+    assert "on cpu" in out.splitlines()[0], out
+    # The summary lines, from the rows above.
+    adapter, step = rows[ROWS[7]], rows[ROWS[9]]
+    assert f"adapter / DynEdge step: {adapter / step:.1%}" in out, out
+    alone, adapted = rows[LOOP_ROWS[0]], rows[LOOP_ROWS[1]]
+    cost = re.search(r"in a training loop the adapter costs (-?\d+\.\d+) ms per batch", out)
+    assert cost is not None, out
+    # Printed to 3 decimals from unrounded times: equal to the rows' difference within that.
+    assert abs(float(cost.group(1)) - (adapted - alone)) < 0.002 + 1e-9, out
+    # The block plans: the three named ones and the one asked for.
+    plans = re.findall(r"^  (default|one per size class|fewest|2\^10) \(", out, re.M)
+    assert plans == ["default", "one per size class", "fewest", "2^10"], out
+
+
+def test_adapters_bench_leaves_the_training_loop_to_gpus_unless_asked(train_dir, torch):
+    pytest.importorskip("torch_geometric", reason="torch_geometric is not installed")
+    out = bench(train_dir)
+    rows = row_times(out)
+    assert not set(LOOP_ROWS) & set(rows), out
+    assert "in a training loop" not in out, out
+    assert ROWS[9] in rows, out
