@@ -87,6 +87,7 @@ impl SensorTable {
         SensorTable::of(positions)
     }
 
+    /// A table of `positions`, with its lookup rows made from them.
     fn of(positions: Positions) -> SensorTable {
         let padded = match &positions {
             Positions::F32(v) => Padded::F32(padded(v)),
