@@ -572,6 +572,9 @@ pub fn run(
             .as_ref()
             .zip(allocations_before)
             .map(|(p, before)| p.allocations() - before);
+        // The stages below allocate their own buffers (the rotated gather as many as the
+        // pool holds): the pool's go back first, so the run never holds both.
+        drop(pool);
         let q = quality(
             &shardify_infos(&dataset, &epochs[0].plans)?,
             &shardify_infos(&dataset, &epochs[1].plans)?,
