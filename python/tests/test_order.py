@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 import shardify
@@ -135,7 +136,15 @@ def test_worker_scheduling_sets_the_gathering_threads_policy_not_the_order(
                              worker_scheduling=scheduling)
     batches = iter(loader)
     held = next(batches)
-    started = {tid: name for tid, name in _threads().items() if tid not in before}
+    # The first batch can come back before every worker has started (the waiting thread
+    # gathers it itself, the first worker starts the others, and a thread names itself once
+    # running; a clean-clone CI run saw two of three): wait for all three, 10 s at most.
+    deadline = time.monotonic() + 10
+    while True:
+        started = {tid: name for tid, name in _threads().items() if tid not in before}
+        if sorted(started.values()) == ["shardify-gather"] * 3 or time.monotonic() > deadline:
+            break
+        time.sleep(0.01)
     assert sorted(started.values()) == ["shardify-gather"] * 3
     expected = os.SCHED_BATCH if scheduling == "batch" and _batch_allowed() else os.SCHED_OTHER
     assert {os.sched_getscheduler(tid) for tid in started} == {expected}
