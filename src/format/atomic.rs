@@ -3,11 +3,12 @@
 //! has a final name, so it is never mistaken for output.
 
 use std::fs::File;
-use std::io::{BufWriter, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::error::{Error, IoContext, Result};
+use crate::error::{IoContext, Result};
+use crate::format::chunked::{ChunkedWriter, MAPPED_FILE_CHUNK, READ_ONCE_CHUNK};
 
 /// The prefix of every temp file this crate writes.
 pub const TEMP_PREFIX: &str = ".tmp.";
@@ -45,20 +46,24 @@ pub enum Durability {
     Temporary,
 }
 
-/// Creates `target` atomically from what `write` puts into the writer it is given.
+/// Creates `target` atomically from what `write` puts into the writer it is given: in
+/// aligned chunks of [`MAPPED_FILE_CHUNK`] (huge pages in the page cache, for the files
+/// readers map), of [`READ_ONCE_CHUNK`] for a [`Durability::Temporary`] file.
 pub fn write_atomic<T>(
     target: &Path,
     durability: Durability,
-    write: impl FnOnce(&mut BufWriter<File>) -> Result<T>,
+    write: impl FnOnce(&mut ChunkedWriter<File>) -> Result<T>,
 ) -> Result<T> {
     let temp = temp_path_for(target);
+    let chunk = match durability {
+        Durability::Temporary => READ_ONCE_CHUNK,
+        Durability::Now | Durability::Deferred => MAPPED_FILE_CHUNK,
+    };
     let result = (|| {
         let file = File::create(&temp).at(&temp)?;
-        let mut writer = BufWriter::with_capacity(1 << 20, file);
+        let mut writer = ChunkedWriter::new(file, chunk);
         let value = write(&mut writer)?;
-        let file = writer
-            .into_inner()
-            .map_err(|e| Error::io(&temp, e.into_error()))?;
+        let file = writer.finish().at(&temp)?;
         match durability {
             Durability::Now => file.sync_all().at(&temp)?,
             Durability::Deferred => start_writeback(&file),
@@ -110,6 +115,7 @@ pub fn sync_dir(dir: &Path) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::Error;
 
     #[test]
     fn failed_write_leaves_nothing() {

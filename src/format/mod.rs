@@ -4,6 +4,7 @@
 
 pub mod atomic;
 pub mod checksum;
+pub mod chunked;
 pub mod columns;
 pub mod manifest;
 pub mod names;
