@@ -76,6 +76,14 @@ fn quick_report_is_complete_and_consistent() {
     }
     assert!(r["shard_read_gb_per_s"].as_f64().unwrap() > 0.0);
     assert!(table.contains("stages: shard read"), "{table}");
+    if cfg!(target_os = "linux") {
+        // The kernel says how it maps the shards the read pass touched (its share in huge
+        // pages depends on the kernel and filesystem, not on us).
+        let huge = r["shard_huge_page_fraction"].as_f64().unwrap();
+        assert!((0.0..=1.0).contains(&huge), "{huge}");
+        let said = format!("{:.0}% of it mapped in huge pages", 100.0 * huge);
+        assert!(table.contains(&said), "{table}");
+    }
     let drift = format!(
         "{:.2} again after the shardify loaders",
         r["memcpy_after_loaders_gb_per_s"].as_f64().unwrap()
@@ -396,6 +404,37 @@ fn fixture_dataset(dir: &Path) -> std::sync::Arc<shardify::dataset::Dataset> {
     let ds = dir.join("ds");
     convert_all(&fixture(), "train", &ds, &options(1, 2)).unwrap();
     std::sync::Arc::new(Dataset::open(&ds, ChecksumPolicy::Full).unwrap())
+}
+
+#[test]
+#[cfg(target_os = "linux")]
+fn the_shards_mapped_bytes_are_counted_from_the_kernels_own_figures() {
+    use shardify::dataset::huge_pages::shard_mapped_bytes;
+    let dir = tempfile::tempdir().unwrap();
+    let dataset = fixture_dataset(dir.path());
+    let mut touched = 0u64;
+    let mut sum = 0u64;
+    for i in 0..dataset.shard_count() {
+        let bytes = dataset.shard(i).unwrap().bytes();
+        sum += bytes
+            .iter()
+            .step_by(4096)
+            .map(|&b| u64::from(b))
+            .sum::<u64>();
+        touched += bytes.len().div_ceil(4096) as u64 * 4096;
+    }
+    std::hint::black_box(sum);
+    let mapped = shard_mapped_bytes(&dataset).expect("Linux has /proc/self/smaps");
+    // Every page touched is resident and mapped, the pages of the last partial page
+    // included; the kernel may map more around them (fault-around), never beyond the files.
+    assert!(
+        mapped.resident >= touched - 4096 * dataset.shard_count() as u64
+            && mapped.resident <= touched,
+        "{} resident of {touched} bytes touched",
+        mapped.resident
+    );
+    assert!(mapped.huge <= mapped.resident);
+    assert!(mapped.huge_fraction().is_some());
 }
 
 /// Batches of 32 events from blocks of 16, `window` blocks at a time.

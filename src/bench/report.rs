@@ -15,6 +15,7 @@ use super::stages::{
 };
 use super::{median_of, memcpy_gb_per_s};
 use crate::batch::BatchLayout;
+use crate::dataset::huge_pages::shard_mapped_bytes;
 use crate::dataset::Dataset;
 use crate::device::staging::StagingPool;
 use crate::device::{DeviceChoice, Placement};
@@ -217,6 +218,11 @@ pub struct Report {
     pub shard_read_gb_per_s: f64,
     /// Seconds of that pass.
     pub shard_read_seconds: f64,
+    /// After that pass, the share of the shards' bytes the process maps in huge pages
+    /// (how the page cache holds them: shards written by `shardify convert` and still
+    /// cached are, where the kernel caches files in large folios; see
+    /// [`crate::format::chunked`]); `None` where the kernel does not say.
+    pub shard_huge_page_fraction: Option<f64>,
     /// With `--cold`: one cold sequential read of every shard file, GB/s (the disk's bound
     /// on a cold epoch).
     pub cold_read_gb_per_s: Option<f64>,
@@ -520,6 +526,8 @@ pub fn run(
     let batch_bytes = (m.totals.bytes / m.totals.events.max(1)) as usize * config.batch_events;
     let bound = memcpy_bound(&dataset, batch_bytes, config.workers)?;
     let (shard_read_gb_per_s, shard_read_seconds) = shard_read_gb_per_s(&dataset)?;
+    let shard_huge_page_fraction =
+        shard_mapped_bytes(&dataset).and_then(|mapped| mapped.huge_fraction());
     let cold_read = match config.cold {
         true => Some(cold_read_gb_per_s(&dataset)?.0),
         false => None,
@@ -699,6 +707,7 @@ pub fn run(
         memcpy_chunk_bytes: batch_bytes.max(4096),
         shard_read_gb_per_s,
         shard_read_seconds,
+        shard_huge_page_fraction,
         cold_read_gb_per_s: cold_read,
         device_buffers: gpu.as_ref().map(|_| config.device_buffers.max(2)),
         gpu,
@@ -886,10 +895,14 @@ pub fn table(report: &Report) -> String {
     }
     out += &format!(
         "stages: shard read {:.2} GB/s sequential through the memory map, {:.2} of memcpy \
-         ({} for the dataset)\n",
+         ({} for the dataset){}\n",
         report.shard_read_gb_per_s,
         report.shard_read_gb_per_s / report.memcpy_gb_per_s.max(1e-12),
-        duration(report.shard_read_seconds)
+        duration(report.shard_read_seconds),
+        report
+            .shard_huge_page_fraction
+            .map(|f| format!(", {:.0}% of it mapped in huge pages", 100.0 * f))
+            .unwrap_or_default()
     );
     if let Some(disk) = report.cold_read_gb_per_s {
         out += &format!(

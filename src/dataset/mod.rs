@@ -2,6 +2,7 @@
 //! whole-dataset tools built on them ([`inspect`], [`dump`], [`verify`]).
 
 pub mod dump;
+pub mod huge_pages;
 pub mod inspect;
 mod sizes;
 pub mod verify;

@@ -1,0 +1,126 @@
+//! How much of a dataset's mapped shards the kernel maps in huge pages: one TLB entry per
+//! 2 MiB instead of per 4 KiB, which the loader's reads of events at random across a window
+//! feel (see [`crate::format::chunked`]). It depends on how the page cache came to hold the
+//! shards (written by `shardify convert`, copied, read back from disk), not on the loader,
+//! so a benchmark reports it beside its figures.
+
+use std::ops::Range;
+
+use super::Dataset;
+
+/// Bytes of this process's mappings inside some shard, as `/proc/self/smaps` counts them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MappedBytes {
+    /// Resident and mapped (`Rss`).
+    pub resident: u64,
+    /// Of those, mapped in huge pages (`FilePmdMapped`).
+    pub huge: u64,
+}
+
+impl MappedBytes {
+    /// The share of the resident bytes mapped in huge pages; `None` when nothing is mapped.
+    pub fn huge_fraction(&self) -> Option<f64> {
+        (self.resident > 0).then(|| self.huge as f64 / self.resident as f64)
+    }
+}
+
+/// What this process maps of `dataset`'s shards, and in huge pages: `None` where
+/// `/proc/self/smaps` cannot be read (not Linux). Shards read into memory rather than
+/// mapped count nothing.
+pub fn shard_mapped_bytes(dataset: &Dataset) -> Option<MappedBytes> {
+    let ranges: Vec<Range<usize>> = (0..dataset.shard_count())
+        .filter_map(|i| dataset.shard(i).ok())
+        .map(|shard| {
+            let start = shard.bytes().as_ptr() as usize;
+            start..start + shard.bytes().len()
+        })
+        .collect();
+    let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
+    Some(tally(&smaps, &ranges))
+}
+
+/// Sums `Rss` and `FilePmdMapped` over the mappings of `smaps` that lie inside one of
+/// `ranges`.
+fn tally(smaps: &str, ranges: &[Range<usize>]) -> MappedBytes {
+    let mut total = MappedBytes::default();
+    let mut inside = false;
+    for line in smaps.lines() {
+        if let Some(span) = mapping_span(line) {
+            inside = ranges
+                .iter()
+                .any(|r| r.start <= span.start && span.end <= r.end.next_multiple_of(4096));
+            continue;
+        }
+        if !inside {
+            continue;
+        }
+        let mut fields = line.split_whitespace();
+        let (Some(key), Some(value)) = (fields.next(), fields.next()) else {
+            continue;
+        };
+        let Ok(kib) = value.parse::<u64>() else {
+            continue;
+        };
+        match key {
+            "Rss:" => total.resident += kib * 1024,
+            "FilePmdMapped:" => total.huge += kib * 1024,
+            _ => {}
+        }
+    }
+    total
+}
+
+/// The address range of a mapping's header line (`start-end perms offset dev inode path`),
+/// `None` for the lines of its fields.
+fn mapping_span(line: &str) -> Option<Range<usize>> {
+    let (span, rest) = line.split_once(' ')?;
+    let (start, end) = span.split_once('-')?;
+    let start = usize::from_str_radix(start, 16).ok()?;
+    let end = usize::from_str_radix(end, 16).ok()?;
+    // A field line ("Rss: 4 kB") has no '-' in its first word, and a header line has
+    // its permissions next.
+    rest.starts_with(['r', '-']).then_some(start..end)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SMAPS: &str = "\
+7f0000000000-7f0000400000 r--s 00000000 fd:00 12 /data/shard_00000.safetensors
+Size:               4096 kB
+Rss:                4096 kB
+FilePmdMapped:      2048 kB
+VmFlags: rd mr me ms
+7f0000400000-7f0000600000 rw-p 00000000 00:00 0
+Size:               2048 kB
+Rss:                2048 kB
+FilePmdMapped:         0 kB
+AnonHugePages:      2048 kB
+7f1000000000-7f1000003000 r--s 00000000 fd:00 13 /data/shard_00001.safetensors
+Size:                 12 kB
+Rss:                   8 kB
+FilePmdMapped:         0 kB
+";
+
+    #[test]
+    fn only_the_shards_mappings_are_counted() {
+        // The first shard ends off a page boundary; the second's mapping lies inside its
+        // range; the anonymous mapping between them is no shard's.
+        let ranges = [
+            0x7f00_0000_0000..0x7f00_0000_0000 + 4 * 1024 * 1024 - 100,
+            0x7f10_0000_0000..0x7f10_0000_2f00,
+        ];
+        let counted = tally(SMAPS, &ranges);
+        assert_eq!(
+            counted,
+            MappedBytes {
+                resident: (4096 + 8) * 1024,
+                huge: 2048 * 1024
+            }
+        );
+        assert_eq!(counted.huge_fraction(), Some(2048.0 / 4104.0));
+        assert_eq!(tally(SMAPS, &ranges[1..]).huge_fraction(), Some(0.0));
+        assert_eq!(tally(SMAPS, &[]).huge_fraction(), None, "nothing mapped");
+    }
+}
