@@ -1,0 +1,116 @@
+//! The loader over two datasets, epochs alternated in one process:
+//! `cargo run --release --example alternate_datasets -- A B [WINDOWS] [ROUNDS]`.
+//!
+//! For each window (`1,4,16,64` by default), one epoch over A, one over B, and again, for
+//! ROUNDS rounds (30 by default; which goes first alternates, and a first round warming
+//! both is not counted), on the CPU with the loader's defaults (2 workers, 256-event
+//! batches). Prints each dataset's mean events/s, B's ratio to A, and in how many rounds A
+//! was faster; then how much of each dataset's shards the process maps in huge pages.
+//! Shared machines drift by a quarter from one run to the next; epochs alternated in one
+//! process drift together, so this compares two conversions of the same events (two
+//! writers, two page-cache states, two filesystems) where whole benchmark runs cannot.
+
+use std::error::Error;
+use std::sync::Arc;
+use std::time::Instant;
+
+use shardify::dataset::huge_pages::shard_mapped_bytes;
+use shardify::dataset::{ChecksumPolicy, Dataset};
+use shardify::device::staging::StagingPool;
+use shardify::device::{DeviceChoice, Placement};
+use shardify::pipeline::{Loader, LoaderConfig};
+use shardify::sampler::{SamplerConfig, SamplerState};
+
+/// Events/s of one epoch over `dataset` at `config`, in `pool`'s staging buffers.
+fn epoch_rate(
+    dataset: &Arc<Dataset>,
+    config: &LoaderConfig,
+    epoch: u64,
+    placement: &Placement,
+    pool: &mut Option<Arc<StagingPool>>,
+) -> Result<f64, Box<dyn Error>> {
+    let mut loader = Loader::on_pool(
+        dataset.clone(),
+        config.clone(),
+        SamplerState::start(epoch),
+        placement.clone(),
+        pool.take(),
+    )?;
+    *pool = Some(loader.staging_pool().clone());
+    let started = Instant::now();
+    let mut events = 0;
+    for batch in loader.by_ref() {
+        events += batch?.shape().events;
+    }
+    Ok(events as f64 / started.elapsed().as_secs_f64())
+}
+
+fn main() -> Result<(), Box<dyn Error>> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let [a, b] = [args.first(), args.get(1)].map(|p| p.cloned());
+    let (Some(a), Some(b)) = (a, b) else {
+        return Err("usage: alternate_datasets A B [WINDOWS] [ROUNDS]".into());
+    };
+    let windows: Vec<usize> = args
+        .get(2)
+        .map_or("1,4,16,64", String::as_str)
+        .split(',')
+        .map(str::parse)
+        .collect::<Result<_, _>>()?;
+    let rounds: usize = args.get(3).map_or(Ok(30), |r| r.parse())?;
+    let datasets = [&a, &b].map(|path| Dataset::open(path.as_ref(), ChecksumPolicy::Full));
+    let [Ok(a_set), Ok(b_set)] = datasets else {
+        return Err("cannot open both datasets (see the paths given)".into());
+    };
+    let datasets = [Arc::new(a_set), Arc::new(b_set)];
+    let placement = Placement::resolve(DeviceChoice::Cpu)?;
+    for window in windows {
+        let config = LoaderConfig {
+            sampler: SamplerConfig {
+                window_blocks: window,
+                ..SamplerConfig::default()
+            },
+            device: DeviceChoice::Cpu,
+            ..LoaderConfig::default()
+        };
+        let mut pools: [Option<Arc<StagingPool>>; 2] = [None, None];
+        let mut rates: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
+        for round in 0..=rounds {
+            for turn in 0..2 {
+                let which = (turn + round) % 2;
+                let rate = epoch_rate(
+                    &datasets[which],
+                    &config,
+                    round as u64,
+                    &placement,
+                    &mut pools[which],
+                )?;
+                if round > 0 {
+                    rates[which].push(rate);
+                }
+            }
+        }
+        let mean = |r: &[f64]| r.iter().sum::<f64>() / r.len().max(1) as f64;
+        let a_faster = rates[0]
+            .iter()
+            .zip(&rates[1])
+            .filter(|(x, y)| x > y)
+            .count();
+        println!(
+            "window {window}: A {:.3}M events/s, B {:.3}M (B/A {:.3}); A faster in {a_faster} \
+             of {rounds} rounds",
+            mean(&rates[0]) / 1e6,
+            mean(&rates[1]) / 1e6,
+            mean(&rates[1]) / mean(&rates[0]).max(1e-12),
+        );
+    }
+    for (name, dataset) in ["A", "B"].iter().zip(&datasets) {
+        if let Some(huge) = shard_mapped_bytes(dataset).and_then(|m| m.huge_fraction()) {
+            println!(
+                "{name}: {:.0}% of its mapped shard bytes in huge pages",
+                100.0 * huge
+            );
+        }
+    }
+    Ok(())
+}
