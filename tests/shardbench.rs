@@ -406,37 +406,6 @@ fn fixture_dataset(dir: &Path) -> std::sync::Arc<shardify::dataset::Dataset> {
     std::sync::Arc::new(Dataset::open(&ds, ChecksumPolicy::Full).unwrap())
 }
 
-#[test]
-#[cfg(target_os = "linux")]
-fn the_shards_mapped_bytes_are_counted_from_the_kernels_own_figures() {
-    use shardify::dataset::huge_pages::shard_mapped_bytes;
-    let dir = tempfile::tempdir().unwrap();
-    let dataset = fixture_dataset(dir.path());
-    let mut touched = 0u64;
-    let mut sum = 0u64;
-    for i in 0..dataset.shard_count() {
-        let bytes = dataset.shard(i).unwrap().bytes();
-        sum += bytes
-            .iter()
-            .step_by(4096)
-            .map(|&b| u64::from(b))
-            .sum::<u64>();
-        touched += bytes.len().div_ceil(4096) as u64 * 4096;
-    }
-    std::hint::black_box(sum);
-    let mapped = shard_mapped_bytes(&dataset).expect("Linux has /proc/self/smaps");
-    // Every page touched is resident and mapped, the pages of the last partial page
-    // included; the kernel may map more around them (fault-around), never beyond the files.
-    assert!(
-        mapped.resident >= touched - 4096 * dataset.shard_count() as u64
-            && mapped.resident <= touched,
-        "{} resident of {touched} bytes touched",
-        mapped.resident
-    );
-    assert!(mapped.huge <= mapped.resident);
-    assert!(mapped.huge_fraction().is_some());
-}
-
 /// Batches of 32 events from blocks of 16, `window` blocks at a time.
 fn small_batches(seed: u64, window: usize) -> shardify::sampler::SamplerConfig {
     shardify::sampler::SamplerConfig {
