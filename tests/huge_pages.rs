@@ -68,6 +68,28 @@ fn the_shards_mapped_bytes_are_counted_from_the_kernels_own_figures() {
 }
 
 #[test]
+fn only_the_shards_already_opened_are_counted_and_none_is_opened_to_count_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let dataset = fixture_dataset(dir.path(), ChecksumPolicy::Lazy);
+    assert!(dataset.shard_count() >= 2, "the fixture has several shards");
+    let none = shard_mapped_bytes(&dataset).unwrap();
+    assert_eq!(none.resident, 0);
+    assert_eq!(
+        dataset.opened_shards().count(),
+        0,
+        "counting opened nothing"
+    );
+    let first = dataset.shard(0).unwrap().bytes();
+    let one = shard_mapped_bytes(&dataset).unwrap();
+    // The checksum read the whole shard through its map.
+    assert!(
+        one.resident as usize >= first.len() / 4096 * 4096,
+        "{one:?}"
+    );
+    assert_eq!(dataset.opened_shards().count(), 1);
+}
+
+#[test]
 fn a_dataset_that_fits_in_memory_asks_for_huge_pages_before_its_checksum_reads_a_shard() {
     let dir = tempfile::tempdir().unwrap();
     for (policy, asks) in [

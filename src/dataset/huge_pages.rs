@@ -24,12 +24,12 @@ impl MappedBytes {
     }
 }
 
-/// What this process maps of `dataset`'s shards, and in huge pages: `None` where
+/// What this process maps of `dataset`'s opened shards, and in huge pages: `None` where
 /// `/proc/self/smaps` cannot be read (not Linux). Shards read into memory rather than
-/// mapped count nothing.
+/// mapped count nothing; shards not opened yet are not opened.
 pub fn shard_mapped_bytes(dataset: &Dataset) -> Option<MappedBytes> {
-    let ranges: Vec<Range<usize>> = (0..dataset.shard_count())
-        .filter_map(|i| dataset.shard(i).ok())
+    let ranges: Vec<Range<usize>> = dataset
+        .opened_shards()
         .map(|shard| {
             let start = shard.bytes().as_ptr() as usize;
             start..start + shard.bytes().len()

@@ -365,6 +365,11 @@ impl Dataset {
         evict_file(&self.dir.join(&self.manifest.sensor_table.file))
     }
 
+    /// The shards opened so far (by a read, or by [`ChecksumPolicy::Full`] at open).
+    pub fn opened_shards(&self) -> impl Iterator<Item = &Shard> {
+        self.shards.iter().filter_map(OnceLock::get)
+    }
+
     /// Shard `i` (in global order), opened on first use.
     pub fn shard(&self, i: usize) -> Result<&Shard> {
         if let Some(shard) = self.shards[i].get() {
