@@ -6,7 +6,7 @@
 
 use std::ops::Range;
 
-use super::Dataset;
+use super::{page_size, Dataset};
 
 /// Bytes of this process's mappings inside some shard, as `/proc/self/smaps` counts them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -36,19 +36,19 @@ pub fn shard_mapped_bytes(dataset: &Dataset) -> Option<MappedBytes> {
         })
         .collect();
     let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
-    Some(tally(&smaps, &ranges))
+    Some(tally(&smaps, &ranges, page_size()))
 }
 
 /// Sums `Rss` and `FilePmdMapped` over the mappings of `smaps` that lie inside one of
-/// `ranges`.
-fn tally(smaps: &str, ranges: &[Range<usize>]) -> MappedBytes {
+/// `ranges` (a mapping ends on a page of `page` bytes, a shard's range where its bytes do).
+fn tally(smaps: &str, ranges: &[Range<usize>], page: usize) -> MappedBytes {
     let mut total = MappedBytes::default();
     let mut inside = false;
     for line in smaps.lines() {
         if let Some(span) = mapping_span(line) {
             inside = ranges
                 .iter()
-                .any(|r| r.start <= span.start && span.end <= r.end.next_multiple_of(4096));
+                .any(|r| r.start <= span.start && span.end <= r.end.next_multiple_of(page));
             continue;
         }
         if !inside {
@@ -111,7 +111,7 @@ FilePmdMapped:         0 kB
             0x7f00_0000_0000..0x7f00_0000_0000 + 4 * 1024 * 1024 - 100,
             0x7f10_0000_0000..0x7f10_0000_2f00,
         ];
-        let counted = tally(SMAPS, &ranges);
+        let counted = tally(SMAPS, &ranges, 4096);
         assert_eq!(
             counted,
             MappedBytes {
@@ -120,7 +120,11 @@ FilePmdMapped:         0 kB
             }
         );
         assert_eq!(counted.huge_fraction(), Some(2048.0 / 4104.0));
-        assert_eq!(tally(SMAPS, &ranges[1..]).huge_fraction(), Some(0.0));
-        assert_eq!(tally(SMAPS, &[]).huge_fraction(), None, "nothing mapped");
+        assert_eq!(tally(SMAPS, &ranges[1..], 4096).huge_fraction(), Some(0.0));
+        assert_eq!(
+            tally(SMAPS, &[], 4096).huge_fraction(),
+            None,
+            "nothing mapped"
+        );
     }
 }

@@ -33,6 +33,15 @@ fn page_cache_holds(dataset_bytes: u64, memory: Option<u64>) -> bool {
     memory.is_some_and(|m| dataset_bytes as f64 <= m as f64 * HUGE_PAGES_MEMORY_SHARE)
 }
 
+/// The size of a memory page on this system (4096 where it cannot be asked).
+pub fn page_size() -> usize {
+    // SAFETY: sysconf reads a constant of the system; no memory is involved.
+    match unsafe { libc::sysconf(libc::_SC_PAGESIZE) } {
+        n if n > 0 => n as usize,
+        _ => 4096,
+    }
+}
+
 /// When shard checksums are checked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ChecksumPolicy {
@@ -217,11 +226,7 @@ impl Shard {
         if map.is_empty() {
             return 1.0;
         }
-        // SAFETY: sysconf reads a constant of the system; no memory is involved.
-        let page = match unsafe { libc::sysconf(libc::_SC_PAGESIZE) } {
-            n if n > 0 => n as usize,
-            _ => 4096,
-        };
+        let page = page_size();
         let mut flags = vec![0u8; map.len().div_ceil(page)];
         // SAFETY: the range is the whole live mapping (page-aligned, as every mapping is) and
         // `flags` holds one byte per page of it, as mincore writes.
@@ -278,10 +283,9 @@ pub struct Dataset {
     dir: PathBuf,
     manifest: Manifest,
     sensor_table: SensorTable,
-    policy: ChecksumPolicy,
-    /// Whether shards read whole at their checksum ask for huge pages (see
-    /// [`Dataset::open`]).
-    huge_pages: bool,
+    /// What opening a shard reads of it: the policy's checksum, with or without huge
+    /// pages (see [`Dataset::open`]).
+    first_read: FirstRead,
     shards: Vec<OnceLock<Shard>>,
 }
 
@@ -300,10 +304,15 @@ impl Dataset {
     /// loader wants a block's piece of a column (40-150 KB).
     pub fn open(dir: &Path, policy: ChecksumPolicy) -> Result<Dataset> {
         let manifest = Manifest::read(dir)?;
-        let huge_pages = page_cache_holds(
-            manifest.totals.bytes,
-            crate::device::memory::available().map(|m| m.bytes),
-        );
+        let first_read = match policy {
+            ChecksumPolicy::Off => FirstRead::Structure,
+            ChecksumPolicy::Full | ChecksumPolicy::Lazy => FirstRead::Checksum {
+                huge_pages: page_cache_holds(
+                    manifest.totals.bytes,
+                    crate::device::memory::available().map(|m| m.bytes),
+                ),
+            },
+        };
         let sensor_table =
             SensorTable::read(dir, &manifest.sensor_table, policy != ChecksumPolicy::Off)?;
         let shards = (0..manifest.shards.len())
@@ -313,8 +322,7 @@ impl Dataset {
             dir: dir.to_path_buf(),
             manifest,
             sensor_table,
-            policy,
-            huge_pages,
+            first_read,
             shards,
         };
         if policy == ChecksumPolicy::Full {
@@ -345,7 +353,7 @@ impl Dataset {
     /// fits in [`HUGE_PAGES_MEMORY_SHARE`] of this process's memory, and the checksum
     /// policy reads shards whole; see [`Dataset::open`]).
     pub fn asks_for_huge_pages(&self) -> bool {
-        self.huge_pages && self.policy != ChecksumPolicy::Off
+        self.first_read == FirstRead::Checksum { huge_pages: true }
     }
 
     /// The number of shards.
@@ -380,12 +388,7 @@ impl Dataset {
             &self.dir.join(&entry.file),
             entry,
             self.sensor_table.rows(),
-            match self.policy {
-                ChecksumPolicy::Off => FirstRead::Structure,
-                ChecksumPolicy::Full | ChecksumPolicy::Lazy => FirstRead::Checksum {
-                    huge_pages: self.huge_pages,
-                },
-            },
+            self.first_read,
         )?;
         Ok(self.shards[i].get_or_init(|| shard))
     }
