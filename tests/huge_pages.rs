@@ -7,19 +7,10 @@
 
 mod common;
 
-use std::path::Path;
-use std::sync::Arc;
-
 use common::*;
 use shardify::dataset::huge_pages::shard_mapped_bytes;
-use shardify::dataset::{ChecksumPolicy, Dataset};
-
-/// The fixture's train split converted into `dir`, opened with `policy`.
-fn fixture_dataset(dir: &Path, policy: ChecksumPolicy) -> Arc<Dataset> {
-    let ds = dir.join("ds");
-    convert_all(&fixture(), "train", &ds, &options(1, 2)).unwrap();
-    Arc::new(Dataset::open(&ds, policy).unwrap())
-}
+use shardify::dataset::{page_size, ChecksumPolicy};
+use std::path::Path;
 
 /// The `VmFlags` of this process's mapping that starts at `address`.
 fn mapping_flags(address: usize) -> Vec<String> {
@@ -41,24 +32,25 @@ fn kernel_has_huge_pages() -> bool {
 #[test]
 fn the_shards_mapped_bytes_are_counted_from_the_kernels_own_figures() {
     let dir = tempfile::tempdir().unwrap();
-    let dataset = fixture_dataset(dir.path(), ChecksumPolicy::Full);
+    let dataset = fixture_dataset(dir.path(), 1, ChecksumPolicy::Full);
+    let page = page_size();
     let mut touched = 0u64;
     let mut sum = 0u64;
     for i in 0..dataset.shard_count() {
         let bytes = dataset.shard(i).unwrap().bytes();
         sum += bytes
             .iter()
-            .step_by(4096)
+            .step_by(page)
             .map(|&b| u64::from(b))
             .sum::<u64>();
-        touched += bytes.len().div_ceil(4096) as u64 * 4096;
+        touched += (bytes.len().div_ceil(page) * page) as u64;
     }
     std::hint::black_box(sum);
     let mapped = shard_mapped_bytes(&dataset).expect("Linux has /proc/self/smaps");
     // Every page touched is resident and mapped, the last partial page of each shard
     // included; nothing beyond the files is counted.
     assert!(
-        mapped.resident >= touched - 4096 * dataset.shard_count() as u64
+        mapped.resident >= touched - (page * dataset.shard_count()) as u64
             && mapped.resident <= touched,
         "{} resident of {touched} bytes touched",
         mapped.resident
@@ -70,7 +62,7 @@ fn the_shards_mapped_bytes_are_counted_from_the_kernels_own_figures() {
 #[test]
 fn only_the_shards_already_opened_are_counted_and_none_is_opened_to_count_it() {
     let dir = tempfile::tempdir().unwrap();
-    let dataset = fixture_dataset(dir.path(), ChecksumPolicy::Lazy);
+    let dataset = fixture_dataset(dir.path(), 1, ChecksumPolicy::Lazy);
     assert!(dataset.shard_count() >= 2, "the fixture has several shards");
     let none = shard_mapped_bytes(&dataset).unwrap();
     assert_eq!(none.resident, 0);
@@ -83,7 +75,7 @@ fn only_the_shards_already_opened_are_counted_and_none_is_opened_to_count_it() {
     let one = shard_mapped_bytes(&dataset).unwrap();
     // The checksum read the whole shard through its map.
     assert!(
-        one.resident as usize >= first.len() / 4096 * 4096,
+        one.resident as usize >= first.len() / page_size() * page_size(),
         "{one:?}"
     );
     assert_eq!(dataset.opened_shards().count(), 1);
@@ -97,7 +89,7 @@ fn a_dataset_that_fits_in_memory_asks_for_huge_pages_before_its_checksum_reads_a
         (ChecksumPolicy::Full, true),
         (ChecksumPolicy::Off, false),
     ] {
-        let dataset = fixture_dataset(&dir.path().join(format!("{policy:?}")), policy);
+        let dataset = fixture_dataset(&dir.path().join(format!("{policy:?}")), 1, policy);
         assert_eq!(
             dataset.asks_for_huge_pages(),
             asks,

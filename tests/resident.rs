@@ -13,9 +13,7 @@ use shardify::resident::{plan_epoch, EpochPlan};
 use shardify::sampler::{BatchOrder, Batching, SamplerConfig, SamplerState};
 
 fn dataset(dir: &Path) -> Arc<Dataset> {
-    let out = dir.join("ds");
-    convert_all(&fixture(), "train", &out, &options(5, 2)).unwrap();
-    Arc::new(Dataset::open(&out, ChecksumPolicy::Lazy).unwrap())
+    fixture_dataset(dir, 5, ChecksumPolicy::Lazy)
 }
 
 fn epoch_start(epoch: u64) -> SamplerState {

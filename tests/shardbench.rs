@@ -398,14 +398,6 @@ fn every_scheduling_policy_and_waiting_thread_setting_is_measured_in_one_run() {
     );
 }
 
-/// The fixture's train split converted into `dir`, opened with full checksums.
-fn fixture_dataset(dir: &Path) -> std::sync::Arc<shardify::dataset::Dataset> {
-    use shardify::dataset::{ChecksumPolicy, Dataset};
-    let ds = dir.join("ds");
-    convert_all(&fixture(), "train", &ds, &options(1, 2)).unwrap();
-    std::sync::Arc::new(Dataset::open(&ds, ChecksumPolicy::Full).unwrap())
-}
-
 /// Batches of 32 events from blocks of 16, `window` blocks at a time.
 fn small_batches(seed: u64, window: usize) -> shardify::sampler::SamplerConfig {
     shardify::sampler::SamplerConfig {
@@ -423,7 +415,7 @@ fn gather_stages_split_the_gather_with_and_without_positions() {
     use shardify::dataset::{DatasetSizes, View};
     use shardify::sampler::{EpochBatches, SamplerState};
     let dir = tempfile::tempdir().unwrap();
-    let dataset = fixture_dataset(dir.path());
+    let dataset = fixture_dataset(dir.path(), 1, shardify::dataset::ChecksumPolicy::Full);
     let view: View = dataset.clone().into();
     let sizes = DatasetSizes::new(&view);
     let config = small_batches(0, 4);
@@ -460,7 +452,7 @@ fn largest_batch_bytes_is_the_largest_batch_the_loader_delivers() {
     use shardify::pipeline::{Loader, LoaderConfig};
     use shardify::sampler::SamplerState;
     let dir = tempfile::tempdir().unwrap();
-    let dataset = fixture_dataset(dir.path());
+    let dataset = fixture_dataset(dir.path(), 1, shardify::dataset::ChecksumPolicy::Full);
     for (seed, window, positions) in [(0, 1, true), (3, 4, true), (5, 4, false)] {
         let sampler = small_batches(seed, window);
         let mut delivered = Vec::new();

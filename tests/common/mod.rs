@@ -66,6 +66,14 @@ pub fn convert_all(
     )
 }
 
+/// The fixture's train split converted (seed `seed`, 2 threads) into `dir/ds` and opened
+/// with `policy`.
+pub fn fixture_dataset(dir: &Path, seed: u64, policy: ChecksumPolicy) -> Arc<Dataset> {
+    let ds = dir.join("ds");
+    convert_all(&fixture(), "train", &ds, &options(seed, 2)).unwrap();
+    Arc::new(Dataset::open(&ds, policy).unwrap())
+}
+
 /// Writes a generated Kaggle-layout train split of `events` events in `files` files under
 /// `root/src`; returns that directory and what was written.
 pub fn synthetic_source(
