@@ -47,8 +47,7 @@ fn epoch_rate(
 
 fn main() -> Result<(), Box<dyn Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let [a, b] = [args.first(), args.get(1)].map(|p| p.cloned());
-    let (Some(a), Some(b)) = (a, b) else {
+    let (Some(a), Some(b)) = (args.first(), args.get(1)) else {
         return Err("usage: alternate_datasets A B [WINDOWS] [ROUNDS]".into());
     };
     let windows: Vec<usize> = args
@@ -58,11 +57,10 @@ fn main() -> Result<(), Box<dyn Error>> {
         .map(str::parse)
         .collect::<Result<_, _>>()?;
     let rounds: usize = args.get(3).map_or(Ok(30), |r| r.parse())?;
-    let datasets = [&a, &b].map(|path| Dataset::open(path.as_ref(), ChecksumPolicy::Full));
-    let [Ok(a_set), Ok(b_set)] = datasets else {
-        return Err("cannot open both datasets (see the paths given)".into());
-    };
-    let datasets = [Arc::new(a_set), Arc::new(b_set)];
+    let datasets = [
+        Arc::new(Dataset::open(a.as_ref(), ChecksumPolicy::Full)?),
+        Arc::new(Dataset::open(b.as_ref(), ChecksumPolicy::Full)?),
+    ];
     let placement = Placement::resolve(DeviceChoice::Cpu)?;
     for window in windows {
         let config = LoaderConfig {
