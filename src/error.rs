@@ -101,6 +101,15 @@ pub enum Error {
         /// What is missing or ambiguous.
         problem: String,
     },
+    /// An output directory that already holds something (`holds`: one of its entries):
+    /// nothing is written into it.
+    #[error("{path}: output directory is not empty (holds {holds}); refusing to write into it")]
+    NotEmpty {
+        /// The output directory.
+        path: PathBuf,
+        /// The name of an entry it holds.
+        holds: String,
+    },
     /// A shard file (or the sensor table) is malformed or does not match the manifest.
     #[error("shard {path}: {problem}")]
     Shard {

@@ -8,8 +8,8 @@
 Datasets are written by the ``shardify convert`` command (installed with this package).
 """
 
-from ._dataset import Dataset
+from ._dataset import Dataset, copy_dataset
 from ._loader import Loader
 from ._native import DatasetError, __version__
 
-__all__ = ["Dataset", "DatasetError", "Loader", "__version__"]
+__all__ = ["Dataset", "DatasetError", "Loader", "__version__", "copy_dataset"]

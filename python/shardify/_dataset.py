@@ -108,3 +108,23 @@ class Dataset:
 
     def __repr__(self) -> str:
         return repr(self._native)
+
+
+def copy_dataset(
+    source: str | os.PathLike[str], destination: str | os.PathLike[str]
+) -> dict[str, Any]:
+    """Copies the dataset in ``source`` to ``destination`` (a new or empty directory), such
+    as a node's local disk before training: what ``shardify copy`` does.
+
+    Every file the manifest lists is checked against its size and checksum on the way
+    (a damaged one raises :class:`shardify.DatasetError` and nothing is left behind), the
+    manifest is written last, and the copy is cached in huge pages where the filesystem
+    supports them, which ``cp`` loses (the loader ran 9-15% faster at window 64 from such a
+    copy than from ``cp``'s: docs/results.md, "Copies in huge pages"). A destination that holds anything raises
+    :class:`FileExistsError`. Returns ``{"shards", "bytes", "seconds"}``::
+
+        if local_rank == 0:
+            shardify.copy_dataset("/project/icecube/ds", "/tmp/ds")
+    """
+    shards, nbytes, seconds = _native.copy_dataset(os.fspath(source), os.fspath(destination))
+    return {"shards": shards, "bytes": nbytes, "seconds": seconds}

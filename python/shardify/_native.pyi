@@ -4,7 +4,16 @@ wraps. Users reach it through :class:`shardify.Dataset` and :class:`shardify.Loa
 from os import PathLike
 from typing import Any, final
 
-__all__ = ["__version__", "DatasetError", "Dataset", "Loader", "Section", "HostArray", "run_cli"]
+__all__ = [
+    "__version__",
+    "DatasetError",
+    "Dataset",
+    "Loader",
+    "Section",
+    "HostArray",
+    "run_cli",
+    "copy_dataset",
+]
 
 __version__: str
 
@@ -123,3 +132,6 @@ class Loader:
     ) -> tuple[HostArray, HostArray, HostArray, HostArray, HostArray]: ...
 
 def run_cli(argv: list[str]) -> int: ...
+def copy_dataset(
+    source: str | PathLike[str], destination: str | PathLike[str]
+) -> tuple[int, int, float]: ...

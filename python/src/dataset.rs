@@ -6,7 +6,8 @@ use std::sync::Arc;
 
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
-use shardify::dataset::{ChecksumPolicy, Dataset, View};
+use shardify::convert::Silent;
+use shardify::dataset::{copy, ChecksumPolicy, Dataset, View};
 use shardify::resident::gather_view_shard;
 use shardify::Error;
 
@@ -200,4 +201,19 @@ impl PyDataset {
             self.dataset().shard_count()
         )
     }
+}
+
+/// Copies the dataset in `source` to `destination` (absent or an empty directory), every
+/// file checked against its checksum on the way (`shardify::dataset::copy`); returns the
+/// shards copied, the bytes and the seconds it took.
+#[pyfunction]
+pub fn copy_dataset(
+    py: Python<'_>,
+    source: PathBuf,
+    destination: PathBuf,
+) -> PyResult<(usize, u64, f64)> {
+    let report = py
+        .detach(|| copy::copy_dataset(&source, &destination, &Silent))
+        .map_err(to_py)?;
+    Ok((report.shards, report.bytes, report.seconds))
 }

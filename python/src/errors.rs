@@ -2,7 +2,8 @@
 //! caller can catch.
 
 use pyo3::exceptions::{
-    PyFileNotFoundError, PyOSError, PyPermissionError, PyRuntimeError, PyValueError,
+    PyFileExistsError, PyFileNotFoundError, PyOSError, PyPermissionError, PyRuntimeError,
+    PyValueError,
 };
 use pyo3::prelude::*;
 use shardify::error::chain_text;
@@ -20,6 +21,7 @@ pyo3::create_exception!(
 
 /// The Python exception for a library error: `ValueError` for a bad setting,
 /// `OSError` (`FileNotFoundError`, `PermissionError`) for the operating system's errors,
+/// `FileExistsError` for an output directory that is not empty,
 /// `RuntimeError` for the CUDA driver, [`DatasetError`] for damaged or inconsistent data.
 pub fn to_py(error: Error) -> PyErr {
     let message = chain_text(&error);
@@ -31,6 +33,7 @@ pub fn to_py(error: Error) -> PyErr {
             _ => PyOSError::new_err(message),
         },
         Error::NoSpace { .. } => PyOSError::new_err(message),
+        Error::NotEmpty { .. } => PyFileExistsError::new_err(message),
         Error::Device(_) | Error::CopyInFlight(_) => PyRuntimeError::new_err(message),
         _ => DatasetError::new_err(message),
     }

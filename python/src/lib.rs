@@ -32,5 +32,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<batch::PySection>()?;
     m.add_class::<array::PyHostArray>()?;
     m.add_function(wrap_pyfunction!(cli::run_cli, m)?)?;
+    m.add_function(wrap_pyfunction!(dataset::copy_dataset, m)?)?;
     Ok(())
 }

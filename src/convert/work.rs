@@ -7,7 +7,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::error::{Error, IoContext, Result};
-use crate::format::atomic::{is_temp_name, write_bytes_atomic};
+use crate::format::atomic::{entry_other_than, is_temp_name, write_bytes_atomic};
 use crate::format::MANIFEST_FILE;
 
 /// Paths of one conversion's output and work files.
@@ -73,17 +73,11 @@ impl WorkDir {
     /// Creates the directories, refusing an output directory that holds anything else.
     pub fn prepare(&self) -> Result<()> {
         if self.out.exists() && !self.plan_file().exists() {
-            let foreign = std::fs::read_dir(&self.out)
-                .at(&self.out)?
-                .filter_map(|e| e.ok())
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .find(|name| name != ".work" && !is_temp_name(name));
-            if let Some(name) = foreign {
-                return Err(Error::Layout {
+            let ours = |name: &str| name == ".work" || is_temp_name(name);
+            if let Some(holds) = entry_other_than(&self.out, ours)? {
+                return Err(Error::NotEmpty {
                     path: self.out.clone(),
-                    problem: format!(
-                        "output directory is not empty (holds {name}); refusing to write into it"
-                    ),
+                    holds,
                 });
             }
         }

@@ -1,6 +1,7 @@
 //! Reading a dataset directory: the manifest and its memory-mapped shards, plus the
 //! whole-dataset tools built on them ([`inspect`], [`dump`], [`verify`]).
 
+pub mod copy;
 pub mod dump;
 pub mod huge_pages;
 pub mod inspect;

@@ -107,6 +107,18 @@ fn start_writeback(file: &File) {
     let _ = file;
 }
 
+/// The name of an entry of `dir` that `ours` does not accept, if any (to refuse writing
+/// into a directory that holds something else).
+pub fn entry_other_than(dir: &Path, ours: impl Fn(&str) -> bool) -> Result<Option<String>> {
+    for entry in std::fs::read_dir(dir).at(dir)? {
+        let name = entry.at(dir)?.file_name().to_string_lossy().into_owned();
+        if !ours(&name) {
+            return Ok(Some(name));
+        }
+    }
+    Ok(None)
+}
+
 /// Makes a rename inside `dir` durable.
 pub fn sync_dir(dir: &Path) -> Result<()> {
     File::open(dir).and_then(|d| d.sync_all()).at(dir)

@@ -95,6 +95,19 @@ pub struct Totals {
     pub bytes: u64,
 }
 
+/// One of a dataset's files besides its manifest, as the manifest records it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DataFile<'a> {
+    /// Its name inside the dataset directory.
+    pub file: &'a str,
+    /// Its size.
+    pub bytes: u64,
+    /// XXH3-64 of the whole file, hex.
+    pub xxh3: &'a str,
+    /// The pulses it holds (0 for the sensor table).
+    pub pulses: u64,
+}
+
 /// The manifest.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Manifest {
@@ -121,11 +134,17 @@ impl Manifest {
     pub fn read(dir: &Path) -> Result<Manifest> {
         let path = dir.join(MANIFEST_FILE);
         let text = std::fs::read(&path).at(&path)?;
+        Manifest::parse(&path, &text)
+    }
+
+    /// Parses and checks `text`, the contents of the manifest at `path` (named in errors).
+    pub fn parse(path: &Path, text: &[u8]) -> Result<Manifest> {
+        let path = path.to_path_buf();
         let not_ours =
             |e: serde_json::Error| Error::manifest(&path, format!("not a shardify manifest: {e}"));
         // The version first: an older manifest has other fields, and saying which version
         // it is helps more than naming a missing field.
-        let value: serde_json::Value = serde_json::from_slice(&text).map_err(not_ours)?;
+        let value: serde_json::Value = serde_json::from_slice(text).map_err(not_ours)?;
         let format = value.get("format").and_then(|v| v.as_str());
         let version = value.get("format_version").and_then(|v| v.as_u64());
         if format != Some(FORMAT) || version != Some(FORMAT_VERSION.into()) {
@@ -138,8 +157,7 @@ impl Manifest {
             });
         }
         let manifest: Manifest = serde_json::from_value(value).map_err(not_ours)?;
-        let files = manifest.shards.iter().map(|s| &s.file);
-        for file in files.chain([&manifest.sensor_table.file]) {
+        for DataFile { file, .. } in manifest.data_files() {
             if file.contains('/') || file.contains('\\') || file.starts_with('.') {
                 return Err(Error::manifest(
                     &path,
@@ -148,6 +166,24 @@ impl Manifest {
             }
         }
         Ok(manifest)
+    }
+
+    /// The dataset's files besides the manifest, as it records them: the shards in order,
+    /// then the sensor table.
+    pub fn data_files(&self) -> impl Iterator<Item = DataFile<'_>> {
+        let shards = self.shards.iter().map(|s| DataFile {
+            file: &s.file,
+            bytes: s.bytes,
+            xxh3: &s.xxh3,
+            pulses: s.pulses,
+        });
+        let table = &self.sensor_table;
+        shards.chain([DataFile {
+            file: &table.file,
+            bytes: table.bytes,
+            xxh3: &table.xxh3,
+            pulses: 0,
+        }])
     }
 
     /// Writes `dir/manifest.json` atomically.

@@ -1,0 +1,183 @@
+//! `shardify copy`: a dataset copied whole and byte for byte, or refused or undone with
+//! nothing left that looks like a dataset.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::*;
+use shardify::convert::Silent;
+use shardify::dataset::copy::copy_dataset;
+use shardify::dataset::{ChecksumPolicy, Dataset};
+use shardify::error::Error;
+use shardify::format::{Manifest, ShardProblem};
+
+/// The fixture converted into `dir/ds`.
+fn fixture_ds(dir: &Path) -> PathBuf {
+    let ds = dir.join("ds");
+    convert_all(&fixture(), "train", &ds, &options(3, 2)).unwrap();
+    ds
+}
+
+/// The path of the dataset's first shard.
+fn first_shard(ds: &Path) -> PathBuf {
+    ds.join(&Manifest::read(ds).unwrap().shards[0].file)
+}
+
+#[test]
+fn a_copy_holds_every_file_byte_for_byte_and_reads_the_same_events() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = fixture_ds(dir.path());
+    // A file the manifest does not list stays behind.
+    std::fs::write(ds.join("notes.txt"), b"mine").unwrap();
+    let mut original = dir_files(&ds);
+    original.remove("notes.txt");
+
+    let copy = dir.path().join("nested/copy");
+    let report = copy_dataset(&ds, &copy, &Silent).unwrap();
+
+    let copied = dir_files(&copy);
+    assert_eq!(
+        copied.keys().collect::<Vec<_>>(),
+        original.keys().collect::<Vec<_>>()
+    );
+    for (name, bytes) in &original {
+        assert!(copied[name] == *bytes, "{name} differs");
+    }
+    let manifest = Manifest::read(&ds).unwrap();
+    assert_eq!(report.shards, manifest.shards.len());
+    let total: usize = original.values().map(Vec::len).sum();
+    assert_eq!(report.bytes, total as u64);
+    Dataset::open(&copy, ChecksumPolicy::Full).unwrap();
+    assert_eq!(dump_lines(&copy), dump_lines(&ds));
+}
+
+#[test]
+fn a_destination_that_holds_anything_is_refused_and_left_as_it_was() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = fixture_ds(dir.path());
+    let taken = dir.path().join("taken");
+    std::fs::create_dir(&taken).unwrap();
+    std::fs::write(taken.join("results.csv"), b"precious").unwrap();
+    match copy_dataset(&ds, &taken, &Silent) {
+        Err(Error::NotEmpty { path, holds }) => {
+            assert_eq!((path, holds.as_str()), (taken.clone(), "results.csv"))
+        }
+        other => panic!("expected a not-empty error, got {other:?}"),
+    }
+    let left = dir_files(&taken);
+    assert_eq!(left.len(), 1);
+    assert_eq!(left["results.csv"], b"precious");
+
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, b"x").unwrap();
+    assert!(matches!(
+        copy_dataset(&ds, &file, &Silent),
+        Err(Error::Layout { path, .. }) if path == file
+    ));
+    assert_eq!(std::fs::read(&file).unwrap(), b"x");
+}
+
+#[test]
+fn an_empty_destination_or_one_with_a_stopped_copys_temp_files_is_used() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = fixture_ds(dir.path());
+    let empty = dir.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    std::fs::write(empty.join(".tmp.shard_00000.safetensors.1.0"), b"half").unwrap();
+    copy_dataset(&ds, &empty, &Silent).unwrap();
+    assert_eq!(dump_lines(&empty), dump_lines(&ds));
+}
+
+#[test]
+fn a_damaged_source_shard_fails_naming_it_and_leaves_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = fixture_ds(dir.path());
+    let shard = first_shard(&ds);
+    let mut bytes = std::fs::read(&shard).unwrap();
+    let n = bytes.len();
+    bytes[n / 2] ^= 1;
+    std::fs::write(&shard, &bytes).unwrap();
+
+    // A destination the copy creates is removed again.
+    let created = dir.path().join("created");
+    match copy_dataset(&ds, &created, &Silent) {
+        Err(Error::Checksum { path, .. }) => assert_eq!(path, shard),
+        other => panic!("expected a checksum error, got {other:?}"),
+    }
+    assert!(!created.exists());
+    // One that existed stays, empty.
+    let existing = dir.path().join("existing");
+    std::fs::create_dir(&existing).unwrap();
+    assert!(matches!(
+        copy_dataset(&ds, &existing, &Silent),
+        Err(Error::Checksum { .. })
+    ));
+    assert_eq!(std::fs::read_dir(&existing).unwrap().count(), 0);
+}
+
+#[test]
+fn a_truncated_source_shard_fails_with_its_size() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = fixture_ds(dir.path());
+    let shard = first_shard(&ds);
+    let bytes = std::fs::read(&shard).unwrap();
+    std::fs::write(&shard, &bytes[..bytes.len() - 100]).unwrap();
+    let copy = dir.path().join("copy");
+    match copy_dataset(&ds, &copy, &Silent) {
+        Err(Error::Shard {
+            path,
+            problem: ShardProblem::Size { found, expected },
+        }) => {
+            assert_eq!(path, shard);
+            assert_eq!(
+                (found, expected),
+                (bytes.len() as u64 - 100, bytes.len() as u64)
+            );
+        }
+        other => panic!("expected a size error, got {other:?}"),
+    }
+    assert!(!copy.exists());
+}
+
+#[test]
+fn a_directory_without_a_manifest_is_not_copied() {
+    let dir = tempfile::tempdir().unwrap();
+    let copy = dir.path().join("copy");
+    match copy_dataset(dir.path(), &copy, &Silent) {
+        Err(Error::Io { path, .. }) => assert_eq!(path, dir.path().join("manifest.json")),
+        other => panic!("expected an I/O error on the manifest, got {other:?}"),
+    }
+    assert!(!copy.exists());
+}
+
+#[test]
+fn the_command_copies_and_reports_or_fails_with_the_files_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = fixture_ds(dir.path());
+    let copy = dir.path().join("copy");
+    let run = |to: &Path| {
+        Command::new(env!("CARGO_BIN_EXE_shardify"))
+            .args(["copy", &ds.display().to_string(), &to.display().to_string()])
+            .output()
+            .unwrap()
+    };
+    let ok = run(&copy);
+    let out = String::from_utf8_lossy(&ok.stdout);
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    assert!(out.contains("checksums match"), "{out}");
+    assert_eq!(dump_lines(&copy), dump_lines(&ds));
+
+    let again = run(&copy);
+    assert_eq!(again.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&again.stderr);
+    assert!(
+        err.contains(&copy.display().to_string()) && err.contains("is not empty"),
+        "{err}"
+    );
+}
