@@ -20,6 +20,13 @@ fn fixture_ds(dir: &Path) -> PathBuf {
     ds
 }
 
+/// A new directory `path` holding one file, `name`, of `bytes`.
+fn directory_holding(path: PathBuf, name: &str, bytes: &[u8]) -> PathBuf {
+    std::fs::create_dir(&path).unwrap();
+    std::fs::write(path.join(name), bytes).unwrap();
+    path
+}
+
 /// The path of the dataset's first shard.
 fn first_shard(ds: &Path) -> PathBuf {
     ds.join(&Manifest::read(ds).unwrap().shards[0].file)
@@ -57,9 +64,7 @@ fn a_copy_holds_every_file_byte_for_byte_and_reads_the_same_events() {
 fn a_destination_that_holds_anything_is_refused_and_left_as_it_was() {
     let dir = tempfile::tempdir().unwrap();
     let ds = fixture_ds(dir.path());
-    let taken = dir.path().join("taken");
-    std::fs::create_dir(&taken).unwrap();
-    std::fs::write(taken.join("results.csv"), b"precious").unwrap();
+    let taken = directory_holding(dir.path().join("taken"), "results.csv", b"precious");
     match copy_dataset(&ds, &taken, &Silent) {
         Err(Error::NotEmpty { path, holds }) => {
             assert_eq!((path, holds.as_str()), (taken.clone(), "results.csv"))
@@ -83,9 +88,8 @@ fn a_destination_that_holds_anything_is_refused_and_left_as_it_was() {
 fn an_empty_destination_or_one_with_a_stopped_copys_temp_files_is_used() {
     let dir = tempfile::tempdir().unwrap();
     let ds = fixture_ds(dir.path());
-    let empty = dir.path().join("empty");
-    std::fs::create_dir(&empty).unwrap();
-    std::fs::write(empty.join(".tmp.shard_00000.safetensors.1.0"), b"half").unwrap();
+    let temp = ".tmp.shard_00000.safetensors.1.0";
+    let empty = directory_holding(dir.path().join("empty"), temp, b"half");
     copy_dataset(&ds, &empty, &Silent).unwrap();
     assert_eq!(dump_lines(&empty), dump_lines(&ds));
 }

@@ -849,6 +849,20 @@ fn gather_stages_line(g: &GatherStages) -> String {
     )
 }
 
+/// Below this share of the shards in huge pages, the stages line says how to get them there.
+const FEW_HUGE_PAGES: f64 = 0.9;
+
+/// How much of the shards the process maps in huge pages, for the stages line; with a way
+/// to more where few are (the loader's random reads walk the page tables less in them).
+fn huge_pages_note(fraction: f64) -> String {
+    let mut note = format!(", {:.0}% of it mapped in huge pages", 100.0 * fraction);
+    if fraction < FEW_HUGE_PAGES {
+        note += " (a copy made by `shardify copy` is cached in huge pages; wide windows read \
+                 it faster: docs/converting.md)";
+    }
+    note
+}
+
 /// The report as a table.
 pub fn table(report: &Report) -> String {
     let mut out = format!(
@@ -901,7 +915,7 @@ pub fn table(report: &Report) -> String {
         duration(report.shard_read_seconds),
         report
             .shard_huge_page_fraction
-            .map(|f| format!(", {:.0}% of it mapped in huge pages", 100.0 * f))
+            .map(huge_pages_note)
             .unwrap_or_default()
     );
     if let Some(disk) = report.cold_read_gb_per_s {
@@ -956,4 +970,20 @@ pub fn table(report: &Report) -> String {
          repeat: same-batch pairs repeated next epoch (i.i.d. {iid:.4}); displ: mean displacement / N (1/3 for a uniform shuffle)\n"
     );
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn few_huge_pages_name_the_copy_that_makes_more() {
+        assert_eq!(huge_pages_note(0.99), ", 99% of it mapped in huge pages");
+        let few = huge_pages_note(0.84);
+        assert!(
+            few.starts_with(", 84% of it mapped in huge pages ("),
+            "{few}"
+        );
+        assert!(few.contains("`shardify copy`"), "{few}");
+    }
 }
