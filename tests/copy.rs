@@ -104,13 +104,14 @@ fn a_damaged_source_shard_fails_naming_it_and_leaves_nothing() {
     bytes[n / 2] ^= 1;
     std::fs::write(&shard, &bytes).unwrap();
 
-    // A destination the copy creates is removed again.
-    let created = dir.path().join("created");
+    // A destination the copy creates is removed again, with the parents it created.
+    let created = dir.path().join("new/created");
     match copy_dataset(&ds, &created, &Silent) {
         Err(Error::Checksum { path, .. }) => assert_eq!(path, shard),
         other => panic!("expected a checksum error, got {other:?}"),
     }
-    assert!(!created.exists());
+    assert!(!dir.path().join("new").exists());
+    assert!(dir.path().exists());
     // One that existed stays, empty.
     let existing = dir.path().join("existing");
     std::fs::create_dir(&existing).unwrap();

@@ -17,7 +17,7 @@
 
 use std::fs::File;
 use std::io::{Read, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use rayon::prelude::*;
@@ -95,11 +95,17 @@ pub fn copy_dataset(
     })
 }
 
-/// Makes sure `destination` is an empty directory; returns whether it created it.
-fn prepare_destination(destination: &Path) -> Result<bool> {
+/// Makes sure `destination` is an empty directory; returns the topmost directory it
+/// created for it (`destination` or one of its parents), if any.
+fn prepare_destination(destination: &Path) -> Result<Option<PathBuf>> {
     if !destination.exists() {
+        let topmost = destination
+            .ancestors()
+            .take_while(|dir| !dir.as_os_str().is_empty() && !dir.exists())
+            .last()
+            .map(Path::to_path_buf);
         std::fs::create_dir_all(destination).at(destination)?;
-        return Ok(true);
+        return Ok(topmost);
     }
     if !destination.is_dir() {
         return Err(Error::Layout {
@@ -114,7 +120,7 @@ fn prepare_destination(destination: &Path) -> Result<bool> {
             holds,
         });
     }
-    Ok(false)
+    Ok(None)
 }
 
 /// Copies `file` from `source` into `destination` in aligned chunks, checking its size and
@@ -128,7 +134,10 @@ fn copy_file(source: &Path, destination: &Path, file: &DataFile) -> Result<()> {
     write_atomic(&target, Durability::Deferred, |out| {
         let mut bytes = 0u64;
         loop {
-            let n = input.read(&mut buffer).at(&from)?;
+            let n = match input.read(&mut buffer) {
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                read => read.at(&from)?,
+            };
             if n == 0 {
                 break;
             }
@@ -158,14 +167,17 @@ fn copy_file(source: &Path, destination: &Path, file: &DataFile) -> Result<()> {
 }
 
 /// Removes what a failed copy made: its files (the destination held none of their names
-/// before), and the destination itself when the copy created it.
-fn remove_copies(destination: &Path, files: &[DataFile], created: bool) {
+/// before), and the directories it created, up to `created`.
+fn remove_copies(destination: &Path, files: &[DataFile], created: Option<PathBuf>) {
     for file in files {
         let _ = std::fs::remove_file(destination.join(file.file));
     }
-    if created {
-        // Only if empty: nothing the copy did not make is removed.
-        let _ = std::fs::remove_dir(destination);
+    let Some(topmost) = created else { return };
+    for dir in destination.ancestors() {
+        // `remove_dir` removes only empty directories: nothing the copy did not make.
+        if std::fs::remove_dir(dir).is_err() || dir == topmost {
+            return;
+        }
     }
 }
 
