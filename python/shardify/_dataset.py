@@ -120,8 +120,9 @@ def copy_dataset(
     (a damaged one raises :class:`shardify.DatasetError` and nothing is left behind), the
     manifest is written last, and the copy is cached in huge pages where the filesystem
     supports them, which ``cp`` loses (the loader ran 9-15% faster at window 64 from such a
-    copy than from ``cp``'s: docs/results.md, "Copies in huge pages"). A destination that holds anything raises
-    :class:`FileExistsError`. Returns ``{"shards", "bytes", "seconds"}``::
+    copy than from ``cp``'s: docs/results.md, "Copies in huge pages"). A destination that
+    holds anything raises :class:`FileExistsError`. Returns ``{"shards", "bytes",
+    "seconds"}``::
 
         if local_rank == 0:
             shardify.copy_dataset("/project/icecube/ds", "/tmp/ds")
