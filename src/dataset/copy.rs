@@ -28,7 +28,7 @@ use crate::format::atomic::{
     entry_other_than, is_temp_name, sync_dir, sync_file, write_atomic, write_bytes_atomic,
     Durability,
 };
-use crate::format::checksum::Checksum;
+use crate::format::checksum::{self, Checksum};
 use crate::format::chunked::MAPPED_FILE_CHUNK;
 use crate::format::manifest::DataFile;
 use crate::format::{Manifest, ShardProblem, MANIFEST_FILE};
@@ -146,23 +146,15 @@ fn copy_file(source: &Path, destination: &Path, file: &DataFile) -> Result<()> {
             bytes += n as u64;
         }
         if bytes != file.bytes {
-            return Err(Error::Shard {
-                path: from.clone(),
-                problem: ShardProblem::Size {
+            return Err(Error::shard(
+                &from,
+                ShardProblem::Size {
                     found: bytes,
                     expected: file.bytes,
                 },
-            });
+            ));
         }
-        let found = hasher.hex();
-        if found != file.xxh3 {
-            return Err(Error::Checksum {
-                path: from.clone(),
-                expected: file.xxh3.to_string(),
-                found,
-            });
-        }
-        Ok(())
+        checksum::check(&from, hasher.hex(), file.xxh3)
     })
 }
 
@@ -184,7 +176,6 @@ fn remove_copies(destination: &Path, files: &[DataFile], created: Option<PathBuf
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::format::checksum;
 
     /// A file of `len` pseudo-random bytes at `dir/name`.
     fn random_file(dir: &Path, name: &str, len: usize) -> Vec<u8> {

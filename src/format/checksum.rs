@@ -35,7 +35,12 @@ pub fn of_bytes(bytes: &[u8]) -> String {
 
 /// Checks that `bytes` (the contents of `path`) have the recorded checksum `expected`.
 pub fn verify(path: &Path, bytes: &[u8], expected: &str) -> Result<()> {
-    let found = of_bytes(bytes);
+    check(path, of_bytes(bytes), expected)
+}
+
+/// Checks that `found`, the checksum of `path`'s contents (computed whole or streamed), is
+/// the recorded `expected`.
+pub fn check(path: &Path, found: String, expected: &str) -> Result<()> {
     if found != expected {
         return Err(crate::Error::Checksum {
             path: path.to_path_buf(),
