@@ -26,6 +26,18 @@ fn threads() -> BTreeMap<i32, String> {
         .collect()
 }
 
+/// What `look` sees once `done` accepts it, or after 2 s (for the assertions to report).
+fn within_2s<T>(mut look: impl FnMut() -> T, done: impl Fn(&T) -> bool) -> T {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    loop {
+        let seen = look();
+        if done(&seen) || std::time::Instant::now() > deadline {
+            return seen;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
 /// The scheduling policy of thread `tid` (of this process).
 fn policy(tid: i32) -> i32 {
     // SAFETY: the call only reads the policy of a thread id; a thread that has gone returns
@@ -82,10 +94,17 @@ fn gathering_threads_are_named_and_take_the_configured_policy() {
         };
         let mut loader = Loader::new(ds.clone(), config, SamplerState::start(0)).unwrap();
         let held = loader.next().unwrap().unwrap();
-        let started: BTreeMap<i32, String> = threads()
-            .into_iter()
-            .filter(|(tid, _)| !before.contains_key(tid))
-            .collect();
+        // The first gathering thread starts the others, and the waiting thread may have
+        // gathered the first batch before it did: wait for them (at most 2 s).
+        let started = within_2s(
+            || -> BTreeMap<i32, String> {
+                threads()
+                    .into_iter()
+                    .filter(|(tid, _)| !before.contains_key(tid))
+                    .collect()
+            },
+            |started| started.len() >= workers && started.values().all(|n| n == GATHER_THREAD_NAME),
+        );
         let names: Vec<&str> = started.values().map(String::as_str).collect();
         assert_eq!(names, vec![GATHER_THREAD_NAME; workers], "{scheduling:?}");
         for &tid in started.keys() {
@@ -100,17 +119,15 @@ fn gathering_threads_are_named_and_take_the_configured_policy() {
         drop(loader);
         // Joined threads leave /proc a moment after the join returns (the kernel reaps
         // them after waking the joiner): wait for that, for at most 2 s.
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
-        let left = loop {
-            let left: Vec<i32> = threads()
-                .into_keys()
-                .filter(|tid| started.contains_key(tid))
-                .collect();
-            if left.is_empty() || std::time::Instant::now() > deadline {
-                break left;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(1));
-        };
+        let left = within_2s(
+            || -> Vec<i32> {
+                threads()
+                    .into_keys()
+                    .filter(|tid| started.contains_key(tid))
+                    .collect()
+            },
+            Vec::is_empty,
+        );
         assert!(
             left.is_empty(),
             "{scheduling:?}: threads left running: {left:?}"
