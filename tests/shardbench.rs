@@ -211,6 +211,16 @@ fn quick_report_is_complete_and_consistent() {
         assert!(part("rotated_gather_seconds") > 0.0, "{g}");
         let on_gpu = !r["gpu"].is_null();
         assert_eq!(g["rotation"], if on_gpu { 11 } else { 8 }, "{g}");
+        // How much of those buffers the kernel maps in huge pages, as the loader's are
+        // asked for: none where they are too small to be mapped (this dataset's batches).
+        match g["rotation_huge_fraction"].as_f64() {
+            Some(f) => {
+                assert!((0.0..=1.0).contains(&f), "{g}");
+                let said = format!(" buffers in turn ({:.0}% in huge pages) ", 100.0 * f);
+                assert!(table.contains(&said), "{said} missing: {table}");
+            }
+            None => assert!(g["rotation_huge_fraction"].is_null(), "{g}"),
+        }
         // The waiting thread's share of the gather (the loader's default lets it gather).
         let by_waiting = l["waiting_thread_gather_seconds"].as_f64().unwrap();
         let share = l["gathered_while_waiting_fraction"].as_f64().unwrap();

@@ -839,8 +839,12 @@ fn gather_stages_line(g: &GatherStages) -> String {
             p * 1e9 / g.doms.max(1) as f64
         );
     }
+    let huge = g
+        .rotation_huge_fraction
+        .map(|f| format!(" ({:.0}% in huge pages)", 100.0 * f))
+        .unwrap_or_default();
     out + &format!(
-        "; into the pool's {} buffers in turn {:.0} ns (stores missing the cache {:+.0}); \
+        "; into the pool's {} buffers in turn{huge} {:.0} ns (stores missing the cache {:+.0}); \
          reading its pieces alone {:.0} ns",
         g.rotation,
         per_event(g.rotated_gather_seconds),

@@ -10,6 +10,7 @@ use serde::Serialize;
 
 use super::median_of;
 use crate::batch::{plan_sections, BatchLayout, Gatherer, Sections};
+use crate::dataset::huge_pages::mapped_bytes;
 use crate::dataset::{Dataset, DatasetSizes, View};
 use crate::device::cuda::{elapsed_ms, BusyWork, CudaDevice, H2dProbe, PinnedMemory};
 use crate::device::staging::{HostMemory, PlainMemory};
@@ -194,6 +195,10 @@ pub struct GatherStages {
     pub rotated_gather_seconds: f64,
     /// Buffers in that rotation (the loader's staging buffers).
     pub rotation: usize,
+    /// The share of those buffers the kernel maps in huge pages, as the loader's staging
+    /// buffers are asked for (`None` where it cannot tell): in small pages, the scattered
+    /// stores of a batch miss the TLB too.
+    pub rotation_huge_fraction: Option<f64>,
     /// Reading every cache line of the pieces the batches hold, prefetched as the gather
     /// prefetches, writing nothing: a floor no gather of these batches goes under.
     pub read_floor_seconds: f64,
@@ -234,6 +239,10 @@ pub fn gather_stages(
     let mut buffers: Vec<PlainMemory> = (0..rotation)
         .map(|_| PlainMemory::new(largest.max(1)))
         .collect();
+    let rotation_huge_fraction = {
+        let regions: Vec<&[u8]> = buffers.iter().map(|b| b.bytes()).collect();
+        mapped_bytes(&regions).and_then(|m| m.huge_fraction())
+    };
     // Batch `i` into buffer `i % turn`.
     let mut gather_all = |gatherer: &mut Gatherer<'_>, sections: &[Sections], turn: usize| {
         median_of(3, || {
@@ -282,6 +291,7 @@ pub fn gather_stages(
         gather_seconds,
         rotated_gather_seconds,
         rotation,
+        rotation_huge_fraction,
         read_floor_seconds,
     })
 }

@@ -2,7 +2,8 @@
 //! 2 MiB instead of per 4 KiB, which the loader's reads of events at random across a window
 //! feel (see [`crate::format::chunked`]). It depends on how the page cache came to hold the
 //! shards (written by `shardify convert`, copied, read back from disk), not on the loader,
-//! so a benchmark reports it beside its figures.
+//! so a benchmark reports it beside its figures. The same count covers any memory of the
+//! process ([`mapped_bytes`]), the staging buffers batches are written to among it.
 
 use std::ops::Range;
 
@@ -13,7 +14,8 @@ use super::{page_size, Dataset};
 pub struct MappedBytes {
     /// Resident and mapped (`Rss`).
     pub resident: u64,
-    /// Of those, mapped in huge pages (`FilePmdMapped`).
+    /// Of those, mapped in huge pages (`FilePmdMapped` for files, `AnonHugePages` for
+    /// anonymous memory).
     pub huge: u64,
 }
 
@@ -28,19 +30,28 @@ impl MappedBytes {
 /// `/proc/self/smaps` cannot be read (not Linux). Shards read into memory rather than
 /// mapped count nothing; shards not opened yet are not opened.
 pub fn shard_mapped_bytes(dataset: &Dataset) -> Option<MappedBytes> {
-    let ranges: Vec<Range<usize>> = dataset
-        .opened_shards()
-        .map(|shard| {
-            let start = shard.bytes().as_ptr() as usize;
-            start..start + shard.bytes().len()
+    let shards: Vec<&[u8]> = dataset.opened_shards().map(|shard| shard.bytes()).collect();
+    mapped_bytes(&shards)
+}
+
+/// What this process maps of the memory `regions` hold, and in huge pages: the mappings
+/// that lie inside one of them (the tail of a region's last page counted with it). `None`
+/// where `/proc/self/smaps` cannot be read (not Linux).
+pub fn mapped_bytes(regions: &[&[u8]]) -> Option<MappedBytes> {
+    let ranges: Vec<Range<usize>> = regions
+        .iter()
+        .map(|bytes| {
+            let start = bytes.as_ptr() as usize;
+            start..start + bytes.len()
         })
         .collect();
     let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
     Some(tally(&smaps, &ranges, page_size()))
 }
 
-/// Sums `Rss` and `FilePmdMapped` over the mappings of `smaps` that lie inside one of
-/// `ranges` (a mapping ends on a page of `page` bytes, a shard's range where its bytes do).
+/// Sums `Rss` and the huge pages (`FilePmdMapped`, `AnonHugePages`) over the mappings of
+/// `smaps` that lie inside one of `ranges` (a mapping ends on a page of `page` bytes, a
+/// range where its bytes do).
 fn tally(smaps: &str, ranges: &[Range<usize>], page: usize) -> MappedBytes {
     let mut total = MappedBytes::default();
     let mut inside = false;
@@ -63,7 +74,7 @@ fn tally(smaps: &str, ranges: &[Range<usize>], page: usize) -> MappedBytes {
         };
         match key {
             "Rss:" => total.resident += kib * 1024,
-            "FilePmdMapped:" => total.huge += kib * 1024,
+            "FilePmdMapped:" | "AnonHugePages:" => total.huge += kib * 1024,
             _ => {}
         }
     }
@@ -125,6 +136,15 @@ FilePmdMapped:         0 kB
             tally(SMAPS, &[], 4096).huge_fraction(),
             None,
             "nothing mapped"
+        );
+        let anonymous = 0x7f00_0040_0000..0x7f00_0060_0000;
+        assert_eq!(
+            tally(SMAPS, std::slice::from_ref(&anonymous), 4096),
+            MappedBytes {
+                resident: 2048 * 1024,
+                huge: 2048 * 1024
+            },
+            "anonymous memory's huge pages"
         );
     }
 }
