@@ -37,6 +37,21 @@ def test_peers_reports_every_loader_and_torchs_floor(train_dir, torch, tmp_path)
     rust = package["shardify, Rust loader alone (bound)"]
     for row in package.values():
         assert abs(row["ratio_to_rust"] - row["events_per_s"] / rust["events_per_s"]) < 1e-9
+        # Round by round against the Rust loader's run of the same round (3 by default).
+        paired = [a / b for a, b in zip(row["runs"], rust["runs"], strict=True)]
+        assert len(paired) == 3 and row["paired_ratios_to_rust"] == paired, row
+        assert row["median_paired_ratio_to_rust"] == sorted(paired)[1], row
+    assert rust["paired_ratios_to_rust"] == [1.0, 1.0, 1.0]
+    assert "paired: the median of each round's run over the Rust loader's run" in done.stdout
     floor = package["shardify -> torch tensors"]["torch_wrap_floor_us_per_batch"]
     assert 0 < floor < 1000, floor
     assert "torch's own floor: wrapping a batch's capsules" in done.stdout
+
+
+def test_peers_refuses_an_even_round_count(train_dir):
+    done = subprocess.run(
+        [sys.executable, str(REPO / "tools" / "peers" / "peers.py"), str(FIXTURES),
+         "--dataset", str(train_dir), "--rounds", "2"],
+        capture_output=True, text=True, timeout=600)
+    assert done.returncode == 2, done.stderr
+    assert "--rounds 2: expected an odd count of at least 1" in done.stderr

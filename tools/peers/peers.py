@@ -4,7 +4,7 @@
     python3 tools/peers/peers.py KAGGLE_DIR [--split train] [--batch-events 256]
                                  [--cache-files 2] [--seconds 20] [--json FILE]
                                  [--dataset SHARDIFY_DIR [--window 16] [--workers 2]
-                                  [--device cpu|cuda:N]]
+                                  [--device cpu|cuda:N] [--rounds 3]]
 
 Runs, each for at most --seconds:
   * pytorch-style: a map-style Dataset with per-event random access over the batch files,
@@ -23,8 +23,10 @@ numpy arrays, then torch tensors with the gathering threads under the process's 
 policy (`worker_scheduling="normal"`; the default is SCHED_BATCH), then torch tensors with
 the thread that waits for a batch sleeping instead of gathering one itself
 (`consumer_gathers=False`), then resident (the dataset held whole on --device, at the same window and
-with one window over the whole dataset), and prints each one's ratio to the Rust loader,
-the overhead per batch (its time per batch less the Rust loader's) and the host time per
+with one window over the whole dataset), --rounds times interleaved, and prints each one's
+ratio to the Rust loader (its median run over the Rust loader's, and the median of each
+round's ratio to the Rust loader's run in the same round, which a shared machine's drift
+disturbs less), the overhead per batch (its time per batch less the Rust loader's) and the host time per
 batch (the time spent in the loader's iterator; on a GPU the resident gather runs
 asynchronously beside it).
 """
@@ -145,10 +147,12 @@ def numpy_block_shuffle(files, index, batch_events, seconds, seed, epoch=0):
     return run(batches(), seconds)
 
 
-def shardify_loaders(dataset, batch_events, window, workers, seconds, seed, device="cpu"):
+def shardify_loaders(dataset, batch_events, window, workers, seconds, seed, device="cpu",
+                     rounds=3):
     """The package's loader on a converted dataset: Rust alone, then torch, then numpy, then
     resident (at the same window, and with one window over the whole dataset: a complete
-    shuffle), interleaved three times; the medians. Host time per batch is the time spent in
+    shuffle), interleaved ``rounds`` times; the median runs, and the median of each round's
+    ratio to the Rust loader's run of that round. Host time per batch is the time spent in
     the loader's iterator (on a GPU, the copies and kernels it queues run asynchronously)."""
     import shardify
 
@@ -206,13 +210,19 @@ def shardify_loaders(dataset, batch_events, window, workers, seconds, seed, devi
     if device.startswith("cuda"):
         del names["numpy"]
     runs = {k: [] for k in names}
-    for _ in range(3):
+    for _ in range(rounds):
         for k in names:
             runs[k].append(timed(k))
     out = []
     for k, name in names.items():
-        best = sorted(runs[k], key=lambda r: r["events_per_s"])[1]  # the median run
+        best = sorted(runs[k], key=lambda r: r["events_per_s"])[rounds // 2]  # the median run
         row = dict(name=name, **best, runs=[r["events_per_s"] for r in runs[k]])
+        # Each round's run over the Rust loader's run just before it in the same round: a
+        # shared machine drifts less between neighbouring runs than across the rounds.
+        row["paired_ratios_to_rust"] = [
+            r["events_per_s"] / b["events_per_s"] for r, b in zip(runs[k], runs["rust"],
+                                                                 strict=True)]
+        row["median_paired_ratio_to_rust"] = sorted(row["paired_ratios_to_rust"])[rounds // 2]
         if k.startswith("resident"):
             row["load_seconds"] = resident[k + "-load"]
         out.append(row)
@@ -333,7 +343,11 @@ def main():
     ap.add_argument("--window", type=int, default=16, help="shardify window_blocks")
     ap.add_argument("--workers", type=int, default=2, help="shardify worker threads")
     ap.add_argument("--device", default="cpu", help="shardify device (cpu, cuda:N)")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="interleaved rounds of the shardify package's loaders (odd: a median)")
     args = ap.parse_args()
+    if args.rounds < 1 or args.rounds % 2 == 0:
+        ap.error(f"--rounds {args.rounds}: expected an odd count of at least 1")
     files, metas = discover(args.source, args.split)
     index = load_index(files, metas)
     torch_orders, block_orders = orders(index, len(files), args.batch_events, args.seed)
@@ -355,13 +369,18 @@ def main():
     package = []
     if args.dataset:
         package = shardify_loaders(args.dataset, args.batch_events, args.window, args.workers,
-                                   args.seconds, args.seed, args.device)
+                                   args.seconds, args.seed, args.device, args.rounds)
         print(f"\n{'shardify package (same process)':<44} {'events/s':>11} {'pulses/s':>12} "
-              f"{'us/batch':>9} {'host us/batch':>14} {'x Rust':>7} {'overhead us/batch':>18}")
+              f"{'us/batch':>9} {'host us/batch':>14} {'x Rust':>7} {'paired':>7} "
+              f"{'overhead us/batch':>18}")
         for l in package:
             print(f"{l['name']:<44} {l['events_per_s']:>11.0f} {l['pulses_per_s']:>12.0f} "
                   f"{l['us_per_batch']:>9.1f} {l['host_us_per_batch']:>14.1f} {l['ratio_to_rust']:>7.2f} "
-                  f"{l['python_overhead_us_per_batch']:>18.1f}")
+                  f"{l['median_paired_ratio_to_rust']:>7.2f} {l['python_overhead_us_per_batch']:>18.1f}")
+        print("x Rust: the median run over the Rust loader's median run; paired: the median of "
+              f"each round's run over the Rust loader's run in the same round ({args.rounds} "
+              "rounds: " + ", ".join(f"{r:.2f}" for r in package[1]["paired_ratios_to_rust"])
+              + f" for {package[1]['name']})")
         for l in package:
             if "load_seconds" in l:
                 print(f"{l['name']}: dataset loaded in {l['load_seconds']:.1f} s")
