@@ -87,13 +87,10 @@ fn map_buffer(bytes: usize) -> Option<Storage> {
         .len(bytes + slack)
         .map_anon()
         .ok()?;
-    let address = map.as_ptr() as usize;
-    let start = if huge > 0 {
-        address.next_multiple_of(HUGE_PAGE_BYTES) - address
-    } else {
-        0
-    };
+    let mut start = 0;
     if huge > 0 {
+        let address = map.as_ptr() as usize;
+        start = address.next_multiple_of(HUGE_PAGE_BYTES) - address;
         if let Err(e) = map.advise_range(memmap2::Advice::HugePage, start, huge) {
             // A hint: kernels without transparent huge pages refuse it.
             tracing::debug!("staging buffer of {bytes} bytes: no huge pages ({e})");
