@@ -46,6 +46,7 @@ fn main() {
         device_buffers: 2,
         dom_positions: true,
         cold: false,
+        epochs: 2,
     };
     print!("{}", table(&run(dataset, None, &config).unwrap()));
 }

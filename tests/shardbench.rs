@@ -92,6 +92,7 @@ fn quick_report_is_complete_and_consistent() {
     assert!(
         table.contains("window    1: delivered")
             && table.contains("of memcpy measured around its epochs (")
+            && table.contains("); epoch by epoch over the memcpy just before and after each ")
             && table.contains("; copying the same events' pieces")
             && table.contains("first epoch (pool growing)")
             && table.contains("; waited")
@@ -270,6 +271,82 @@ fn quick_report_is_complete_and_consistent() {
         mixing("block shuffle") < 0.5
             && shardify[1]["quality"]["file_mixing"].as_f64().unwrap() > 0.8
     );
+}
+
+#[test]
+fn every_measured_epoch_is_paired_with_the_memcpy_just_before_and_after_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = dir.path().join("ds");
+    convert_all(&fixture(), "train", &ds, &options(1, 2)).unwrap();
+    let json = dir.path().join("report.json");
+    let out = quick_shardbench(&ds, &json, &["--no-baselines", "--epochs", "3"]);
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let loaders = r["loaders"].as_array().unwrap();
+    assert_eq!(loaders.len(), 2, "windows 1 and 4, no baselines");
+    let numbers = |l: &Value, key: &str| -> Vec<f64> {
+        l[key]
+            .as_array()
+            .unwrap_or_else(|| panic!("{key} missing: {l}"))
+            .iter()
+            .map(|v| v.as_f64().unwrap())
+            .collect()
+    };
+    for l in loaders {
+        assert_eq!(l["events"], 900, "three whole epochs of 300 events: {l}");
+        let epochs = numbers(l, "epoch_gb_per_s");
+        let between = numbers(l, "memcpy_between_epochs_gb_per_s");
+        let paired = numbers(l, "paired_ratios_to_memcpy");
+        assert_eq!(
+            (epochs.len(), between.len(), paired.len()),
+            (3, 4, 3),
+            "{l}"
+        );
+        assert!(between.iter().chain(&epochs).all(|&v| v > 0.0), "{l}");
+        // The first and the last memcpy bracket the row, as before.
+        assert_eq!(
+            numbers(l, "memcpy_around_gb_per_s"),
+            [between[0], between[3]]
+        );
+        for (i, ratio) in paired.iter().enumerate() {
+            let expected = epochs[i] / ((between[i] + between[i + 1]) / 2.0);
+            assert!((ratio / expected - 1.0).abs() < 1e-9, "epoch {i}: {l}");
+        }
+        let mut sorted = paired.clone();
+        sorted.sort_by(f64::total_cmp);
+        let median = l["median_paired_ratio_to_memcpy"].as_f64().unwrap();
+        assert_eq!(median, sorted[1], "{l}");
+        // The row's rate is its three epochs' bytes over their seconds: between the
+        // slowest epoch's rate and the fastest's.
+        let gb = l["gb_per_s"].as_f64().unwrap();
+        assert!(gb >= smallest(&epochs) * (1.0 - 1e-9), "{l}");
+        assert!(gb <= largest(&epochs) * (1.0 + 1e-9), "{l}");
+        let said = format!(
+            "epoch by epoch over the memcpy just before and after each {:.2}, {:.2}, {:.2} (median {median:.2})",
+            paired[0], paired[1], paired[2]
+        );
+        assert!(table.contains(&said), "{said} missing: {table}");
+    }
+    // Shuffle quality compares two epochs: fewer are refused before anything runs.
+    let one = quick_shardbench(&ds, &json, &["--no-baselines", "--epochs", "1"]);
+    let stderr = String::from_utf8_lossy(&one.stderr);
+    assert!(
+        !one.status.success() && stderr.contains("--epochs"),
+        "{stderr}"
+    );
+}
+
+fn smallest(values: &[f64]) -> f64 {
+    values.iter().copied().fold(f64::INFINITY, f64::min)
+}
+
+fn largest(values: &[f64]) -> f64 {
+    values.iter().copied().fold(f64::NEG_INFINITY, f64::max)
 }
 
 #[test]

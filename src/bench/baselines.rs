@@ -109,6 +109,13 @@ pub struct Throughput {
     pub seconds: f64,
 }
 
+impl Throughput {
+    /// Bytes delivered per second, in GB/s.
+    pub fn gb_per_s(&self) -> f64 {
+        self.bytes as f64 / self.seconds.max(1e-9) / 1e9
+    }
+}
+
 impl SourceIndex {
     /// Reads the meta of every batch file of `inputs`.
     pub fn new(inputs: &InputSet) -> Result<SourceIndex> {

@@ -19,11 +19,16 @@ pub fn median_of<E>(n: usize, mut measure: impl FnMut() -> Result<f64, E>) -> Re
     Ok(median(&values))
 }
 
-/// The median of `values` (the upper one of an even count); NaN when there are none.
+/// The median of `values` (of an even count, the mean of the middle two); NaN when there
+/// are none.
 pub fn median(values: &[f64]) -> f64 {
     let mut sorted = values.to_vec();
     sorted.sort_by(f64::total_cmp);
-    sorted.get(sorted.len() / 2).copied().unwrap_or(f64::NAN)
+    match sorted.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => sorted[n / 2],
+        n => (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0,
+    }
 }
 
 /// memcpy bandwidth in GB/s with `threads` threads, each copying `chunk`-byte pieces of its
@@ -47,4 +52,17 @@ pub fn memcpy_gb_per_s(source: &[u8], chunk: usize, threads: usize) -> f64 {
         }
     });
     (per_thread / chunk * chunk * threads) as f64 / started.elapsed().as_secs_f64().max(1e-9) / 1e9
+}
+
+#[cfg(test)]
+mod tests {
+    use super::median;
+
+    #[test]
+    fn median_is_the_middle_value_or_the_mean_of_the_middle_two() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), 2.5);
+        assert_eq!(median(&[0.7]), 0.7);
+        assert!(median(&[]).is_nan());
+    }
 }

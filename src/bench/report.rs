@@ -13,7 +13,7 @@ use super::stages::{
     cold_read_gb_per_s, copy_stage_gb_per_s, gather_stages, largest_batch_bytes, scattered_copy,
     shard_read_gb_per_s, Consumer, GatherStages, GpuBounds,
 };
-use super::{median_of, memcpy_gb_per_s};
+use super::{median, memcpy_gb_per_s};
 use crate::batch::BatchLayout;
 use crate::dataset::huge_pages::shard_mapped_bytes;
 use crate::dataset::Dataset;
@@ -66,6 +66,10 @@ pub struct BenchConfig {
     /// Evict every shard from the page cache before each measured shardify epoch, and
     /// measure a cold sequential read of the shards as the bound.
     pub cold: bool,
+    /// Measured shardify epochs per window and setting (at least 2: shuffle quality
+    /// compares the first two), each between two memcpy measurements
+    /// (`LoaderFigures::paired_ratios_to_memcpy`).
+    pub epochs: usize,
 }
 
 /// Figures of one loader.
@@ -90,6 +94,18 @@ pub struct LoaderFigures {
     pub memcpy_around_gb_per_s: Option<[f64; 2]>,
     /// `gb_per_s` / the mean of `memcpy_around_gb_per_s`.
     pub ratio_to_memcpy_around: Option<f64>,
+    /// Each measured epoch's delivered GB/s, in the order they ran (shardify only).
+    pub epoch_gb_per_s: Option<Vec<f64>>,
+    /// memcpy GB/s measured before the first measured epoch and after each one (shardify
+    /// only): one more value than epochs.
+    pub memcpy_between_epochs_gb_per_s: Option<Vec<f64>>,
+    /// `epoch_gb_per_s`, each over the mean of the memcpy measured just before and just
+    /// after its epoch (`memcpy_between_epochs_gb_per_s`): on a machine whose
+    /// bandwidth drifts between seconds, the epoch and its bound share their moment.
+    pub paired_ratios_to_memcpy: Option<Vec<f64>>,
+    /// The median of `paired_ratios_to_memcpy` (of an even count, the mean of the middle
+    /// two): the row's delivered share of memcpy, least moved by the machine's drift.
+    pub median_paired_ratio_to_memcpy: Option<f64>,
     /// Events timed.
     pub events: u64,
     /// Seconds timed.
@@ -126,7 +142,7 @@ pub struct LoaderFigures {
     /// left out), over the epoch's batches.
     /// Planning, hand-offs, and time without a core or blocked on a full queue.
     pub outside_gather_seconds_per_batch: Option<f64>,
-    /// Staging buffers allocated during the two measured epochs: 0 when the pool, grown to
+    /// Staging buffers allocated during the measured epochs: 0 when the pool, grown to
     /// their largest batch beforehand, held every batch (as a long job's does).
     pub measured_epoch_allocations: Option<u64>,
     /// Events per second of the first epoch, with the staging pool still growing (the
@@ -420,20 +436,40 @@ fn run_epoch(
     Ok(run)
 }
 
-/// memcpy GB/s over the first 256 MiB of the shards, in pieces of `batch_bytes` (at least
-/// 4 KiB), with `threads` threads: the median of 5 passes (one pass lasts ~20 ms, and single
-/// passes on a shared 2-core machine ranged 13-20 GB/s within minutes).
-fn memcpy_bound(dataset: &Dataset, batch_bytes: usize, threads: usize) -> Result<f64> {
-    let mut sample = Vec::new();
-    for i in 0..dataset.shard_count() {
-        let bytes = dataset.shard(i)?.bytes();
-        sample.extend_from_slice(
-            &bytes[..bytes.len().min((256 << 20) - sample.len().min(256 << 20))],
-        );
+/// The run's memcpy bound: copies of the first 256 MiB of the shards, in pieces of an
+/// average batch's bytes (at least 4 KiB), with the loader's threads. The sample is taken
+/// once and measured as often as the run needs (before and after every measured epoch).
+struct MemcpyBound {
+    sample: Vec<u8>,
+    chunk: usize,
+    threads: usize,
+}
+
+impl MemcpyBound {
+    /// The sample of `dataset`'s shards, copied in `batch_bytes` pieces by `threads`.
+    fn new(dataset: &Dataset, batch_bytes: usize, threads: usize) -> Result<MemcpyBound> {
+        let mut sample = Vec::new();
+        for i in 0..dataset.shard_count() {
+            let bytes = dataset.shard(i)?.bytes();
+            sample.extend_from_slice(
+                &bytes[..bytes.len().min((256 << 20) - sample.len().min(256 << 20))],
+            );
+        }
+        Ok(MemcpyBound {
+            sample,
+            chunk: batch_bytes.max(4096),
+            threads,
+        })
     }
-    median_of(5, || {
-        Ok::<_, crate::Error>(memcpy_gb_per_s(&sample, batch_bytes.max(4096), threads))
-    })
+
+    /// GB/s now: the median of 5 passes (one pass lasts ~20 ms, and single passes on a
+    /// shared 2-core machine ranged 13-20 GB/s within minutes).
+    fn measure(&self) -> f64 {
+        let passes: Vec<f64> = (0..5)
+            .map(|_| memcpy_gb_per_s(&self.sample, self.chunk, self.threads))
+            .collect();
+        median(&passes)
+    }
 }
 
 fn shardify_infos(dataset: &Dataset, plans: &[BatchPlan]) -> Result<Vec<Vec<EventInfo>>> {
@@ -471,7 +507,7 @@ fn figures(
     quality: Quality,
 ) -> LoaderFigures {
     let secs = t.seconds.max(1e-9);
-    let gb = t.bytes as f64 / secs / 1e9;
+    let gb = t.gb_per_s();
     LoaderFigures {
         name: name.into(),
         window,
@@ -481,6 +517,10 @@ fn figures(
         ratio_to_memcpy: gb / memcpy,
         memcpy_around_gb_per_s: None,
         ratio_to_memcpy_around: None,
+        epoch_gb_per_s: None,
+        memcpy_between_epochs_gb_per_s: None,
+        paired_ratios_to_memcpy: None,
+        median_paired_ratio_to_memcpy: None,
         events: t.events,
         seconds: t.seconds,
         gather_seconds: None,
@@ -521,10 +561,11 @@ pub fn run(
 ) -> Result<Report> {
     let m = dataset.manifest();
     // One bound for the whole run: copies of an average batch's size, with the loader's
-    // threads (`memcpy_bound`). Measured again after the shardify loaders, to show how far
-    // the machine drifted while they ran.
+    // threads (`MemcpyBound`). Measured again around every measured epoch, and after the
+    // shardify loaders, to show how far the machine drifted while they ran.
     let batch_bytes = (m.totals.bytes / m.totals.events.max(1)) as usize * config.batch_events;
-    let bound = memcpy_bound(&dataset, batch_bytes, config.workers)?;
+    let memcpy = MemcpyBound::new(&dataset, batch_bytes, config.workers)?;
+    let bound = memcpy.measure();
     let (shard_read_gb_per_s, shard_read_seconds) = shard_read_gb_per_s(&dataset)?;
     let shard_huge_page_fraction =
         shard_mapped_bytes(&dataset).and_then(|mapped| mapped.huge_fraction());
@@ -551,7 +592,7 @@ pub fn run(
         // it (reported apart), then it is grown to the measured epochs' largest batch (a
         // long job's pool has seen its largest batches; a pool that grows again inside a
         // measured epoch reallocates every buffer there, measured at 28 ms on top of a 38 ms
-        // epoch), and the two measured epochs run on it.
+        // epoch), and the measured epochs run on it.
         let mut pool = None;
         let epoch = |e, pool: &mut Option<Arc<StagingPool>>| {
             if config.cold {
@@ -559,23 +600,32 @@ pub fn run(
             }
             run_epoch(&dataset, config, &placement, (window, variant), e, pool)
         };
-        let first = epoch(2, &mut pool)?;
+        let measured: Vec<u64> = (0..config.epochs as u64).collect();
+        let first = epoch(config.epochs as u64, &mut pool)?;
         let largest = largest_batch_bytes(
             &dataset,
             &sampler(config, window),
             config.dom_positions,
-            &[0, 1],
+            &measured,
         )?;
         let allocations_before = pool.as_ref().map(|p| {
             p.reserve(largest);
             p.allocations()
         });
-        let memcpy_before = memcpy_bound(&dataset, batch_bytes, config.workers)?;
-        let epochs = [epoch(0, &mut pool)?, epoch(1, &mut pool)?];
-        let memcpy_around = [
-            memcpy_before,
-            memcpy_bound(&dataset, batch_bytes, config.workers)?,
-        ];
+        // memcpy before the first measured epoch and after each: every epoch is paired
+        // with the bound measured just before and just after it.
+        let mut between = vec![memcpy.measure()];
+        let mut epochs = Vec::with_capacity(measured.len());
+        for &e in &measured {
+            let mut run = epoch(e, &mut pool)?;
+            if epochs.len() >= 2 {
+                // Only the first two epochs' plans are read again (quality, stages).
+                run.plans = Vec::new();
+            }
+            epochs.push(run);
+            between.push(memcpy.measure());
+        }
+        let memcpy_around = [between[0], between[between.len() - 1]];
         let measured_allocations = pool
             .as_ref()
             .zip(allocations_before)
@@ -596,6 +646,16 @@ pub fn run(
         let mut f = figures(&name, Some(window), total, bound, q);
         f.memcpy_around_gb_per_s = Some(memcpy_around);
         f.ratio_to_memcpy_around = Some(f.gb_per_s / (memcpy_around.iter().sum::<f64>() / 2.0));
+        let epoch_gb: Vec<f64> = epochs.iter().map(|e| e.throughput.gb_per_s()).collect();
+        let paired: Vec<f64> = epoch_gb
+            .iter()
+            .zip(between.windows(2))
+            .map(|(gb, around)| gb / ((around[0] + around[1]) / 2.0))
+            .collect();
+        f.median_paired_ratio_to_memcpy = Some(median(&paired));
+        f.paired_ratios_to_memcpy = Some(paired);
+        f.epoch_gb_per_s = Some(epoch_gb);
+        f.memcpy_between_epochs_gb_per_s = Some(between);
         let wait: f64 = epochs.iter().map(|e| e.wait).sum();
         let gather: f64 = epochs.iter().map(|e| e.gather).sum();
         let gather_while_waiting: f64 = epochs.iter().map(|e| e.gather_while_waiting.0).sum();
@@ -660,7 +720,7 @@ pub fn run(
         }
         loaders.push(f);
     }
-    let memcpy_after = memcpy_bound(&dataset, batch_bytes, config.workers)?;
+    let memcpy_after = memcpy.measure();
     if let Some(source) = source {
         let index = SourceIndex::new(source)?;
         let b = config.batch_events;
@@ -756,8 +816,19 @@ fn stage_line(l: &LoaderFigures) -> String {
         ),
         _ => String::new(),
     };
+    let paired = match (&l.paired_ratios_to_memcpy, l.median_paired_ratio_to_memcpy) {
+        (Some(ratios), Some(median)) => format!(
+            "epoch by epoch over the memcpy just before and after each {} (median {median:.2}); ",
+            ratios
+                .iter()
+                .map(|r| format!("{r:.2}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        _ => String::new(),
+    };
     let mut out = format!(
-        "  window {:>4}{policy}: {around}gather {} (all threads) = {gather_gb:.2} GB/s = {gather_ratio:.2} of memcpy",
+        "  window {:>4}{policy}: {around}{paired}gather {} (all threads) = {gather_gb:.2} GB/s = {gather_ratio:.2} of memcpy",
         l.window.unwrap_or(0),
         duration(gather_s)
     );

@@ -80,6 +80,11 @@ struct Args {
     /// needed), and measure a cold sequential read of the shards as the bound.
     #[arg(long)]
     cold: bool,
+    /// Measured shardify epochs per window and setting (at least 2), each between two
+    /// memcpy measurements: each row also reports every epoch's delivered GB/s over the
+    /// memcpy just before and after it, and their median (an odd count gives a plain one).
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(2..))]
+    epochs: u64,
     /// Small and fast: windows 1 and 4, baselines for 2 s at most.
     #[arg(long)]
     quick: bool,
@@ -136,6 +141,7 @@ fn main() -> Result<()> {
         device_buffers: args.device_buffers,
         dom_positions: !args.no_dom_positions,
         cold: args.cold,
+        epochs: args.epochs as usize,
     };
     let report = run(dataset, source.as_ref(), &config)?;
     print!("{}", table(&report));
