@@ -326,6 +326,18 @@ fn every_measured_epoch_is_paired_with_the_memcpy_just_before_and_after_it() {
         let gb = l["gb_per_s"].as_f64().unwrap();
         assert!(gb >= smallest(&epochs) * (1.0 - 1e-9), "{l}");
         assert!(gb <= largest(&epochs) * (1.0 + 1e-9), "{l}");
+        // Per-batch figures count the batches of all three epochs.
+        let batches = 3.0 * (300f64 / 32.0).ceil();
+        let by_waiting = l["waiting_thread_gather_seconds"].as_f64().unwrap();
+        let share = l["gathered_while_waiting_fraction"].as_f64().unwrap();
+        assert!((0.0..=1.0).contains(&share), "{l}");
+        let worker_gather = l["gather_seconds"].as_f64().unwrap() - by_waiting;
+        let outside = (2.0 * l["seconds"].as_f64().unwrap() - worker_gather).max(0.0) / batches;
+        let reported = l["outside_gather_seconds_per_batch"].as_f64().unwrap();
+        assert!(
+            (reported - outside).abs() <= 1e-9 * outside.max(1e-9),
+            "{l}"
+        );
         let said = format!(
             "epoch by epoch over the memcpy just before and after each {:.2}, {:.2}, {:.2} (median {median:.2})",
             paired[0], paired[1], paired[2]

@@ -296,7 +296,10 @@ fn sampler(config: &BenchConfig, window: usize) -> SamplerConfig {
 }
 
 struct EpochRun {
+    /// The epoch's batch plans (dropped after the first two epochs: only those are read
+    /// again).
     plans: Vec<BatchPlan>,
+    batches: usize,
     throughput: Throughput,
     gather: f64,
     /// The part of `gather` the waiting thread spent, and the batches it gathered.
@@ -397,6 +400,7 @@ fn run_epoch(
     *pool = Some(loader.staging_pool().clone());
     let mut run = EpochRun {
         plans: Vec::new(),
+        batches: 0,
         throughput: Throughput::default(),
         gather: 0.0,
         gather_while_waiting: (0.0, 0),
@@ -429,6 +433,7 @@ fn run_epoch(
                 *bytes += batch.bytes().len() as u64;
             }
         }
+        run.batches += 1;
         run.plans.push(batch.plan().clone());
     }
     run.gpu_idle_busy_ms = consumer.finish()?;
@@ -659,7 +664,7 @@ pub fn run(
         let wait: f64 = epochs.iter().map(|e| e.wait).sum();
         let gather: f64 = epochs.iter().map(|e| e.gather).sum();
         let gather_while_waiting: f64 = epochs.iter().map(|e| e.gather_while_waiting.0).sum();
-        let batches: usize = epochs.iter().map(|e| e.plans.len()).sum();
+        let batches: usize = epochs.iter().map(|e| e.batches).sum();
         let batches_while_waiting: usize = epochs.iter().map(|e| e.gather_while_waiting.1).sum();
         let gather_gb = total.bytes as f64 / 1e9 / (gather / config.workers as f64).max(1e-12);
         f.gather_seconds = Some(gather);
