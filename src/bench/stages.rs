@@ -75,29 +75,34 @@ fn batch_pieces<'a>(
     views: &'a [crate::format::ShardView<'a>],
     plans: &[crate::sampler::BatchPlan],
 ) -> Vec<Vec<&'a [u8]>> {
-    use crate::format::pod::as_bytes;
     let mut batches = Vec::with_capacity(plans.len());
     for plan in plans {
         let mut events = plan.events.clone();
         events.sort_unstable();
         let mut pieces = Vec::with_capacity(events.len() * 8);
         for e in events {
-            let v = &views[e.shard as usize];
-            let i = e.index as usize;
-            let (doms, pulses) = (v.dom_range(i), v.event_pulse_range(i));
-            pieces.push(as_bytes(&v.event_id[i..=i]));
-            for labels in [v.event_azimuth, v.event_zenith].into_iter().flatten() {
-                pieces.push(as_bytes(&labels[i..=i]));
-            }
-            pieces.push(element_range(v.dom_sensor_id.raw(), doms.clone()));
-            pieces.push(as_bytes(&v.dom_pulse_offsets[doms]));
-            pieces.push(element_range(v.pulse_time.raw(), pulses.clone()));
-            pieces.push(element_range(v.pulse_charge.raw(), pulses.clone()));
-            pieces.push(&v.pulse_auxiliary[pulses]);
+            event_pieces(&views[e.shard as usize], e.index as usize, &mut pieces);
         }
         batches.push(pieces);
     }
     batches
+}
+
+/// Appends to `pieces` the stored pieces of event `i` of `v` that a packed batch holds, in
+/// the order the gather reads them: its id, its labels (when stored), its DOMs' sensor ids
+/// and pulse offsets, its pulses' times, charges and auxiliary flags.
+pub fn event_pieces<'a>(v: &crate::format::ShardView<'a>, i: usize, pieces: &mut Vec<&'a [u8]>) {
+    use crate::format::pod::as_bytes;
+    let (doms, pulses) = (v.dom_range(i), v.event_pulse_range(i));
+    pieces.push(as_bytes(&v.event_id[i..=i]));
+    for labels in [v.event_azimuth, v.event_zenith].into_iter().flatten() {
+        pieces.push(as_bytes(&labels[i..=i]));
+    }
+    pieces.push(element_range(v.dom_sensor_id.raw(), doms.clone()));
+    pieces.push(as_bytes(&v.dom_pulse_offsets[doms]));
+    pieces.push(element_range(v.pulse_time.raw(), pulses.clone()));
+    pieces.push(element_range(v.pulse_charge.raw(), pulses.clone()));
+    pieces.push(&v.pulse_auxiliary[pulses]);
 }
 
 /// Calls `visit` on each of a batch's `pieces` in order, prefetching the piece
