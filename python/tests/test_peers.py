@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import shardify
 from conftest import FIXTURES, REPO
 
 
@@ -28,7 +29,8 @@ def test_peers_reports_every_loader_and_torchs_floor(train_dir, torch, tmp_path)
     package = {row["name"]: row for row in figures["shardify"]}
     assert list(package) == [
         "shardify, Rust loader alone (bound)", "shardify -> torch tensors",
-        "shardify -> numpy arrays", "shardify -> torch, workers' policy normal",
+        "shardify -> DLPack capsules, no tensors", "shardify -> numpy arrays",
+        "shardify -> torch, workers' policy normal",
         "shardify -> torch, waiting thread sleeps",
         "shardify resident (cpu, window 16)",
         "shardify resident (cpu, complete shuffle)"]
@@ -42,6 +44,13 @@ def test_peers_reports_every_loader_and_torchs_floor(train_dir, torch, tmp_path)
         assert len(paired) == 3 and row["paired_ratios_to_rust"] == paired, row
         assert row["median_paired_ratio_to_rust"] == sorted(paired)[1], row
     assert rust["paired_ratios_to_rust"] == [1.0, 1.0, 1.0]
+    # Capsules alone run whole epochs: every event of the dataset once per epoch, and a
+    # whole number of epochs.
+    capsules = package["shardify -> DLPack capsules, no tensors"]
+    events = shardify.Dataset(train_dir).events
+    assert capsules["events"] > 0 and capsules["events"] % events == 0, capsules
+    assert "the package's own side of a torch batch (its capsules, no tensors): paired " in (
+        done.stdout)
     assert "paired: the median of each round's run over the Rust loader's run" in done.stdout
     floor = package["shardify -> torch tensors"]["torch_wrap_floor_us_per_batch"]
     assert 0 < floor < 1000, floor

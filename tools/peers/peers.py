@@ -19,7 +19,9 @@ Needs numpy and pyarrow; torch optional.
 With --dataset (the same source converted by `shardify convert`) it also runs, in this
 process, the `shardify` Python package's loader at the same batch size: the Rust loader
 alone (batches taken and dropped in Rust: the bound), then yielding torch tensors, then
-numpy arrays, then torch tensors with the gathering threads under the process's scheduling
+the DLPack capsules torch would wrap, dropped unwrapped (the package's own side of a torch
+batch; what torch's tensors cost is the difference to the row above), then numpy arrays,
+then torch tensors with the gathering threads under the process's scheduling
 policy (`worker_scheduling="normal"`; the default is SCHED_BATCH), then torch tensors with
 the thread that waits for a batch sleeping instead of gathering one itself
 (`consumer_gathers=False`), then resident (the dataset held whole on --device, at the same window and
@@ -149,7 +151,8 @@ def numpy_block_shuffle(files, index, batch_events, seconds, seed, epoch=0):
 
 def shardify_loaders(dataset, batch_events, window, workers, seconds, seed, device="cpu",
                      rounds=3):
-    """The package's loader on a converted dataset: Rust alone, then torch, then numpy, then
+    """The package's loader on a converted dataset: Rust alone, then torch, then its capsules
+    alone, then numpy, then
     resident (at the same window, and with one window over the whole dataset: a complete
     shuffle), interleaved ``rounds`` times; the median runs, and the median of each round's
     ratio to the Rust loader's run of that round. Host time per batch is the time spent in
@@ -157,7 +160,8 @@ def shardify_loaders(dataset, batch_events, window, workers, seconds, seed, devi
     import shardify
 
     settings = dict(batch_events=batch_events, seed=seed, device=device)
-    whole = -(-shardify.Dataset(dataset).events // 256)  # blocks of 256 (the default)
+    whole_dataset = shardify.Dataset(dataset)  # one rank: every event once an epoch
+    whole = -(-whole_dataset.events // 256)  # blocks of 256 (the default)
     resident = {}
     for kind, w in (("resident", window), ("resident-all", whole)):
         started = time.perf_counter()
@@ -181,6 +185,14 @@ def shardify_loaders(dataset, batch_events, window, workers, seconds, seed, devi
                 b, e, p, _ = loader._native.drain()
                 batches, events, pulses = batches + b, events + e, pulses + p
                 continue
+            if kind == "capsules":
+                # The package's own side of a torch batch: the capsules torch would wrap,
+                # dropped unwrapped; whole epochs, so every event once each.
+                next_capsules = loader._native.next_batch_capsules
+                while next_capsules(None) is not None:
+                    batches += 1
+                events, pulses = events + whole_dataset.events, pulses + whole_dataset.pulses
+                continue
             it = iter(loader)
             while True:
                 t0 = time.perf_counter()
@@ -197,11 +209,14 @@ def shardify_loaders(dataset, batch_events, window, workers, seconds, seed, devi
             torch.cuda.synchronize()
         elapsed = time.perf_counter() - started
         return {"batches": batches, "events": events, "seconds": elapsed,
-                "events_per_s": events / elapsed, "pulses_per_s": pulses / elapsed,
+                "events_per_s": events / elapsed,
+                "pulses_per_s": pulses / elapsed,
                 "us_per_batch": elapsed / batches * 1e6,
-                "host_us_per_batch": (host if kind != "rust" else elapsed) / batches * 1e6}
+                "host_us_per_batch": (host if kind not in ("rust", "capsules") else elapsed)
+                / batches * 1e6}
 
     names = {"rust": "shardify, Rust loader alone (bound)", "torch": "shardify -> torch tensors",
+             "capsules": "shardify -> DLPack capsules, no tensors",
              "numpy": "shardify -> numpy arrays",
              "normal": "shardify -> torch, workers' policy normal",
              "sleeps": "shardify -> torch, waiting thread sleeps",
@@ -387,6 +402,11 @@ def main():
         block = loaders[1]["events_per_s"]
         for l in package[1:]:
             print(f"{l['name']}: {l['events_per_s'] / block:.1f}x the numpy block shuffle")
+        by_name = {l["name"]: l for l in package}
+        capsules = by_name["shardify -> DLPack capsules, no tensors"]
+        print(f"the package's own side of a torch batch (its capsules, no tensors): paired "
+              f"{capsules['median_paired_ratio_to_rust']:.2f}x the Rust loader; with torch's "
+              f"tensors: {package[1]['median_paired_ratio_to_rust']:.2f}x")
         floor, rust_us = package[1]["torch_wrap_floor_us_per_batch"], package[0]["us_per_batch"]
         print(f"torch's own floor: wrapping a batch's capsules into tensors and a dict takes "
               f"{floor:.1f} us ({floor / rust_us:.1%} of the Rust loader's {rust_us:.1f} us per "
