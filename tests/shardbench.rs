@@ -28,6 +28,21 @@ fn quick_shardbench(ds: &Path, json: &Path, extra: &[&str]) -> Output {
         .unwrap()
 }
 
+/// [`quick_shardbench`], checked to succeed: its table and its JSON report.
+fn quick_report(ds: &Path, json: &Path, extra: &[&str]) -> (String, Value) {
+    let out = quick_shardbench(ds, json, extra);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let table = String::from_utf8_lossy(&out.stdout).to_string();
+    (
+        table,
+        serde_json::from_slice(&std::fs::read(json).unwrap()).unwrap(),
+    )
+}
+
 #[test]
 fn quick_report_is_complete_and_consistent() {
     let dir = tempfile::tempdir().unwrap();
@@ -35,20 +50,13 @@ fn quick_report_is_complete_and_consistent() {
     convert_all(&fixture(), "train", &ds, &options(1, 2)).unwrap();
     let json = dir.path().join("report.json");
     let plot = dir.path().join("report.svg");
-    let out = quick_shardbench(&ds, &json, &["--plot", plot.to_str().unwrap()]);
-    let table = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let (table, r) = quick_report(&ds, &json, &["--plot", plot.to_str().unwrap()]);
     assert!(
         table.contains("naive random access")
             && table.contains("parquet block shuffle")
             && table.contains("mixing:"),
         "{table}"
     );
-    let r: Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     for key in [
         "events_per_s",
         "pulses_per_s",
@@ -279,14 +287,7 @@ fn every_measured_epoch_is_paired_with_the_memcpy_just_before_and_after_it() {
     let ds = dir.path().join("ds");
     convert_all(&fixture(), "train", &ds, &options(1, 2)).unwrap();
     let json = dir.path().join("report.json");
-    let out = quick_shardbench(&ds, &json, &["--no-baselines", "--epochs", "3"]);
-    let table = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let r: Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let (table, r) = quick_report(&ds, &json, &["--no-baselines", "--epochs", "3"]);
     let loaders = r["loaders"].as_array().unwrap();
     assert_eq!(loaders.len(), 2, "windows 1 and 4, no baselines");
     let numbers = |l: &Value, key: &str| -> Vec<f64> {
@@ -376,15 +377,7 @@ fn cold_report_measures_the_disk_bound_and_each_window_against_it() {
         } else {
             &["--no-baselines"]
         };
-        let out = quick_shardbench(&ds, &json, extra);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let table = String::from_utf8_lossy(&out.stdout).to_string();
-        let report: Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
-        (table, report)
+        quick_report(&ds, &json, extra)
     };
     let (table, r) = run(true);
     let disk = r["cold_read_gb_per_s"].as_f64().unwrap();
@@ -428,14 +421,7 @@ fn every_scheduling_policy_and_waiting_thread_setting_is_measured_in_one_run() {
         "--consumer-gathers",
         "true,false",
     ];
-    let out = quick_shardbench(&ds, &json, &args);
-    let table = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let r: Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let (table, r) = quick_report(&ds, &json, &args);
     assert_eq!(
         r["worker_scheduling"],
         serde_json::json!(["batch", "normal"])
