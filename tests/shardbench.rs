@@ -28,6 +28,15 @@ fn quick_shardbench(ds: &Path, json: &Path, extra: &[&str]) -> Output {
         .unwrap()
 }
 
+/// The fixture's train split converted (seed 1, 2 threads) into a temporary directory,
+/// and the dataset's path there.
+fn converted_fixture() -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = dir.path().join("ds");
+    convert_all(&fixture(), "train", &ds, &options(1, 2)).unwrap();
+    (dir, ds)
+}
+
 /// [`quick_shardbench`], checked to succeed: its table and its JSON report.
 fn quick_report(ds: &Path, json: &Path, extra: &[&str]) -> (String, Value) {
     let out = quick_shardbench(ds, json, extra);
@@ -45,9 +54,7 @@ fn quick_report(ds: &Path, json: &Path, extra: &[&str]) -> (String, Value) {
 
 #[test]
 fn quick_report_is_complete_and_consistent() {
-    let dir = tempfile::tempdir().unwrap();
-    let ds = dir.path().join("ds");
-    convert_all(&fixture(), "train", &ds, &options(1, 2)).unwrap();
+    let (dir, ds) = converted_fixture();
     let json = dir.path().join("report.json");
     let plot = dir.path().join("report.svg");
     let (table, r) = quick_report(&ds, &json, &["--plot", plot.to_str().unwrap()]);
@@ -283,9 +290,7 @@ fn quick_report_is_complete_and_consistent() {
 
 #[test]
 fn every_measured_epoch_is_paired_with_the_memcpy_just_before_and_after_it() {
-    let dir = tempfile::tempdir().unwrap();
-    let ds = dir.path().join("ds");
-    convert_all(&fixture(), "train", &ds, &options(1, 2)).unwrap();
+    let (dir, ds) = converted_fixture();
     let json = dir.path().join("report.json");
     let (table, r) = quick_report(&ds, &json, &["--no-baselines", "--epochs", "3"]);
     let loaders = r["loaders"].as_array().unwrap();
@@ -410,9 +415,7 @@ fn cold_report_measures_the_disk_bound_and_each_window_against_it() {
 
 #[test]
 fn every_scheduling_policy_and_waiting_thread_setting_is_measured_in_one_run() {
-    let dir = tempfile::tempdir().unwrap();
-    let ds = dir.path().join("ds");
-    convert_all(&fixture(), "train", &ds, &options(1, 2)).unwrap();
+    let (dir, ds) = converted_fixture();
     let json = dir.path().join("report.json");
     let args = [
         "--no-baselines",
