@@ -16,33 +16,16 @@ use std::error::Error;
 use std::sync::Arc;
 use std::time::Instant;
 
+use shardify::bench::median;
 use shardify::bench::stages::event_pieces;
 use shardify::dataset::{ChecksumPolicy, Dataset, DatasetSizes, View};
 use shardify::device::staging::{HostMemory, PlainMemory};
 use shardify::format::ShardView;
+use shardify::prefetch::prefetch;
 use shardify::sampler::{BatchOrder, Batching, EpochBatches, SamplerConfig, SamplerState};
 
 /// Events ahead whose pieces are prefetched (the gather's `PREFETCH_AHEAD` runs).
 const AHEAD_EVENTS: usize = 6;
-
-/// Prefetches every line of the first 2 KiB of `bytes`, as the gather's prefetch does.
-fn prefetch(bytes: &[u8]) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        let start = bytes.as_ptr() as usize;
-        let end = start + bytes.len().min(2048);
-        let mut line = start & !63;
-        while line < end {
-            // SAFETY: a prefetch is only a hint: it never faults and has no visible effect.
-            unsafe {
-                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-                    line as *const i8,
-                )
-            };
-            line += 64;
-        }
-    }
-}
 
 /// The stored pieces of event `i` of `v`, in the order the gather reads them.
 fn pieces<'a>(v: &ShardView<'a>, i: usize) -> Vec<&'a [u8]> {
@@ -97,11 +80,6 @@ fn timed(batches: &[Vec<Vec<&[u8]>>], threads: usize, copy: bool, largest: usize
         }
     });
     started.elapsed().as_secs_f64()
-}
-
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values[values.len() / 2]
 }
 
 fn main() -> Result<(), Box<dyn Error>> {
@@ -203,7 +181,7 @@ fn main() -> Result<(), Box<dyn Error>> {
             times[which].push(seconds * 1e9 * threads as f64 / events as f64);
         }
     }
-    let [read_8, read_1, copy_8, copy_1] = times.map(median);
+    let [read_8, read_1, copy_8, copy_1] = times.map(|t| median(&t));
     println!(
         "window {window}, {events} events, {} bytes of pieces, {rounds} rounds, {threads} thread(s), ns per event and thread (median):",
         total

@@ -57,7 +57,7 @@ pub mod event;
 pub mod format;
 pub mod pack;
 pub mod pipeline;
-mod prefetch;
+pub mod prefetch;
 pub mod resident;
 #[doc(hidden)]
 pub mod rng;

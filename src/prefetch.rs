@@ -14,7 +14,7 @@ const PREFETCH_BYTES: usize = 2048;
 /// touch, the partial first and last ones included (prefetching 64-byte steps from an
 /// unaligned start missed the last line). Does nothing on other architectures than x86-64.
 #[inline]
-pub(crate) fn prefetch<T: Pod>(values: &[T]) {
+pub fn prefetch<T: Pod>(values: &[T]) {
     #[cfg(target_arch = "x86_64")]
     {
         let bytes = as_bytes(values);

@@ -13,7 +13,7 @@ use super::stages::{
     cold_read_gb_per_s, copy_stage_gb_per_s, gather_stages, largest_batch_bytes, scattered_copy,
     shard_read_gb_per_s, Consumer, GatherStages, GpuBounds,
 };
-use super::{median, memcpy_gb_per_s};
+use super::{median, median_of, memcpy_gb_per_s};
 use crate::batch::BatchLayout;
 use crate::dataset::huge_pages::shard_mapped_bytes;
 use crate::dataset::Dataset;
@@ -296,8 +296,8 @@ fn sampler(config: &BenchConfig, window: usize) -> SamplerConfig {
 }
 
 struct EpochRun {
-    /// The epoch's batch plans (dropped after the first two epochs: only those are read
-    /// again).
+    /// The epoch's batch plans, when kept (only the first two measured epochs' are read
+    /// again); `batches` counts them either way.
     plans: Vec<BatchPlan>,
     batches: usize,
     throughput: Throughput,
@@ -379,13 +379,14 @@ fn loader_config(config: &BenchConfig, window: usize, variant: Variant) -> Loade
 }
 
 /// One epoch at `window` with the loader in `variant`, gathered into `pool`'s buffers when
-/// there is one (left holding the loader's pool, for the next epoch).
+/// there is one (left holding the loader's pool, for the next epoch); its batch plans
+/// recorded when `keep_plans`.
 fn run_epoch(
     dataset: &Arc<Dataset>,
     config: &BenchConfig,
     placement: &Placement,
     (window, variant): (usize, Variant),
-    epoch: u64,
+    (epoch, keep_plans): (u64, bool),
     pool: &mut Option<Arc<StagingPool>>,
 ) -> Result<EpochRun> {
     let loader_config = loader_config(config, window, variant);
@@ -434,7 +435,9 @@ fn run_epoch(
             }
         }
         run.batches += 1;
-        run.plans.push(batch.plan().clone());
+        if keep_plans {
+            run.plans.push(batch.plan().clone());
+        }
     }
     run.gpu_idle_busy_ms = consumer.finish()?;
     run.throughput.seconds = started.elapsed().as_secs_f64();
@@ -469,11 +472,10 @@ impl MemcpyBound {
 
     /// GB/s now: the median of 5 passes (one pass lasts ~20 ms, and single passes on a
     /// shared 2-core machine ranged 13-20 GB/s within minutes).
-    fn measure(&self) -> f64 {
-        let passes: Vec<f64> = (0..5)
-            .map(|_| memcpy_gb_per_s(&self.sample, self.chunk, self.threads))
-            .collect();
-        median(&passes)
+    fn measure(&self) -> Result<f64> {
+        median_of(5, || {
+            Ok(memcpy_gb_per_s(&self.sample, self.chunk, self.threads))
+        })
     }
 }
 
@@ -570,7 +572,7 @@ pub fn run(
     // shardify loaders, to show how far the machine drifted while they ran.
     let batch_bytes = (m.totals.bytes / m.totals.events.max(1)) as usize * config.batch_events;
     let memcpy = MemcpyBound::new(&dataset, batch_bytes, config.workers)?;
-    let bound = memcpy.measure();
+    let bound = memcpy.measure()?;
     let (shard_read_gb_per_s, shard_read_seconds) = shard_read_gb_per_s(&dataset)?;
     let shard_huge_page_fraction =
         shard_mapped_bytes(&dataset).and_then(|mapped| mapped.huge_fraction());
@@ -599,14 +601,21 @@ pub fn run(
         // measured epoch reallocates every buffer there, measured at 28 ms on top of a 38 ms
         // epoch), and the measured epochs run on it.
         let mut pool = None;
-        let epoch = |e, pool: &mut Option<Arc<StagingPool>>| {
+        let epoch = |e, keep_plans, pool: &mut Option<Arc<StagingPool>>| {
             if config.cold {
                 dataset.evict_from_page_cache()?;
             }
-            run_epoch(&dataset, config, &placement, (window, variant), e, pool)
+            run_epoch(
+                &dataset,
+                config,
+                &placement,
+                (window, variant),
+                (e, keep_plans),
+                pool,
+            )
         };
         let measured: Vec<u64> = (0..config.epochs as u64).collect();
-        let first = epoch(config.epochs as u64, &mut pool)?;
+        let first = epoch(config.epochs as u64, false, &mut pool)?;
         let largest = largest_batch_bytes(
             &dataset,
             &sampler(config, window),
@@ -619,16 +628,12 @@ pub fn run(
         });
         // memcpy before the first measured epoch and after each: every epoch is paired
         // with the bound measured just before and just after it.
-        let mut between = vec![memcpy.measure()];
+        let mut between = vec![memcpy.measure()?];
         let mut epochs = Vec::with_capacity(measured.len());
         for &e in &measured {
-            let mut run = epoch(e, &mut pool)?;
-            if epochs.len() >= 2 {
-                // Only the first two epochs' plans are read again (quality, stages).
-                run.plans = Vec::new();
-            }
-            epochs.push(run);
-            between.push(memcpy.measure());
+            // Only the first two epochs' plans are read again (quality, stages).
+            epochs.push(epoch(e, e < 2, &mut pool)?);
+            between.push(memcpy.measure()?);
         }
         let memcpy_around = [between[0], between[between.len() - 1]];
         let measured_allocations = pool
@@ -725,7 +730,7 @@ pub fn run(
         }
         loaders.push(f);
     }
-    let memcpy_after = memcpy.measure();
+    let memcpy_after = memcpy.measure()?;
     if let Some(source) = source {
         let index = SourceIndex::new(source)?;
         let b = config.batch_events;

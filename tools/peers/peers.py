@@ -209,8 +209,7 @@ def shardify_loaders(dataset, batch_events, window, workers, seconds, seed, devi
             torch.cuda.synchronize()
         elapsed = time.perf_counter() - started
         return {"batches": batches, "events": events, "seconds": elapsed,
-                "events_per_s": events / elapsed,
-                "pulses_per_s": pulses / elapsed,
+                "events_per_s": events / elapsed, "pulses_per_s": pulses / elapsed,
                 "us_per_batch": elapsed / batches * 1e6,
                 "host_us_per_batch": (host if kind not in ("rust", "capsules") else elapsed)
                 / batches * 1e6}
