@@ -21,7 +21,7 @@ use shardify::bench::stages::event_pieces;
 use shardify::dataset::{ChecksumPolicy, Dataset, DatasetSizes, View};
 use shardify::device::staging::{HostMemory, PlainMemory};
 use shardify::format::ShardView;
-use shardify::prefetch::prefetch;
+use shardify::prefetch::{prefetch, visit_prefetching};
 use shardify::sampler::{BatchOrder, Batching, EpochBatches, SamplerConfig, SamplerState};
 
 /// Events ahead whose pieces are prefetched (the gather's `PREFETCH_AHEAD` runs).
@@ -41,10 +41,8 @@ fn pass<'a>(batches: impl Iterator<Item = &'a Vec<Vec<&'a [u8]>>>, copy: Option<
     let mut dst = copy;
     for events in batches {
         let mut at = 0;
-        for (k, event) in events.iter().enumerate() {
-            if let Some(ahead) = events.get(k + AHEAD_EVENTS) {
-                ahead.iter().for_each(|p| prefetch(p));
-            }
+        let ahead = |event: &Vec<&[u8]>| event.iter().for_each(|p| prefetch(p));
+        visit_prefetching(events, AHEAD_EVENTS, ahead, |event| {
             for piece in event {
                 match dst.as_deref_mut() {
                     Some(dst) => {
@@ -58,7 +56,7 @@ fn pass<'a>(batches: impl Iterator<Item = &'a Vec<Vec<&'a [u8]>>>, copy: Option<
                     }
                 }
             }
-        }
+        });
         std::hint::black_box(&dst);
     }
     std::hint::black_box(sum);

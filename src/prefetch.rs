@@ -41,3 +41,68 @@ pub fn prefetch<T: Pod>(values: &[T]) {
     #[cfg(not(target_arch = "x86_64"))]
     let _ = values;
 }
+
+/// Visits `items` in order, keeping `ahead` of them prefetched: first asks
+/// `prefetch_item` for the first `ahead` items, then, before visiting each, for the one
+/// `ahead` places after it. Every item is asked for once, `ahead` visits before its own
+/// (the first ones before any visit: a loop that starts prefetching at item `ahead`
+/// leaves the first `ahead` to stall one by one).
+#[inline]
+pub fn visit_prefetching<T>(
+    items: &[T],
+    ahead: usize,
+    mut prefetch_item: impl FnMut(&T),
+    mut visit: impl FnMut(&T),
+) {
+    items.iter().take(ahead).for_each(&mut prefetch_item);
+    for (k, item) in items.iter().enumerate() {
+        if let Some(next) = items.get(k + ahead) {
+            prefetch_item(next);
+        }
+        visit(item);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::visit_prefetching;
+
+    /// The calls `visit_prefetching` makes over `n` items: `(true, i)` for a prefetch of
+    /// item `i`, `(false, i)` for its visit.
+    fn calls(n: usize, ahead: usize) -> Vec<(bool, usize)> {
+        let items: Vec<usize> = (0..n).collect();
+        let log = std::cell::RefCell::new(Vec::new());
+        visit_prefetching(
+            &items,
+            ahead,
+            |&i| log.borrow_mut().push((true, i)),
+            |&i| log.borrow_mut().push((false, i)),
+        );
+        log.into_inner()
+    }
+
+    #[test]
+    fn every_item_is_prefetched_once_ahead_visits_before_it_and_visited_once_in_order() {
+        for (n, ahead) in [(0, 6), (3, 6), (6, 6), (7, 6), (40, 6), (40, 1), (5, 0)] {
+            let log = calls(n, ahead);
+            let visits: Vec<usize> = log.iter().filter(|c| !c.0).map(|c| c.1).collect();
+            assert_eq!(visits, (0..n).collect::<Vec<_>>(), "n {n}, ahead {ahead}");
+            let prefetches: Vec<usize> = log.iter().filter(|c| c.0).map(|c| c.1).collect();
+            assert_eq!(
+                prefetches, visits,
+                "each once, in order: n {n}, ahead {ahead}"
+            );
+            for i in 0..n {
+                let at = |call| log.iter().position(|&c| c == call).unwrap();
+                let visits_before = log[..at((true, i))].iter().filter(|c| !c.0).count();
+                // The first `ahead` before any visit, the rest `ahead` visits early.
+                assert_eq!(
+                    visits_before,
+                    i.saturating_sub(ahead),
+                    "n {n}, ahead {ahead}, item {i}"
+                );
+                assert!(at((true, i)) < at((false, i)));
+            }
+        }
+    }
+}

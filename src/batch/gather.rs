@@ -22,7 +22,7 @@ use crate::error::{Error, Result};
 use crate::format::pod::Pod;
 use crate::format::safetensors::Dtype;
 use crate::format::{IntColumn, LookupRows, SensorTable, ShardView};
-use crate::prefetch::prefetch;
+use crate::prefetch::{prefetch, visit_prefetching};
 use crate::sampler::{BatchPlan, EventRef};
 
 /// A batch whose events span at most this many times as many indexes as it holds is
@@ -185,8 +185,7 @@ impl<'a> Gatherer<'a> {
             }
             previous = Some(e);
         }
-        // Each run's DOMs (prefetching the event offsets of runs ahead), then its pulses
-        // (prefetching the DOM offsets those gave).
+        // Each run's DOMs (prefetching the event offsets of runs ahead), then its pulses.
         *shape = BatchShape {
             events: plan.events.len(),
             ..BatchShape::default()
@@ -197,19 +196,17 @@ impl<'a> Gatherer<'a> {
                 prefetch(&v.event_dom_offsets[ahead.index..=ahead.index + ahead.len]);
             }
             let run = &mut runs[r];
-            let offsets =
-                &self.views.get(run.shard).event_dom_offsets[run.index..=run.index + run.len];
+            let v = self.views.get(run.shard);
+            let offsets = &v.event_dom_offsets[run.index..=run.index + run.len];
             run.doms = (offsets[0] as usize, offsets[run.len] as usize);
             let most = offsets.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0);
             shape.max_doms = shape.max_doms.max(most as usize);
+            // The ends of its pulse offsets, read in the next pass: asked for as soon as
+            // they are known, the whole batch's are in cache before that pass starts.
+            prefetch(&v.dom_pulse_offsets[run.doms.0..=run.doms.0]);
+            prefetch(&v.dom_pulse_offsets[run.doms.1..=run.doms.1]);
         }
-        for r in 0..runs.len() {
-            if let Some(ahead) = runs.get(r + LOCATE_AHEAD) {
-                let v = self.views.get(ahead.shard);
-                prefetch(&v.dom_pulse_offsets[ahead.doms.0..=ahead.doms.0]);
-                prefetch(&v.dom_pulse_offsets[ahead.doms.1..=ahead.doms.1]);
-            }
-            let run = &mut runs[r];
+        for run in runs.iter_mut() {
             let v = self.views.get(run.shard);
             run.pulses = (
                 v.dom_pulse_offsets[run.doms.0] as usize,
@@ -288,15 +285,8 @@ impl<'a> Gatherer<'a> {
     /// Event ids and labels (NaN without labels).
     fn gather_headers(&self, ids: &mut [i64], azimuth: &mut [f64], zenith: &mut [f64]) {
         let runs = &self.located.runs;
-        for (r, run) in runs.iter().enumerate() {
-            if let Some(ahead) = runs.get(r + PREFETCH_AHEAD) {
-                let v = self.views.get(ahead.shard);
-                let events = ahead.events();
-                prefetch(&v.event_id[events.clone()]);
-                for labels in [v.event_azimuth, v.event_zenith].into_iter().flatten() {
-                    prefetch(&labels[events.clone()]);
-                }
-            }
+        let ahead = |run: &Run| self.prefetch_headers(run);
+        visit_prefetching(runs, PREFETCH_AHEAD, ahead, |run| {
             let v = self.views.get(run.shard);
             let (events, out) = (run.events(), run.at..run.at + run.len);
             copy_run(&mut ids[out.clone()], &v.event_id[events.clone()]);
@@ -306,6 +296,16 @@ impl<'a> Gatherer<'a> {
                     None => dst[out.clone()].fill(f64::NAN),
                 }
             }
+        });
+    }
+
+    /// Prefetches the ids and labels of a run.
+    fn prefetch_headers(&self, run: &Run) {
+        let v = self.views.get(run.shard);
+        let events = run.events();
+        prefetch(&v.event_id[events.clone()]);
+        for labels in [v.event_azimuth, v.event_zenith].into_iter().flatten() {
+            prefetch(&labels[events.clone()]);
         }
     }
 
@@ -334,10 +334,8 @@ impl<'a> Gatherer<'a> {
         event_doms[0] = 0;
         dom_pulses[0] = 0;
         let runs = &self.located.runs;
-        for (r, run) in runs.iter().enumerate() {
-            if let Some(ahead) = runs.get(r + PREFETCH_AHEAD) {
-                self.prefetch_run(ahead);
-            }
+        let ahead = |run: &Run| self.prefetch_run(run);
+        visit_prefetching(runs, PREFETCH_AHEAD, ahead, |run| {
             let v = self.views.get(run.shard);
             let ((d0, d1), (p0, p1)) = (run.doms, run.pulses);
             let (d_out, p_out, events) = (run.dom_at, run.pulse_at, run.events());
@@ -355,7 +353,7 @@ impl<'a> Gatherer<'a> {
                 d_out as i32 - d0 as i32,
                 &mut event_doms[run.at + 1..=run.at + run.len],
             );
-        }
+        });
         if let Some(position) = position {
             // One pass over the batch's own sensor ids, just written and still in cache: a
             // tight loop (the lookups between the runs' copies waited behind their reads:

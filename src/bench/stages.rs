@@ -18,7 +18,7 @@ use crate::device::transfer::DeviceSlots;
 use crate::device::Placement;
 use crate::error::Result;
 use crate::pipeline::Batch;
-use crate::prefetch::prefetch;
+use crate::prefetch::{prefetch, visit_prefetching};
 use crate::sampler::{EpochBatches, SamplerConfig, SamplerState};
 
 /// GB/s of one sequential pass over every shard's bytes through the memory map (the shard
@@ -105,15 +105,10 @@ pub fn event_pieces<'a>(v: &crate::format::ShardView<'a>, i: usize, pieces: &mut
     pieces.push(&v.pulse_auxiliary[pulses]);
 }
 
-/// Calls `visit` on each of a batch's `pieces` in order, prefetching the piece
-/// [`PREFETCH_PIECES`] ahead first, as the gather prefetches the runs ahead.
+/// Calls `visit` on each of a batch's `pieces` in order, keeping [`PREFETCH_PIECES`]
+/// prefetched ahead, as the gather prefetches the runs ahead.
 fn visit_prefetched(pieces: &[&[u8]], mut visit: impl FnMut(&[u8])) {
-    for (k, piece) in pieces.iter().enumerate() {
-        if let Some(ahead) = pieces.get(k + PREFETCH_PIECES) {
-            prefetch(ahead);
-        }
-        visit(piece);
-    }
+    visit_prefetching(pieces, PREFETCH_PIECES, |p| prefetch(p), |p| visit(p));
 }
 
 /// Every shard's validated view.
