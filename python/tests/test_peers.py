@@ -54,6 +54,10 @@ def test_peers_reports_every_loader_and_torchs_floor(train_dir, torch, tmp_path)
     assert "paired: the median of each round's run over the Rust loader's run" in done.stdout
     floor = package["shardify -> torch tensors"]["torch_wrap_floor_us_per_batch"]
     assert 0 < floor < 1000, floor
+    with_floor = package["shardify -> torch tensors"]["ratio_to_rust_with_floor_added"]
+    assert abs(with_floor - rust["us_per_batch"] / (rust["us_per_batch"] + floor)) < 1e-9
+    added = f"the floor alone added to each of the Rust loader's batches gives {with_floor:.2f}x"
+    assert added in done.stdout
     assert "torch's own floor: wrapping a batch's capsules" in done.stdout
 
 
