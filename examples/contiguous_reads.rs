@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use shardify::bench::median;
-use shardify::bench::stages::event_pieces;
+use shardify::bench::stages::{event_pieces, shard_views};
 use shardify::dataset::{ChecksumPolicy, Dataset, DatasetSizes, View};
 use shardify::device::staging::{HostMemory, PlainMemory};
 use shardify::format::ShardView;
@@ -84,7 +84,7 @@ fn main() -> Result<(), Box<dyn Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let path = args
         .first()
-        .ok_or("usage: contiguous_reads DATASET [WINDOW] [ROUNDS]")?;
+        .ok_or("usage: contiguous_reads DATASET [WINDOW] [ROUNDS] [THREADS]")?;
     let window: usize = args.get(1).map_or(Ok(64), |w| w.parse())?;
     let rounds: usize = args.get(2).map_or(Ok(15), |r| r.parse())?;
     let threads: usize = args.get(3).map_or(Ok(1), |t| t.parse())?;
@@ -92,9 +92,7 @@ fn main() -> Result<(), Box<dyn Error>> {
         std::path::Path::new(path),
         ChecksumPolicy::Full,
     )?);
-    let views = (0..dataset.shard_count())
-        .map(|i| dataset.shard(i)?.view())
-        .collect::<Result<Vec<_>, _>>()?;
+    let views = shard_views(&dataset)?;
     let sampler = SamplerConfig {
         seed: 0,
         block_events: 256,

@@ -112,7 +112,7 @@ pub struct Throughput {
 impl Throughput {
     /// Bytes delivered per second, in GB/s.
     pub fn gb_per_s(&self) -> f64 {
-        self.bytes as f64 / self.seconds.max(1e-9) / 1e9
+        super::gb_per_s(self.bytes, self.seconds)
     }
 }
 

@@ -10,6 +10,11 @@ pub mod stages;
 
 use std::time::Instant;
 
+/// `bytes` over `seconds` in GB/s (a zero duration counts as a nanosecond).
+pub fn gb_per_s(bytes: u64, seconds: f64) -> f64 {
+    bytes as f64 / seconds.max(1e-9) / 1e9
+}
+
 /// The median of `n` measurements (these machines are shared: one pass can land on another
 /// tenant's burst).
 pub fn median_of<E>(n: usize, mut measure: impl FnMut() -> Result<f64, E>) -> Result<f64, E> {

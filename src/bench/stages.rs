@@ -37,7 +37,7 @@ pub fn shard_read_gb_per_s(dataset: &Dataset) -> Result<(f64, f64)> {
     }
     std::hint::black_box(sum);
     let seconds = started.elapsed().as_secs_f64();
-    Ok((bytes as f64 / seconds.max(1e-9) / 1e9, seconds))
+    Ok((super::gb_per_s(bytes as u64, seconds), seconds))
 }
 
 /// Elements `range` of a raw column.
@@ -60,7 +60,7 @@ pub struct ScatteredCopy {
 impl ScatteredCopy {
     /// Stored bytes per second, GB/s.
     pub fn gb_per_s(&self) -> f64 {
-        self.bytes as f64 / self.seconds.max(1e-9) / 1e9
+        super::gb_per_s(self.bytes as u64, self.seconds)
     }
 }
 
@@ -112,7 +112,7 @@ fn visit_prefetched(pieces: &[&[u8]], mut visit: impl FnMut(&[u8])) {
 }
 
 /// Every shard's validated view.
-fn shard_views(dataset: &Dataset) -> Result<Vec<crate::format::ShardView<'_>>> {
+pub fn shard_views(dataset: &Dataset) -> Result<Vec<crate::format::ShardView<'_>>> {
     (0..dataset.shard_count())
         .map(|i| dataset.shard(i)?.view())
         .collect()
@@ -346,7 +346,7 @@ pub fn cold_read_gb_per_s(dataset: &Dataset) -> Result<(f64, f64)> {
         }
     }
     let seconds = started.elapsed().as_secs_f64();
-    Ok((bytes as f64 / seconds.max(1e-9) / 1e9, seconds))
+    Ok((super::gb_per_s(bytes, seconds), seconds))
 }
 
 /// Host-to-device bounds of one run.
