@@ -672,7 +672,7 @@ fn global_batch_count(sizes: &dyn EventSizes, config: &SamplerConfig, epoch: u64
     if let Batching::Events(n) = config.batching {
         // Fixed-size batches cut the epoch's event sequence: no pass needed.
         let n = n as u64;
-        return (total_events.div_ceil(n), total_events % n == 0);
+        return (total_events.div_ceil(n), total_events.is_multiple_of(n));
     }
     // One pass over the epoch's order (indexes only, no data) to count its batches.
     let mut counting = GlobalBatches::new(sizes, config, epoch, false);

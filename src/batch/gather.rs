@@ -15,13 +15,13 @@
 //! on its scattered writes, so its runs are copied in delivery order instead
 //! ([`DENSE_EXTENT`]).
 
+use super::positions::look_up_positions;
 use super::{features_per_dom, sections, split_sections, typed, BatchLayout, BatchShape};
 use super::{Sections, SECTION_ALIGN};
 use crate::dataset::Dataset;
 use crate::error::{Error, Result};
-use crate::format::pod::Pod;
 use crate::format::safetensors::Dtype;
-use crate::format::{IntColumn, LookupRows, SensorTable, ShardView};
+use crate::format::{IntColumn, ShardView};
 use crate::prefetch::{prefetch, visit_prefetching};
 use crate::sampler::{BatchPlan, EventRef};
 
@@ -247,7 +247,9 @@ impl<'a> Gatherer<'a> {
         sections: &Sections,
         buffer: &mut [u8],
     ) -> Result<()> {
-        if buffer.len() < sections.total || (buffer.as_ptr() as usize) % SECTION_ALIGN != 0 {
+        if buffer.len() < sections.total
+            || !(buffer.as_ptr() as usize).is_multiple_of(SECTION_ALIGN)
+        {
             return Err(Error::config(
                 "buffer",
                 "batch buffer too small or misaligned",
@@ -407,45 +409,6 @@ fn copy_run<T: Copy>(dst: &mut [T], src: &[T]) {
 fn rebase(offsets: &[i32], shift: i32, dst: &mut [i32]) {
     for (dst, &o) in dst.iter_mut().zip(offsets) {
         *dst = o + shift;
-    }
-}
-
-/// Writes the sensor-table rows of DOMs `doms` (x, y, z each) to the start of `out` (raw
-/// bytes of the table's dtype): a lookup in a table small enough to stay in cache, its
-/// rows padded to four values so that none straddles two cache lines.
-fn look_up_positions(
-    sensors: IntColumn,
-    doms: std::ops::Range<usize>,
-    table: &SensorTable,
-    out: &mut [u8],
-) {
-    fn rows<S: Copy + Into<i64>, T: Pod>(sensors: &[S], table: &[[T; 4]], out: &mut [u8]) {
-        // Rows as [T; 3]: one bounds check and one 3-element move per DOM.
-        let out: &mut [[T; 3]] = as_rows_mut(&mut typed::<T>(out)[..3 * sensors.len()]);
-        for (dst, &s) in out.iter_mut().zip(sensors) {
-            let row = &table[s.into() as usize];
-            *dst = [row[0], row[1], row[2]];
-        }
-    }
-    let out = &mut out[..doms.len() * 3 * table.dtype().size()];
-    match (sensors, table.lookup_rows()) {
-        (IntColumn::I16(s), LookupRows::F32(t)) => rows(&s[doms], t, out),
-        (IntColumn::I16(s), LookupRows::F64(t)) => rows(&s[doms], t, out),
-        (IntColumn::I32(s), LookupRows::F32(t)) => rows(&s[doms], t, out),
-        (IntColumn::I32(s), LookupRows::F64(t)) => rows(&s[doms], t, out),
-        (IntColumn::I64(s), LookupRows::F32(t)) => rows(&s[doms], t, out),
-        (IntColumn::I64(s), LookupRows::F64(t)) => rows(&s[doms], t, out),
-    }
-}
-
-/// `values` (a multiple of 3 long) as mutable rows of 3.
-fn as_rows_mut<T: Pod>(values: &mut [T]) -> &mut [[T; 3]] {
-    assert_eq!(values.len() % 3, 0, "whole rows");
-    // SAFETY: `[T; 3]` has `T`'s alignment and three times its size, so `len / 3` rows
-    // cover exactly the elements of `values`, which the result borrows mutably: nothing
-    // aliases it.
-    unsafe {
-        std::slice::from_raw_parts_mut(values.as_mut_ptr().cast::<[T; 3]>(), values.len() / 3)
     }
 }
 

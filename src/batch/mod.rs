@@ -19,6 +19,7 @@
 //! time order.
 
 mod gather;
+mod positions;
 mod views;
 
 pub use gather::Gatherer;

@@ -536,7 +536,7 @@ impl DeviceConsumer {
             let end = self.timing_event()?;
             self.samples.push((before, start, end));
         }
-        if (self.steps + 1) % SAMPLE_EVERY == 0 {
+        if (self.steps + 1).is_multiple_of(SAMPLE_EVERY) {
             self.before_sample = Some(self.timing_event()?);
         }
         let n = self.steps as usize;

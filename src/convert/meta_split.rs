@@ -171,7 +171,7 @@ pub fn build(
             None,
             |batch_id| {
                 rows_read.set(rows_read.get() + 1);
-                if rows_read.get() % PROGRESS_ROWS == 0 {
+                if rows_read.get().is_multiple_of(PROGRESS_ROWS) {
                     progress.advance(0);
                 }
                 wanted.contains(&batch_id)

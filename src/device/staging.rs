@@ -11,12 +11,10 @@ use std::sync::Arc;
 
 use crossbeam_channel::{Receiver, Sender};
 
-/// Alignment of a staging buffer's start, in bytes.
-pub const BUFFER_ALIGN: usize = 64;
+use crate::format::pod::{LineAligned, CACHE_LINE};
 
-#[derive(Clone, Copy)]
-#[repr(C, align(64))]
-struct Line([u8; BUFFER_ALIGN]);
+/// Alignment of a staging buffer's start, in bytes.
+pub const BUFFER_ALIGN: usize = CACHE_LINE;
 
 /// Memory a staging buffer can live in.
 pub trait HostMemory: Send {
@@ -35,7 +33,7 @@ pub struct PlainMemory(Storage);
 
 enum Storage {
     /// Small buffers, from the allocator.
-    Lines(Vec<Line>),
+    Lines(LineAligned),
     /// Large ones, mapped from the kernel and unmapped when dropped: the allocator would keep
     /// them in the heap of the (worker) thread that freed them, where, buffer after buffer
     /// and loader after loader, they fragment memory that RSS then counts (measured: +20 MiB
@@ -62,10 +60,7 @@ impl PlainMemory {
                 return PlainMemory(storage);
             }
         }
-        PlainMemory(Storage::Lines(vec![
-            Line([0; BUFFER_ALIGN]);
-            bytes.div_ceil(BUFFER_ALIGN)
-        ]))
+        PlainMemory(Storage::Lines(LineAligned::zeroed(bytes)))
     }
 }
 
@@ -116,24 +111,14 @@ fn map_buffer(bytes: usize) -> Option<Storage> {
 impl HostMemory for PlainMemory {
     fn bytes_mut(&mut self) -> &mut [u8] {
         match &mut self.0 {
-            // SAFETY: `Line` is plain bytes with no padding (`repr(C)` of a byte array), so
-            // the vector's storage is `len * 64` initialised bytes, borrowed mutably here.
-            Storage::Lines(lines) => unsafe {
-                std::slice::from_raw_parts_mut(
-                    lines.as_mut_ptr().cast::<u8>(),
-                    lines.len() * BUFFER_ALIGN,
-                )
-            },
+            Storage::Lines(lines) => lines.bytes_mut(),
             Storage::Mapped { map, start, len } => &mut map[*start..*start + *len],
         }
     }
 
     fn bytes(&self) -> &[u8] {
         match &self.0 {
-            // SAFETY: as in `bytes_mut`, borrowed shared.
-            Storage::Lines(lines) => unsafe {
-                std::slice::from_raw_parts(lines.as_ptr().cast::<u8>(), lines.len() * BUFFER_ALIGN)
-            },
+            Storage::Lines(lines) => lines.bytes(),
             Storage::Mapped { map, start, len } => &map[*start..*start + *len],
         }
     }
@@ -274,7 +259,7 @@ impl StagingPool {
     pub fn lend(&self) {
         let needed = self.needed(self.lent.fetch_add(1, Ordering::AcqRel) + 1);
         self.peak.fetch_max(needed, Ordering::AcqRel);
-        if (self.lends.fetch_add(1, Ordering::AcqRel) + 1) % HOLDING_WINDOW == 0 {
+        if (self.lends.fetch_add(1, Ordering::AcqRel) + 1).is_multiple_of(HOLDING_WINDOW) {
             // A new window: the one ending becomes the one before.
             let ending = self.peak.swap(needed, Ordering::AcqRel);
             self.last_peak.store(ending, Ordering::Release);

@@ -7,12 +7,14 @@
 //! directly: `positions[dom_sensor_id]` in numpy.
 
 use std::collections::BTreeMap;
+use std::marker::PhantomData;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
 use super::columns::FloatColumn;
 use super::names::SENSOR_POSITION;
+use super::pod::{try_cast, try_cast_mut, LineAligned, Pod};
 use super::safetensors::{self, Dtype, Raw, TensorOut};
 use super::shard::{ShardProblem, TensorCheck};
 use super::{checksum, format_metadata};
@@ -41,17 +43,52 @@ enum Positions {
     F64(Vec<f64>),
 }
 
-/// The same rows padded to four values (the fourth 0), owned.
+/// The same rows padded to four values (the fourth 0), owned, starting on a cache line.
 #[derive(Debug, Clone, PartialEq)]
 enum Padded {
-    F32(Vec<[f32; 4]>),
-    F64(Vec<[f64; 4]>),
+    F32(PaddedRows<f32>),
+    F64(PaddedRows<f64>),
+}
+
+/// Rows of four values on memory that starts on a cache line, so that no row straddles
+/// two lines (in a `Vec<[f64; 4]>` of the real table's size every other row did: the
+/// allocator served it 16 bytes past a line).
+#[derive(Debug, Clone, PartialEq)]
+struct PaddedRows<T> {
+    bytes: LineAligned,
+    values: PhantomData<T>,
+}
+
+impl<T: Pod> PaddedRows<T> {
+    /// `xyz` (3 per row) as rows of four, the fourth zero.
+    fn new(xyz: &[T]) -> PaddedRows<T> {
+        let (xyz, _) = xyz.as_chunks::<3>();
+        let mut bytes = LineAligned::zeroed(std::mem::size_of_val(xyz) / 3 * 4);
+        let values = try_cast_mut::<T>(bytes.bytes_mut()).expect("line-aligned memory");
+        for (row, xyz) in values.as_chunks_mut::<4>().0.iter_mut().zip(xyz) {
+            // The fourth stays zero bytes: 0.0 in either width.
+            row[..3].copy_from_slice(xyz);
+        }
+        PaddedRows {
+            bytes,
+            values: PhantomData,
+        }
+    }
+
+    fn rows(&self) -> &[[T; 4]] {
+        try_cast::<T>(self.bytes.bytes())
+            .expect("line-aligned memory")
+            .as_chunks::<4>()
+            .0
+    }
 }
 
 /// The table's rows padded to four values, at the stored width: what a lookup per DOM
 /// reads. A 24-byte row of three F64 straddles two cache lines one time in four, a
-/// 32-byte row never; one thread's gather looked positions up 3-8% faster this way
-/// (2-core Ice Lake, both forms alternated in one process, docs/results.md).
+/// 32-byte row never once the rows start on a line (they do); one thread's gather looked
+/// positions up 3-8% faster this way (2-core Ice Lake, both forms alternated in one
+/// process, docs/results.md), and the loader 0-2% faster again once the rows of the real
+/// table were moved from 16 bytes past a line onto one (2-core Zen 5).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum LookupRows<'a> {
     /// Rows of an F32 table.
@@ -65,13 +102,6 @@ pub enum LookupRows<'a> {
 pub struct SensorTable {
     positions: Positions,
     padded: Padded,
-}
-
-/// `xyz` (3 per row) as rows of four, the fourth zero.
-fn padded<T: Copy + Default>(xyz: &[T]) -> Vec<[T; 4]> {
-    xyz.chunks_exact(3)
-        .map(|r| [r[0], r[1], r[2], T::default()])
-        .collect()
 }
 
 impl SensorTable {
@@ -90,8 +120,8 @@ impl SensorTable {
     /// A table of `positions`, with its lookup rows made from them.
     fn of(positions: Positions) -> SensorTable {
         let padded = match &positions {
-            Positions::F32(v) => Padded::F32(padded(v)),
-            Positions::F64(v) => Padded::F64(padded(v)),
+            Positions::F32(v) => Padded::F32(PaddedRows::new(v)),
+            Positions::F64(v) => Padded::F64(PaddedRows::new(v)),
         };
         SensorTable { positions, padded }
     }
@@ -99,8 +129,8 @@ impl SensorTable {
     /// The rows padded to four values, for lookups by sensor id.
     pub fn lookup_rows(&self) -> LookupRows<'_> {
         match &self.padded {
-            Padded::F32(rows) => LookupRows::F32(rows),
-            Padded::F64(rows) => LookupRows::F64(rows),
+            Padded::F32(rows) => LookupRows::F32(rows.rows()),
+            Padded::F64(rows) => LookupRows::F64(rows.rows()),
         }
     }
 
@@ -234,6 +264,11 @@ mod tests {
                 (other, _) => panic!("{dtype:?} table gave {other:?}"),
             };
             assert_eq!(padded.len(), 3);
+            let start = match t.lookup_rows() {
+                LookupRows::F64(r) => r.as_ptr() as usize,
+                LookupRows::F32(r) => r.as_ptr() as usize,
+            };
+            assert_eq!(start % 64, 0, "{dtype:?} rows start on a cache line");
             for (row, p) in padded.iter().enumerate() {
                 assert_eq!(p[3], 0.0, "row {row}");
                 for (k, &value) in p[..3].iter().enumerate() {
