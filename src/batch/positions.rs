@@ -3,11 +3,11 @@
 //!
 //! The table's padded rows ([`LookupRows`]) are 16 or 32 bytes on cache-line-aligned
 //! memory, so a row is one load that never straddles two lines. Where the CPU has AVX-512,
-//! rows are moved in groups (8 F64 or 16 F32 rows: one load per row, three two-source
-//! permutes and three full 64-byte stores per group, instead of a 24- or 12-byte store per
-//! row, some of them across lines): the loader delivered 4-5% more events a second at
-//! windows 4 to 64 on a 2-core Zen 5 (docs/results.md). Elsewhere, and for a group's tail,
-//! one row at a time.
+//! F64 rows are moved in groups of 8 (one load per row, three two-source permutes and
+//! three full 64-byte stores per group, instead of a 24-byte store per row, a quarter of
+//! them across two lines): the loader delivered 4-5% more events a second at windows 1 to
+//! 64 on a 2-core Zen 5 (docs/results.md). F32 rows, other CPUs and a group's tail go one
+//! row at a time.
 
 use crate::format::pod::Pod;
 use crate::format::{IntColumn, LookupRows, SensorTable};
@@ -47,12 +47,16 @@ impl<S: Copy + Into<i64>> SensorId for S {
 
 /// A coordinate's type, with the widest way this CPU has to move rows of it.
 trait Coordinate: Pod {
-    /// Writes the rows of the first DOMs, in whole groups; returns how many it wrote.
+    /// Writes the rows of the first DOMs, in whole groups; returns how many it wrote (none
+    /// where this CPU has no wider way than one row at a time).
     fn write_groups<S: SensorId>(
         sensors: &[S],
         table: &[[Self; 4]],
         out: &mut [[Self; 3]],
-    ) -> usize;
+    ) -> usize {
+        let _ = (sensors, table, out);
+        0
+    }
 }
 
 impl Coordinate for f64 {
@@ -67,17 +71,9 @@ impl Coordinate for f64 {
     }
 }
 
-impl Coordinate for f32 {
-    fn write_groups<S: SensorId>(sensors: &[S], table: &[[f32; 4]], out: &mut [[f32; 3]]) -> usize {
-        #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            // SAFETY: the CPU has AVX-512F, checked just above.
-            return unsafe { avx512::rows_f32(sensors, table, out) };
-        }
-        let _ = (sensors, table, out);
-        0
-    }
-}
+/// One row at a time: groups of 16 F32 rows (four 16-byte loads and three inserts per
+/// register) measured no faster than single rows (0.45 ns per DOM either way, 2-core Zen 5).
+impl Coordinate for f32 {}
 
 /// Each DOM's row, in groups where the CPU can, the rest one by one.
 fn write_rows<S: SensorId, T: Coordinate>(sensors: &[S], table: &[[T; 4]], out: &mut [u8]) {
@@ -112,19 +108,10 @@ mod avx512 {
 
     /// From registers `a` (lanes 0-7) and `b` (8-15) holding rows of four F64, the values
     /// of output registers 0, 1, 2: rows 0-1 and 2-3, then 2-3 and 4-5, then 4-5 and 6-7.
-    const F64_LANES: [[i64; 8]; 3] = [
+    const LANES: [[i64; 8]; 3] = [
         [0, 1, 2, 4, 5, 6, 8, 9],
         [2, 4, 5, 6, 8, 9, 10, 12],
         [5, 6, 8, 9, 10, 12, 13, 14],
-    ];
-
-    /// The same for rows of four F32 (16 lanes a register, 4 rows).
-    const F32_LANES: [[i32; 16]; 3] = [
-        [0, 1, 2, 4, 5, 6, 8, 9, 10, 12, 13, 14, 16, 17, 18, 20],
-        [5, 6, 8, 9, 10, 12, 13, 14, 16, 17, 18, 20, 21, 22, 24, 25],
-        [
-            10, 12, 13, 14, 16, 17, 18, 20, 21, 22, 24, 25, 26, 28, 29, 30,
-        ],
     ];
 
     /// Writes the rows of the first multiple of 8 DOMs; returns how many.
@@ -137,77 +124,33 @@ mod avx512 {
         table: &[[f64; 4]],
         out: &mut [[f64; 3]],
     ) -> usize {
-        let lanes = F64_LANES.map(|l| {
-            // SAFETY: an unaligned load of 8 i64 from an array of 8.
-            unsafe { _mm512_loadu_si512(l.as_ptr().cast()) }
-        });
-        let row = |s: S| {
-            let row = &table[s.row()];
-            // SAFETY: an unaligned load of the row's 4 values, in bounds.
-            unsafe { _mm256_loadu_pd(row.as_ptr()) }
+        // SAFETY: unaligned loads of 8 i64 from arrays of 8.
+        let lanes = unsafe {
+            [
+                _mm512_loadu_si512(LANES[0].as_ptr().cast()),
+                _mm512_loadu_si512(LANES[1].as_ptr().cast()),
+                _mm512_loadu_si512(LANES[2].as_ptr().cast()),
+            ]
         };
-        let pair = |a: S, b: S| _mm512_insertf64x4::<1>(_mm512_castpd256_pd512(row(a)), row(b));
         let (groups, _) = sensors.as_chunks::<8>();
         let (outs, _) = out.as_chunks_mut::<8>();
         for (s, out) in groups.iter().zip(outs.iter_mut()) {
-            let z = [
-                pair(s[0], s[1]),
-                pair(s[2], s[3]),
-                pair(s[4], s[5]),
-                pair(s[6], s[7]),
-            ];
-            let o = out.as_mut_ptr().cast::<f64>();
+            let rows = s.map(|s| table[s.row()].as_ptr());
+            // SAFETY: unaligned loads of rows of 4 values (32 bytes), each in the table.
+            let z = unsafe {
+                [0, 2, 4, 6].map(|r| {
+                    let low = _mm512_castsi256_si512(_mm256_loadu_si256(rows[r].cast()));
+                    _mm512_inserti64x4::<1>(low, _mm256_loadu_si256(rows[r + 1].cast()))
+                })
+            };
+            let o = out.as_mut_ptr().cast::<__m512i>();
             for k in 0..3 {
-                let values = _mm512_permutex2var_pd(z[k], lanes[k], z[k + 1]);
-                // SAFETY: the group's 8 rows of 3 are 24 values: 8 from value 8k fit.
-                unsafe { _mm512_storeu_pd(o.add(8 * k), values) };
+                let values = _mm512_permutex2var_epi64(z[k], lanes[k], z[k + 1]);
+                // SAFETY: the group's 8 rows of 3 F64 are 3 * 64 bytes: register k fits.
+                unsafe { _mm512_storeu_si512(o.add(k), values) };
             }
         }
         groups.len().min(outs.len()) * 8
-    }
-
-    /// Writes the rows of the first multiple of 16 DOMs; returns how many.
-    ///
-    /// # Safety
-    /// The CPU must have AVX-512F.
-    #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn rows_f32<S: SensorId>(
-        sensors: &[S],
-        table: &[[f32; 4]],
-        out: &mut [[f32; 3]],
-    ) -> usize {
-        let lanes = F32_LANES.map(|l| {
-            // SAFETY: an unaligned load of 16 i32 from an array of 16.
-            unsafe { _mm512_loadu_si512(l.as_ptr().cast()) }
-        });
-        let row = |s: S| {
-            let row = &table[s.row()];
-            // SAFETY: an unaligned load of the row's 4 values, in bounds.
-            unsafe { _mm_loadu_ps(row.as_ptr()) }
-        };
-        let quad = |s: &[S]| {
-            let z = _mm512_castps128_ps512(row(s[0]));
-            let z = _mm512_insertf32x4::<1>(z, row(s[1]));
-            let z = _mm512_insertf32x4::<2>(z, row(s[2]));
-            _mm512_insertf32x4::<3>(z, row(s[3]))
-        };
-        let (groups, _) = sensors.as_chunks::<16>();
-        let (outs, _) = out.as_chunks_mut::<16>();
-        for (s, out) in groups.iter().zip(outs.iter_mut()) {
-            let z = [
-                quad(&s[0..4]),
-                quad(&s[4..8]),
-                quad(&s[8..12]),
-                quad(&s[12..16]),
-            ];
-            let o = out.as_mut_ptr().cast::<f32>();
-            for k in 0..3 {
-                let values = _mm512_permutex2var_ps(z[k], lanes[k], z[k + 1]);
-                // SAFETY: the group's 16 rows of 3 are 48 values: 16 from value 16k fit.
-                unsafe { _mm512_storeu_ps(o.add(16 * k), values) };
-            }
-        }
-        groups.len().min(outs.len()) * 16
     }
 }
 
@@ -260,7 +203,8 @@ mod tests {
             let (table, ids) = table_and_ids(5160, dtype, 200);
             let (i16s, i32s): (Vec<i16>, Vec<i32>) =
                 ids.iter().map(|&i| (i as i16, i as i32)).unzip();
-            // Lengths around the group sizes (8, 16), from offsets that are not a group's.
+            // Lengths around the group size (8) and its multiples, from offsets that are
+            // not a group's.
             for n in [0, 1, 7, 8, 9, 15, 16, 17, 31, 33, 62, 100, 197] {
                 for from in [0, 3] {
                     let columns = [
@@ -323,12 +267,13 @@ mod tests {
             eprintln!("skipped: this CPU has no AVX-512F, rows are never moved in groups here");
             return;
         }
-        fn compare<T: Coordinate + Default>(ids: &[i64], rows: &[[T; 4]]) {
-            let group = 64 / std::mem::size_of::<T>();
+        /// Checks the groups' rows against single rows; `group` DOMs a group (0: none).
+        fn compare<T: Coordinate + Default>(ids: &[i64], rows: &[[T; 4]], group: usize) {
             let mut grouped = vec![[T::default(); 3]; ids.len()];
             let mut single = grouped.clone();
             let done = T::write_groups(ids, rows, &mut grouped);
-            assert_eq!(done, ids.len() / group * group, "whole groups of {group}");
+            let whole = ids.len().checked_div(group).unwrap_or(0) * group;
+            assert_eq!(done, whole, "whole groups of {group}");
             write_rows_one_by_one(ids, rows, &mut single);
             for (d, (g, s)) in grouped.iter().zip(&single).enumerate().take(done) {
                 assert_eq!(as_bytes(g), as_bytes(s), "DOM {d} of the {done} in groups");
@@ -339,12 +284,12 @@ mod tests {
                 assert_eq!(as_bytes(g), as_bytes(&zero), "DOM {d}, past the groups");
             }
         }
+        // 1003 DOMs: 125 groups of 8 F64 rows and a tail of 3; F32 rows go one at a time.
         for dtype in [Dtype::F64, Dtype::F32] {
-            // 1000 DOMs: 125 groups of 8 F64 rows, 62 of 16 F32 rows and a tail of 8.
-            let (table, ids) = table_and_ids(300, dtype, 1000);
+            let (table, ids) = table_and_ids(300, dtype, 1003);
             match table.lookup_rows() {
-                LookupRows::F64(rows) => compare(&ids, rows),
-                LookupRows::F32(rows) => compare(&ids, rows),
+                LookupRows::F64(rows) => compare(&ids, rows, 8),
+                LookupRows::F32(rows) => compare(&ids, rows, 0),
             }
         }
     }
