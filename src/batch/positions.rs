@@ -99,9 +99,9 @@ fn rows_mut<T: Pod>(out: &mut [u8], rows: usize) -> &mut [[T; 3]] {
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    //! Rows moved in groups: a group's padded rows are loaded into four registers (two
-    //! F64 or four F32 rows each), and three two-source permutes drop every fourth value,
-    //! leaving the group's x, y, z rows in three full registers, stored as they are.
+    //! F64 rows moved in groups of 8: their padded rows are loaded into four registers (two
+    //! rows each), and three two-source permutes drop every fourth value, leaving the
+    //! group's x, y, z rows in three full registers, stored as they are.
 
     use super::SensorId;
     use std::arch::x86_64::*;
