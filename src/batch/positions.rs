@@ -184,7 +184,7 @@ mod tests {
     /// The positions `look_up_positions` writes for `ids` as `column`'s type, widened.
     fn looked_up(table: &SensorTable, column: IntColumn, n: usize, from: usize) -> Vec<f64> {
         let size = table.dtype().size();
-        let mut out = crate::format::pod::LineAligned::zeroed(3 * n * size + 64);
+        let mut out = crate::format::pod::LineAligned::zeroed(3 * n * size);
         look_up_positions(column, from..from + n, table, out.bytes_mut());
         let bytes = &out.bytes()[..3 * n * size];
         match table.dtype() {

@@ -243,6 +243,7 @@ impl SensorTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::format::pod::CACHE_LINE;
 
     fn table() -> SensorTable {
         let nan = f64::NAN;
@@ -268,7 +269,11 @@ mod tests {
                 LookupRows::F64(r) => r.as_ptr() as usize,
                 LookupRows::F32(r) => r.as_ptr() as usize,
             };
-            assert_eq!(start % 64, 0, "{dtype:?} rows start on a cache line");
+            assert_eq!(
+                start % CACHE_LINE,
+                0,
+                "{dtype:?} rows start on a cache line"
+            );
             for (row, p) in padded.iter().enumerate() {
                 assert_eq!(p[3], 0.0, "row {row}");
                 for (k, &value) in p[..3].iter().enumerate() {
