@@ -7,7 +7,8 @@
 //! Without DATASET, converts a generated dataset of N events with the real statistics once
 //! (kept under target/bench-data, or `SHARDIFY_BENCH_DATA`). Window `0` means one window
 //! over the whole dataset: the complete shuffle a resident loader can afford. Prints, per
-//! window, the median of R runs: seconds, nanoseconds per event, microseconds per batch and
+//! window, the median of R runs: the sampler's order alone (seconds, nanoseconds per
+//! event), then the whole plan (seconds, nanoseconds per event, microseconds per batch) and
 //! the plan's bytes (what a resident loader uploads to the device once per epoch).
 
 use std::path::PathBuf;
@@ -65,7 +66,7 @@ fn main() {
         events,
         dataset.shard_count()
     );
-    println!("window         order s  plan s   ns/event  us/batch  plan MiB");
+    println!("window         order s  order ns/event  plan s   ns/event  us/batch  plan MiB");
     for window in windows {
         let block = 256;
         let window_blocks = if window == 0 {
@@ -102,7 +103,8 @@ fn main() {
             window.to_string()
         };
         println!(
-            "{name:<14} {order:>7.3} {whole:>7.3} {:>10.1} {:>9.2} {:>9.1}",
+            "{name:<14} {order:>7.3} {:>15.2} {whole:>7.3} {:>10.1} {:>9.2} {:>9.1}",
+            order * 1e9 / events,
             whole * 1e9 / events,
             whole * 1e6 / plan.batches() as f64,
             bytes as f64 / (1 << 20) as f64

@@ -424,6 +424,8 @@ struct Window {
     taken: usize,
     /// Scratch: one bit per event of the window.
     bitmap: Vec<u64>,
+    /// Scratch for [`radix_sort`].
+    sorting: RadixScratch,
 }
 
 impl Window {
@@ -445,7 +447,9 @@ impl Window {
             BatchOrder::Drawn => out.extend(piece.iter().map(|&i| self.events[i as usize])),
             BatchOrder::Stored if self.events.len() <= BITMAP_SPREAD * n => {
                 // Sorted through a bitmap of the window: linear, where a comparison sort
-                // of a 256-event batch costs 2.5 µs, as much as gathering 50 KB.
+                // of a 256-event batch costs 2.5 µs, as much as gathering 50 KB. Dense
+                // words (a small window) cost a word each; sparse ones a mispredicted
+                // branch each, where the radix sort below has none.
                 let bits = &mut self.bitmap;
                 bits.clear();
                 bits.resize(self.events.len().div_ceil(64), 0);
@@ -461,8 +465,8 @@ impl Window {
                 }
             }
             BatchOrder::Stored => {
-                out.extend(piece.iter().map(|&i| self.events[i as usize]));
-                out[from..].sort_unstable();
+                let sorted = radix_sort(piece, self.events.len(), &mut self.sorting);
+                out.extend(sorted.iter().map(|&i| self.events[i as usize]));
             }
         }
         if order == BatchOrder::Stored {
@@ -477,8 +481,58 @@ impl Window {
 }
 
 /// A piece of a batch is put in stored order through a bitmap of its window when the
-/// window holds at most this many times as many events as the piece.
-const BITMAP_SPREAD: usize = 64;
+/// window holds at most this many times as many events as the piece (8 bits a word on
+/// average), else by [`radix_sort`].
+const BITMAP_SPREAD: usize = 8;
+
+/// Bits of the digits [`radix_sort`] sorts by, at most.
+const RADIX_BITS: u32 = 8;
+
+/// The buffers [`radix_sort`] reuses from one call to the next.
+#[derive(Debug, Default)]
+struct RadixScratch {
+    keys: Vec<u32>,
+    swap: Vec<u32>,
+    counts: Vec<u32>,
+}
+
+/// `keys` (each below `bound`), ascending, in `scratch`: a least-significant-digit radix
+/// sort, one counting pass per digit of at most [`RADIX_BITS`] bits (two for windows up to
+/// 65,536 events). No comparisons and no branch on the data: a batch of 256 indexes into a
+/// window of 16,384 events sorts in a few hundred nanoseconds.
+fn radix_sort<'s>(keys: &[u32], bound: usize, scratch: &'s mut RadixScratch) -> &'s [u32] {
+    let bits = usize::BITS - bound.saturating_sub(1).leading_zeros();
+    let passes = bits.div_ceil(RADIX_BITS).max(1);
+    let width = bits.div_ceil(passes);
+    let RadixScratch {
+        keys: from,
+        swap: to,
+        counts,
+    } = scratch;
+    from.clear();
+    from.extend_from_slice(keys);
+    to.clear();
+    to.resize(keys.len(), 0);
+    for pass in 0..passes {
+        let (shift, mask) = (pass * width, (1u32 << width) - 1);
+        counts.clear();
+        counts.resize(1 << width, 0);
+        for &k in from.iter() {
+            counts[((k >> shift) & mask) as usize] += 1;
+        }
+        let mut sum = 0;
+        for c in counts.iter_mut() {
+            (*c, sum) = (sum, sum + *c);
+        }
+        for &k in from.iter() {
+            let slot = &mut counts[((k >> shift) & mask) as usize];
+            to[*slot as usize] = k;
+            *slot += 1;
+        }
+        std::mem::swap(from, to);
+    }
+    from
+}
 
 impl EventStream {
     fn new(shard_events: &[usize], config: &SamplerConfig, epoch: u64) -> EventStream {
@@ -984,6 +1038,42 @@ mod tests {
                 let mut sorted = b.events.clone();
                 sorted.sort();
                 prop_assert_eq!(&a.events, &sorted, "stored order: the drawn batch, sorted");
+            }
+        }
+    }
+
+    #[test]
+    fn radix_sort_sorts_keys_of_every_width() {
+        let mut scratch = RadixScratch::default();
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        // One pass (up to 8 bits), two, three and four; bounds just past a power of two
+        // leave a short last digit.
+        for bound in [
+            1usize,
+            2,
+            3,
+            200,
+            256,
+            257,
+            4096,
+            16_384,
+            65_537,
+            1 << 20,
+            1 << 32,
+        ] {
+            for n in [0usize, 1, 2, 255, 1000] {
+                let keys: Vec<u32> = (0..n)
+                    .map(|_| {
+                        state ^= state << 13;
+                        state ^= state >> 7;
+                        state ^= state << 17;
+                        (state % bound as u64) as u32
+                    })
+                    .collect();
+                let mut expected = keys.clone();
+                expected.sort_unstable();
+                let sorted = radix_sort(&keys, bound, &mut scratch);
+                assert_eq!(sorted, &expected[..], "bound {bound}, {n} keys");
             }
         }
     }
