@@ -292,8 +292,7 @@ impl<'a> Gatherer<'a> {
             BatchLayout::Packed => {
                 let positions = sections.get(sections::DOM_POSITION).is_some();
                 let columns = 6 + usize::from(positions);
-                let rest: Vec<&mut [u8]> =
-                    std::iter::from_fn(|| Some(next())).take(columns).collect();
+                let rest: Vec<&mut [u8]> = (0..columns).map(|_| next()).collect();
                 self.gather_packed(&mut headers, rest);
             }
             BatchLayout::Padded { pulses_per_dom, .. } => {

@@ -122,7 +122,12 @@ pub fn plan_sections(
     dom_positions: bool,
 ) -> Sections {
     use sections::*;
-    let mut s = Sections::default();
+    // Room for every section (grown push by push, the list cost two reallocations a
+    // batch).
+    let mut s = Sections {
+        list: Vec::with_capacity(10),
+        total: 0,
+    };
     let b = shape.events;
     s.push(EVENT_ID, Dtype::I64, vec![b]);
     s.push(EVENT_AZIMUTH, Dtype::F64, vec![b]);
