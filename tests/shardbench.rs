@@ -254,7 +254,17 @@ fn quick_report_is_complete_and_consistent() {
             (reported - outside).abs() <= 1e-9 * outside.max(1e-9),
             "{l}"
         );
+        // The sampler's share of it: one epoch's batches planned by one thread.
+        let p = &l["planning"];
+        assert_eq!(p["batches"], batches.ceil() as u64, "{p}");
+        assert_eq!(p["events"], 300, "{p}");
+        assert!(p["seconds"].as_f64().unwrap() > 0.0, "{p}");
     }
+    assert_eq!(
+        table.matches(" (planning it ").count(),
+        2,
+        "the sampler's share named on each stage line: {table}"
+    );
     let svg = std::fs::read_to_string(&plot).unwrap();
     assert!(svg.starts_with("<svg") && svg.ends_with("</svg>"));
     for label in [
@@ -529,6 +539,34 @@ fn gather_stages_split_the_gather_with_and_without_positions() {
         assert!(
             (per_event - g.gather_seconds * 1e9 / m.totals.events as f64).abs() < 1e-6,
             "{g:?}"
+        );
+    }
+}
+
+#[test]
+fn planning_counts_the_batches_and_events_the_loader_delivers() {
+    use shardify::bench::stages::planning;
+    use shardify::device::DeviceChoice;
+    use shardify::pipeline::{Loader, LoaderConfig};
+    use shardify::sampler::SamplerState;
+    let dir = tempfile::tempdir().unwrap();
+    let dataset = fixture_dataset(dir.path(), 1, shardify::dataset::ChecksumPolicy::Full);
+    for (seed, window, epoch) in [(0, 1, 0), (3, 4, 1), (5, 64, 2)] {
+        let sampler = small_batches(seed, window);
+        let config = LoaderConfig {
+            sampler: sampler.clone(),
+            device: DeviceChoice::Cpu,
+            ..LoaderConfig::default()
+        };
+        let loader = Loader::new(dataset.clone(), config, SamplerState::start(epoch)).unwrap();
+        let shapes: Vec<usize> = loader.map(|b| b.unwrap().shape().events).collect();
+        let p = planning(&dataset, &sampler, epoch).unwrap();
+        assert_eq!(p.batches, shapes.len(), "window {window}");
+        assert_eq!(p.events, shapes.iter().sum::<usize>(), "window {window}");
+        assert!(p.seconds > 0.0 && p.ns_per_event() > 0.0, "{p:?}");
+        assert!(
+            (p.seconds_per_batch() * p.batches as f64 / p.seconds - 1.0).abs() < 1e-12,
+            "{p:?}"
         );
     }
 }

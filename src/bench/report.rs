@@ -10,8 +10,8 @@ use serde::Serialize;
 use super::baselines::{SourceIndex, Throughput};
 use super::quality::{quality, EventInfo, Quality};
 use super::stages::{
-    cold_read_gb_per_s, copy_stage_gb_per_s, gather_stages, largest_batch_bytes, scattered_copy,
-    shard_read_gb_per_s, Consumer, GatherStages, GpuBounds,
+    cold_read_gb_per_s, copy_stage_gb_per_s, gather_stages, largest_batch_bytes, planning,
+    scattered_copy, shard_read_gb_per_s, Consumer, GatherStages, GpuBounds, Planning,
 };
 use super::{median, median_of, memcpy_gb_per_s};
 use crate::batch::BatchLayout;
@@ -142,6 +142,9 @@ pub struct LoaderFigures {
     /// left out), over the epoch's batches.
     /// Planning, hand-offs, and time without a core or blocked on a full queue.
     pub outside_gather_seconds_per_batch: Option<f64>,
+    /// One thread planning the first measured epoch's batches as the workers plan them
+    /// ([`planning`]): the sampler's share of their time outside the gather.
+    pub planning: Option<Planning>,
     /// Staging buffers allocated during the measured epochs: 0 when the pool, grown to
     /// their largest batch beforehand, held every batch (as a long job's does).
     pub measured_epoch_allocations: Option<u64>,
@@ -541,6 +544,7 @@ fn figures(
         ratio_to_scattered_copy: None,
         gather_stages: None,
         outside_gather_seconds_per_batch: None,
+        planning: None,
         measured_epoch_allocations: None,
         first_epoch_events_per_s: None,
         wait_seconds: None,
@@ -697,6 +701,7 @@ pub fn run(
             (config.workers as f64 * total.seconds - worker_gather).max(0.0)
                 / batches.max(1) as f64,
         );
+        f.planning = Some(planning(&dataset, &sampler(config, window), measured[0])?);
         f.measured_epoch_allocations = measured_allocations;
         f.first_epoch_events_per_s =
             Some(first.throughput.events as f64 / first.throughput.seconds.max(1e-9));
@@ -900,6 +905,13 @@ fn stage_line(l: &LoaderFigures) -> String {
     }
     if let Some(s) = l.outside_gather_seconds_per_batch {
         out += &format!("; the workers outside the gather {} per batch", duration(s));
+        if let Some(p) = &l.planning {
+            out += &format!(
+                " (planning it {:.1} µs, {:.1} ns an event, one thread alone)",
+                p.seconds_per_batch() * 1e6,
+                p.ns_per_event()
+            );
+        }
     }
     out + "\n"
 }

@@ -165,6 +165,59 @@ pub fn scattered_copy(
     })
 }
 
+/// One thread planning one epoch as the loader's workers plan it (each batch under their
+/// lock, then located in its shards): the part of their time outside the gather that the
+/// sampler takes.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Planning {
+    /// Batches planned.
+    pub batches: usize,
+    /// Events in them.
+    pub events: usize,
+    /// Seconds for the epoch (the median of five passes).
+    pub seconds: f64,
+}
+
+impl Planning {
+    /// Nanoseconds per event.
+    pub fn ns_per_event(&self) -> f64 {
+        self.seconds * 1e9 / self.events.max(1) as f64
+    }
+
+    /// Seconds per batch.
+    pub fn seconds_per_batch(&self) -> f64 {
+        self.seconds / self.batches.max(1) as f64
+    }
+}
+
+/// Measures [`Planning`] for epoch `epoch` of `sampler` over `dataset`, with the loader's
+/// read-ahead hints (one rank's batches, as the sampler deals them).
+pub fn planning(dataset: &Arc<Dataset>, sampler: &SamplerConfig, epoch: u64) -> Result<Planning> {
+    let view = View::from(dataset.clone());
+    let sizes = DatasetSizes::new(&view);
+    let (mut batches, mut events) = (0, 0);
+    let seconds = median_of(5, || {
+        (batches, events) = (0, 0);
+        let started = Instant::now();
+        for mut plan in EpochBatches::new(&sizes, sampler, SamplerState::start(epoch)) {
+            view.locate_plan(&mut plan);
+            batches += 1;
+            events += plan.events.len();
+            std::hint::black_box(&plan);
+        }
+        let seconds = started.elapsed().as_secs_f64();
+        match sizes.take_error() {
+            Some(e) => Err(e),
+            None => Ok(seconds),
+        }
+    })?;
+    Ok(Planning {
+        batches,
+        events,
+        seconds,
+    })
+}
+
 /// One thread's seconds on each part of gathering one epoch's batches, the same batches
 /// the loader delivered, in the same run (each the median of three passes): where a
 /// gather's time goes, against the least its reads alone cost.
