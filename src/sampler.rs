@@ -481,9 +481,11 @@ impl Window {
 }
 
 /// A piece of a batch is put in stored order through a bitmap of its window when the
-/// window holds at most this many times as many events as the piece (8 bits a word on
-/// average), else by [`radix_sort`].
-const BITMAP_SPREAD: usize = 8;
+/// window holds at most this many times as many events as the piece (4 bits a word on
+/// average), else by [`radix_sort`]. Both cost the same at 16 (window 16 with blocks the
+/// size of a batch); at 64 the bitmap's sparse words took 2.2 µs a batch, the radix sort
+/// 1.4 (2-core Zen 5, docs/results.md).
+const BITMAP_SPREAD: usize = 16;
 
 /// Bits of the digits [`radix_sort`] sorts by, at most.
 const RADIX_BITS: u32 = 8;
