@@ -314,29 +314,18 @@ fn main() -> Result<(), Box<dyn Error>> {
         let gather_records = |places: &mut Vec<_>, plan: &BatchPlan, buffer: &mut [u8]| {
             records.gather(plan, &types, places, buffer);
         };
-        let (mut v2, mut v3) = (Vec::new(), Vec::new());
+        // Today's gather, then the records', and the other way round every other round.
+        let mut times = [Vec::new(), Vec::new()];
         for round in 0..rounds {
-            if round % 2 == 0 {
-                v2.push(timed(&plans, threads, largest, today, gather_today));
-                v3.push(timed(
-                    &plans,
-                    threads,
-                    largest,
-                    side_by_side,
-                    gather_records,
-                ));
-            } else {
-                v3.push(timed(
-                    &plans,
-                    threads,
-                    largest,
-                    side_by_side,
-                    gather_records,
-                ));
-                v2.push(timed(&plans, threads, largest, today, gather_today));
+            let order = if round % 2 == 0 { [0, 1] } else { [1, 0] };
+            for which in order {
+                times[which].push(match which {
+                    0 => timed(&plans, threads, largest, today, gather_today),
+                    _ => timed(&plans, threads, largest, side_by_side, gather_records),
+                });
             }
         }
-        let (v2, v3) = (median(&v2), median(&v3));
+        let [v2, v3] = times.map(|t| median(&t));
         println!(
             "window {window:>3}: {} batches identical; today's gather {v2:.0}, side by side \
              {v3:.0} ({:+.0}%)",

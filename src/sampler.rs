@@ -1047,7 +1047,7 @@ mod tests {
     #[test]
     fn radix_sort_sorts_keys_of_every_width() {
         let mut scratch = RadixScratch::default();
-        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut rng = crate::rng::Rng::new(7);
         // One pass (up to 8 bits), two, three and four; bounds just past a power of two
         // leave a short last digit.
         for bound in [
@@ -1064,14 +1064,7 @@ mod tests {
             1 << 32,
         ] {
             for n in [0usize, 1, 2, 255, 1000] {
-                let keys: Vec<u32> = (0..n)
-                    .map(|_| {
-                        state ^= state << 13;
-                        state ^= state >> 7;
-                        state ^= state << 17;
-                        (state % bound as u64) as u32
-                    })
-                    .collect();
+                let keys: Vec<u32> = (0..n).map(|_| rng.below(bound as u64) as u32).collect();
                 let mut expected = keys.clone();
                 expected.sort_unstable();
                 let sorted = radix_sort(&keys, bound, &mut scratch);
