@@ -177,33 +177,33 @@ impl Records {
         let ahead = |place: &(Entry, usize, usize)| prefetch(record(&place.0));
         let mut k = 0;
         visit_prefetching(places, AHEAD, ahead, |&(entry, dom_at, pulse_at)| {
-            let r = record(&entry);
             let (d, p) = (entry.doms as usize, entry.pulses as usize);
-            buffer[ids + 8 * k..ids + 8 * k + 8].copy_from_slice(&r[0..8]);
-            buffer[azimuth + 8 * k..azimuth + 8 * k + 8].copy_from_slice(&r[8..16]);
-            buffer[zenith + 8 * k..zenith + 8 * k + 8].copy_from_slice(&r[16..24]);
-            let mut at = 24;
-            let mut piece = |dst: usize, size: usize, n: usize, out_at: usize| {
-                buffer[dst + out_at * size..dst + (out_at + n) * size]
-                    .copy_from_slice(&r[at..at + n * size]);
-                at += n * size;
+            // The record's pieces in order, each taken off its front.
+            let mut rest = record(&entry);
+            let mut take = |bytes: usize| {
+                let (piece, tail) = rest.split_at(bytes);
+                rest = tail;
+                piece
             };
-            piece(sensor, ss, d, dom_at);
-            let ends = &r[at..at + 4 * d];
-            at += 4 * d;
-            let out = &mut buffer[dom_pulses + 4 * (dom_at + 1)..dom_pulses + 4 * (dom_at + 1 + d)];
+            // (section, bytes per element, elements, first element in the section)
+            let before_offsets = [
+                (ids, 8, 1, k),
+                (azimuth, 8, 1, k),
+                (zenith, 8, 1, k),
+                (sensor, ss, d, dom_at),
+            ];
+            for (section, size, n, out_at) in before_offsets {
+                buffer[section + out_at * size..][..n * size].copy_from_slice(take(n * size));
+            }
+            let ends = take(4 * d);
+            let out = &mut buffer[dom_pulses + 4 * (dom_at + 1)..][..4 * d];
             for (dst, end) in out.chunks_exact_mut(4).zip(ends.chunks_exact(4)) {
                 let end = i32::from_le_bytes(end.try_into().unwrap()) + pulse_at as i32;
                 dst.copy_from_slice(&end.to_le_bytes());
             }
-            let mut piece = |dst: usize, size: usize, out_at: usize| {
-                buffer[dst + out_at * size..dst + (out_at + p) * size]
-                    .copy_from_slice(&r[at..at + p * size]);
-                at += p * size;
-            };
-            piece(time, ts, pulse_at);
-            piece(charge, cs, pulse_at);
-            piece(aux, 1, pulse_at);
+            for (section, size) in [(time, ts), (charge, cs), (aux, 1)] {
+                buffer[section + pulse_at * size..][..p * size].copy_from_slice(take(p * size));
+            }
             let doms_end = ((dom_at + d) as i32).to_le_bytes();
             buffer[event_doms + 4 * (k + 1)..event_doms + 4 * (k + 2)].copy_from_slice(&doms_end);
             k += 1;

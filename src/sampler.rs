@@ -482,9 +482,9 @@ impl Window {
 
 /// A piece of a batch is put in stored order through a bitmap of its window when the
 /// window holds at most this many times as many events as the piece (4 bits a word on
-/// average), else by [`radix_sort`]. Both cost the same at 16 (window 16 with blocks the
-/// size of a batch); at 64 the bitmap's sparse words took 2.2 µs a batch, the radix sort
-/// 1.4 (2-core Zen 5, docs/results.md).
+/// average), else by [`radix_sort`]. Planning costs the same either way at 16 (window 16
+/// with blocks the size of a batch); at 64 it took 2.2 µs a batch with the bitmap, 1.4
+/// with the radix sort (the sampler's whole order, 2-core Zen 5, docs/results.md).
 const BITMAP_SPREAD: usize = 16;
 
 /// Bits of the digits [`radix_sort`] sorts by, at most.
@@ -500,8 +500,8 @@ struct RadixScratch {
 
 /// `keys` (each below `bound`), ascending, in `scratch`: a least-significant-digit radix
 /// sort, one counting pass per digit of at most [`RADIX_BITS`] bits (two for windows up to
-/// 65,536 events). No comparisons and no branch on the data: a batch of 256 indexes into a
-/// window of 16,384 events sorts in a few hundred nanoseconds.
+/// 65,536 events). No comparisons and no branch on the data, where the bitmap's sparse
+/// words cost a mispredicted branch each.
 fn radix_sort<'s>(keys: &[u32], bound: usize, scratch: &'s mut RadixScratch) -> &'s [u32] {
     let bits = usize::BITS - bound.saturating_sub(1).leading_zeros();
     let passes = bits.div_ceil(RADIX_BITS).max(1);

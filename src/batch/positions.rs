@@ -169,15 +169,8 @@ mod tests {
                 _ => v as f64 * 0.37 - 500.0,
             })
             .collect();
-        let mut state = 0x2545_f491_4f6c_dd1du64;
-        let ids = (0..n)
-            .map(|_| {
-                state ^= state << 13;
-                state ^= state >> 7;
-                state ^= state << 17;
-                (state % rows as u64) as i64
-            })
-            .collect();
+        let mut rng = crate::rng::Rng::new(0x2545_f491_4f6c_dd1d);
+        let ids = (0..n).map(|_| rng.below(rows as u64) as i64).collect();
         (SensorTable::new(&xyz, dtype), ids)
     }
 
