@@ -20,7 +20,7 @@ use shardify::bench::median;
 use shardify::bench::stages::{event_pieces, shard_views};
 use shardify::dataset::{ChecksumPolicy, Dataset, DatasetSizes, View};
 use shardify::device::staging::{HostMemory, PlainMemory};
-use shardify::format::ShardView;
+use shardify::format::StoredView;
 use shardify::prefetch::{prefetch, visit_prefetching};
 use shardify::sampler::{BatchOrder, Batching, EpochBatches, SamplerConfig, SamplerState};
 
@@ -28,7 +28,7 @@ use shardify::sampler::{BatchOrder, Batching, EpochBatches, SamplerConfig, Sampl
 const AHEAD_EVENTS: usize = 6;
 
 /// The stored pieces of event `i` of `v`, in the order the gather reads them.
-fn pieces<'a>(v: &ShardView<'a>, i: usize) -> Vec<&'a [u8]> {
+fn pieces<'a>(v: &StoredView<'a>, i: usize) -> Vec<&'a [u8]> {
     let mut out = Vec::with_capacity(8);
     event_pieces(v, i, &mut out);
     out
@@ -114,8 +114,8 @@ fn main() -> Result<(), Box<dyn Error>> {
     let mut place = Vec::with_capacity(views.len());
     let mut total = 0usize;
     for v in &views {
-        let mut at = Vec::with_capacity(v.event_id.len());
-        for i in 0..v.event_id.len() {
+        let mut at = Vec::with_capacity(v.events());
+        for i in 0..v.events() {
             let len: usize = pieces(v, i).iter().map(|p| p.len()).sum();
             at.push((total, len));
             total += len;

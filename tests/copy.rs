@@ -11,7 +11,7 @@ use shardify::convert::Silent;
 use shardify::dataset::copy::copy_dataset;
 use shardify::dataset::{ChecksumPolicy, Dataset};
 use shardify::error::Error;
-use shardify::format::{Manifest, ShardProblem};
+use shardify::format::{Manifest, ShardLayout, ShardProblem};
 
 /// The fixture converted into `dir/ds`.
 fn fixture_ds(dir: &Path) -> PathBuf {
@@ -42,7 +42,7 @@ fn a_copy_holds_every_file_byte_for_byte_and_reads_the_same_events() {
     original.remove("notes.txt");
 
     let copy = dir.path().join("nested/copy");
-    let report = copy_dataset(&ds, &copy, &Silent).unwrap();
+    let report = copy_dataset(&ds, &copy, None, &Silent).unwrap();
 
     let copied = dir_files(&copy);
     assert_eq!(
@@ -65,7 +65,7 @@ fn a_destination_that_holds_anything_is_refused_and_left_as_it_was() {
     let dir = tempfile::tempdir().unwrap();
     let ds = fixture_ds(dir.path());
     let taken = directory_holding(dir.path().join("taken"), "results.csv", b"precious");
-    match copy_dataset(&ds, &taken, &Silent) {
+    match copy_dataset(&ds, &taken, None, &Silent) {
         Err(Error::NotEmpty { path, holds }) => {
             assert_eq!((path, holds.as_str()), (taken.clone(), "results.csv"))
         }
@@ -78,7 +78,7 @@ fn a_destination_that_holds_anything_is_refused_and_left_as_it_was() {
     let file = dir.path().join("a-file");
     std::fs::write(&file, b"x").unwrap();
     assert!(matches!(
-        copy_dataset(&ds, &file, &Silent),
+        copy_dataset(&ds, &file, None, &Silent),
         Err(Error::Layout { path, .. }) if path == file
     ));
     assert_eq!(std::fs::read(&file).unwrap(), b"x");
@@ -90,7 +90,7 @@ fn an_empty_destination_or_one_with_a_stopped_copys_temp_files_is_used() {
     let ds = fixture_ds(dir.path());
     let temp = ".tmp.shard_00000.safetensors.1.0";
     let empty = directory_holding(dir.path().join("empty"), temp, b"half");
-    copy_dataset(&ds, &empty, &Silent).unwrap();
+    copy_dataset(&ds, &empty, None, &Silent).unwrap();
     assert_eq!(dump_lines(&empty), dump_lines(&ds));
 }
 
@@ -106,7 +106,7 @@ fn a_damaged_source_shard_fails_naming_it_and_leaves_nothing() {
 
     // A destination the copy creates is removed again, with the parents it created.
     let created = dir.path().join("new/created");
-    match copy_dataset(&ds, &created, &Silent) {
+    match copy_dataset(&ds, &created, None, &Silent) {
         Err(Error::Checksum { path, .. }) => assert_eq!(path, shard),
         other => panic!("expected a checksum error, got {other:?}"),
     }
@@ -116,7 +116,7 @@ fn a_damaged_source_shard_fails_naming_it_and_leaves_nothing() {
     let existing = dir.path().join("existing");
     std::fs::create_dir(&existing).unwrap();
     assert!(matches!(
-        copy_dataset(&ds, &existing, &Silent),
+        copy_dataset(&ds, &existing, None, &Silent),
         Err(Error::Checksum { .. })
     ));
     assert_eq!(std::fs::read_dir(&existing).unwrap().count(), 0);
@@ -130,7 +130,7 @@ fn a_truncated_source_shard_fails_with_its_size() {
     let bytes = std::fs::read(&shard).unwrap();
     std::fs::write(&shard, &bytes[..bytes.len() - 100]).unwrap();
     let copy = dir.path().join("copy");
-    match copy_dataset(&ds, &copy, &Silent) {
+    match copy_dataset(&ds, &copy, None, &Silent) {
         Err(Error::Shard {
             path,
             problem: ShardProblem::Size { found, expected },
@@ -150,7 +150,7 @@ fn a_truncated_source_shard_fails_with_its_size() {
 fn a_directory_without_a_manifest_is_not_copied() {
     let dir = tempfile::tempdir().unwrap();
     let copy = dir.path().join("copy");
-    match copy_dataset(dir.path(), &copy, &Silent) {
+    match copy_dataset(dir.path(), &copy, None, &Silent) {
         Err(Error::Io { path, .. }) => assert_eq!(path, dir.path().join("manifest.json")),
         other => panic!("expected an I/O error on the manifest, got {other:?}"),
     }
@@ -185,4 +185,122 @@ fn the_command_copies_and_reports_or_fails_with_the_files_name() {
         err.contains(&copy.display().to_string()) && err.contains("is not empty"),
         "{err}"
     );
+}
+
+#[test]
+fn a_records_copy_verifies_reads_the_same_events_and_copies_back_to_the_same_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = fixture_ds(dir.path());
+    let records = dir.path().join("records");
+    let report = copy_dataset(&ds, &records, Some(ShardLayout::Records), &Silent).unwrap();
+    let manifest = Manifest::read(&records).unwrap();
+    assert_eq!(manifest.schema.layout, ShardLayout::Records);
+    assert_eq!(report.shards, manifest.shards.len());
+    let total: usize = dir_files(&records).values().map(Vec::len).sum();
+    assert_eq!(report.bytes, total as u64);
+    let source = Manifest::read(&ds).unwrap();
+    assert_eq!(manifest.totals.events, source.totals.events);
+    assert_eq!(manifest.totals.pulses, source.totals.pulses);
+    for (r, c) in manifest.shards.iter().zip(&source.shards) {
+        assert_eq!(
+            (&r.file, r.events, r.doms, r.pulses),
+            (&c.file, c.events, c.doms, c.pulses)
+        );
+    }
+    // Every shard holds records, not columns.
+    let opened = Dataset::open(&records, ChecksumPolicy::Full).unwrap();
+    for i in 0..opened.shard_count() {
+        let tensors = &opened.shard(i).unwrap().header().tensors;
+        assert!(tensors.contains_key("event_records") && !tensors.contains_key("pulse_time"));
+    }
+    // The same events, pulse for pulse, as the source files and the columns dataset.
+    let inputs = shardify::source::InputSet::discover(&fixture(), Some("train")).unwrap();
+    let verified = shardify::dataset::verify::verify(&records, Some(&inputs)).unwrap();
+    assert!(verified.ok(), "{:?}", verified.problems);
+    assert_eq!(verified.source_events, Some(source.totals.events));
+    assert_eq!(dump_lines(&records), dump_lines(&ds));
+    let inspect = |dir: &Path| {
+        let dataset = Dataset::open(dir, ChecksumPolicy::Off).unwrap();
+        let i = shardify::dataset::inspect::inspect(&dataset).unwrap();
+        format!(
+            "{:?}",
+            (i.pulses_per_event, i.doms_per_event, i.pulses_per_dom)
+        )
+    };
+    assert_eq!(inspect(&records), inspect(&ds));
+
+    // Back to columns: the very files `convert` wrote, the manifest among them.
+    let back = dir.path().join("back");
+    copy_dataset(&records, &back, Some(ShardLayout::Columns), &Silent).unwrap();
+    assert!(
+        dir_files(&back) == dir_files(&ds),
+        "columns -> records -> columns changed bytes"
+    );
+    // A copy in the source's own layout is a plain copy.
+    let same = dir.path().join("same");
+    copy_dataset(&records, &same, Some(ShardLayout::Records), &Silent).unwrap();
+    assert!(dir_files(&same) == dir_files(&records));
+}
+
+#[test]
+fn a_damaged_record_is_refused_naming_its_shard_and_event() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = fixture_ds(dir.path());
+    let records = dir.path().join("records");
+    copy_dataset(&ds, &records, Some(ShardLayout::Records), &Silent).unwrap();
+    let shard = first_shard(&records);
+    // The first record's first byte: the low byte of event 0's id.
+    let header = shardify::format::safetensors::parse(&std::fs::read(&shard).unwrap()).unwrap();
+    let at = header.tensors["event_records"].range.start;
+    let mut bytes = std::fs::read(&shard).unwrap();
+    bytes[at] ^= 1;
+    std::fs::write(&shard, &bytes).unwrap();
+
+    // Checksummed, the file is refused by its checksum; unchecked, by its structure.
+    let checked = Dataset::open(&records, ChecksumPolicy::Full).err().unwrap();
+    assert!(
+        matches!(&checked, Error::Checksum { path, .. } if *path == shard),
+        "{checked}"
+    );
+    let unchecked = Dataset::open(&records, ChecksumPolicy::Off).unwrap();
+    match unchecked.shard(0).err().unwrap() {
+        Error::Shard {
+            path,
+            problem: ShardProblem::Record { event: 0, problem },
+        } => assert_eq!((path, problem), (shard, "its id differs from event_id")),
+        other => panic!("expected a record problem, got {other}"),
+    }
+}
+
+#[test]
+fn the_command_copies_in_a_layout_and_refuses_an_unknown_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = fixture_ds(dir.path());
+    let run = |to: &Path, layout: &str| {
+        Command::new(env!("CARGO_BIN_EXE_shardify"))
+            .args(["copy", &ds.display().to_string(), &to.display().to_string()])
+            .args(["--layout", layout])
+            .output()
+            .unwrap()
+    };
+    let records = dir.path().join("records");
+    let ok = run(&records, "records");
+    let out = String::from_utf8_lossy(&ok.stdout);
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    assert!(out.contains("(records layout)"), "{out}");
+    assert_eq!(
+        Manifest::read(&records).unwrap().schema.layout,
+        ShardLayout::Records
+    );
+    assert_eq!(dump_lines(&records), dump_lines(&ds));
+
+    let other = dir.path().join("other");
+    let refused = run(&other, "rows");
+    assert_eq!(refused.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("rows"));
+    assert!(!other.exists());
 }

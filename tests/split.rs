@@ -21,7 +21,8 @@ fn ids_of(view: &View) -> (Vec<i64>, u64, u64) {
     let dataset = view.dataset();
     let (mut ids, mut doms, mut pulses) = (Vec::new(), 0, 0);
     for shard in 0..dataset.shard_count() {
-        let v = dataset.shard(shard).unwrap().view().unwrap();
+        let v_columns = dataset.shard(shard).unwrap().columns().unwrap();
+        let v = v_columns.view();
         let all: Vec<u32> = (0..v.events() as u32).collect();
         for &i in view.kept(shard).unwrap_or(&all) {
             ids.push(v.event_id[i as usize]);
@@ -94,7 +95,8 @@ fn a_loader_reads_a_view_like_a_dataset() {
             let packed = batch.packed().unwrap();
             // The plan names shard events: each delivered id is the shard's, in its place.
             for (k, e) in batch.plan().events.iter().enumerate() {
-                let shard = dataset.shard(e.shard as usize).unwrap().view().unwrap();
+                let shard_columns = dataset.shard(e.shard as usize).unwrap().columns().unwrap();
+                let shard = shard_columns.view();
                 assert_eq!(packed.event_id[k], shard.event_id[e.index as usize]);
                 let doms = packed.event_dom_offsets[k + 1] - packed.event_dom_offsets[k];
                 assert_eq!(doms as usize, shard.dom_range(e.index as usize).len());

@@ -133,5 +133,7 @@ class Loader:
 
 def run_cli(argv: list[str]) -> int: ...
 def copy_dataset(
-    source: str | PathLike[str], destination: str | PathLike[str]
+    source: str | PathLike[str],
+    destination: str | PathLike[str],
+    layout: str | None = None,
 ) -> tuple[int, int, float]: ...

@@ -8,6 +8,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use shardify::convert::Silent;
 use shardify::dataset::{copy, ChecksumPolicy, Dataset, View};
+use shardify::format::ShardLayout;
 use shardify::resident::gather_view_shard;
 use shardify::Error;
 
@@ -135,7 +136,8 @@ impl PyDataset {
             .detach(|| -> Result<Vec<i64>, Error> {
                 let mut ids = Vec::with_capacity(view.totals().events as usize);
                 for shard in 0..view.dataset().shard_count() {
-                    let column = view.dataset().shard(shard)?.view()?.event_id;
+                    let stored = view.dataset().shard(shard)?.stored()?;
+                    let column = stored.event_id();
                     match view.kept(shard) {
                         Some(kept) => ids.extend(kept.iter().map(|&i| column[i as usize])),
                         None => ids.extend_from_slice(column),
@@ -147,11 +149,11 @@ impl PyDataset {
         Ok(PyHostArray::owned(ids))
     }
 
-    /// Shard `shard`'s tensors as read-only host arrays (name, array): of a whole dataset,
-    /// the shard file's tensors viewing its memory map (no copy), the shard validated (and
-    /// checksummed, per the policy) when first opened; of a split, the columns of the
-    /// events it keeps there, gathered into host memory (a packed batch of them in stored
-    /// order, offsets from 0).
+    /// Shard `shard`'s tensors as read-only host arrays (name, array): of a whole dataset
+    /// of columns shards, the shard file's tensors viewing its memory map (no copy), the
+    /// shard validated (and checksummed, per the policy) when first opened; of a split, or
+    /// of a records shard, the columns of the events it keeps there, gathered into host
+    /// memory (a packed batch of them in stored order, offsets from 0).
     fn shard_tensors(&self, py: Python<'_>, shard: usize) -> PyResult<Vec<(String, PyHostArray)>> {
         let dataset = self.dataset();
         if shard >= dataset.shard_count() {
@@ -160,16 +162,17 @@ impl PyDataset {
                 format!("{shard}: the dataset has {} shards", dataset.shard_count()),
             )));
         }
-        if !self.view.is_whole() {
+        // Opening (validating, checksumming) takes a while: without the GIL.
+        let layout = py
+            .detach(|| dataset.shard(shard).map(|s| s.layout()))
+            .map_err(to_py)?;
+        if !self.view.is_whole() || layout == ShardLayout::Records {
             let view = &self.view;
             let (sections, memory) = py
                 .detach(|| gather_view_shard(view, shard))
                 .map_err(to_py)?;
             return Ok(PyHostArray::sections(sections, memory));
         }
-        // Opening (validating, checksumming) takes a while: without the GIL.
-        py.detach(|| dataset.shard(shard).map(|_| ()))
-            .map_err(to_py)?;
         let file = dataset.shard(shard).map_err(to_py)?; // open now: no work
         let mut tensors: Vec<_> = file.header().tensors.iter().collect();
         tensors.sort_by_key(|(_, info)| info.range.start);
@@ -204,16 +207,30 @@ impl PyDataset {
 }
 
 /// Copies the dataset in `source` to `destination` (absent or an empty directory), every
-/// file checked against its checksum on the way (`shardify::dataset::copy`); returns the
-/// shards copied, the bytes and the seconds it took.
+/// file checked against its checksum on the way, its shards written again in `layout`
+/// (`"columns"` or `"records"`) when given (`shardify::dataset::copy`); returns the shards
+/// copied, the bytes and the seconds it took.
 #[pyfunction]
+#[pyo3(signature = (source, destination, layout=None))]
 pub fn copy_dataset(
     py: Python<'_>,
     source: PathBuf,
     destination: PathBuf,
+    layout: Option<&str>,
 ) -> PyResult<(usize, u64, f64)> {
+    let layout = layout
+        .map(|name| {
+            ShardLayout::from_name(name).ok_or_else(|| {
+                Error::config(
+                    "layout",
+                    format!("{name:?}: expected \"columns\" or \"records\""),
+                )
+            })
+        })
+        .transpose()
+        .map_err(to_py)?;
     let report = py
-        .detach(|| copy::copy_dataset(&source, &destination, &Silent))
+        .detach(|| copy::copy_dataset(&source, &destination, layout, &Silent))
         .map_err(to_py)?;
     Ok((report.shards, report.bytes, report.seconds))
 }

@@ -14,14 +14,20 @@
 //! would. A batch whose events are spread out gains nothing on its reads that way and loses
 //! on its scattered writes, so its runs are copied in delivery order instead
 //! ([`DENSE_EXTENT`]).
+//!
+//! From a records shard ([`crate::format::records`]) locating reads each run's ends in
+//! the DOM and pulse offsets of its events, and copying takes each event's record apart
+//! into the sections ([`super::from_records`]): one stream of reads per event where a
+//! columns shard has seven.
 
+use super::from_records::{copy_records, ColumnsEvent, PaddedSource};
 use super::positions::look_up_positions;
 use super::{features_per_dom, sections, split_sections, typed, BatchLayout, BatchShape};
 use super::{Sections, SECTION_ALIGN};
 use crate::dataset::Dataset;
 use crate::error::{Error, Result};
 use crate::format::safetensors::Dtype;
-use crate::format::{IntColumn, ShardView};
+use crate::format::{IntColumn, ShardView, StoredView};
 use crate::prefetch::{prefetch, visit_prefetching};
 use crate::sampler::{BatchPlan, EventRef};
 
@@ -51,7 +57,7 @@ pub struct Gatherer<'a> {
 /// The validated view of each shard touched so far.
 struct Views<'a> {
     dataset: &'a Dataset,
-    views: Vec<Option<ShardView<'a>>>,
+    views: Vec<Option<StoredView<'a>>>,
 }
 
 impl<'a> Views<'a> {
@@ -59,13 +65,13 @@ impl<'a> Views<'a> {
     fn open(&mut self, shard: u32) -> Result<()> {
         let slot = &mut self.views[shard as usize];
         if slot.is_none() {
-            *slot = Some(self.dataset.shard(shard as usize)?.view()?);
+            *slot = Some(self.dataset.shard(shard as usize)?.stored()?);
         }
         Ok(())
     }
 
     /// An opened shard's view.
-    fn get(&self, shard: u32) -> &ShardView<'a> {
+    fn get(&self, shard: u32) -> &StoredView<'a> {
         self.views[shard as usize]
             .as_ref()
             .expect("located batches open their shards first")
@@ -74,22 +80,22 @@ impl<'a> Views<'a> {
 
 /// Events consecutive both in one shard and in the batch, copied column by column at once.
 #[derive(Debug, Clone, Copy, Default)]
-struct Run {
+pub(super) struct Run {
     shard: u32,
     /// Index of its first event in the shard.
-    index: usize,
+    pub(super) index: usize,
     /// Position of its first event in the batch.
-    at: usize,
+    pub(super) at: usize,
     /// Events.
-    len: usize,
+    pub(super) len: usize,
     /// Its DOMs in the shard (`start..end`).
-    doms: (usize, usize),
+    pub(super) doms: (usize, usize),
     /// Its pulses in the shard.
-    pulses: (usize, usize),
+    pub(super) pulses: (usize, usize),
     /// Its first DOM in the batch.
-    dom_at: usize,
+    pub(super) dom_at: usize,
     /// Its first pulse in the batch.
-    pulse_at: usize,
+    pub(super) pulse_at: usize,
 }
 
 /// A located batch: what [`Gatherer::shape`] works out and [`Gatherer::gather`] reuses.
@@ -111,27 +117,38 @@ struct Located {
 
 impl Run {
     /// The run's events in its shard.
-    fn events(&self) -> std::ops::Range<usize> {
+    pub(super) fn events(&self) -> std::ops::Range<usize> {
         self.index..self.index + self.len
     }
 }
 
 /// A batch's event ids and labels.
-struct Headers<'b> {
-    ids: &'b mut [i64],
-    azimuth: &'b mut [f64],
-    zenith: &'b mut [f64],
+pub(super) struct Headers<'b> {
+    pub(super) ids: &'b mut [i64],
+    pub(super) azimuth: &'b mut [f64],
+    pub(super) zenith: &'b mut [f64],
+}
+
+/// A packed batch's sections, each of its events' columns.
+pub(super) struct PackedOut<'b> {
+    pub(super) headers: Headers<'b>,
+    /// `[B+1]`, its first entry 0.
+    pub(super) event_doms: &'b mut [i32],
+    /// `[D+1]`, its first entry 0.
+    pub(super) dom_pulses: &'b mut [i32],
+    pub(super) sensor: &'b mut [u8],
+    pub(super) time: &'b mut [u8],
+    pub(super) charge: &'b mut [u8],
+    pub(super) aux: &'b mut [u8],
 }
 
 impl Headers<'_> {
     /// Copies the ids and labels of `run` from `v` (NaN without labels).
-    fn copy_from(&mut self, v: &ShardView, run: &Run) {
+    fn copy_from(&mut self, v: &StoredView, run: &Run) {
         let (events, out) = (run.events(), run.at..run.at + run.len);
-        copy_run(&mut self.ids[out.clone()], &v.event_id[events.clone()]);
-        let labels = [
-            (v.event_azimuth, &mut *self.azimuth),
-            (v.event_zenith, &mut *self.zenith),
-        ];
+        let (ids, azimuth, zenith) = v.event_columns();
+        copy_run(&mut self.ids[out.clone()], &ids[events.clone()]);
+        let labels = [(azimuth, &mut *self.azimuth), (zenith, &mut *self.zenith)];
         for (labels, dst) in labels {
             match labels {
                 Some(labels) => copy_run(&mut dst[out.clone()], &labels[events.clone()]),
@@ -217,26 +234,42 @@ impl<'a> Gatherer<'a> {
         };
         for r in 0..runs.len() {
             if let Some(ahead) = runs.get(r + LOCATE_AHEAD) {
-                let v = self.views.get(ahead.shard);
-                prefetch(&v.event_dom_offsets[ahead.index..=ahead.index + ahead.len]);
+                let events = ahead.index..=ahead.index + ahead.len;
+                prefetch(&self.views.get(ahead.shard).event_dom_offsets()[events.clone()]);
+                if let StoredView::Records(v) = self.views.get(ahead.shard) {
+                    prefetch(&v.event_pulse_offsets[events]);
+                }
             }
             let run = &mut runs[r];
-            let v = self.views.get(run.shard);
-            let offsets = &v.event_dom_offsets[run.index..=run.index + run.len];
+            let view = self.views.get(run.shard);
+            let offsets = &view.event_dom_offsets()[run.index..=run.index + run.len];
             run.doms = (offsets[0] as usize, offsets[run.len] as usize);
             let most = offsets.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0);
             shape.max_doms = shape.max_doms.max(most as usize);
-            // The ends of its pulse offsets, read in the next pass: asked for as soon as
-            // they are known, the whole batch's are in cache before that pass starts.
-            prefetch(&v.dom_pulse_offsets[run.doms.0..=run.doms.0]);
-            prefetch(&v.dom_pulse_offsets[run.doms.1..=run.doms.1]);
+            match view {
+                StoredView::Columns(v) => {
+                    // The ends of its pulse offsets, read in the next pass: asked for as
+                    // soon as they are known, the whole batch's are in cache before that
+                    // pass starts.
+                    prefetch(&v.dom_pulse_offsets[run.doms.0..=run.doms.0]);
+                    prefetch(&v.dom_pulse_offsets[run.doms.1..=run.doms.1]);
+                }
+                StoredView::Records(v) => {
+                    let pulses = &v.event_pulse_offsets;
+                    run.pulses = (
+                        pulses[run.index] as usize,
+                        pulses[run.index + run.len] as usize,
+                    );
+                }
+            }
         }
         for run in runs.iter_mut() {
-            let v = self.views.get(run.shard);
-            run.pulses = (
-                v.dom_pulse_offsets[run.doms.0] as usize,
-                v.dom_pulse_offsets[run.doms.1] as usize,
-            );
+            if let StoredView::Columns(v) = self.views.get(run.shard) {
+                run.pulses = (
+                    v.dom_pulse_offsets[run.doms.0] as usize,
+                    v.dom_pulse_offsets[run.doms.1] as usize,
+                );
+            }
         }
         // Where each run goes: the DOMs and pulses of the runs before it in the batch.
         doms_at.clear();
@@ -293,7 +326,7 @@ impl<'a> Gatherer<'a> {
                 let positions = sections.get(sections::DOM_POSITION).is_some();
                 let columns = 6 + usize::from(positions);
                 let rest: Vec<&mut [u8]> = (0..columns).map(|_| next()).collect();
-                self.gather_packed(&mut headers, rest);
+                self.gather_packed(headers, rest);
             }
             BatchLayout::Padded { pulses_per_dom, .. } => {
                 self.gather_headers(&mut headers);
@@ -320,17 +353,22 @@ impl<'a> Gatherer<'a> {
 
     /// Prefetches the ids and labels of a run.
     fn prefetch_headers(&self, run: &Run) {
-        let v = self.views.get(run.shard);
+        let (ids, azimuth, zenith) = self.views.get(run.shard).event_columns();
         let events = run.events();
-        prefetch(&v.event_id[events.clone()]);
-        for labels in [v.event_azimuth, v.event_zenith].into_iter().flatten() {
+        prefetch(&ids[events.clone()]);
+        for labels in [azimuth, zenith].into_iter().flatten() {
             prefetch(&labels[events.clone()]);
         }
     }
 
-    /// Prefetches the column data of a run.
+    /// Prefetches what a run's copy reads: its ids, labels and columns from a columns
+    /// shard, its records from a records shard.
     fn prefetch_run(&self, run: &Run) {
-        let v = self.views.get(run.shard);
+        let v = match self.views.get(run.shard) {
+            StoredView::Columns(v) => v,
+            StoredView::Records(v) => return prefetch(&v.records[v.record_bytes(run.events())]),
+        };
+        self.prefetch_headers(run);
         let ((d0, d1), (p0, p1)) = (run.doms, run.pulses);
         prefetch(element_bytes(sized(v.dom_sensor_id.raw()), d0, d1));
         // Locating read only the ends of the DOM offsets; rebasing reads them all.
@@ -344,49 +382,41 @@ impl<'a> Gatherer<'a> {
     /// Each run's headers are copied with its columns, in one pass: a pass of their own
     /// cost the loader 1-3% of its rate at windows 16 and 64, and saved it about 1% at
     /// window 1 (2-core Zen 5, docs/results.md).
-    fn gather_packed(&self, headers: &mut Headers, mut parts: Vec<&mut [u8]>) {
+    fn gather_packed(&self, headers: Headers, mut parts: Vec<&mut [u8]>) {
         let (event_doms, dom_pulses, sensor, position, time, charge, aux) = match &mut parts[..] {
             [a, b, c, p, t, q, x] => (a, b, c, Some(p), t, q, x),
             [a, b, c, t, q, x] => (a, b, c, None, t, q, x),
             _ => unreachable!("six or seven packed sections"),
         };
         let table = self.views.dataset.sensor_table();
-        let event_doms = typed::<i32>(event_doms);
-        let dom_pulses = typed::<i32>(dom_pulses);
-        event_doms[0] = 0;
-        dom_pulses[0] = 0;
-        let runs = &self.located.runs;
-        let ahead = |run: &Run| {
-            self.prefetch_headers(run);
-            self.prefetch_run(run);
+        let mut out = PackedOut {
+            headers,
+            event_doms: typed::<i32>(event_doms),
+            dom_pulses: typed::<i32>(dom_pulses),
+            sensor,
+            time,
+            charge,
+            aux,
         };
-        visit_prefetching(runs, PREFETCH_AHEAD, ahead, |run| {
-            let v = self.views.get(run.shard);
-            headers.copy_from(v, run);
-            let ((d0, d1), (p0, p1)) = (run.doms, run.pulses);
-            let (d_out, p_out, events) = (run.dom_at, run.pulse_at, run.events());
-            copy_elements(sized(v.dom_sensor_id.raw()), d0, d1, sensor, d_out);
-            copy_elements(sized(v.pulse_time.raw()), p0, p1, time, p_out);
-            copy_elements(sized(v.pulse_charge.raw()), p0, p1, charge, p_out);
-            copy_elements((v.pulse_auxiliary, 1), p0, p1, aux, p_out);
-            rebase(
-                &v.dom_pulse_offsets[d0 + 1..=d1],
-                p_out as i32 - p0 as i32,
-                &mut dom_pulses[d_out + 1..=d_out + d1 - d0],
-            );
-            rebase(
-                &v.event_dom_offsets[events.start + 1..=events.end],
-                d_out as i32 - d0 as i32,
-                &mut event_doms[run.at + 1..=run.at + run.len],
-            );
-        });
+        out.event_doms[0] = 0;
+        out.dom_pulses[0] = 0;
+        let runs = &self.located.runs;
+        visit_prefetching(
+            runs,
+            PREFETCH_AHEAD,
+            |run| self.prefetch_run(run),
+            |run| match self.views.get(run.shard) {
+                StoredView::Columns(v) => copy_columns(v, run, &mut out),
+                StoredView::Records(v) => copy_records(v, run, &mut out),
+            },
+        );
         if let Some(position) = position {
             // One pass over the batch's own sensor ids, just written and still in cache: a
             // tight loop (the lookups between the runs' copies waited behind their reads:
             // 15 ms of a 71 ms epoch at window 16, 10 ms this way).
             let doms = self.located.shape.doms;
             let dtype = self.views.dataset.manifest().schema.types.sensor_id;
-            let sensors = IntColumn::from_raw(&sensor[..doms * dtype.size()], dtype)
+            let sensors = IntColumn::from_raw(&out.sensor[..doms * dtype.size()], dtype)
                 .expect("the sensor section holds the shards' integer sensor ids, aligned");
             look_up_positions(sensors, 0..doms, table, position);
         }
@@ -398,26 +428,73 @@ impl<'a> Gatherer<'a> {
         features.fill(0.0);
         mask.fill(0);
         for run in &self.located.runs {
-            let v = self.views.get(run.shard);
+            let view = self.views.get(run.shard);
             for (b, e) in (run.at..).zip(run.events()) {
-                for (slot, d) in v.dom_range(e).take(m).enumerate() {
-                    let row = &mut features[(b * m + slot) * f..(b * m + slot + 1) * f];
-                    let pulses = v.pulse_range(d);
-                    let row_of = 3 * v.dom_sensor_id.get(d) as usize;
-                    for (k, x) in row[..3].iter_mut().enumerate() {
-                        *x = positions.get(row_of + k) as f32;
+                let rows = &mut features[b * m * f..(b + 1) * m * f];
+                let present = &mut mask[b * m..(b + 1) * m];
+                match view {
+                    StoredView::Columns(v) => {
+                        let event = ColumnsEvent::new(v, e);
+                        fill_padded(&event, &positions, k, rows, present)
                     }
-                    row[3] = pulses.len() as f32;
-                    for (j, p) in pulses.take(k).enumerate() {
-                        row[4 + 3 * j] = v.pulse_time.get(p) as f32;
-                        row[5 + 3 * j] = v.pulse_charge.get(p) as f32;
-                        row[6 + 3 * j] = v.pulse_auxiliary[p] as f32;
+                    StoredView::Records(v) => {
+                        fill_padded(&v.record(e), &positions, k, rows, present)
                     }
-                    mask[b * m + slot] = 1;
                 }
             }
         }
     }
+}
+
+/// Fills an event's rows of the padded features (`rows`: `M` rows of `4 + 3K` features)
+/// and its mask (`present`) with its first `M` DOMs and their first `k` pulses.
+fn fill_padded(
+    event: &impl PaddedSource,
+    positions: &crate::format::FloatColumn,
+    k: usize,
+    rows: &mut [f32],
+    present: &mut [u8],
+) {
+    let f = features_per_dom(k);
+    for (slot, (row, present)) in rows.chunks_exact_mut(f).zip(present).enumerate() {
+        if slot >= event.doms() {
+            break;
+        }
+        let pulses = event.pulses(slot);
+        let row_of = 3 * event.sensor(slot) as usize;
+        for (k, x) in row[..3].iter_mut().enumerate() {
+            *x = positions.get(row_of + k) as f32;
+        }
+        row[3] = pulses.len() as f32;
+        for (j, p) in pulses.take(k).enumerate() {
+            row[4 + 3 * j] = event.time(p) as f32;
+            row[5 + 3 * j] = event.charge(p) as f32;
+            row[6 + 3 * j] = event.auxiliary(p) as f32;
+        }
+        *present = 1;
+    }
+}
+
+/// Copies a run from a columns shard: each column's piece in one copy, its headers, and
+/// its offsets rebased.
+fn copy_columns(v: &ShardView, run: &Run, out: &mut PackedOut) {
+    out.headers.copy_from(&StoredView::Columns(*v), run);
+    let ((d0, d1), (p0, p1)) = (run.doms, run.pulses);
+    let (d_out, p_out, events) = (run.dom_at, run.pulse_at, run.events());
+    copy_elements(sized(v.dom_sensor_id.raw()), d0, d1, out.sensor, d_out);
+    copy_elements(sized(v.pulse_time.raw()), p0, p1, out.time, p_out);
+    copy_elements(sized(v.pulse_charge.raw()), p0, p1, out.charge, p_out);
+    copy_elements((v.pulse_auxiliary, 1), p0, p1, out.aux, p_out);
+    rebase(
+        &v.dom_pulse_offsets[d0 + 1..=d1],
+        p_out as i32 - p0 as i32,
+        &mut out.dom_pulses[d_out + 1..=d_out + d1 - d0],
+    );
+    rebase(
+        &v.event_dom_offsets[events.start + 1..=events.end],
+        d_out as i32 - d0 as i32,
+        &mut out.event_doms[run.at + 1..=run.at + run.len],
+    );
 }
 
 /// Copies a run's values: one event's as a plain move (most runs at wide windows), more

@@ -18,6 +18,7 @@
 //! DOMs in stored order, which are its earliest-hit DOMs; a DOM keeps its first `K` pulses in
 //! time order.
 
+mod from_records;
 mod gather;
 mod positions;
 mod views;

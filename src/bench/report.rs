@@ -488,7 +488,7 @@ fn shardify_infos(dataset: &Dataset, plans: &[BatchPlan]) -> Result<Vec<Vec<Even
         first_index.push(first_index.last().unwrap() + s.events);
     }
     let views = (0..dataset.shard_count())
-        .map(|i| dataset.shard(i)?.view())
+        .map(|i| dataset.shard(i)?.stored())
         .collect::<Result<Vec<_>>>()?;
     Ok(plans
         .iter()

@@ -17,6 +17,7 @@ use crate::device::staging::{HostMemory, PlainMemory};
 use crate::device::transfer::DeviceSlots;
 use crate::device::Placement;
 use crate::error::Result;
+use crate::format::StoredView;
 use crate::pipeline::Batch;
 use crate::prefetch::{prefetch, visit_prefetching};
 use crate::sampler::{EpochBatches, SamplerConfig, SamplerState};
@@ -72,7 +73,7 @@ const PREFETCH_PIECES: usize = 42;
 /// the batch's storage order: each event's id, labels, sensor ids, DOM offsets, and pulse
 /// times, charges and flags, as the gather reads them.
 fn batch_pieces<'a>(
-    views: &'a [crate::format::ShardView<'a>],
+    views: &'a [StoredView<'a>],
     plans: &[crate::sampler::BatchPlan],
 ) -> Vec<Vec<&'a [u8]>> {
     let mut batches = Vec::with_capacity(plans.len());
@@ -89,10 +90,18 @@ fn batch_pieces<'a>(
 }
 
 /// Appends to `pieces` the stored pieces of event `i` of `v` that a packed batch holds, in
-/// the order the gather reads them: its id, its labels (when stored), its DOMs' sensor ids
-/// and pulse offsets, its pulses' times, charges and auxiliary flags.
-pub fn event_pieces<'a>(v: &crate::format::ShardView<'a>, i: usize, pieces: &mut Vec<&'a [u8]>) {
+/// the order the gather reads them: from a columns shard its id, its labels (when stored),
+/// its DOMs' sensor ids and pulse offsets, its pulses' times, charges and auxiliary flags;
+/// from a records shard its record.
+pub fn event_pieces<'a>(v: &StoredView<'a>, i: usize, pieces: &mut Vec<&'a [u8]>) {
     use crate::format::pod::as_bytes;
+    let v = match v {
+        StoredView::Columns(v) => v,
+        StoredView::Records(v) => {
+            pieces.push(&v.records[v.record_bytes(i..i + 1)]);
+            return;
+        }
+    };
     let (doms, pulses) = (v.dom_range(i), v.event_pulse_range(i));
     pieces.push(as_bytes(&v.event_id[i..=i]));
     for labels in [v.event_azimuth, v.event_zenith].into_iter().flatten() {
@@ -112,9 +121,9 @@ fn visit_prefetched(pieces: &[&[u8]], mut visit: impl FnMut(&[u8])) {
 }
 
 /// Every shard's validated view.
-pub fn shard_views(dataset: &Dataset) -> Result<Vec<crate::format::ShardView<'_>>> {
+pub fn shard_views(dataset: &Dataset) -> Result<Vec<StoredView<'_>>> {
     (0..dataset.shard_count())
-        .map(|i| dataset.shard(i)?.view())
+        .map(|i| dataset.shard(i)?.stored())
         .collect()
 }
 

@@ -15,6 +15,7 @@ use shardify::dataset::copy::copy_dataset;
 use shardify::dataset::{dump::dump, inspect::inspect, verify::verify, ChecksumPolicy, Dataset};
 use shardify::device::DeviceChoice;
 use shardify::error::chain_text;
+use shardify::format::ShardLayout;
 use shardify::pipeline::{Loader, LoaderConfig, LoaderState};
 use shardify::sampler::{Batching, SamplerConfig, SamplerState};
 use shardify::source::InputSet;
@@ -64,6 +65,11 @@ enum Command {
         dataset: PathBuf,
         /// New directory (absent or empty).
         destination: PathBuf,
+        /// Write the shards in this layout: `records` stores each event's pieces side by
+        /// side (faster to load at random, but its DOM and pulse data are no longer plain
+        /// safetensors arrays), `columns` as `convert` writes them. Default: the source's.
+        #[arg(long, value_enum)]
+        layout: Option<LayoutArg>,
     },
     /// Check checksums and every invariant; with --against, compare with the source.
     Verify {
@@ -132,6 +138,21 @@ impl ConvertArgs {
     /// The output directory: the last path.
     fn out(&self) -> &PathBuf {
         self.paths.last().expect("clap requires one path at least")
+    }
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LayoutArg {
+    Columns,
+    Records,
+}
+
+impl From<LayoutArg> for ShardLayout {
+    fn from(layout: LayoutArg) -> ShardLayout {
+        match layout {
+            LayoutArg::Columns => ShardLayout::Columns,
+            LayoutArg::Records => ShardLayout::Records,
+        }
     }
 }
 
@@ -695,10 +716,15 @@ fn run_verify(dir: PathBuf, against: Option<PathBuf>, split: Option<String>) -> 
     Ok(())
 }
 
-fn run_copy(dataset: PathBuf, destination: PathBuf) -> Result<()> {
-    let report = copy_dataset(&dataset, &destination, &Reporter::new())?;
+fn run_copy(dataset: PathBuf, destination: PathBuf, layout: Option<LayoutArg>) -> Result<()> {
+    let layout = layout.map(ShardLayout::from);
+    let report = copy_dataset(&dataset, &destination, layout, &Reporter::new())?;
+    let how = match layout {
+        Some(layout) => format!(" ({} layout)", layout.name()),
+        None => String::new(),
+    };
     println!(
-        "{} -> {}: {} shards, the sensor table and the manifest, {:.1} MB in {:.2} s \
+        "{} -> {}{how}: {} shards, the sensor table and the manifest, {:.1} MB in {:.2} s \
          ({:.0} MB/s); checksums match",
         dataset.display(),
         destination.display(),
@@ -764,6 +790,7 @@ fn run(command: Command) -> Result<()> {
         Command::Copy {
             dataset,
             destination,
-        } => run_copy(dataset, destination),
+            layout,
+        } => run_copy(dataset, destination, layout),
     }
 }

@@ -15,6 +15,7 @@ pub mod bucket_shard;
 mod memory_bank;
 pub mod meta_split;
 pub mod plan;
+pub mod relayout;
 pub mod scatter;
 pub mod shard_writer;
 pub mod spill;

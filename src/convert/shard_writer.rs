@@ -277,12 +277,23 @@ pub fn write_shard(path: &Path, contents: &ShardContents) -> Result<ShardEntry> 
             data: column,
         })
         .collect();
+    write_tensors(path, &contents.metadata, &tensors, [e, d, p])
+}
+
+/// Writes a shard of `tensors` atomically to `path` (fsync left to the caller), hashing it
+/// on the way; returns its manifest entry, with its `[events, DOMs, pulses]` counts.
+pub(crate) fn write_tensors(
+    path: &Path,
+    metadata: &BTreeMap<String, String>,
+    tensors: &[TensorOut],
+    [events, doms, pulses]: [usize; 3],
+) -> Result<ShardEntry> {
     let (bytes, xxh3) = write_atomic(path, Durability::Deferred, |w| {
         let mut hashing = HashingWriter {
             inner: w,
             hasher: Checksum::new(),
         };
-        let bytes = safetensors::write(&mut hashing, &contents.metadata, &tensors)
+        let bytes = safetensors::write(&mut hashing, metadata, tensors)
             .map_err(|err| Error::io(path, err))?;
         Ok((bytes, hashing.hasher.hex()))
     })?;
@@ -292,9 +303,9 @@ pub fn write_shard(path: &Path, contents: &ShardContents) -> Result<ShardEntry> 
             .and_then(|n| n.to_str())
             .unwrap_or_default()
             .to_string(),
-        events: e as u64,
-        doms: d as u64,
-        pulses: p as u64,
+        events: events as u64,
+        doms: doms as u64,
+        pulses: pulses as u64,
         bytes,
         xxh3,
     })

@@ -14,6 +14,12 @@
 //! valid. The manifest is written last, once every file is on stable storage: a copy
 //! stopped before that has no manifest and no dataset opens it. On an error, the files
 //! this copy made are removed again.
+//!
+//! With another layout than the source's ([`ShardLayout`]), each shard is written again in
+//! that layout instead of copied ([`crate::convert::relayout`]): read through the source's
+//! checked views, written in the same aligned chunks, then opened and validated in full
+//! before the manifest (the source's, with the new layout and the new files' sizes and
+//! checksums) names it.
 
 use std::fs::File;
 use std::io::{Read, Write};
@@ -22,6 +28,8 @@ use std::time::Instant;
 
 use rayon::prelude::*;
 
+use super::{ChecksumPolicy, Dataset, FirstRead, Shard};
+use crate::convert::relayout::write_view;
 use crate::convert::Progress;
 use crate::error::{Error, IoContext, Result};
 use crate::format::atomic::{
@@ -31,7 +39,7 @@ use crate::format::atomic::{
 use crate::format::checksum::{self, Checksum};
 use crate::format::chunked::MAPPED_FILE_CHUNK;
 use crate::format::manifest::DataFile;
-use crate::format::{Manifest, ShardProblem, MANIFEST_FILE};
+use crate::format::{Manifest, ShardEntry, ShardLayout, ShardProblem, MANIFEST_FILE};
 
 /// Bytes read from the source at a time, per file copied at once: whole chunks of the
 /// copy.
@@ -50,30 +58,57 @@ pub struct CopyReport {
 
 /// Copies the dataset in `source` to `destination`, which must not exist or be an empty
 /// directory: every file the manifest lists, each checked against its recorded size and
-/// checksum, then the manifest itself, byte for byte. Files are copied in parallel on
-/// rayon's pool; `progress` hears of phase `"copy"`, one unit per file (with its pulses).
-/// Files in `source` the manifest does not list are not copied.
+/// checksum, then the manifest itself, byte for byte; or, with a `layout` other than the
+/// source's, its shards written again in that layout (see the module's documentation).
+/// Files are copied in parallel on rayon's pool; `progress` hears of phase `"copy"`, one
+/// unit per file (with its pulses). Files in `source` the manifest does not list are not
+/// copied.
 pub fn copy_dataset(
     source: &Path,
     destination: &Path,
+    layout: Option<ShardLayout>,
     progress: &dyn Progress,
 ) -> Result<CopyReport> {
     let started = Instant::now();
     let manifest_path = source.join(MANIFEST_FILE);
-    let manifest_bytes = std::fs::read(&manifest_path).at(&manifest_path)?;
+    let mut manifest_bytes = std::fs::read(&manifest_path).at(&manifest_path)?;
     let manifest = Manifest::parse(&manifest_path, &manifest_bytes)?;
+    let relayout = layout.filter(|&l| l != manifest.schema.layout);
+    // Opened only to write shards again: each checked (checksum, then structure) as it is
+    // first read.
+    let dataset = relayout
+        .map(|_| Dataset::open(source, ChecksumPolicy::Lazy))
+        .transpose()?;
     let created = prepare_destination(destination)?;
     let files: Vec<DataFile> = manifest.data_files().collect();
     progress.begin("copy", files.len() as u64);
+    let mut file_bytes: u64 = files.iter().map(|f| f.bytes).sum();
     let copied = files
         .par_iter()
-        .map(|file| {
-            copy_file(source, destination, file)?;
+        .enumerate()
+        .map(|(i, file)| {
+            let entry = match (&dataset, relayout) {
+                (Some(dataset), Some(layout)) if i < dataset.shard_count() => {
+                    Some(write_shard_as(dataset, i, destination, layout)?)
+                }
+                _ => {
+                    copy_file(source, destination, file)?;
+                    None
+                }
+            };
             progress.advance(file.pulses);
-            Ok(())
+            Ok(entry)
         })
-        .collect::<Result<Vec<()>>>()
-        .and_then(|_| {
+        .collect::<Result<Vec<Option<ShardEntry>>>>()
+        .and_then(|entries| {
+            if let Some(layout) = relayout {
+                let mut relaid = manifest.clone();
+                relaid.schema.layout = layout;
+                relaid.shards = entries.into_iter().flatten().collect();
+                relaid.totals.bytes = relaid.shards.iter().map(|s| s.bytes).sum();
+                manifest_bytes = relaid.to_bytes();
+                file_bytes = relaid.totals.bytes + relaid.sensor_table.bytes;
+            }
             // The copies were not synced one by one: sync them all before the manifest
             // declares the dataset complete, as `convert` does.
             files
@@ -90,7 +125,7 @@ pub fn copy_dataset(
     }
     Ok(CopyReport {
         shards: manifest.shards.len(),
-        bytes: files.iter().map(|f| f.bytes).sum::<u64>() + manifest_bytes.len() as u64,
+        bytes: file_bytes + manifest_bytes.len() as u64,
         seconds: started.elapsed().as_secs_f64(),
     })
 }
@@ -156,6 +191,24 @@ fn copy_file(source: &Path, destination: &Path, file: &DataFile) -> Result<()> {
         }
         checksum::check(&from, hasher.hex(), file.xxh3)
     })
+}
+
+/// Writes shard `i` of `dataset` into `destination` in `layout`, then opens the written
+/// file and validates it in full; returns its manifest entry.
+fn write_shard_as(
+    dataset: &Dataset,
+    i: usize,
+    destination: &Path,
+    layout: ShardLayout,
+) -> Result<ShardEntry> {
+    let shard = dataset.shard(i)?;
+    let columns = shard.columns()?;
+    let entry = &dataset.manifest().shards[i];
+    let target = destination.join(&entry.file);
+    let written = write_view(&target, &columns.view(), &shard.header().metadata, layout)?;
+    let rows = dataset.sensor_table().rows();
+    Shard::open(&target, &written, rows, layout, FirstRead::Structure)?;
+    Ok(written)
 }
 
 /// Removes what a failed copy made: its files (the destination held none of their names

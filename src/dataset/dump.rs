@@ -67,7 +67,8 @@ pub fn dump(dataset: &Dataset, only_event: Option<i64>, out: &mut impl Write) ->
     let mut written = 0;
     let io = |e: std::io::Error| Error::io("<output>", e);
     for i in 0..dataset.shard_count() {
-        let view = dataset.shard(i)?.view()?;
+        let columns = dataset.shard(i)?.columns()?;
+        let view = columns.view();
         for e in 0..view.events() {
             if only_event.is_none_or(|id| id == view.event_id[e]) {
                 write_event(out, &view, dataset.sensor_table(), e).map_err(io)?;

@@ -6,6 +6,7 @@ use super::Dataset;
 use crate::error::Result;
 use crate::format::names::{self, Level};
 use crate::format::safetensors::{Dtype, Header};
+use crate::format::StoredView;
 
 /// Order statistics of a per-event count.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -165,12 +166,20 @@ pub struct ByteBudget {
 }
 
 impl ByteBudget {
-    /// Adds a shard's tensors (`file_bytes` long, described by `header`).
-    fn add_shard(&mut self, header: &Header, file_bytes: u64) {
+    /// Adds a shard's tensors (`file_bytes` long, described by `header`; `view` splits a
+    /// records shard's records into the levels their pieces belong to).
+    fn add_shard(&mut self, header: &Header, file_bytes: u64, view: &StoredView) {
         let mut data = 0;
         for (name, tensor) in &header.tensors {
             let bytes = tensor.range.len() as u64;
             data += bytes;
+            if let (names::EVENT_RECORDS, StoredView::Records(v)) = (name.as_str(), view) {
+                let w = v.widths;
+                self.event_bytes += (v.events() * w.header()) as u64;
+                self.dom_bytes += (v.doms() * w.per_dom()) as u64;
+                self.pulse_bytes += (v.pulses() * w.per_pulse()) as u64;
+                continue;
+            }
             match names::level(name) {
                 Level::Event => self.event_bytes += bytes,
                 Level::Dom => self.dom_bytes += bytes,
@@ -212,8 +221,9 @@ pub fn inspect(dataset: &Dataset) -> Result<Inspection> {
     let mut budget = ByteBudget::default();
     for i in 0..dataset.shard_count() {
         let shard = dataset.shard(i)?;
-        budget.add_shard(shard.header(), shard.bytes().len() as u64);
-        let view = shard.view()?;
+        budget.add_shard(shard.header(), shard.bytes().len() as u64, &shard.stored()?);
+        let columns = shard.columns()?;
+        let view = columns.view();
         for e in 0..view.events() {
             let doms = view.dom_range(e);
             doms_per_event.add(doms.len() as u64);

@@ -18,9 +18,11 @@ use std::sync::OnceLock;
 
 use crate::error::{Error, IoContext, Result};
 use crate::format::names::{self, Level};
+use crate::format::records::DecodedColumns;
 use crate::format::safetensors::{self, Header};
 use crate::format::{
-    checksum, Manifest, SensorTable, ShardEntry, ShardProblem, ShardView, Validation,
+    checksum, Manifest, RecordView, SensorTable, ShardEntry, ShardLayout, ShardProblem, ShardView,
+    StoredView, Validation,
 };
 
 /// The share of this process's memory (the machine's, or its cgroup limit) a dataset may
@@ -91,16 +93,37 @@ pub struct Shard {
     bytes: ShardBytes,
     header: Header,
     sensor_rows: usize,
+    layout: ShardLayout,
+}
+
+/// A shard's columns: a columns shard's own, or a records shard's decoded into memory
+/// ([`Shard::columns`]).
+pub enum Columns<'a> {
+    /// Views into a columns shard's bytes.
+    Stored(ShardView<'a>),
+    /// A records shard's columns, decoded.
+    Decoded(Box<DecodedColumns<'a>>),
+}
+
+impl Columns<'_> {
+    /// The columns' view.
+    pub fn view(&self) -> ShardView<'_> {
+        match self {
+            Columns::Stored(view) => *view,
+            Columns::Decoded(decoded) => decoded.view(),
+        }
+    }
 }
 
 impl Shard {
     /// Maps `path`, checks its size against `entry` (and its checksum, as `first_read`
-    /// says), and validates its header and structure, and every sensor id against a
-    /// `sensor_rows`-row sensor table.
+    /// says), and validates its header and structure in `layout`, and every sensor id
+    /// against a `sensor_rows`-row sensor table.
     pub fn open(
         path: &Path,
         entry: &ShardEntry,
         sensor_rows: usize,
+        layout: ShardLayout,
         first_read: FirstRead,
     ) -> Result<Shard> {
         let file = File::open(path).at(path)?;
@@ -143,14 +166,9 @@ impl Shard {
             bytes,
             header,
             sensor_rows,
+            layout,
         };
-        let view = ShardView::parse(
-            shard.bytes.as_slice(),
-            &shard.header,
-            sensor_rows,
-            Validation::Full,
-        )
-        .map_err(|problem| Error::shard(path, problem))?;
+        let view = shard.parse(Validation::Full)?;
         let found = [view.events(), view.doms(), view.pulses()].map(|n| n as u64);
         let expected = [entry.events, entry.doms, entry.pulses];
         if found != expected {
@@ -159,16 +177,37 @@ impl Shard {
         Ok(shard)
     }
 
-    /// Typed views of the shard's tensors (the offsets and sensor ids were validated when
-    /// it was opened).
-    pub fn view(&self) -> Result<ShardView<'_>> {
-        ShardView::parse(
-            self.bytes.as_slice(),
-            &self.header,
-            self.sensor_rows,
-            Validation::Structure,
-        )
+    fn parse(&self, validation: Validation) -> Result<StoredView<'_>> {
+        let (bytes, header, rows) = (self.bytes.as_slice(), &self.header, self.sensor_rows);
+        match self.layout {
+            ShardLayout::Columns => {
+                ShardView::parse(bytes, header, rows, validation).map(StoredView::Columns)
+            }
+            ShardLayout::Records => {
+                RecordView::parse(bytes, header, rows, validation).map(StoredView::Records)
+            }
+        }
         .map_err(|problem| Error::shard(&self.path, problem))
+    }
+
+    /// Typed views of the shard's tensors, in its layout (what was validated when it was
+    /// opened is not checked again).
+    pub fn stored(&self) -> Result<StoredView<'_>> {
+        self.parse(Validation::Structure)
+    }
+
+    /// The shard's columns: views of a columns shard's, or a records shard's decoded into
+    /// memory (as many bytes as its DOM and pulse data: drop them when done).
+    pub fn columns(&self) -> Result<Columns<'_>> {
+        Ok(match self.stored()? {
+            StoredView::Columns(view) => Columns::Stored(view),
+            StoredView::Records(view) => Columns::Decoded(Box::new(view.decode())),
+        })
+    }
+
+    /// The shard's layout.
+    pub fn layout(&self) -> ShardLayout {
+        self.layout
     }
 
     /// The shard's path.
@@ -193,15 +232,21 @@ impl Shard {
         let ShardBytes::Mapped(map) = &self.bytes else {
             return Ok(());
         };
-        let view = self.view()?;
+        let view = self.stored()?;
         let events = events.start.min(view.events())..events.end.min(view.events());
-        let doms = view.event_dom_offsets[events.start] as usize
-            ..view.event_dom_offsets[events.end] as usize;
-        let pulses =
-            view.dom_pulse_offsets[doms.start] as usize..view.dom_pulse_offsets[doms.end] as usize;
+        let event_doms = view.event_dom_offsets();
+        let doms = event_doms[events.start] as usize..event_doms[events.end] as usize;
+        let pulses = view.pulse_range(events.clone());
+        let records = match view {
+            StoredView::Records(v) => v.record_bytes(events.clone()),
+            StoredView::Columns(_) => 0..0,
+        };
         for (name, tensor) in &self.header.tensors {
             let items = match (name.as_str(), names::level(name)) {
-                (names::EVENT_DOM_OFFSETS, _) => events.start..events.end + 1,
+                (names::EVENT_RECORDS, _) => records.clone(),
+                (names::EVENT_DOM_OFFSETS | names::EVENT_PULSE_OFFSETS, _) => {
+                    events.start..events.end + 1
+                }
                 (names::DOM_PULSE_OFFSETS, _) => doms.start..doms.end + 1,
                 (_, Level::Event) => events.clone(),
                 (_, Level::Dom) => doms.clone(),
@@ -389,6 +434,7 @@ impl Dataset {
             &self.dir.join(&entry.file),
             entry,
             self.sensor_table.rows(),
+            self.manifest.schema.layout,
             self.first_read,
         )?;
         Ok(self.shards[i].get_or_init(|| shard))

@@ -5,7 +5,7 @@ use std::sync::{Mutex, OnceLock};
 
 use super::View;
 use crate::error::Error;
-use crate::format::ShardView;
+use crate::format::StoredView;
 use crate::sampler::{EventRef, EventSizes};
 
 /// [`EventSizes`] of a [`View`]: its events, numbered as the view numbers them. A shard
@@ -14,7 +14,7 @@ use crate::sampler::{EventRef, EventSizes};
 pub struct DatasetSizes<'a> {
     view: &'a View,
     /// Each shard's view once opened; `None` when it failed to open.
-    views: Vec<OnceLock<Option<ShardView<'a>>>>,
+    views: Vec<OnceLock<Option<StoredView<'a>>>>,
     /// The first shard that failed to open, handed once to the plan that needed it.
     error: Mutex<Option<Error>>,
     /// Whether the sampler's read-ahead hints reach the kernel (a streaming loader reads
@@ -73,7 +73,7 @@ impl EventSizes for DatasetSizes<'_> {
         let e = self.view.locate(e);
         let dataset = self.view.dataset();
         let view = self.views[e.shard as usize].get_or_init(|| {
-            match dataset.shard(e.shard as usize).and_then(|s| s.view()) {
+            match dataset.shard(e.shard as usize).and_then(|s| s.stored()) {
                 Ok(v) => Some(v),
                 Err(err) => {
                     self.error
@@ -84,8 +84,10 @@ impl EventSizes for DatasetSizes<'_> {
                 }
             }
         });
-        view.as_ref()
-            .map_or(0, |v| v.event_pulse_range(e.index as usize).len())
+        view.as_ref().map_or(0, |v| {
+            let e = e.index as usize;
+            v.pulse_range(e..e + 1).len()
+        })
     }
 
     fn read_ahead(&self, shard: u32, events: std::ops::Range<u32>) {

@@ -199,12 +199,13 @@ impl View {
     /// order.
     fn for_each_event(&self, mut visit: impl FnMut(usize, u32, i64, u64, u64)) -> Result<()> {
         for shard in 0..self.dataset.shard_count() {
-            let view = self.dataset.shard(shard)?.view()?;
+            let view = self.dataset.shard(shard)?.stored()?;
+            let (ids, event_doms) = (view.event_id(), view.event_dom_offsets());
             let mut one = |i: u32| {
-                let doms = view.dom_range(i as usize);
-                let pulses = view.event_pulse_range(i as usize);
-                let id = view.event_id[i as usize];
-                visit(shard, i, id, doms.len() as u64, pulses.len() as u64);
+                let e = i as usize;
+                let doms = event_doms[e + 1] - event_doms[e];
+                let pulses = view.pulse_range(e..e + 1);
+                visit(shard, i, ids[e], doms as u64, pulses.len() as u64);
             };
             match self.kept(shard) {
                 Some(kept) => kept.iter().copied().for_each(&mut one),

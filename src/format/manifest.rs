@@ -5,6 +5,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+use super::records::ShardLayout;
 use super::sensor_table::SensorTableEntry;
 use super::shard::{ShardEntry, StorageTypes};
 pub use super::{FORMAT, FORMAT_VERSION};
@@ -61,6 +62,10 @@ pub struct Sources {
 pub struct Schema {
     /// Column widths chosen for this dataset.
     pub types: StorageTypes,
+    /// How the shards store DOM- and pulse-level data (columns when absent: datasets
+    /// written before records existed).
+    #[serde(default)]
+    pub layout: ShardLayout,
     /// The global event order.
     pub event_order: String,
     /// DOM order within an event.
@@ -74,6 +79,7 @@ impl Schema {
     pub fn current(types: StorageTypes) -> Schema {
         Schema {
             types,
+            layout: ShardLayout::Columns,
             event_order: "ascending xxh3_64(event_id as 8 LE bytes, seed); shards in bucket order"
                 .into(),
             dom_order: "first hit time ascending, ties by sensor_id ascending".into(),
@@ -188,8 +194,13 @@ impl Manifest {
 
     /// Writes `dir/manifest.json` atomically.
     pub fn write(&self, dir: &Path) -> Result<()> {
+        super::atomic::write_bytes_atomic(&dir.join(MANIFEST_FILE), &self.to_bytes())
+    }
+
+    /// The manifest as [`Manifest::write`] writes it: pretty JSON and a newline.
+    pub fn to_bytes(&self) -> Vec<u8> {
         let mut text = serde_json::to_vec_pretty(self).expect("manifest serialises");
         text.push(b'\n');
-        super::atomic::write_bytes_atomic(&dir.join(MANIFEST_FILE), &text)
+        text
     }
 }

@@ -10,6 +10,7 @@ pub mod manifest;
 pub mod names;
 pub mod order;
 pub mod pod;
+pub mod records;
 pub mod safetensors;
 pub mod sensor_table;
 pub mod shard;
@@ -18,6 +19,7 @@ use std::collections::BTreeMap;
 
 pub use columns::{FloatColumn, IntColumn};
 pub use manifest::{Manifest, MANIFEST_FILE};
+pub use records::{RecordView, ShardLayout, StoredView};
 pub use sensor_table::{LookupRows, SensorTable, SensorTableEntry, SENSOR_TABLE_FILE};
 pub use shard::{ShardEntry, ShardProblem, ShardView, StorageTypes, Validation};
 

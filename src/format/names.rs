@@ -14,6 +14,10 @@ pub const EVENT_AZIMUTH: &str = "event_azimuth";
 pub const EVENT_ZENITH: &str = "event_zenith";
 /// `[E+1]` I32: the DOMs of event `e` are `[o[e], o[e+1])`.
 pub const EVENT_DOM_OFFSETS: &str = "event_dom_offsets";
+/// `[E+1]` I32 in a records shard: the pulses of event `e` are `[o[e], o[e+1])`.
+pub const EVENT_PULSE_OFFSETS: &str = "event_pulse_offsets";
+/// `[R]` U8 in a records shard: every event's record ([`super::records`]).
+pub const EVENT_RECORDS: &str = "event_records";
 /// `[D]` I16 or I32: each DOM's sensor id, a row of the sensor table.
 pub const DOM_SENSOR_ID: &str = "dom_sensor_id";
 /// `[D+1]` I32: the pulses of DOM `d` are `[o[d], o[d+1])`.

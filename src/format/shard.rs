@@ -23,6 +23,7 @@ use serde::{Deserialize, Serialize};
 use super::columns::{FloatColumn, IntColumn};
 use super::names;
 use super::pod::{try_cast, Pod};
+use super::records::{ShardLayout, LAYOUT_KEY};
 use super::safetensors::{Dtype, Element, Header, HeaderError, TensorInfo};
 use super::{FORMAT, FORMAT_VERSION};
 use crate::event::EventHeader;
@@ -148,6 +149,28 @@ pub enum ShardProblem {
         /// Bytes recorded.
         expected: u64,
     },
+    /// A shard of another layout than the dataset's.
+    #[error("is not a {} shard (the manifest's layout)", expected.name())]
+    Layout {
+        /// The layout the manifest gives.
+        expected: ShardLayout,
+    },
+    /// A records shard whose `__metadata__` lacks a piece's width, or names a wrong one.
+    #[error("`__metadata__` gives `{key}` as {found:?}, not a width records store")]
+    RecordWidth {
+        /// The metadata key.
+        key: &'static str,
+        /// Its value (empty when absent).
+        found: String,
+    },
+    /// A record that contradicts the event columns or itself.
+    #[error("the record of event {event}: {problem}")]
+    Record {
+        /// The event index in the shard.
+        event: usize,
+        /// What is wrong.
+        problem: &'static str,
+    },
     /// The event, DOM and pulse counts differ from the manifest's record.
     #[error("holds {found:?} events/DOMs/pulses, the manifest says {expected:?}")]
     Counts {
@@ -206,14 +229,27 @@ impl<'h> TensorCheck<'h> {
 }
 
 /// A shard's tensors, checked one by one against the file's bytes.
-struct Tensors<'a> {
+pub(super) struct Tensors<'a> {
     bytes: &'a [u8],
     check: TensorCheck<'a>,
 }
 
 impl<'a> Tensors<'a> {
+    /// The tensors of `bytes` (a whole file whose header is `header`), checking the format
+    /// metadata and that each is one of `allowed`.
+    pub(super) fn new(
+        bytes: &'a [u8],
+        header: &'a Header,
+        allowed: &[&str],
+    ) -> Result<Self, ShardProblem> {
+        Ok(Tensors {
+            bytes,
+            check: TensorCheck::new(header, allowed)?,
+        })
+    }
+
     /// The length of the first dimension of tensor `name`.
-    fn len(&self, name: &'static str) -> Result<usize, ShardProblem> {
+    pub(super) fn len(&self, name: &'static str) -> Result<usize, ShardProblem> {
         Ok(self.check.info(name)?.shape.first().copied().unwrap_or(0))
     }
 
@@ -242,7 +278,11 @@ impl<'a> Tensors<'a> {
         })
     }
 
-    fn exact<T: Element>(&self, name: &'static str, len: usize) -> Result<&'a [T], ShardProblem> {
+    pub(super) fn exact<T: Element>(
+        &self,
+        name: &'static str,
+        len: usize,
+    ) -> Result<&'a [T], ShardProblem> {
         self.typed(name, T::DTYPE, &[len])
     }
 
@@ -273,7 +313,11 @@ fn wrong_dtype(tensor: &str, found: Dtype, expected: &'static str) -> ShardProbl
 }
 
 /// Checks that `offsets` start at 0, increase strictly and end at `total`.
-fn check_offsets(tensor: &'static str, offsets: &[i32], total: usize) -> Result<(), ShardProblem> {
+pub(super) fn check_offsets(
+    tensor: &'static str,
+    offsets: &[i32],
+    total: usize,
+) -> Result<(), ShardProblem> {
     if offsets.first() != Some(&0) {
         return Err(ShardProblem::OffsetsStart { tensor });
     }
@@ -354,10 +398,16 @@ impl<'a> ShardView<'a> {
         sensor_rows: usize,
         validation: Validation,
     ) -> Result<ShardView<'a>, ShardProblem> {
-        let t = Tensors {
-            bytes,
-            check: TensorCheck::new(header, &SHARD_TENSORS)?,
-        };
+        if header
+            .metadata
+            .get(LAYOUT_KEY)
+            .is_some_and(|l| l != "columns")
+        {
+            return Err(ShardProblem::Layout {
+                expected: ShardLayout::Columns,
+            });
+        }
+        let t = Tensors::new(bytes, header, &SHARD_TENSORS)?;
         let e = t.len(names::EVENT_ID)?;
         let d = t.len(names::DOM_SENSOR_ID)?;
         let p = t.len(names::PULSE_TIME)?;
@@ -462,7 +512,7 @@ impl<'a> ShardView<'a> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::collections::BTreeMap;
 
     use proptest::prelude::*;
@@ -477,7 +527,7 @@ mod tests {
     const SENSOR_ROWS: usize = 10;
 
     /// A valid shard of three events over sensors below [`SENSOR_ROWS`].
-    fn valid_shard() -> Vec<u8> {
+    pub(crate) fn valid_shard() -> Vec<u8> {
         let events: [&[(i32, i64)]; 3] = [
             &[(3, 10), (1, 12), (3, 15)],
             &[(9, 7)],

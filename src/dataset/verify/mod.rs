@@ -80,22 +80,26 @@ pub fn verify(dir: &Path, source: Option<&InputSet>) -> Result<VerifyReport> {
                 continue;
             }
         };
-        let view = match shard.view() {
-            Ok(view) => view,
+        let columns = match shard.columns() {
+            Ok(columns) => columns,
             Err(e) => {
                 report.problem(e.to_string());
                 continue;
             }
         };
+        let view = columns.view();
         report.shards += 1;
         let file = &manifest.shards[i].file;
         let mut problem = |text: String| report.problem(format!("{file}: {text}"));
-        for (name, want) in [
-            (names::DOM_SENSOR_ID, types.sensor_id),
-            (names::PULSE_TIME, types.time),
-            (names::PULSE_CHARGE, types.charge),
+        for (name, found, want) in [
+            (
+                names::DOM_SENSOR_ID,
+                view.dom_sensor_id.raw().1,
+                types.sensor_id,
+            ),
+            (names::PULSE_TIME, view.pulse_time.raw().1, types.time),
+            (names::PULSE_CHARGE, view.pulse_charge.raw().1, types.charge),
         ] {
-            let found = shard.header().tensors[name].dtype;
             if found != want {
                 problem(format!(
                     "tensor {name} is {found:?}, the manifest schema says {want:?}"

@@ -225,9 +225,10 @@ struct StoredEvent {
 fn stored_events(dataset: &Dataset, batch_id: i64) -> Result<HashMap<i64, StoredEvent>> {
     let mut events = HashMap::new();
     for i in 0..dataset.shard_count() {
-        let Ok(view) = dataset.shard(i).and_then(|s| s.view()) else {
+        let Ok(columns) = dataset.shard(i).and_then(|s| s.columns()) else {
             continue; // already reported by the structural checks
         };
+        let view = columns.view();
         for e in 0..view.events() {
             if view.event_batch_id[e] == batch_id {
                 let facts = stored_facts(&view, e, event_print(&view, e));

@@ -1,0 +1,771 @@
+//! The records layout of a shard: each event's pieces side by side, for loaders that read
+//! events at random.
+//!
+//! A columns shard ([`super::shard`]) stores every DOM- and pulse-level column whole, which
+//! any safetensors reader sees as arrays; an event drawn at random then costs a cache miss
+//! per column and offsets array. A records shard keeps the event-level tensors and stores
+//! what a batch copies of each event in one run of bytes, its *record*:
+//!
+//! | tensor | shape | dtype |
+//! |---|---|---|
+//! | `event_id`, `event_batch_id`, `event_first_row` | `[E]` | I64 |
+//! | `event_azimuth`, `event_zenith` | `[E]` | F64 (train split only) |
+//! | `event_dom_offsets` | `[E+1]` | I32, DOMs of event e: `[o[e], o[e+1])` |
+//! | `event_pulse_offsets` | `[E+1]` | I32, pulses of event e: `[o[e], o[e+1])` |
+//! | `event_records` | `[R]` | U8, the records one after the other |
+//!
+//! Event `e` with DOMs from `d` and pulses from `p` has its record at byte
+//! `e * H + d * (S + 4) + p * (T + C + 1)` of `event_records`, S, T and C the widths of the
+//! sensor ids, times and charges, and holds, little-endian and unaligned:
+//! - H bytes: its id (I64), then its azimuth and zenith (F64) when the shard has labels;
+//! - its DOMs' sensor ids (S bytes each);
+//! - its DOMs' pulse ends (I32), counted from its first pulse: DOM k's pulses are
+//!   `[end[k-1], end[k])` (0 for the first), the last is the event's pulse count;
+//! - its pulses' times (T bytes each), charges (C bytes each), auxiliary flags (1 byte).
+//!
+//! The shard's `__metadata__` says `layout: records` and gives the three widths
+//! (`dom_sensor_id`, `pulse_time`, `pulse_charge`: dtype names). The ids and labels are in
+//! both places: the record for the gather, the columns for lookups by position.
+
+use serde::{Deserialize, Serialize};
+
+use super::columns::{FloatColumn, IntColumn};
+use super::names;
+use super::pod::LineAligned;
+use super::safetensors::{Dtype, Header};
+use super::shard::{check_offsets, ShardProblem, ShardView, Tensors, Validation};
+use crate::event::EventHeader;
+
+/// How a dataset's shards store their DOM- and pulse-level data.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ShardLayout {
+    /// Whole columns, readable as arrays by any safetensors reader ([`ShardView`]).
+    #[default]
+    Columns,
+    /// One record per event ([`RecordView`]): faster to gather at random.
+    Records,
+}
+
+impl ShardLayout {
+    /// The layout's name, as the manifest and the command line spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            ShardLayout::Columns => "columns",
+            ShardLayout::Records => "records",
+        }
+    }
+
+    /// The layout called `name` ([`ShardLayout::name`]), if any.
+    pub fn from_name(name: &str) -> Option<ShardLayout> {
+        [ShardLayout::Columns, ShardLayout::Records]
+            .into_iter()
+            .find(|l| l.name() == name)
+    }
+}
+
+/// `__metadata__` key naming a shard's layout (absent: columns).
+pub const LAYOUT_KEY: &str = "layout";
+
+/// The tensors a records shard may hold.
+const RECORD_SHARD_TENSORS: [&str; 8] = [
+    names::EVENT_ID,
+    names::EVENT_BATCH_ID,
+    names::EVENT_FIRST_ROW,
+    names::EVENT_AZIMUTH,
+    names::EVENT_ZENITH,
+    names::EVENT_DOM_OFFSETS,
+    names::EVENT_PULSE_OFFSETS,
+    names::EVENT_RECORDS,
+];
+
+/// The widths of a record's pieces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecordWidths {
+    /// `dom_sensor_id`: I16 or I32.
+    pub sensor_id: Dtype,
+    /// `pulse_time`: I32 or I64.
+    pub time: Dtype,
+    /// `pulse_charge`: F32 or F64.
+    pub charge: Dtype,
+    /// Whether records hold labels.
+    pub labels: bool,
+}
+
+impl RecordWidths {
+    /// Bytes of a record's header: the id, and the labels when stored.
+    pub fn header(&self) -> usize {
+        if self.labels {
+            24
+        } else {
+            8
+        }
+    }
+
+    /// Bytes per DOM: its sensor id and pulse end.
+    pub fn per_dom(&self) -> usize {
+        self.sensor_id.size() + 4
+    }
+
+    /// Bytes per pulse: time, charge and flag.
+    pub fn per_pulse(&self) -> usize {
+        self.time.size() + self.charge.size() + 1
+    }
+
+    /// Where the record of the event with `events`, `doms` and `pulses` before it starts;
+    /// with the totals, the length of all records.
+    pub fn start(&self, events: usize, doms: usize, pulses: usize) -> usize {
+        events * self.header() + doms * self.per_dom() + pulses * self.per_pulse()
+    }
+
+    /// The widths a shard's `__metadata__` gives.
+    fn from_metadata(header: &Header, labels: bool) -> Result<RecordWidths, ShardProblem> {
+        let dtype = |key: &'static str, accepted: [Dtype; 2]| {
+            let found = header.metadata.get(key).map(String::as_str);
+            accepted
+                .into_iter()
+                .find(|d| Some(d.name()) == found)
+                .ok_or_else(|| ShardProblem::RecordWidth {
+                    key,
+                    found: found.unwrap_or("").to_string(),
+                })
+        };
+        Ok(RecordWidths {
+            sensor_id: dtype(names::DOM_SENSOR_ID, [Dtype::I16, Dtype::I32])?,
+            time: dtype(names::PULSE_TIME, [Dtype::I32, Dtype::I64])?,
+            charge: dtype(names::PULSE_CHARGE, [Dtype::F32, Dtype::F64])?,
+            labels,
+        })
+    }
+}
+
+/// Reads a little-endian integer of `size` bytes (2, 4 or 8) from the front of `bytes`.
+#[inline]
+fn int_at(bytes: &[u8], size: usize) -> i64 {
+    match size {
+        2 => i16::from_le_bytes([bytes[0], bytes[1]]).into(),
+        4 => i32::from_le_bytes(bytes[..4].try_into().expect("4 bytes")).into(),
+        _ => i64::from_le_bytes(bytes[..8].try_into().expect("8 bytes")),
+    }
+}
+
+/// Reads a little-endian float of `size` bytes (4 or 8) from the front of `bytes`.
+#[inline]
+fn float_at(bytes: &[u8], size: usize) -> f64 {
+    match size {
+        4 => f32::from_le_bytes(bytes[..4].try_into().expect("4 bytes")).into(),
+        _ => f64::from_le_bytes(bytes[..8].try_into().expect("8 bytes")),
+    }
+}
+
+/// The index of the first of `sensors` (little-endian ids of `dtype`, I16 or I32) outside
+/// `0..rows`, if any.
+fn first_outside(sensors: &[u8], dtype: Dtype, rows: i64) -> Option<usize> {
+    let outside = |s: i64| !(0..rows).contains(&s);
+    match dtype {
+        Dtype::I16 => sensors
+            .chunks_exact(2)
+            .position(|b| outside(i16::from_le_bytes([b[0], b[1]]).into())),
+        _ => sensors
+            .chunks_exact(4)
+            .position(|b| outside(i32::from_le_bytes(b.try_into().expect("4 bytes")).into())),
+    }
+}
+
+/// One event's record, split into its pieces (raw little-endian bytes).
+#[derive(Debug, Clone, Copy)]
+pub struct EventRecord<'a> {
+    /// The id, and the labels when stored.
+    pub header: &'a [u8],
+    /// The DOMs' sensor ids.
+    pub sensors: &'a [u8],
+    /// The DOMs' pulse ends (I32), counted from the event's first pulse.
+    pub dom_ends: &'a [u8],
+    /// The pulses' times.
+    pub times: &'a [u8],
+    /// The pulses' charges.
+    pub charges: &'a [u8],
+    /// The pulses' auxiliary flags.
+    pub auxiliary: &'a [u8],
+    widths: RecordWidths,
+}
+
+impl<'a> EventRecord<'a> {
+    /// Splits `bytes`, the record of an event of `doms` DOMs and `pulses` pulses.
+    #[inline]
+    pub fn split(bytes: &'a [u8], widths: RecordWidths, doms: usize, pulses: usize) -> Self {
+        let mut rest = bytes;
+        let mut take = |len: usize| {
+            let (piece, tail) = rest.split_at(len);
+            rest = tail;
+            piece
+        };
+        EventRecord {
+            header: take(widths.header()),
+            sensors: take(doms * widths.sensor_id.size()),
+            dom_ends: take(doms * 4),
+            times: take(pulses * widths.time.size()),
+            charges: take(pulses * widths.charge.size()),
+            auxiliary: take(pulses),
+            widths,
+        }
+    }
+
+    /// The number of DOMs.
+    pub fn doms(&self) -> usize {
+        self.dom_ends.len() / 4
+    }
+
+    /// The number of pulses.
+    pub fn pulses(&self) -> usize {
+        self.auxiliary.len()
+    }
+
+    /// The event id.
+    pub fn event_id(&self) -> i64 {
+        int_at(self.header, 8)
+    }
+
+    /// The labels (azimuth, zenith), when stored.
+    pub fn labels(&self) -> Option<(f64, f64)> {
+        self.widths.labels.then(|| {
+            (
+                float_at(&self.header[8..], 8),
+                float_at(&self.header[16..], 8),
+            )
+        })
+    }
+
+    /// DOM `k`'s sensor id.
+    pub fn sensor(&self, k: usize) -> i64 {
+        let size = self.widths.sensor_id.size();
+        int_at(&self.sensors[k * size..], size)
+    }
+
+    /// The end of DOM `k`'s pulses, counted from the event's first pulse.
+    pub fn dom_end(&self, k: usize) -> usize {
+        int_at(&self.dom_ends[4 * k..], 4) as usize
+    }
+
+    /// DOM `k`'s pulses, counted from the event's first pulse.
+    pub fn dom_pulses(&self, k: usize) -> std::ops::Range<usize> {
+        let start = if k == 0 { 0 } else { self.dom_end(k - 1) };
+        start..self.dom_end(k)
+    }
+
+    /// Pulse `j`'s time.
+    pub fn time(&self, j: usize) -> i64 {
+        let size = self.widths.time.size();
+        int_at(&self.times[j * size..], size)
+    }
+
+    /// Pulse `j`'s charge.
+    pub fn charge(&self, j: usize) -> f64 {
+        let size = self.widths.charge.size();
+        float_at(&self.charges[j * size..], size)
+    }
+}
+
+/// Typed, validated views of a records shard. Construction checks shapes and the event
+/// offsets, so every event's record is inside `event_records`.
+#[derive(Debug, Clone, Copy)]
+pub struct RecordView<'a> {
+    /// `[E]`.
+    pub event_id: &'a [i64],
+    /// `[E]`.
+    pub event_batch_id: &'a [i64],
+    /// `[E]`.
+    pub event_first_row: &'a [i64],
+    /// `[E]` when labelled.
+    pub event_azimuth: Option<&'a [f64]>,
+    /// `[E]` when labelled.
+    pub event_zenith: Option<&'a [f64]>,
+    /// `[E+1]`.
+    pub event_dom_offsets: &'a [i32],
+    /// `[E+1]`.
+    pub event_pulse_offsets: &'a [i32],
+    /// `[R]`: every event's record.
+    pub records: &'a [u8],
+    /// The widths of the records' pieces.
+    pub widths: RecordWidths,
+}
+
+impl<'a> RecordView<'a> {
+    /// Validates `bytes` (a whole records shard, whose header is `header`) and returns
+    /// views into it; `sensor_rows` is the number of rows of the dataset's sensor table.
+    pub fn parse(
+        bytes: &'a [u8],
+        header: &'a Header,
+        sensor_rows: usize,
+        validation: Validation,
+    ) -> Result<RecordView<'a>, ShardProblem> {
+        if header.metadata.get(LAYOUT_KEY).map(String::as_str) != Some("records") {
+            return Err(ShardProblem::Layout {
+                expected: ShardLayout::Records,
+            });
+        }
+        let t = Tensors::new(bytes, header, &RECORD_SHARD_TENSORS)?;
+        let e = t.len(names::EVENT_ID)?;
+        let labels = header.tensors.contains_key(names::EVENT_AZIMUTH)
+            || header.tensors.contains_key(names::EVENT_ZENITH);
+        let label = |name| -> Result<Option<&'a [f64]>, ShardProblem> {
+            labels.then(|| t.exact::<f64>(name, e)).transpose()
+        };
+        let widths = RecordWidths::from_metadata(header, labels)?;
+        let event_dom_offsets = t.exact::<i32>(names::EVENT_DOM_OFFSETS, e + 1)?;
+        let event_pulse_offsets = t.exact::<i32>(names::EVENT_PULSE_OFFSETS, e + 1)?;
+        let total = |tensor: &'static str, offsets: &[i32]| {
+            let last = *offsets.last().expect("E + 1 >= 1 offsets");
+            if validation == Validation::Full {
+                check_offsets(tensor, offsets, last.max(0) as usize)?;
+            }
+            usize::try_from(last).map_err(|_| ShardProblem::OffsetsEnd {
+                tensor,
+                found: last.into(),
+                expected: 0,
+            })
+        };
+        let d = total(names::EVENT_DOM_OFFSETS, event_dom_offsets)?;
+        let p = total(names::EVENT_PULSE_OFFSETS, event_pulse_offsets)?;
+        let view = RecordView {
+            event_id: t.exact(names::EVENT_ID, e)?,
+            event_batch_id: t.exact(names::EVENT_BATCH_ID, e)?,
+            event_first_row: t.exact(names::EVENT_FIRST_ROW, e)?,
+            event_azimuth: label(names::EVENT_AZIMUTH)?,
+            event_zenith: label(names::EVENT_ZENITH)?,
+            event_dom_offsets,
+            event_pulse_offsets,
+            records: t.exact(names::EVENT_RECORDS, widths.start(e, d, p))?,
+            widths,
+        };
+        if validation == Validation::Full {
+            view.check_records(sensor_rows)?;
+        }
+        Ok(view)
+    }
+
+    /// Checks every record against the event columns and the sensor table: its id and
+    /// labels, increasing DOM ends that end at its pulse count, and sensor ids that are
+    /// rows of a `rows`-row table.
+    fn check_records(&self, rows: usize) -> Result<(), ShardProblem> {
+        let (w, mut first_dom) = (self.widths, 0);
+        for e in 0..self.events() {
+            let r = self.record(e);
+            let bad = |problem: &'static str| ShardProblem::Record { event: e, problem };
+            if r.event_id() != self.event_id[e] {
+                return Err(bad("its id differs from event_id"));
+            }
+            let labels = self.event_azimuth.zip(self.event_zenith);
+            if let (Some((a, z)), Some((azimuth, zenith))) = (r.labels(), labels) {
+                if a.to_bits() != azimuth[e].to_bits() || z.to_bits() != zenith[e].to_bits() {
+                    return Err(bad("its labels differ from event_azimuth/event_zenith"));
+                }
+            }
+            let mut end = 0;
+            let ends = r.dom_ends.chunks_exact(4);
+            for dom_end in ends.map(|b| i32::from_le_bytes(b.try_into().expect("4 bytes"))) {
+                if dom_end <= end {
+                    return Err(bad("its DOM pulse ends do not increase"));
+                }
+                end = dom_end;
+            }
+            if end as usize != r.pulses() {
+                return Err(bad("its last DOM pulse end is not its pulse count"));
+            }
+            if let Some(k) = first_outside(r.sensors, w.sensor_id, rows as i64) {
+                return Err(ShardProblem::SensorOutsideTable {
+                    dom: first_dom + k,
+                    sensor: r.sensor(k),
+                    rows,
+                });
+            }
+            first_dom += r.doms();
+        }
+        Ok(())
+    }
+
+    /// The number of events.
+    pub fn events(&self) -> usize {
+        self.event_id.len()
+    }
+
+    /// The number of DOMs.
+    pub fn doms(&self) -> usize {
+        *self.event_dom_offsets.last().expect("E + 1 offsets") as usize
+    }
+
+    /// The number of pulses.
+    pub fn pulses(&self) -> usize {
+        *self.event_pulse_offsets.last().expect("E + 1 offsets") as usize
+    }
+
+    /// The DOM index range of event `e`.
+    pub fn dom_range(&self, e: usize) -> std::ops::Range<usize> {
+        self.event_dom_offsets[e] as usize..self.event_dom_offsets[e + 1] as usize
+    }
+
+    /// The pulse index range of event `e`.
+    pub fn pulse_range(&self, e: usize) -> std::ops::Range<usize> {
+        self.event_pulse_offsets[e] as usize..self.event_pulse_offsets[e + 1] as usize
+    }
+
+    /// The byte range of events `events`' records in [`RecordView::records`].
+    pub fn record_bytes(&self, events: std::ops::Range<usize>) -> std::ops::Range<usize> {
+        let start = |e: usize| {
+            let (d, p) = (self.event_dom_offsets[e], self.event_pulse_offsets[e]);
+            self.widths.start(e, d as usize, p as usize)
+        };
+        start(events.start)..start(events.end)
+    }
+
+    /// The header of event `e`.
+    pub fn header(&self, e: usize) -> EventHeader {
+        EventHeader {
+            event_id: self.event_id[e],
+            batch_id: self.event_batch_id[e],
+            first_row: self.event_first_row[e] as u64,
+            azimuth: self.event_azimuth.map_or(f64::NAN, |a| a[e]),
+            zenith: self.event_zenith.map_or(f64::NAN, |z| z[e]),
+        }
+    }
+
+    /// Event `e`'s record.
+    pub fn record(&self, e: usize) -> EventRecord<'a> {
+        let bytes = &self.records[self.record_bytes(e..e + 1)];
+        let (doms, pulses) = (self.dom_range(e).len(), self.pulse_range(e).len());
+        EventRecord::split(bytes, self.widths, doms, pulses)
+    }
+
+    /// The shard's DOM- and pulse-level columns, decoded from the records into memory.
+    pub fn decode(&self) -> DecodedColumns<'a> {
+        let w = self.widths;
+        let (d, p) = (self.doms(), self.pulses());
+        let mut decoded = DecodedColumns {
+            events: *self,
+            dom_sensor_id: LineAligned::zeroed(d * w.sensor_id.size()),
+            dom_pulse_offsets: Vec::with_capacity(d + 1),
+            pulse_time: LineAligned::zeroed(p * w.time.size()),
+            pulse_charge: LineAligned::zeroed(p * w.charge.size()),
+            pulse_auxiliary: Vec::with_capacity(p),
+        };
+        decoded.dom_pulse_offsets.push(0);
+        for e in 0..self.events() {
+            let r = self.record(e);
+            let (doms, pulses) = (self.dom_range(e), self.pulse_range(e));
+            let place = |out: &mut LineAligned, piece: &[u8], range: &std::ops::Range<usize>| {
+                let size = piece.len() / range.len();
+                out.bytes_mut()[range.start * size..range.end * size].copy_from_slice(piece)
+            };
+            place(&mut decoded.dom_sensor_id, r.sensors, &doms);
+            place(&mut decoded.pulse_time, r.times, &pulses);
+            place(&mut decoded.pulse_charge, r.charges, &pulses);
+            decoded.pulse_auxiliary.extend_from_slice(r.auxiliary);
+            let first = pulses.start as i32;
+            decoded
+                .dom_pulse_offsets
+                .extend((0..r.doms()).map(|k| first + r.dom_end(k) as i32));
+        }
+        decoded
+    }
+}
+
+/// A records shard's columns decoded into memory ([`RecordView::decode`]): what a columns
+/// shard stores, for the readers that want whole columns (verify, dump, a resident loader).
+#[derive(Debug, Clone)]
+pub struct DecodedColumns<'a> {
+    events: RecordView<'a>,
+    dom_sensor_id: LineAligned,
+    dom_pulse_offsets: Vec<i32>,
+    pulse_time: LineAligned,
+    pulse_charge: LineAligned,
+    pulse_auxiliary: Vec<u8>,
+}
+
+impl DecodedColumns<'_> {
+    /// The columns as a columns shard's view.
+    pub fn view(&self) -> ShardView<'_> {
+        let w = self.events.widths;
+        let aligned = "decoded columns are line-aligned and whole";
+        ShardView {
+            event_id: self.events.event_id,
+            event_batch_id: self.events.event_batch_id,
+            event_first_row: self.events.event_first_row,
+            event_azimuth: self.events.event_azimuth,
+            event_zenith: self.events.event_zenith,
+            event_dom_offsets: self.events.event_dom_offsets,
+            dom_sensor_id: IntColumn::from_raw(self.dom_sensor_id.bytes(), w.sensor_id)
+                .expect(aligned),
+            dom_pulse_offsets: &self.dom_pulse_offsets,
+            pulse_time: IntColumn::from_raw(self.pulse_time.bytes(), w.time).expect(aligned),
+            pulse_charge: FloatColumn::from_raw(self.pulse_charge.bytes(), w.charge)
+                .expect(aligned),
+            pulse_auxiliary: &self.pulse_auxiliary,
+        }
+    }
+}
+
+/// A shard's validated view, in the shard's layout.
+#[derive(Debug, Clone, Copy)]
+pub enum StoredView<'a> {
+    /// A columns shard.
+    Columns(ShardView<'a>),
+    /// A records shard.
+    Records(RecordView<'a>),
+}
+
+impl StoredView<'_> {
+    /// The number of events.
+    pub fn events(&self) -> usize {
+        match self {
+            StoredView::Columns(v) => v.events(),
+            StoredView::Records(v) => v.events(),
+        }
+    }
+
+    /// The number of DOMs.
+    pub fn doms(&self) -> usize {
+        match self {
+            StoredView::Columns(v) => v.doms(),
+            StoredView::Records(v) => v.doms(),
+        }
+    }
+
+    /// The number of pulses.
+    pub fn pulses(&self) -> usize {
+        match self {
+            StoredView::Columns(v) => v.pulses(),
+            StoredView::Records(v) => v.pulses(),
+        }
+    }
+
+    /// The header of event `e`.
+    pub fn header(&self, e: usize) -> EventHeader {
+        match self {
+            StoredView::Columns(v) => v.header(e),
+            StoredView::Records(v) => v.header(e),
+        }
+    }
+
+    /// The event ids and labels (when stored), `[E]` each.
+    pub fn event_columns(&self) -> (&[i64], Option<&[f64]>, Option<&[f64]>) {
+        match self {
+            StoredView::Columns(v) => (v.event_id, v.event_azimuth, v.event_zenith),
+            StoredView::Records(v) => (v.event_id, v.event_azimuth, v.event_zenith),
+        }
+    }
+
+    /// The event ids, `[E]`.
+    pub fn event_id(&self) -> &[i64] {
+        match self {
+            StoredView::Columns(v) => v.event_id,
+            StoredView::Records(v) => v.event_id,
+        }
+    }
+
+    /// The DOM offsets of the events, `[E+1]`.
+    pub fn event_dom_offsets(&self) -> &[i32] {
+        match self {
+            StoredView::Columns(v) => v.event_dom_offsets,
+            StoredView::Records(v) => v.event_dom_offsets,
+        }
+    }
+
+    /// The pulse index range of events `events` (all their DOMs' pulses).
+    pub fn pulse_range(&self, events: std::ops::Range<usize>) -> std::ops::Range<usize> {
+        match self {
+            StoredView::Columns(v) => {
+                let doms = v.event_dom_offsets[events.start] as usize
+                    ..v.event_dom_offsets[events.end] as usize;
+                v.dom_pulse_offsets[doms.start] as usize..v.dom_pulse_offsets[doms.end] as usize
+            }
+            StoredView::Records(v) => {
+                v.event_pulse_offsets[events.start] as usize
+                    ..v.event_pulse_offsets[events.end] as usize
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::convert::relayout::write_view;
+    use crate::format::safetensors::{self, Raw, TensorOut};
+    use crate::format::shard::tests::valid_shard;
+
+    const SENSOR_ROWS: usize = 10;
+
+    /// `bytes` parsed as a shard of `layout` and written again in `to`; the new file's bytes.
+    fn rewritten(bytes: &[u8], to: ShardLayout) -> Vec<u8> {
+        let header = safetensors::parse(bytes).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("shard.safetensors");
+        let columns = match header.metadata.get(LAYOUT_KEY).map(String::as_str) {
+            Some("records") => {
+                let records = RecordView::parse(bytes, &header, SENSOR_ROWS, Validation::Full);
+                let decoded = records.unwrap().decode();
+                write_view(&path, &decoded.view(), &header.metadata, to).unwrap()
+            }
+            _ => {
+                let view = ShardView::parse(bytes, &header, SENSOR_ROWS, Validation::Full);
+                write_view(&path, &view.unwrap(), &header.metadata, to).unwrap()
+            }
+        };
+        let written = std::fs::read(&path).unwrap();
+        assert_eq!(columns.bytes, written.len() as u64);
+        written
+    }
+
+    fn parse_records(bytes: &[u8]) -> Result<usize, ShardProblem> {
+        let header = safetensors::parse(bytes)?;
+        RecordView::parse(bytes, &header, SENSOR_ROWS, Validation::Full).map(|v| v.events())
+    }
+
+    /// `bytes` (a records shard) with its metadata and tensors changed by `change`.
+    fn altered(
+        bytes: &[u8],
+        change: impl FnOnce(&mut BTreeMap<String, String>, &mut BTreeMap<String, Vec<u8>>),
+    ) -> Vec<u8> {
+        let header = safetensors::parse(bytes).unwrap();
+        let mut metadata = header.metadata.clone();
+        let mut data: BTreeMap<String, Vec<u8>> = header
+            .tensors
+            .iter()
+            .map(|(name, t)| (name.clone(), bytes[t.range.clone()].to_vec()))
+            .collect();
+        change(&mut metadata, &mut data);
+        let raws: Vec<(String, Dtype, Raw)> = data
+            .iter()
+            .map(|(name, bytes)| (name.clone(), header.tensors[name].dtype, Raw(bytes)))
+            .collect();
+        let tensors: Vec<TensorOut> = raws
+            .iter()
+            .map(|(name, dtype, raw)| TensorOut {
+                name: name.clone(),
+                dtype: *dtype,
+                shape: vec![raw.0.len() / dtype.size()],
+                data: raw,
+            })
+            .collect();
+        let mut out = Vec::new();
+        safetensors::write(&mut out, &metadata, &tensors).unwrap();
+        out
+    }
+
+    #[test]
+    fn records_hold_every_field_and_give_back_the_same_columns_file() {
+        let columns = valid_shard();
+        let records = rewritten(&columns, ShardLayout::Records);
+        let header = safetensors::parse(&records).unwrap();
+        assert_eq!(header.metadata[LAYOUT_KEY], "records");
+        assert!(!header.tensors.contains_key(names::PULSE_TIME));
+        let v = RecordView::parse(&records, &header, SENSOR_ROWS, Validation::Full).unwrap();
+        assert_eq!(v.event_pulse_offsets, &[0, 3, 4, 8]);
+        assert_eq!(v.event_dom_offsets, &[0, 2, 3, 5]);
+        // The first event: DOMs of sensors 3 (pulses at 10 and 15) and 1 (12).
+        let r = v.record(0);
+        assert_eq!((r.event_id(), r.labels()), (100, Some((0.5, 1.5))));
+        assert_eq!((r.doms(), r.pulses()), (2, 3));
+        assert_eq!((r.sensor(0), r.sensor(1)), (3, 1));
+        assert_eq!((r.dom_pulses(0), r.dom_pulses(1)), (0..2, 2..3));
+        assert_eq!([r.time(0), r.time(1), r.time(2)], [10, 15, 12]);
+        assert_eq!(r.charge(1), 15.0 / 4.0);
+        assert_eq!(r.auxiliary, &[0, 1, 0]);
+
+        // Decoded, every column equals the columns shard's.
+        let original_header = safetensors::parse(&columns).unwrap();
+        let original = ShardView::parse(&columns, &original_header, SENSOR_ROWS, Validation::Full);
+        let (original, decoded) = (original.unwrap(), v.decode());
+        let d = decoded.view();
+        assert_eq!(format!("{original:?}"), format!("{d:?}"));
+        // And written as columns again, the very bytes of the columns shard.
+        assert!(rewritten(&records, ShardLayout::Columns) == columns);
+    }
+
+    #[test]
+    fn each_layout_refuses_the_other_and_damaged_records_are_named() {
+        let columns = valid_shard();
+        let records = rewritten(&columns, ShardLayout::Records);
+        let header = safetensors::parse(&records).unwrap();
+        assert_eq!(
+            ShardView::parse(&records, &header, SENSOR_ROWS, Validation::Full).err(),
+            Some(ShardProblem::Layout {
+                expected: ShardLayout::Columns
+            })
+        );
+        let header = safetensors::parse(&columns).unwrap();
+        assert_eq!(
+            RecordView::parse(&columns, &header, SENSOR_ROWS, Validation::Full).err(),
+            Some(ShardProblem::Layout {
+                expected: ShardLayout::Records
+            })
+        );
+        assert_eq!(parse_records(&records), Ok(3));
+
+        // Event 1's record starts after event 0's (24 + 2 * 6 + 3 * 9 bytes): its id,
+        // labels, one sensor id, one DOM end, then its pulse.
+        let event_1 = 24 + 2 * 6 + 3 * 9;
+        let with_record = |edit: &dyn Fn(&mut Vec<u8>)| {
+            altered(&records, |_, data| {
+                edit(data.get_mut(names::EVENT_RECORDS).unwrap())
+            })
+        };
+        let id = with_record(&|r| r[event_1] ^= 1);
+        assert_eq!(
+            parse_records(&id),
+            Err(ShardProblem::Record {
+                event: 1,
+                problem: "its id differs from event_id"
+            })
+        );
+        let sensor =
+            with_record(&|r| r[event_1 + 24..event_1 + 26].copy_from_slice(&77i16.to_le_bytes()));
+        assert_eq!(
+            parse_records(&sensor),
+            Err(ShardProblem::SensorOutsideTable {
+                dom: 2,
+                sensor: 77,
+                rows: SENSOR_ROWS
+            })
+        );
+        let end =
+            with_record(&|r| r[event_1 + 26..event_1 + 30].copy_from_slice(&2i32.to_le_bytes()));
+        assert_eq!(
+            parse_records(&end),
+            Err(ShardProblem::Record {
+                event: 1,
+                problem: "its last DOM pulse end is not its pulse count"
+            })
+        );
+        let short = with_record(&|r| {
+            r.pop();
+        });
+        assert!(matches!(
+            parse_records(&short),
+            Err(ShardProblem::Shape { tensor, .. }) if tensor == names::EVENT_RECORDS
+        ));
+        let no_width = altered(&records, |metadata, _| {
+            metadata.remove(names::PULSE_TIME);
+        });
+        assert_eq!(
+            parse_records(&no_width),
+            Err(ShardProblem::RecordWidth {
+                key: names::PULSE_TIME,
+                found: String::new()
+            })
+        );
+        let offsets = altered(&records, |_, data| {
+            let o = data.get_mut(names::EVENT_PULSE_OFFSETS).unwrap();
+            o[4..8].copy_from_slice(&0i32.to_le_bytes());
+        });
+        assert_eq!(
+            parse_records(&offsets),
+            Err(ShardProblem::OffsetsNotIncreasing {
+                tensor: names::EVENT_PULSE_OFFSETS,
+                index: 0
+            })
+        );
+    }
+}
