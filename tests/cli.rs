@@ -570,3 +570,42 @@ fn explicit_batch_files_convert_as_the_readme_writes_them() {
     assert!(text(&neither.stderr).contains("give an input directory before OUT"));
     assert!(!dir.path().join("x").exists() && !dir.path().join("y").exists());
 }
+
+#[test]
+fn a_job_array_converts_to_records_and_refuses_a_phase_of_another_layout() {
+    let dir = tempfile::tempdir().unwrap();
+    let (fx, out) = (fixture().display().to_string(), dir.path().join("ds"));
+    let o = out.display().to_string();
+    let phase = |phase: &str, layout: &str| {
+        let args = ["convert", &fx, &o, "--split", "train", "--phase", phase];
+        shardify(&[&args[..], &["--layout", layout]].concat())
+    };
+    let plan = phase("plan", "records");
+    assert!(plan.status.success(), "{}", text(&plan.stderr));
+    // The printed recipe passes the layout to every phase it runs.
+    let recipe = text(&plan.stdout);
+    let phases: Vec<&str> = recipe.lines().filter(|l| l.contains("--phase")).collect();
+    assert_eq!(phases.len(), 3, "{recipe}");
+    assert!(
+        phases.iter().all(|l| l.contains("--layout records")),
+        "{recipe}"
+    );
+    assert!(phase("scatter", "records").status.success());
+    let other = phase("gather", "columns");
+    assert_eq!(other.status.code(), Some(1));
+    let err = text(&other.stderr);
+    assert!(
+        err.contains("`parameters.layout` is \"records\" there and \"columns\" here"),
+        "{err}"
+    );
+    for p in ["gather", "finalize"] {
+        let run = phase(p, "records");
+        assert!(run.status.success(), "{p}: {}", text(&run.stderr));
+    }
+    let manifest: Value =
+        serde_json::from_slice(&std::fs::read(out.join("manifest.json")).unwrap()).unwrap();
+    assert_eq!(manifest["schema"]["layout"], "records");
+    let verify = shardify(&["verify", &o, "--against", &fx, "--split", "train"]);
+    assert!(verify.status.success(), "{}", text(&verify.stderr));
+    assert!(text(&verify.stdout).contains("source events compared"));
+}

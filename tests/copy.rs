@@ -304,3 +304,36 @@ fn the_command_copies_in_a_layout_and_refuses_an_unknown_one() {
     assert!(String::from_utf8_lossy(&refused.stderr).contains("rows"));
     assert!(!other.exists());
 }
+
+#[test]
+fn converting_to_records_writes_the_shards_a_records_copy_holds() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = fixture_ds(dir.path());
+    let copied = dir.path().join("copied");
+    copy_dataset(&ds, &copied, Some(ShardLayout::Records), &Silent).unwrap();
+    let converted = dir.path().join("converted");
+    let records = shardify::convert::ConvertOptions {
+        layout: ShardLayout::Records,
+        ..options(3, 2)
+    };
+    convert_all(&fixture(), "train", &converted, &records).unwrap();
+
+    // The same files (no temp file left), the same shards byte for byte; the manifests
+    // differ in the conversion's parameters alone.
+    let (mut a, mut b) = (dir_files(&copied), dir_files(&converted));
+    assert_eq!(a.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>());
+    let (ma, mb) = (
+        a.remove("manifest.json").unwrap(),
+        b.remove("manifest.json").unwrap(),
+    );
+    assert!(a == b, "the shards differ");
+    let parse = |bytes: &[u8]| Manifest::parse(Path::new("manifest.json"), bytes).unwrap();
+    let (mut ma, mb) = (parse(&ma), parse(&mb));
+    assert_eq!(
+        (ma.parameters.layout, mb.parameters.layout),
+        (ShardLayout::Columns, ShardLayout::Records)
+    );
+    ma.parameters.layout = ShardLayout::Records;
+    assert_eq!(ma, mb);
+    assert_eq!(mb.schema.layout, ShardLayout::Records);
+}

@@ -199,6 +199,10 @@ struct ConvertArgs {
     /// Narrow charge and positions to f32 even where values change.
     #[arg(long)]
     lossy: bool,
+    /// Shard layout: `columns` (plain safetensors arrays) or `records` (each event's pieces
+    /// side by side: faster to load at random, see docs/format.md).
+    #[arg(long, value_enum, default_value = "columns")]
+    layout: LayoutArg,
     /// Phase to run (for job arrays); all by default.
     #[arg(long, value_enum, default_value = "all")]
     phase: PhaseArg,
@@ -268,6 +272,9 @@ fn print_array_lines(
     }
     if options.lossy {
         common += " --lossy";
+    }
+    if options.layout == ShardLayout::Records {
+        common += " --layout records";
     }
     let convert = format!(
         "{} convert {source} {} {common}",
@@ -452,6 +459,7 @@ fn run_convert(args: ConvertArgs) -> Result<()> {
         memory_limit_bytes: args.memory_limit,
         shard_target_bytes: args.shard_size,
         lossy: args.lossy,
+        layout: args.layout.into(),
         ..ConvertOptions::default()
     };
     if let Some(threads) = args.threads {

@@ -9,13 +9,15 @@ use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use super::plan::Plan;
+use super::relayout::rewrite_file;
 use super::shard_writer::{write_shard, ShardContents};
 use super::spill::{BucketEvents, SpillIndex};
 use super::work::WorkDir;
 use crate::error::{Error, IoContext, Result};
 use crate::event::{EventHeader, ValueRange};
+use crate::format::atomic::TEMP_PREFIX;
 use crate::format::safetensors::Dtype;
-use crate::format::{checksum, format_metadata, ShardEntry, StorageTypes};
+use crate::format::{checksum, format_metadata, ShardEntry, ShardLayout, StorageTypes};
 use crate::pack::{PackedColumns, Packer};
 use crate::prefetch::prefetch;
 
@@ -263,7 +265,21 @@ fn write_bucket_shard(
         types,
         metadata,
     };
-    let entry = write_shard(&work.out().join(WorkDir::shard_name(bucket)), &contents);
+    let target = work.out().join(WorkDir::shard_name(bucket));
+    let entry = match plan.parameters.layout {
+        ShardLayout::Columns => write_shard(&target, &contents),
+        // Written as columns under a temp name first, then again as records from that
+        // file's validated view: one writer of records, whatever wrote the columns.
+        ShardLayout::Records => {
+            let name = format!("{TEMP_PREFIX}columns.{}", WorkDir::shard_name(bucket));
+            let columns = work.out().join(name);
+            write_shard(&columns, &contents).and_then(|_| {
+                let written = rewrite_file(&columns, &target, ShardLayout::Records);
+                let removed = std::fs::remove_file(&columns).at(&columns);
+                written.and_then(|entry| removed.map(|_| entry))
+            })
+        }
+    };
     for ((_, slot), columns) in parts.iter_mut().zip(packed) {
         *slot = columns;
     }

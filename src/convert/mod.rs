@@ -30,7 +30,7 @@ use rayon::prelude::*;
 use crate::error::{Error, Result};
 use crate::format::atomic::{sync_dir, sync_file};
 use crate::format::manifest::{Schema, Totals, FORMAT, FORMAT_VERSION};
-use crate::format::{Manifest, SensorTable};
+use crate::format::{Manifest, SensorTable, ShardLayout};
 use crate::source::{Geometry, InputSet};
 use bucket_shard::{bucket_memory, storage_types, BucketRecord, GatherScratch};
 use memory_bank::MemoryBank;
@@ -51,6 +51,8 @@ pub struct ConvertOptions {
     pub shard_target_bytes: u64,
     /// Allow narrowing charge and positions to `f32` even where values change.
     pub lossy: bool,
+    /// The shards' layout ([`crate::format::records`]).
+    pub layout: ShardLayout,
 }
 
 impl Default for ConvertOptions {
@@ -61,6 +63,7 @@ impl Default for ConvertOptions {
             memory_limit_bytes: 4 << 30,
             shard_target_bytes: 256 << 20,
             lossy: false,
+            layout: ShardLayout::Columns,
         }
     }
 }
@@ -528,7 +531,10 @@ fn finalize(plan: &Plan, geometry: &Geometry, work: &WorkDir) -> Result<(Manifes
         format: FORMAT.into(),
         format_version: FORMAT_VERSION,
         parameters: plan.parameters.clone(),
-        schema: Schema::current(types),
+        schema: Schema {
+            layout: plan.parameters.layout,
+            ..Schema::current(types)
+        },
         totals,
         shards,
         sensor_table,

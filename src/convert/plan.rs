@@ -124,6 +124,7 @@ impl Plan {
                 shard_target_bytes: options.shard_target_bytes,
                 memory_limit_bytes: options.memory_limit_bytes,
                 lossy: options.lossy,
+                layout: options.layout,
             },
             sources: Sources {
                 batches,

@@ -7,12 +7,13 @@ use std::io::Write;
 use std::path::Path;
 
 use super::shard_writer::write_tensors;
-use crate::error::Result;
+use crate::dataset::Columns;
+use crate::error::{Error, IoContext, Result};
 use crate::format::names;
 use crate::format::pod::as_bytes;
 use crate::format::records::{RecordWidths, LAYOUT_KEY};
-use crate::format::safetensors::{Dtype, Raw, TensorBytes, TensorOut};
-use crate::format::{ShardEntry, ShardLayout, ShardView};
+use crate::format::safetensors::{self, Dtype, Raw, TensorBytes, TensorOut};
+use crate::format::{RecordView, ShardEntry, ShardLayout, ShardProblem, ShardView, Validation};
 
 /// Bytes of records encoded before each write.
 const RECORDS_CHUNK: usize = 1 << 20;
@@ -84,6 +85,28 @@ impl TensorBytes for Records<'_> {
         }
         out.write_all(&chunk)
     }
+}
+
+/// Writes the shard at `source` (validated in its structure) to `target` in `layout`, as
+/// [`write_view`] does; returns `target`'s manifest entry.
+pub fn rewrite_file(source: &Path, target: &Path, layout: ShardLayout) -> Result<ShardEntry> {
+    let file = std::fs::File::open(source).at(source)?;
+    // SAFETY: a read-only map of a file this process wrote and renamed into place, which
+    // nothing writes while the map lives (it is removed after).
+    let map = unsafe { memmap2::Mmap::map(&file) }.at(source)?;
+    let header =
+        safetensors::parse(&map).map_err(|p| Error::shard(source, ShardProblem::from(p)))?;
+    let columns = match header.metadata.get(LAYOUT_KEY).map(String::as_str) {
+        Some("records") => {
+            let v = RecordView::parse(&map, &header, 0, Validation::Structure);
+            Columns::Decoded(Box::new(v.map_err(|p| Error::shard(source, p))?.decode()))
+        }
+        _ => {
+            let v = ShardView::parse(&map, &header, 0, Validation::Structure);
+            Columns::Stored(v.map_err(|p| Error::shard(source, p))?)
+        }
+    };
+    write_view(target, &columns.view(), &header.metadata, layout)
 }
 
 /// Writes the shard `view` describes to `path` in `layout`, atomically (the fsync is the

@@ -27,6 +27,10 @@ pub struct Parameters {
     pub memory_limit_bytes: u64,
     /// Whether narrowing that loses precision was allowed.
     pub lossy: bool,
+    /// The layout the shards were written in (columns when absent: conversions from
+    /// before the records layout).
+    #[serde(default)]
+    pub layout: ShardLayout,
 }
 
 /// One input file, identified by content rather than by time stamps.

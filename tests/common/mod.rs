@@ -44,7 +44,7 @@ pub fn options(seed: u64, threads: usize) -> ConvertOptions {
         threads,
         memory_limit_bytes: 64 << 20,
         shard_target_bytes: 64 << 10,
-        lossy: false,
+        ..ConvertOptions::default()
     }
 }
 
