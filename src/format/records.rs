@@ -114,6 +114,7 @@ impl RecordWidths {
 
     /// Where the record of the event with `events`, `doms` and `pulses` before it starts;
     /// with the totals, the length of all records.
+    #[inline]
     pub fn start(&self, events: usize, doms: usize, pulses: usize) -> usize {
         events * self.header() + doms * self.per_dom() + pulses * self.per_pulse()
     }
@@ -410,6 +411,7 @@ impl<'a> RecordView<'a> {
     }
 
     /// The byte range of events `events`' records in [`RecordView::records`].
+    #[inline]
     pub fn record_bytes(&self, events: std::ops::Range<usize>) -> std::ops::Range<usize> {
         let start = |e: usize| {
             let (d, p) = (self.event_dom_offsets[e], self.event_pulse_offsets[e]);
