@@ -74,3 +74,49 @@ def test_the_console_script_copies_in_a_layout(train_dir, tmp_path):
     out = run_cli("copy", str(train_dir), str(tmp_path / "ds"), "--layout", "records")
     assert "(records layout)" in out and "checksums match" in out
     assert shardify.Dataset(tmp_path / "ds").manifest["schema"]["layout"] == "records"
+
+
+def test_records_decode_by_the_documented_layout(train_dir, tmp_path):
+    """docs/format.md's records layout, read with numpy alone, holds the columns' values."""
+    import json
+
+    import numpy as np
+    from safetensors.numpy import load_file
+
+    records_dir = tmp_path / "records"
+    shardify.copy_dataset(train_dir, records_dir, layout="records")
+    manifest = json.loads((records_dir / "manifest.json").read_text())
+    for entry in manifest["shards"]:
+        columns = load_file(train_dir / entry["file"])
+        shard = load_file(records_dir / entry["file"])
+        with open(records_dir / entry["file"], "rb") as f:
+            size = int.from_bytes(f.read(8), "little")
+            metadata = json.loads(f.read(size))["__metadata__"]
+        assert metadata["layout"] == "records"
+        numpy_dtype = {"I16": "<i2", "I32": "<i4", "I64": "<i8", "F32": "<f4", "F64": "<f8"}
+        s, t, c = (np.dtype(numpy_dtype[metadata[k]])
+                   for k in ("dom_sensor_id", "pulse_time", "pulse_charge"))
+        header = 24 if "event_azimuth" in shard else 8
+        doms, pulses = shard["event_dom_offsets"], shard["event_pulse_offsets"]
+        raw = shard["event_records"]
+        np.testing.assert_array_equal(doms, columns["event_dom_offsets"])
+        for e in range(len(shard["event_id"])):
+            d0, d1, p0, p1 = doms[e], doms[e + 1], pulses[e], pulses[e + 1]
+            at = e * header + d0 * (s.itemsize + 4) + p0 * (t.itemsize + c.itemsize + 1)
+            nd, np_ = d1 - d0, p1 - p0
+            wanted = [("<i8", 1, columns["event_id"][e:e + 1])]
+            if header == 24:
+                wanted += [("<f8", 1, columns["event_azimuth"][e:e + 1]),
+                           ("<f8", 1, columns["event_zenith"][e:e + 1])]
+            dom_offsets = columns["dom_pulse_offsets"]
+            assert dom_offsets[d0] == p0
+            wanted += [(s, nd, columns["dom_sensor_id"][d0:d1]),
+                       ("<i4", nd, dom_offsets[d0 + 1:d1 + 1] - p0),
+                       (t, np_, columns["pulse_time"][p0:p1]),
+                       (c, np_, columns["pulse_charge"][p0:p1]),
+                       ("u1", np_, columns["pulse_auxiliary"][p0:p1].view("u1"))]
+            for dtype, n, expected in wanted:
+                size = np.dtype(dtype).itemsize * n
+                np.testing.assert_array_equal(raw[at:at + size].view(dtype), expected)
+                at += size
+        assert at == len(raw)
