@@ -20,7 +20,7 @@ pub(super) fn copy_records(v: &RecordView, run: &Run, out: &mut PackedOut) {
     let (mut d_out, mut p_out) = (run.dom_at, run.pulse_at);
     let mut at = w.start(run.index, run.doms.0, run.pulses.0);
     let events = run.index..run.index + run.len + 1;
-    let doms = v.event_dom_offsets[events.clone()].windows(2);
+    let doms = v.events.dom_offsets[events.clone()].windows(2);
     let pulses = v.event_pulse_offsets[events].windows(2);
     for (k, ((b, d), p)) in (run.at..).zip(doms).zip(pulses).enumerate() {
         let e = run.index + k;

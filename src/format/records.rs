@@ -33,7 +33,7 @@ use super::columns::{FloatColumn, IntColumn};
 use super::names;
 use super::pod::LineAligned;
 use super::safetensors::{Dtype, Header};
-use super::shard::{check_offsets, ShardProblem, ShardView, Tensors, Validation};
+use super::shard::{check_offsets, EventTensors, ShardProblem, ShardView, Tensors, Validation};
 use crate::event::EventHeader;
 
 /// How a dataset's shards store their DOM- and pulse-level data.
@@ -271,18 +271,8 @@ impl<'a> EventRecord<'a> {
 /// offsets, so every event's record is inside `event_records`.
 #[derive(Debug, Clone, Copy)]
 pub struct RecordView<'a> {
-    /// `[E]`.
-    pub event_id: &'a [i64],
-    /// `[E]`.
-    pub event_batch_id: &'a [i64],
-    /// `[E]`.
-    pub event_first_row: &'a [i64],
-    /// `[E]` when labelled.
-    pub event_azimuth: Option<&'a [f64]>,
-    /// `[E]` when labelled.
-    pub event_zenith: Option<&'a [f64]>,
-    /// `[E+1]`.
-    pub event_dom_offsets: &'a [i32],
+    /// The ids, lineage, labels and DOM offsets.
+    pub events: EventTensors<'a>,
     /// `[E+1]`.
     pub event_pulse_offsets: &'a [i32],
     /// `[R]`: every event's record.
@@ -306,14 +296,9 @@ impl<'a> RecordView<'a> {
             });
         }
         let t = Tensors::new(bytes, header, &RECORD_SHARD_TENSORS)?;
-        let e = t.len(names::EVENT_ID)?;
-        let labels = header.tensors.contains_key(names::EVENT_AZIMUTH)
-            || header.tensors.contains_key(names::EVENT_ZENITH);
-        let label = |name| -> Result<Option<&'a [f64]>, ShardProblem> {
-            labels.then(|| t.exact::<f64>(name, e)).transpose()
-        };
-        let widths = RecordWidths::from_metadata(header, labels)?;
-        let event_dom_offsets = t.exact::<i32>(names::EVENT_DOM_OFFSETS, e + 1)?;
+        let events = EventTensors::parse(&t, header)?;
+        let e = events.id.len();
+        let widths = RecordWidths::from_metadata(header, events.azimuth.is_some())?;
         let event_pulse_offsets = t.exact::<i32>(names::EVENT_PULSE_OFFSETS, e + 1)?;
         let total = |tensor: &'static str, offsets: &[i32]| {
             let last = *offsets.last().expect("E + 1 >= 1 offsets");
@@ -326,15 +311,10 @@ impl<'a> RecordView<'a> {
                 expected: 0,
             })
         };
-        let d = total(names::EVENT_DOM_OFFSETS, event_dom_offsets)?;
+        let d = total(names::EVENT_DOM_OFFSETS, events.dom_offsets)?;
         let p = total(names::EVENT_PULSE_OFFSETS, event_pulse_offsets)?;
         let view = RecordView {
-            event_id: t.exact(names::EVENT_ID, e)?,
-            event_batch_id: t.exact(names::EVENT_BATCH_ID, e)?,
-            event_first_row: t.exact(names::EVENT_FIRST_ROW, e)?,
-            event_azimuth: label(names::EVENT_AZIMUTH)?,
-            event_zenith: label(names::EVENT_ZENITH)?,
-            event_dom_offsets,
+            events,
             event_pulse_offsets,
             records: t.exact(names::EVENT_RECORDS, widths.start(e, d, p))?,
             widths,
@@ -353,10 +333,10 @@ impl<'a> RecordView<'a> {
         for e in 0..self.events() {
             let r = self.record(e);
             let bad = |problem: &'static str| ShardProblem::Record { event: e, problem };
-            if r.event_id() != self.event_id[e] {
+            if r.event_id() != self.events.id[e] {
                 return Err(bad("its id differs from event_id"));
             }
-            let labels = self.event_azimuth.zip(self.event_zenith);
+            let labels = self.events.azimuth.zip(self.events.zenith);
             if let (Some((a, z)), Some((azimuth, zenith))) = (r.labels(), labels) {
                 if a.to_bits() != azimuth[e].to_bits() || z.to_bits() != zenith[e].to_bits() {
                     return Err(bad("its labels differ from event_azimuth/event_zenith"));
@@ -387,12 +367,12 @@ impl<'a> RecordView<'a> {
 
     /// The number of events.
     pub fn events(&self) -> usize {
-        self.event_id.len()
+        self.events.id.len()
     }
 
     /// The number of DOMs.
     pub fn doms(&self) -> usize {
-        *self.event_dom_offsets.last().expect("E + 1 offsets") as usize
+        *self.events.dom_offsets.last().expect("E + 1 offsets") as usize
     }
 
     /// The number of pulses.
@@ -402,7 +382,7 @@ impl<'a> RecordView<'a> {
 
     /// The DOM index range of event `e`.
     pub fn dom_range(&self, e: usize) -> std::ops::Range<usize> {
-        self.event_dom_offsets[e] as usize..self.event_dom_offsets[e + 1] as usize
+        self.events.dom_offsets[e] as usize..self.events.dom_offsets[e + 1] as usize
     }
 
     /// The pulse index range of event `e`.
@@ -414,7 +394,7 @@ impl<'a> RecordView<'a> {
     #[inline]
     pub fn record_bytes(&self, events: std::ops::Range<usize>) -> std::ops::Range<usize> {
         let start = |e: usize| {
-            let (d, p) = (self.event_dom_offsets[e], self.event_pulse_offsets[e]);
+            let (d, p) = (self.events.dom_offsets[e], self.event_pulse_offsets[e]);
             self.widths.start(e, d as usize, p as usize)
         };
         start(events.start)..start(events.end)
@@ -422,13 +402,7 @@ impl<'a> RecordView<'a> {
 
     /// The header of event `e`.
     pub fn header(&self, e: usize) -> EventHeader {
-        EventHeader {
-            event_id: self.event_id[e],
-            batch_id: self.event_batch_id[e],
-            first_row: self.event_first_row[e] as u64,
-            azimuth: self.event_azimuth.map_or(f64::NAN, |a| a[e]),
-            zenith: self.event_zenith.map_or(f64::NAN, |z| z[e]),
-        }
+        self.events.header(e)
     }
 
     /// Event `e`'s record.
@@ -443,7 +417,7 @@ impl<'a> RecordView<'a> {
         let w = self.widths;
         let (d, p) = (self.doms(), self.pulses());
         let mut decoded = DecodedColumns {
-            events: *self,
+            records: *self,
             dom_sensor_id: LineAligned::zeroed(d * w.sensor_id.size()),
             dom_pulse_offsets: Vec::with_capacity(d + 1),
             pulse_time: LineAligned::zeroed(p * w.time.size()),
@@ -475,7 +449,7 @@ impl<'a> RecordView<'a> {
 /// shard stores, for the readers that want whole columns (verify, dump, a resident loader).
 #[derive(Debug, Clone)]
 pub struct DecodedColumns<'a> {
-    events: RecordView<'a>,
+    records: RecordView<'a>,
     dom_sensor_id: LineAligned,
     dom_pulse_offsets: Vec<i32>,
     pulse_time: LineAligned,
@@ -486,15 +460,16 @@ pub struct DecodedColumns<'a> {
 impl DecodedColumns<'_> {
     /// The columns as a columns shard's view.
     pub fn view(&self) -> ShardView<'_> {
-        let w = self.events.widths;
+        let w = self.records.widths;
         let aligned = "decoded columns are line-aligned and whole";
+        let events = self.records.events;
         ShardView {
-            event_id: self.events.event_id,
-            event_batch_id: self.events.event_batch_id,
-            event_first_row: self.events.event_first_row,
-            event_azimuth: self.events.event_azimuth,
-            event_zenith: self.events.event_zenith,
-            event_dom_offsets: self.events.event_dom_offsets,
+            event_id: events.id,
+            event_batch_id: events.batch_id,
+            event_first_row: events.first_row,
+            event_azimuth: events.azimuth,
+            event_zenith: events.zenith,
+            event_dom_offsets: events.dom_offsets,
             dom_sensor_id: IntColumn::from_raw(self.dom_sensor_id.bytes(), w.sensor_id)
                 .expect(aligned),
             dom_pulse_offsets: &self.dom_pulse_offsets,
@@ -552,7 +527,7 @@ impl StoredView<'_> {
     pub fn event_columns(&self) -> (&[i64], Option<&[f64]>, Option<&[f64]>) {
         match self {
             StoredView::Columns(v) => (v.event_id, v.event_azimuth, v.event_zenith),
-            StoredView::Records(v) => (v.event_id, v.event_azimuth, v.event_zenith),
+            StoredView::Records(v) => (v.events.id, v.events.azimuth, v.events.zenith),
         }
     }
 
@@ -560,7 +535,7 @@ impl StoredView<'_> {
     pub fn event_id(&self) -> &[i64] {
         match self {
             StoredView::Columns(v) => v.event_id,
-            StoredView::Records(v) => v.event_id,
+            StoredView::Records(v) => v.events.id,
         }
     }
 
@@ -568,7 +543,7 @@ impl StoredView<'_> {
     pub fn event_dom_offsets(&self) -> &[i32] {
         match self {
             StoredView::Columns(v) => v.event_dom_offsets,
-            StoredView::Records(v) => v.event_dom_offsets,
+            StoredView::Records(v) => v.events.dom_offsets,
         }
     }
 
@@ -665,7 +640,7 @@ mod tests {
         assert!(!header.tensors.contains_key(names::PULSE_TIME));
         let v = RecordView::parse(&records, &header, SENSOR_ROWS, Validation::Full).unwrap();
         assert_eq!(v.event_pulse_offsets, &[0, 3, 4, 8]);
-        assert_eq!(v.event_dom_offsets, &[0, 2, 3, 5]);
+        assert_eq!(v.events.dom_offsets, &[0, 2, 3, 5]);
         // The first event: DOMs of sensors 3 (pulses at 10 and 15) and 1 (12).
         let r = v.record(0);
         assert_eq!((r.event_id(), r.labels()), (100, Some((0.5, 1.5))));

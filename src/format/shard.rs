@@ -350,6 +350,55 @@ const SHARD_TENSORS: [&str; 11] = [
     names::PULSE_AUXILIARY,
 ];
 
+/// The event-level tensors of a shard, the same in both layouts.
+#[derive(Debug, Clone, Copy)]
+pub struct EventTensors<'a> {
+    /// `event_id`, `[E]`.
+    pub id: &'a [i64],
+    /// `event_batch_id`, `[E]`.
+    pub batch_id: &'a [i64],
+    /// `event_first_row`, `[E]`.
+    pub first_row: &'a [i64],
+    /// `event_azimuth`, `[E]` when labelled.
+    pub azimuth: Option<&'a [f64]>,
+    /// `event_zenith`, `[E]` when labelled.
+    pub zenith: Option<&'a [f64]>,
+    /// `event_dom_offsets`, `[E+1]`.
+    pub dom_offsets: &'a [i32],
+}
+
+impl<'a> EventTensors<'a> {
+    /// The event-level tensors of `t`, whose header is `header`, checked for their dtypes
+    /// and shapes (the labels both or neither).
+    pub(super) fn parse(t: &Tensors<'a>, header: &Header) -> Result<Self, ShardProblem> {
+        let e = t.len(names::EVENT_ID)?;
+        let labels = header.tensors.contains_key(names::EVENT_AZIMUTH)
+            || header.tensors.contains_key(names::EVENT_ZENITH);
+        let label = |name| -> Result<Option<&'a [f64]>, ShardProblem> {
+            labels.then(|| t.exact::<f64>(name, e)).transpose()
+        };
+        Ok(EventTensors {
+            id: t.exact(names::EVENT_ID, e)?,
+            batch_id: t.exact(names::EVENT_BATCH_ID, e)?,
+            first_row: t.exact(names::EVENT_FIRST_ROW, e)?,
+            azimuth: label(names::EVENT_AZIMUTH)?,
+            zenith: label(names::EVENT_ZENITH)?,
+            dom_offsets: t.exact(names::EVENT_DOM_OFFSETS, e + 1)?,
+        })
+    }
+
+    /// The header of event `e`.
+    pub fn header(&self, e: usize) -> EventHeader {
+        EventHeader {
+            event_id: self.id[e],
+            batch_id: self.batch_id[e],
+            first_row: self.first_row[e] as u64,
+            azimuth: self.azimuth.map_or(f64::NAN, |a| a[e]),
+            zenith: self.zenith.map_or(f64::NAN, |z| z[e]),
+        }
+    }
+}
+
 /// How much of a shard's contents [`ShardView::parse`] checks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Validation {
@@ -408,10 +457,9 @@ impl<'a> ShardView<'a> {
             });
         }
         let t = Tensors::new(bytes, header, &SHARD_TENSORS)?;
-        let e = t.len(names::EVENT_ID)?;
+        let events = EventTensors::parse(&t, header)?;
         let d = t.len(names::DOM_SENSOR_ID)?;
         let p = t.len(names::PULSE_TIME)?;
-        let event_dom_offsets = t.exact::<i32>(names::EVENT_DOM_OFFSETS, e + 1)?;
         let dom_pulse_offsets = t.exact::<i32>(names::DOM_PULSE_OFFSETS, d + 1)?;
         let dom_sensor_id = match t.ints(names::DOM_SENSOR_ID, d)? {
             IntColumn::I64(_) => {
@@ -419,17 +467,13 @@ impl<'a> ShardView<'a> {
             }
             narrow => narrow,
         };
-        let labels = header.tensors.contains_key(names::EVENT_AZIMUTH)
-            || header.tensors.contains_key(names::EVENT_ZENITH);
-        let label = |name| -> Result<Option<&'a [f64]>, ShardProblem> {
-            labels.then(|| t.exact::<f64>(name, e)).transpose()
-        };
+        let event_dom_offsets = events.dom_offsets;
         let view = ShardView {
-            event_id: t.exact(names::EVENT_ID, e)?,
-            event_batch_id: t.exact(names::EVENT_BATCH_ID, e)?,
-            event_first_row: t.exact(names::EVENT_FIRST_ROW, e)?,
-            event_azimuth: label(names::EVENT_AZIMUTH)?,
-            event_zenith: label(names::EVENT_ZENITH)?,
+            event_id: events.id,
+            event_batch_id: events.batch_id,
+            event_first_row: events.first_row,
+            event_azimuth: events.azimuth,
+            event_zenith: events.zenith,
             event_dom_offsets,
             dom_sensor_id,
             dom_pulse_offsets,
@@ -501,13 +545,15 @@ impl<'a> ShardView<'a> {
 
     /// The header of event `e`.
     pub fn header(&self, e: usize) -> EventHeader {
-        EventHeader {
-            event_id: self.event_id[e],
-            batch_id: self.event_batch_id[e],
-            first_row: self.event_first_row[e] as u64,
-            azimuth: self.event_azimuth.map_or(f64::NAN, |a| a[e]),
-            zenith: self.event_zenith.map_or(f64::NAN, |z| z[e]),
-        }
+        let events = EventTensors {
+            id: self.event_id,
+            batch_id: self.event_batch_id,
+            first_row: self.event_first_row,
+            azimuth: self.event_azimuth,
+            zenith: self.event_zenith,
+            dom_offsets: self.event_dom_offsets,
+        };
+        events.header(e)
     }
 }
 
