@@ -17,8 +17,8 @@
 //!
 //! From a records shard ([`crate::format::records`]) locating reads each run's ends in
 //! the DOM and pulse offsets of its events, and copying takes each event's record apart
-//! into the sections ([`super::from_records`]): one stream of reads per event where a
-//! columns shard has seven.
+//! into the sections ([`super::from_records`]): three streams of reads per event (its two
+//! offsets, then its record) where a columns shard has nine.
 
 use super::from_records::{copy_records, ColumnsEvent, PaddedSource};
 use super::positions::look_up_positions;
@@ -136,9 +136,13 @@ pub(super) struct PackedOut<'b> {
     pub(super) event_doms: &'b mut [i32],
     /// `[D+1]`, its first entry 0.
     pub(super) dom_pulses: &'b mut [i32],
+    /// `[D]` sensor ids, in the stored dtype.
     pub(super) sensor: &'b mut [u8],
+    /// `[P]` times, in the stored dtype.
     pub(super) time: &'b mut [u8],
+    /// `[P]` charges, in the stored dtype.
     pub(super) charge: &'b mut [u8],
+    /// `[P]` auxiliary flags.
     pub(super) aux: &'b mut [u8],
 }
 
