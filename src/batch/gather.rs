@@ -27,7 +27,7 @@ use super::{Sections, SECTION_ALIGN};
 use crate::dataset::Dataset;
 use crate::error::{Error, Result};
 use crate::format::safetensors::Dtype;
-use crate::format::{IntColumn, ShardView, StoredView};
+use crate::format::{IntColumn, RecordView, ShardLayout, ShardView, StoredView};
 use crate::prefetch::{prefetch, visit_prefetching};
 use crate::sampler::{BatchPlan, EventRef};
 
@@ -75,6 +75,22 @@ impl<'a> Views<'a> {
         self.views[shard as usize]
             .as_ref()
             .expect("located batches open their shards first")
+    }
+
+    /// An opened shard's view, of a dataset in the columns layout.
+    fn columns(&self, shard: u32) -> &ShardView<'a> {
+        match self.get(shard) {
+            StoredView::Columns(v) => v,
+            StoredView::Records(_) => unreachable!("a shard opens only in its dataset's layout"),
+        }
+    }
+
+    /// An opened shard's view, of a dataset in the records layout.
+    fn records(&self, shard: u32) -> &RecordView<'a> {
+        match self.get(shard) {
+            StoredView::Records(v) => v,
+            StoredView::Columns(_) => unreachable!("a shard opens only in its dataset's layout"),
+        }
     }
 }
 
@@ -146,11 +162,13 @@ pub(super) struct PackedOut<'b> {
     pub(super) aux: &'b mut [u8],
 }
 
+/// A shard's event ids and labels (when stored).
+type EventColumns<'v> = (&'v [i64], Option<&'v [f64]>, Option<&'v [f64]>);
+
 impl Headers<'_> {
-    /// Copies the ids and labels of `run` from `v` (NaN without labels).
-    fn copy_from(&mut self, v: &StoredView, run: &Run) {
+    /// Copies the ids and labels of `run` from its shard's (NaN without labels).
+    fn copy_from(&mut self, (ids, azimuth, zenith): EventColumns, run: &Run) {
         let (events, out) = (run.events(), run.at..run.at + run.len);
-        let (ids, azimuth, zenith) = v.event_columns();
         copy_run(&mut self.ids[out.clone()], &ids[events.clone()]);
         let labels = [(azimuth, &mut *self.azimuth), (zenith, &mut *self.zenith)];
         for (labels, dst) in labels {
@@ -349,37 +367,11 @@ impl<'a> Gatherer<'a> {
     /// run's columns).
     fn gather_headers(&self, headers: &mut Headers) {
         let runs = &self.located.runs;
-        let ahead = |run: &Run| self.prefetch_headers(run);
+        let columns = |run: &Run| self.views.get(run.shard).event_columns();
+        let ahead = |run: &Run| prefetch_headers(columns(run), run);
         visit_prefetching(runs, PREFETCH_AHEAD, ahead, |run| {
-            headers.copy_from(self.views.get(run.shard), run)
+            headers.copy_from(columns(run), run)
         });
-    }
-
-    /// Prefetches the ids and labels of a run.
-    fn prefetch_headers(&self, run: &Run) {
-        let (ids, azimuth, zenith) = self.views.get(run.shard).event_columns();
-        let events = run.events();
-        prefetch(&ids[events.clone()]);
-        for labels in [azimuth, zenith].into_iter().flatten() {
-            prefetch(&labels[events.clone()]);
-        }
-    }
-
-    /// Prefetches what a run's copy reads: its ids, labels and columns from a columns
-    /// shard, its records from a records shard.
-    fn prefetch_run(&self, run: &Run) {
-        let v = match self.views.get(run.shard) {
-            StoredView::Columns(v) => v,
-            StoredView::Records(v) => return prefetch(&v.records[v.record_bytes(run.events())]),
-        };
-        self.prefetch_headers(run);
-        let ((d0, d1), (p0, p1)) = (run.doms, run.pulses);
-        prefetch(element_bytes(sized(v.dom_sensor_id.raw()), d0, d1));
-        // Locating read only the ends of the DOM offsets; rebasing reads them all.
-        prefetch(&v.dom_pulse_offsets[d0..=d1]);
-        prefetch(element_bytes(sized(v.pulse_time.raw()), p0, p1));
-        prefetch(element_bytes(sized(v.pulse_charge.raw()), p0, p1));
-        prefetch(element_bytes((v.pulse_auxiliary, 1), p0, p1));
     }
 
     /// `parts`: the packed sections after the headers, `dom_position` among them or not.
@@ -405,15 +397,26 @@ impl<'a> Gatherer<'a> {
         out.event_doms[0] = 0;
         out.dom_pulses[0] = 0;
         let runs = &self.located.runs;
-        visit_prefetching(
-            runs,
-            PREFETCH_AHEAD,
-            |run| self.prefetch_run(run),
-            |run| match self.views.get(run.shard) {
-                StoredView::Columns(v) => copy_columns(v, run, &mut out),
-                StoredView::Records(v) => copy_records(v, run, &mut out),
-            },
-        );
+        // One loop per layout (every shard has the dataset's).
+        match self.views.dataset.manifest().schema.layout {
+            ShardLayout::Columns => {
+                let view = |run: &Run| self.views.columns(run.shard);
+                let ahead = |run: &Run| prefetch_columns(view(run), run);
+                visit_prefetching(runs, PREFETCH_AHEAD, ahead, |run| {
+                    copy_columns(view(run), run, &mut out)
+                });
+            }
+            ShardLayout::Records => {
+                let view = |run: &Run| self.views.records(run.shard);
+                let ahead = |run: &Run| {
+                    let v = view(run);
+                    prefetch(&v.records[v.record_bytes(run.events())])
+                };
+                visit_prefetching(runs, PREFETCH_AHEAD, ahead, |run| {
+                    copy_records(view(run), run, &mut out)
+                });
+            }
+        }
         if let Some(position) = position {
             // One pass over the batch's own sensor ids, just written and still in cache: a
             // tight loop (the lookups between the runs' copies waited behind their reads:
@@ -450,6 +453,27 @@ impl<'a> Gatherer<'a> {
     }
 }
 
+/// Prefetches what a run's copy reads from a columns shard: its ids, labels and columns.
+fn prefetch_columns(v: &ShardView, run: &Run) {
+    prefetch_headers((v.event_id, v.event_azimuth, v.event_zenith), run);
+    let ((d0, d1), (p0, p1)) = (run.doms, run.pulses);
+    prefetch(element_bytes(sized(v.dom_sensor_id.raw()), d0, d1));
+    // Locating read only the ends of the DOM offsets; rebasing reads them all.
+    prefetch(&v.dom_pulse_offsets[d0..=d1]);
+    prefetch(element_bytes(sized(v.pulse_time.raw()), p0, p1));
+    prefetch(element_bytes(sized(v.pulse_charge.raw()), p0, p1));
+    prefetch(element_bytes((v.pulse_auxiliary, 1), p0, p1));
+}
+
+/// Prefetches the ids and labels of a run.
+fn prefetch_headers((ids, azimuth, zenith): EventColumns, run: &Run) {
+    let events = run.events();
+    prefetch(&ids[events.clone()]);
+    for labels in [azimuth, zenith].into_iter().flatten() {
+        prefetch(&labels[events.clone()]);
+    }
+}
+
 /// Fills an event's rows of the padded features (`rows`: `M` rows of `4 + 3K` features)
 /// and its mask (`present`) with its first `M` DOMs and their first `k` pulses.
 fn fill_padded(
@@ -482,7 +506,8 @@ fn fill_padded(
 /// Copies a run from a columns shard: each column's piece in one copy, its headers, and
 /// its offsets rebased.
 fn copy_columns(v: &ShardView, run: &Run, out: &mut PackedOut) {
-    out.headers.copy_from(&StoredView::Columns(*v), run);
+    let headers = (v.event_id, v.event_azimuth, v.event_zenith);
+    out.headers.copy_from(headers, run);
     let ((d0, d1), (p0, p1)) = (run.doms, run.pulses);
     let (d_out, p_out, events) = (run.dom_at, run.pulse_at, run.events());
     copy_elements(sized(v.dom_sensor_id.raw()), d0, d1, out.sensor, d_out);
