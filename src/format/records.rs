@@ -267,8 +267,9 @@ impl<'a> EventRecord<'a> {
     }
 }
 
-/// Typed, validated views of a records shard. Construction checks shapes and the event
-/// offsets, so every event's record is inside `event_records`.
+/// Typed, validated views of a records shard. Construction checks the tensors' shapes (the
+/// records' length among them) and, with [`Validation::Full`], the offsets and every
+/// record, so that every event's record is inside `event_records` and reads as stored.
 #[derive(Debug, Clone, Copy)]
 pub struct RecordView<'a> {
     /// The ids, lineage, labels and DOM offsets.
