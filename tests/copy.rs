@@ -292,6 +292,12 @@ fn the_command_copies_in_a_layout_and_refuses_an_unknown_one() {
         String::from_utf8_lossy(&ok.stderr)
     );
     assert!(out.contains("(records layout)"), "{out}");
+    let inspect = Command::new(env!("CARGO_BIN_EXE_shardify"))
+        .args(["inspect", &records.display().to_string()])
+        .output()
+        .unwrap();
+    let printed = String::from_utf8_lossy(&inspect.stdout);
+    assert!(printed.contains("layout       records"), "{printed}");
     assert_eq!(
         Manifest::read(&records).unwrap().schema.layout,
         ShardLayout::Records

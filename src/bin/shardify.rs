@@ -615,6 +615,7 @@ fn run_inspect(dir: PathBuf, json: bool) -> Result<()> {
         "types        sensor_id {:?}, position {:?}, time {:?}, charge {:?}, labels {}",
         t.sensor_id, t.position, t.time, t.charge, t.labels
     );
+    println!("layout       {}", m.schema.layout.name());
     println!("DOM order    {}", m.schema.dom_order);
     println!("pulse order  {}", m.schema.pulse_order);
     for shard in &m.shards {
