@@ -137,7 +137,7 @@ impl PyDataset {
                 let mut ids = Vec::with_capacity(view.totals().events as usize);
                 for shard in 0..view.dataset().shard_count() {
                     let stored = view.dataset().shard(shard)?.stored()?;
-                    let column = stored.event_id();
+                    let column = stored.event_tensors().id;
                     match view.kept(shard) {
                         Some(kept) => ids.extend(kept.iter().map(|&i| column[i as usize])),
                         None => ids.extend_from_slice(column),

@@ -257,14 +257,15 @@ impl<'a> Gatherer<'a> {
         for r in 0..runs.len() {
             if let Some(ahead) = runs.get(r + LOCATE_AHEAD) {
                 let events = ahead.index..=ahead.index + ahead.len;
-                prefetch(&self.views.get(ahead.shard).event_dom_offsets()[events.clone()]);
+                let event_doms = self.views.get(ahead.shard).event_tensors().dom_offsets;
+                prefetch(&event_doms[events.clone()]);
                 if let StoredView::Records(v) = self.views.get(ahead.shard) {
                     prefetch(&v.event_pulse_offsets[events]);
                 }
             }
             let run = &mut runs[r];
             let view = self.views.get(run.shard);
-            let offsets = &view.event_dom_offsets()[run.index..=run.index + run.len];
+            let offsets = &view.event_tensors().dom_offsets[run.index..=run.index + run.len];
             run.doms = (offsets[0] as usize, offsets[run.len] as usize);
             let most = offsets.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0);
             shape.max_doms = shape.max_doms.max(most as usize);
@@ -367,7 +368,10 @@ impl<'a> Gatherer<'a> {
     /// run's columns).
     fn gather_headers(&self, headers: &mut Headers) {
         let runs = &self.located.runs;
-        let columns = |run: &Run| self.views.get(run.shard).event_columns();
+        let columns = |run: &Run| {
+            let events = self.views.get(run.shard).event_tensors();
+            (events.id, events.azimuth, events.zenith)
+        };
         let ahead = |run: &Run| prefetch_headers(columns(run), run);
         visit_prefetching(runs, PREFETCH_AHEAD, ahead, |run| {
             headers.copy_from(columns(run), run)

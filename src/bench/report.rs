@@ -496,7 +496,9 @@ fn shardify_infos(dataset: &Dataset, plans: &[BatchPlan]) -> Result<Vec<Vec<Even
             p.events
                 .iter()
                 .map(|e| {
-                    let h = views[e.shard as usize].header(e.index as usize);
+                    let h = views[e.shard as usize]
+                        .event_tensors()
+                        .header(e.index as usize);
                     EventInfo {
                         event_id: h.event_id,
                         source_file: h.batch_id,

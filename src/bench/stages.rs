@@ -17,6 +17,7 @@ use crate::device::staging::{HostMemory, PlainMemory};
 use crate::device::transfer::DeviceSlots;
 use crate::device::Placement;
 use crate::error::Result;
+use crate::format::columns::element_range;
 use crate::format::StoredView;
 use crate::pipeline::Batch;
 use crate::prefetch::{prefetch, visit_prefetching};
@@ -39,14 +40,6 @@ pub fn shard_read_gb_per_s(dataset: &Dataset) -> Result<(f64, f64)> {
     std::hint::black_box(sum);
     let seconds = started.elapsed().as_secs_f64();
     Ok((super::gb_per_s(bytes as u64, seconds), seconds))
-}
-
-/// Elements `range` of a raw column.
-fn element_range(
-    (raw, dtype): (&[u8], crate::format::safetensors::Dtype),
-    range: std::ops::Range<usize>,
-) -> &[u8] {
-    &raw[range.start * dtype.size()..range.end * dtype.size()]
 }
 
 /// One timed copy of scattered pieces.

@@ -7,13 +7,13 @@ use std::io::Write;
 use std::path::Path;
 
 use super::shard_writer::write_tensors;
-use crate::dataset::Columns;
 use crate::error::{Error, IoContext, Result};
+use crate::format::columns::element_range;
 use crate::format::names;
 use crate::format::pod::as_bytes;
 use crate::format::records::{RecordWidths, LAYOUT_KEY};
 use crate::format::safetensors::{self, Dtype, Raw, TensorBytes, TensorOut};
-use crate::format::{RecordView, ShardEntry, ShardLayout, ShardProblem, ShardView, Validation};
+use crate::format::{ShardEntry, ShardLayout, ShardProblem, ShardView, Validation};
 
 /// Bytes of records encoded before each write.
 const RECORDS_CHUNK: usize = 1 << 20;
@@ -46,20 +46,14 @@ fn encode_record(view: &ShardView, widths: RecordWidths, e: usize, out: &mut Vec
         out.extend_from_slice(&zenith[e].to_le_bytes());
     }
     let (doms, pulses) = (view.dom_range(e), view.event_pulse_range(e));
-    out.extend_from_slice(elements(view.dom_sensor_id.raw(), &doms));
+    out.extend_from_slice(element_range(view.dom_sensor_id.raw(), doms.clone()));
     let first = pulses.start as i32;
     for &end in &view.dom_pulse_offsets[doms.start + 1..=doms.end] {
         out.extend_from_slice(&(end - first).to_le_bytes());
     }
-    out.extend_from_slice(elements(view.pulse_time.raw(), &pulses));
-    out.extend_from_slice(elements(view.pulse_charge.raw(), &pulses));
+    out.extend_from_slice(element_range(view.pulse_time.raw(), pulses.clone()));
+    out.extend_from_slice(element_range(view.pulse_charge.raw(), pulses.clone()));
     out.extend_from_slice(&view.pulse_auxiliary[pulses]);
-}
-
-/// The bytes of elements `range` of a raw column.
-fn elements<'a>((bytes, dtype): (&'a [u8], Dtype), range: &std::ops::Range<usize>) -> &'a [u8] {
-    let size = dtype.size();
-    &bytes[range.start * size..range.end * size]
 }
 
 /// Every event's record of a view, encoded while written.
@@ -87,8 +81,9 @@ impl TensorBytes for Records<'_> {
     }
 }
 
-/// Writes the shard at `source` (validated in its structure) to `target` in `layout`, as
-/// [`write_view`] does; returns `target`'s manifest entry.
+/// Writes the columns shard at `source` (validated in its structure: a records shard is
+/// refused) to `target` in `layout`, as [`write_view`] does; returns `target`'s manifest
+/// entry. Shards of a dataset go through [`crate::dataset::Shard::columns`] instead.
 pub fn rewrite_file(source: &Path, target: &Path, layout: ShardLayout) -> Result<ShardEntry> {
     let file = std::fs::File::open(source).at(source)?;
     // SAFETY: a read-only map of a file this process wrote and renamed into place, which
@@ -96,17 +91,9 @@ pub fn rewrite_file(source: &Path, target: &Path, layout: ShardLayout) -> Result
     let map = unsafe { memmap2::Mmap::map(&file) }.at(source)?;
     let header =
         safetensors::parse(&map).map_err(|p| Error::shard(source, ShardProblem::from(p)))?;
-    let columns = match header.metadata.get(LAYOUT_KEY).map(String::as_str) {
-        Some("records") => {
-            let v = RecordView::parse(&map, &header, 0, Validation::Structure);
-            Columns::Decoded(Box::new(v.map_err(|p| Error::shard(source, p))?.decode()))
-        }
-        _ => {
-            let v = ShardView::parse(&map, &header, 0, Validation::Structure);
-            Columns::Stored(v.map_err(|p| Error::shard(source, p))?)
-        }
-    };
-    write_view(target, &columns.view(), &header.metadata, layout)
+    let view = ShardView::parse(&map, &header, 0, Validation::Structure)
+        .map_err(|p| Error::shard(source, p))?;
+    write_view(target, &view, &header.metadata, layout)
 }
 
 /// Writes the shard `view` describes to `path` in `layout`, atomically (the fsync is the

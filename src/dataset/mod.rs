@@ -234,7 +234,7 @@ impl Shard {
         };
         let view = self.stored()?;
         let events = events.start.min(view.events())..events.end.min(view.events());
-        let event_doms = view.event_dom_offsets();
+        let event_doms = view.event_tensors().dom_offsets;
         let doms = event_doms[events.start] as usize..event_doms[events.end] as usize;
         let pulses = view.pulse_range(events.clone());
         let records = match view {

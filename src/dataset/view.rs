@@ -200,7 +200,8 @@ impl View {
     fn for_each_event(&self, mut visit: impl FnMut(usize, u32, i64, u64, u64)) -> Result<()> {
         for shard in 0..self.dataset.shard_count() {
             let view = self.dataset.shard(shard)?.stored()?;
-            let (ids, event_doms) = (view.event_id(), view.event_dom_offsets());
+            let events = view.event_tensors();
+            let (ids, event_doms) = (events.id, events.dom_offsets);
             let mut one = |i: u32| {
                 let e = i as usize;
                 let doms = event_doms[e + 1] - event_doms[e];

@@ -3,6 +3,12 @@
 use super::pod::{as_bytes, try_cast};
 use super::safetensors::Dtype;
 
+/// The bytes of elements `range` of a raw column (its bytes and element type, as
+/// [`IntColumn::raw`] and [`FloatColumn::raw`] give them).
+pub fn element_range((raw, dtype): (&[u8], Dtype), range: std::ops::Range<usize>) -> &[u8] {
+    &raw[range.start * dtype.size()..range.end * dtype.size()]
+}
+
 /// An integer column stored at one of several widths.
 #[derive(Debug, Clone, Copy)]
 pub enum IntColumn<'a> {

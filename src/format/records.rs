@@ -34,7 +34,6 @@ use super::names;
 use super::pod::LineAligned;
 use super::safetensors::{Dtype, Header};
 use super::shard::{check_offsets, EventTensors, ShardProblem, ShardView, Tensors, Validation};
-use crate::event::EventHeader;
 
 /// How a dataset's shards store their DOM- and pulse-level data.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -401,11 +400,6 @@ impl<'a> RecordView<'a> {
         start(events.start)..start(events.end)
     }
 
-    /// The header of event `e`.
-    pub fn header(&self, e: usize) -> EventHeader {
-        self.events.header(e)
-    }
-
     /// Event `e`'s record.
     pub fn record(&self, e: usize) -> EventRecord<'a> {
         let bytes = &self.records[self.record_bytes(e..e + 1)];
@@ -426,18 +420,22 @@ impl<'a> RecordView<'a> {
             pulse_auxiliary: Vec::with_capacity(p),
         };
         decoded.dom_pulse_offsets.push(0);
+        // Records come in event order, so each column's pieces follow each other: byte
+        // cursors into the sensor, time and charge columns.
+        let mut at = [0usize; 3];
         for e in 0..self.events() {
             let r = self.record(e);
-            let (doms, pulses) = (self.dom_range(e), self.pulse_range(e));
-            let place = |out: &mut LineAligned, piece: &[u8], range: &std::ops::Range<usize>| {
-                let size = piece.len() / range.len();
-                out.bytes_mut()[range.start * size..range.end * size].copy_from_slice(piece)
-            };
-            place(&mut decoded.dom_sensor_id, r.sensors, &doms);
-            place(&mut decoded.pulse_time, r.times, &pulses);
-            place(&mut decoded.pulse_charge, r.charges, &pulses);
+            let columns = [
+                (&mut decoded.dom_sensor_id, r.sensors),
+                (&mut decoded.pulse_time, r.times),
+                (&mut decoded.pulse_charge, r.charges),
+            ];
+            for ((out, piece), at) in columns.into_iter().zip(&mut at) {
+                out.bytes_mut()[*at..*at + piece.len()].copy_from_slice(piece);
+                *at += piece.len();
+            }
             decoded.pulse_auxiliary.extend_from_slice(r.auxiliary);
-            let first = pulses.start as i32;
+            let first = self.event_pulse_offsets[e];
             decoded
                 .dom_pulse_offsets
                 .extend((0..r.doms()).map(|k| first + r.dom_end(k) as i32));
@@ -491,7 +489,7 @@ pub enum StoredView<'a> {
     Records(RecordView<'a>),
 }
 
-impl StoredView<'_> {
+impl<'a> StoredView<'a> {
     /// The number of events.
     pub fn events(&self) -> usize {
         match self {
@@ -516,35 +514,12 @@ impl StoredView<'_> {
         }
     }
 
-    /// The header of event `e`.
-    pub fn header(&self, e: usize) -> EventHeader {
+    /// The event-level tensors, the same in both layouts.
+    #[inline]
+    pub fn event_tensors(&self) -> EventTensors<'a> {
         match self {
-            StoredView::Columns(v) => v.header(e),
-            StoredView::Records(v) => v.header(e),
-        }
-    }
-
-    /// The event ids and labels (when stored), `[E]` each.
-    pub fn event_columns(&self) -> (&[i64], Option<&[f64]>, Option<&[f64]>) {
-        match self {
-            StoredView::Columns(v) => (v.event_id, v.event_azimuth, v.event_zenith),
-            StoredView::Records(v) => (v.events.id, v.events.azimuth, v.events.zenith),
-        }
-    }
-
-    /// The event ids, `[E]`.
-    pub fn event_id(&self) -> &[i64] {
-        match self {
-            StoredView::Columns(v) => v.event_id,
-            StoredView::Records(v) => v.events.id,
-        }
-    }
-
-    /// The DOM offsets of the events, `[E+1]`.
-    pub fn event_dom_offsets(&self) -> &[i32] {
-        match self {
-            StoredView::Columns(v) => v.event_dom_offsets,
-            StoredView::Records(v) => v.events.dom_offsets,
+            StoredView::Columns(v) => v.event_tensors(),
+            StoredView::Records(v) => v.events,
         }
     }
 

@@ -543,17 +543,22 @@ impl<'a> ShardView<'a> {
         self.dom_pulse_offsets[d] as usize..self.dom_pulse_offsets[d + 1] as usize
     }
 
-    /// The header of event `e`.
-    pub fn header(&self, e: usize) -> EventHeader {
-        let events = EventTensors {
+    /// The event-level tensors (those a records shard holds too).
+    #[inline]
+    pub fn event_tensors(&self) -> EventTensors<'a> {
+        EventTensors {
             id: self.event_id,
             batch_id: self.event_batch_id,
             first_row: self.event_first_row,
             azimuth: self.event_azimuth,
             zenith: self.event_zenith,
             dom_offsets: self.event_dom_offsets,
-        };
-        events.header(e)
+        }
+    }
+
+    /// The header of event `e`.
+    pub fn header(&self, e: usize) -> EventHeader {
+        self.event_tensors().header(e)
     }
 }
 
