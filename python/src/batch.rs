@@ -140,19 +140,19 @@ fn export_section<M: ManagedTensorBase>(
 }
 
 /// Legacy DLPack capsules of the sections of `shared` that `hands_out` names, in buffer
-/// order: what a consumer turns into tensors with one call each, where `__dlpack__` and
-/// `__dlpack_device__` per section cost three times as much (48 against 17 µs per batch of
-/// ten sections, measured). The batch is checked to belong to this process once, not three
-/// times per section (`getpid` costs 0.5 µs on these machines), and its sections are read
-/// in place (no `Section` object, no copy of their shapes). On CUDA, `stream` (the
-/// consumer's, as DLPack passes it) is made to wait for the batch's copy once, for all its
-/// sections.
+/// order, each with its section's name: what a consumer turns into tensors with one call
+/// each, where `__dlpack__` and `__dlpack_device__` per section cost three times as much
+/// (48 against 17 µs per batch of ten sections, measured). The batch is checked to belong
+/// to this process once, not three times per section (`getpid` costs 0.5 µs on these
+/// machines), and its sections are read in place (no `Section` object, no copy of their
+/// shapes). On CUDA, `stream` (the consumer's, as DLPack passes it) is made to wait for the
+/// batch's copy once, for all its sections.
 pub fn capsules(
     py: Python<'_>,
     shared: &SharedBatch,
     hands_out: impl Fn(&str) -> bool,
     stream: Option<&Bound<'_, PyAny>>,
-) -> PyResult<Vec<Py<PyAny>>> {
+) -> PyResult<Vec<(&'static str, Py<PyAny>)>> {
     let delivered = shared.get().map_err(forked)?;
     if let Memory::Cuda { .. } = delivered.memory {
         let request = ExportRequest::parse(stream, None, None, None)?;
@@ -167,12 +167,17 @@ pub fn capsules(
             .list
             .iter()
             .filter(|s| hands_out(s.name))
-            .map(|s| export_section::<DLManagedTensor>(shared, delivered, s))
+            .map(|s| {
+                Ok((
+                    s.name,
+                    export_section::<DLManagedTensor>(shared, delivered, s)?,
+                ))
+            })
             .collect::<PyResult<Vec<_>>>()?
     };
     tensors
         .into_iter()
-        .map(|tensor| Ok(tensor.into_pyobject(py)?.into_any().unbind()))
+        .map(|(name, tensor)| Ok((name, tensor.into_pyobject(py)?.into_any().unbind())))
         .collect()
 }
 
