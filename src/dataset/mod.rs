@@ -14,7 +14,7 @@ pub use view::{Counts, View};
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 
 use crate::error::{Error, IoContext, Result};
 use crate::format::names::{self, Level};
@@ -333,6 +333,13 @@ pub struct Dataset {
     /// pages (see [`Dataset::open`]).
     first_read: FirstRead,
     shards: Vec<OnceLock<Shard>>,
+    /// One lock per shard, held while it is opened: a thread that needs a shard another
+    /// thread is opening waits for it instead of checksumming and validating it again
+    /// (the workers and the waiting thread reach a new shard together).
+    opening: Vec<Mutex<()>>,
+    /// Shards opened (checksummed and validated) so far, for the tests.
+    #[cfg(test)]
+    opened: std::sync::atomic::AtomicUsize,
 }
 
 impl Dataset {
@@ -361,15 +368,16 @@ impl Dataset {
         };
         let sensor_table =
             SensorTable::read(dir, &manifest.sensor_table, policy != ChecksumPolicy::Off)?;
-        let shards = (0..manifest.shards.len())
-            .map(|_| OnceLock::new())
-            .collect();
+        let count = manifest.shards.len();
         let dataset = Dataset {
             dir: dir.to_path_buf(),
             manifest,
             sensor_table,
             first_read,
-            shards,
+            shards: (0..count).map(|_| OnceLock::new()).collect(),
+            opening: (0..count).map(|_| Mutex::new(())).collect(),
+            #[cfg(test)]
+            opened: Default::default(),
         };
         if policy == ChecksumPolicy::Full {
             for i in 0..dataset.shards.len() {
@@ -429,6 +437,15 @@ impl Dataset {
         if let Some(shard) = self.shards[i].get() {
             return Ok(shard);
         }
+        // A failed open leaves the lock unpoisoned (it returns an error, never panics
+        // holding it) and the shard unopened: the next caller tries again.
+        let _opening = self.opening[i].lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(shard) = self.shards[i].get() {
+            return Ok(shard); // opened by the thread this one waited for
+        }
+        #[cfg(test)]
+        self.opened
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let entry = &self.manifest.shards[i];
         let shard = Shard::open(
             &self.dir.join(&entry.file),
@@ -444,6 +461,58 @@ impl Dataset {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn threads_reaching_a_new_shard_together_open_it_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/kaggle-mini");
+        let inputs = crate::source::InputSet::discover(&fixture, Some("train")).unwrap();
+        let options = crate::convert::ConvertOptions {
+            shard_target_bytes: 64 << 10,
+            ..crate::convert::ConvertOptions::default()
+        };
+        let phases = (
+            crate::convert::Phase::All,
+            crate::convert::TaskSlice::default(),
+        );
+        let out = dir.path().join("ds");
+        crate::convert::convert(
+            &inputs,
+            &out,
+            &options,
+            phases.0,
+            phases.1,
+            &crate::convert::Silent,
+        )
+        .unwrap();
+        let dataset = Dataset::open(&out, ChecksumPolicy::Lazy).unwrap();
+        let shards = dataset.shard_count();
+        assert!(shards >= 2, "several shards, each reached by every thread");
+        let threads = 8;
+        let start = std::sync::Barrier::new(threads);
+        let opened: Vec<Vec<usize>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..threads)
+                .map(|_| {
+                    scope.spawn(|| {
+                        start.wait();
+                        (0..shards)
+                            .map(|i| dataset.shard(i).unwrap() as *const Shard as usize)
+                            .collect()
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert!(
+            opened.iter().all(|o| *o == opened[0]),
+            "one Shard per shard"
+        );
+        assert_eq!(
+            dataset.opened.load(std::sync::atomic::Ordering::Relaxed),
+            shards,
+            "each shard checksummed and validated once, whoever waited for it"
+        );
+    }
 
     #[test]
     fn huge_pages_are_asked_for_datasets_within_half_the_memory() {
