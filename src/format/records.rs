@@ -34,6 +34,7 @@ use super::names;
 use super::pod::LineAligned;
 use super::safetensors::{Dtype, Header};
 use super::shard::{check_offsets, EventTensors, ShardProblem, ShardView, Tensors, Validation};
+use crate::prefetch::prefetch;
 
 /// How a dataset's shards store their DOM- and pulse-level data.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -158,18 +159,53 @@ fn float_at(bytes: &[u8], size: usize) -> f64 {
     }
 }
 
+/// Records ahead of the one being validated whose bytes are prefetched: a shard's first
+/// validation reads it from memory, where it waited on every record's first line (71 ms
+/// for the 545 MB of 320k real-profile events; 2 or 4 ahead: 38 ms, 8 ahead: 41).
+const CHECK_AHEAD: usize = 4;
+
 /// The index of the first of `sensors` (little-endian ids of `dtype`, I16 or I32) outside
 /// `0..rows`, if any.
 fn first_outside(sensors: &[u8], dtype: Dtype, rows: i64) -> Option<usize> {
     let outside = |s: i64| !(0..rows).contains(&s);
+    // Checked whole without stopping first (a loop the compiler vectorises), searched only
+    // when one is outside: shards are validated whole at their first read.
     match dtype {
-        Dtype::I16 => sensors
-            .chunks_exact(2)
-            .position(|b| outside(i16::from_le_bytes([b[0], b[1]]).into())),
-        _ => sensors
-            .chunks_exact(4)
-            .position(|b| outside(i32::from_le_bytes(b.try_into().expect("4 bytes")).into())),
+        Dtype::I16 => {
+            let ids = || {
+                sensors
+                    .chunks_exact(2)
+                    .map(|b| i16::from_le_bytes([b[0], b[1]]))
+            };
+            let all_inside = ids().fold(true, |inside, s| inside & !outside(s.into()));
+            (!all_inside).then(|| ids().position(|s| outside(s.into())))?
+        }
+        _ => {
+            let ids = || {
+                sensors
+                    .chunks_exact(4)
+                    .map(|b| i32::from_le_bytes(array4(b)))
+            };
+            let all_inside = ids().fold(true, |inside, s| inside & !outside(s.into()));
+            (!all_inside).then(|| ids().position(|s| outside(s.into())))?
+        }
     }
+}
+
+/// Whether I32 DOM pulse ends `ends` increase strictly from above 0 (each DOM holds a
+/// pulse), checked whole without stopping first.
+fn ends_increase(ends: &[u8]) -> bool {
+    let ends = || ends.chunks_exact(4).map(|b| i32::from_le_bytes(array4(b)));
+    let first_positive = ends().next().is_none_or(|first| first > 0);
+    let steps_up = ends()
+        .zip(ends().skip(1))
+        .fold(true, |up, (end, next)| up & (next > end));
+    first_positive & steps_up
+}
+
+/// Four bytes as an array (the caller's chunks are exact).
+fn array4(b: &[u8]) -> [u8; 4] {
+    b.try_into().expect("chunks of 4 bytes")
 }
 
 /// One event's record, split into its pieces (raw little-endian bytes).
@@ -331,6 +367,10 @@ impl<'a> RecordView<'a> {
     fn check_records(&self, rows: usize) -> Result<(), ShardProblem> {
         let (w, mut first_dom) = (self.widths, 0);
         for e in 0..self.events() {
+            if e + CHECK_AHEAD < self.events() {
+                let ahead = e + CHECK_AHEAD..e + CHECK_AHEAD + 1;
+                prefetch(&self.records[self.record_bytes(ahead)]);
+            }
             let r = self.record(e);
             let bad = |problem: &'static str| ShardProblem::Record { event: e, problem };
             if r.event_id() != self.events.id[e] {
@@ -342,15 +382,11 @@ impl<'a> RecordView<'a> {
                     return Err(bad("its labels differ from event_azimuth/event_zenith"));
                 }
             }
-            let mut end = 0;
-            let ends = r.dom_ends.chunks_exact(4);
-            for dom_end in ends.map(|b| i32::from_le_bytes(b.try_into().expect("4 bytes"))) {
-                if dom_end <= end {
-                    return Err(bad("its DOM pulse ends do not increase"));
-                }
-                end = dom_end;
+            if !ends_increase(r.dom_ends) {
+                return Err(bad("its DOM pulse ends do not increase"));
             }
-            if end as usize != r.pulses() {
+            let last = r.dom_ends.rchunks_exact(4).next().map(array4);
+            if last.map_or(0, i32::from_le_bytes) as usize != r.pulses() {
                 return Err(bad("its last DOM pulse end is not its pulse count"));
             }
             if let Some(k) = first_outside(r.sensors, w.sensor_id, rows as i64) {
@@ -692,6 +728,20 @@ mod tests {
                 problem: "its last DOM pulse end is not its pulse count"
             })
         );
+        // Event 0's DOM ends (after its header and two sensor ids): equal, or a first DOM
+        // without pulses, checked whole as the ends that climb are.
+        for ends in [[3i32, 3], [0, 3]] {
+            let flat: Vec<u8> = ends.iter().flat_map(|e| e.to_le_bytes()).collect();
+            let steps = with_record(&|r| r[28..36].copy_from_slice(&flat));
+            assert_eq!(
+                parse_records(&steps),
+                Err(ShardProblem::Record {
+                    event: 0,
+                    problem: "its DOM pulse ends do not increase"
+                }),
+                "DOM ends {ends:?}"
+            );
+        }
         let short = with_record(&|r| {
             r.pop();
         });
