@@ -216,7 +216,7 @@ impl SensorTable {
     /// Validates a whole `geometry.safetensors` file held in `bytes`.
     pub fn parse(bytes: &[u8]) -> std::result::Result<SensorTable, ShardProblem> {
         let header = safetensors::parse(bytes)?;
-        let check = TensorCheck::new(&header, &[SENSOR_POSITION])?;
+        let check = TensorCheck::new(&header, &[&[SENSOR_POSITION]])?;
         let info = check.info(SENSOR_POSITION)?;
         let rows = info.shape.first().copied().unwrap_or(0);
         check.shape(SENSOR_POSITION, &[rows, 3])?;

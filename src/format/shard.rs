@@ -187,8 +187,8 @@ pub(crate) struct TensorCheck<'h> {
 }
 
 impl<'h> TensorCheck<'h> {
-    /// Checks the format metadata and that every tensor is one of `allowed`.
-    pub(crate) fn new(header: &'h Header, allowed: &[&str]) -> Result<Self, ShardProblem> {
+    /// Checks the format metadata and that every tensor is one of those `allowed` lists.
+    pub(crate) fn new(header: &'h Header, allowed: &[&[&str]]) -> Result<Self, ShardProblem> {
         let format = header.metadata.get("format").map(String::as_str);
         let version = header.metadata.get("format_version").map(String::as_str);
         if format != Some(FORMAT) || version != Some(&FORMAT_VERSION.to_string()) {
@@ -199,7 +199,7 @@ impl<'h> TensorCheck<'h> {
         if let Some(extra) = header
             .tensors
             .keys()
-            .find(|name| !allowed.contains(&name.as_str()))
+            .find(|name| !allowed.iter().any(|list| list.contains(&name.as_str())))
         {
             return Err(ShardProblem::ExtraTensor(extra.clone()));
         }
@@ -236,11 +236,11 @@ pub(super) struct Tensors<'a> {
 
 impl<'a> Tensors<'a> {
     /// The tensors of `bytes` (a whole file whose header is `header`), checking the format
-    /// metadata and that each is one of `allowed`.
+    /// metadata and that each is one of those `allowed` lists.
     pub(super) fn new(
         bytes: &'a [u8],
         header: &'a Header,
-        allowed: &[&str],
+        allowed: &[&[&str]],
     ) -> Result<Self, ShardProblem> {
         Ok(Tensors {
             bytes,
@@ -335,20 +335,27 @@ pub(super) fn check_offsets(
     Ok(())
 }
 
-/// The tensors a shard may hold.
-const SHARD_TENSORS: [&str; 11] = [
+/// The event-level tensors both layouts hold ([`EventTensors`]).
+pub(super) const EVENT_TENSORS: [&str; 6] = [
     names::EVENT_ID,
     names::EVENT_BATCH_ID,
     names::EVENT_FIRST_ROW,
     names::EVENT_AZIMUTH,
     names::EVENT_ZENITH,
     names::EVENT_DOM_OFFSETS,
+];
+
+/// The tensors a columns shard holds besides [`EVENT_TENSORS`].
+const COLUMN_TENSORS: [&str; 5] = [
     names::DOM_SENSOR_ID,
     names::DOM_PULSE_OFFSETS,
     names::PULSE_TIME,
     names::PULSE_CHARGE,
     names::PULSE_AUXILIARY,
 ];
+
+/// The tensors a columns shard may hold.
+const SHARD_TENSORS: [&[&str]; 2] = [&EVENT_TENSORS, &COLUMN_TENSORS];
 
 /// The event-level tensors of a shard, the same in both layouts.
 #[derive(Debug, Clone, Copy)]
@@ -812,13 +819,11 @@ pub(crate) mod tests {
             file.extend_from_slice(raws[i].0);
         }
         let header = safetensors::parse(&file).unwrap();
-        let problem = TensorCheck::new(&header, &["a"]);
+        let problem = TensorCheck::new(&header, &[&["a"]]);
         assert!(matches!(problem, Err(ShardProblem::ExtraTensor(_))));
-        let mut allowed = SHARD_TENSORS.to_vec();
-        allowed.push("a");
         let t = Tensors {
             bytes: &file,
-            check: TensorCheck::new(&header, &allowed).unwrap(),
+            check: TensorCheck::new(&header, &[&EVENT_TENSORS, &COLUMN_TENSORS, &["a"]]).unwrap(),
         };
         assert_eq!(
             t.exact::<i64>(names::EVENT_ID, 3).unwrap_err(),
