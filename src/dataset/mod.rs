@@ -464,27 +464,17 @@ mod tests {
 
     #[test]
     fn threads_reaching_a_new_shard_together_open_it_once() {
+        use crate::convert::{convert, ConvertOptions, Phase, Silent, TaskSlice};
         let dir = tempfile::tempdir().unwrap();
         let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/kaggle-mini");
         let inputs = crate::source::InputSet::discover(&fixture, Some("train")).unwrap();
-        let options = crate::convert::ConvertOptions {
+        let options = ConvertOptions {
             shard_target_bytes: 64 << 10,
-            ..crate::convert::ConvertOptions::default()
+            ..ConvertOptions::default()
         };
-        let phases = (
-            crate::convert::Phase::All,
-            crate::convert::TaskSlice::default(),
-        );
         let out = dir.path().join("ds");
-        crate::convert::convert(
-            &inputs,
-            &out,
-            &options,
-            phases.0,
-            phases.1,
-            &crate::convert::Silent,
-        )
-        .unwrap();
+        let slice = TaskSlice::default();
+        convert(&inputs, &out, &options, Phase::All, slice, &Silent).unwrap();
         let dataset = Dataset::open(&out, ChecksumPolicy::Lazy).unwrap();
         let shards = dataset.shard_count();
         assert!(shards >= 2, "several shards, each reached by every thread");
