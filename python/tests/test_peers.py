@@ -58,6 +58,22 @@ def test_peers_reports_every_loader_and_torchs_floor(train_dir, torch, tmp_path)
     assert abs(with_floor - rust["us_per_batch"] / (rust["us_per_batch"] + floor)) < 1e-9
     added = f"the floor alone added to each of the Rust loader's batches gives {with_floor:.2f}x"
     assert added in done.stdout
+    # CPU time: every row's, measured (a loader that gathers on threads uses CPU while it
+    # runs, on at most every CPU of the machine, with a little slack for the clocks).
+    for row in package.values():
+        assert row["cpu_us_per_batch"] > 0, row
+        assert row["cpu_us_per_batch"] in row["cpu_us_per_batch_runs"], row  # its median run's
+        assert 0 < row["busy_cpus"] <= figures["machine"]["cpus"] * 1.1, row
+        assert abs(row["busy_cpus"] - row["cpu_us_per_batch"] / row["us_per_batch"]) < 1e-9, row
+    # Round by round: each run's CPU per batch less the Rust loader's in the same round.
+    torch_row = package["shardify -> torch tensors"]
+    added_cpu = sorted(t - r for t, r in zip(
+        torch_row["cpu_us_per_batch_runs"], rust["cpu_us_per_batch_runs"], strict=True))
+    assert torch_row["median_paired_cpu_added_us_per_batch"] == added_cpu[1], torch_row
+    assert rust["median_paired_cpu_added_us_per_batch"] == 0, rust
+    on_cpu = package["shardify -> torch tensors"]["ratio_to_rust_with_floor_cpu_added"]
+    assert abs(on_cpu - rust["cpu_us_per_batch"] / (rust["cpu_us_per_batch"] + floor)) < 1e-9
+    assert f"the floor taken from the gathering CPUs' time gives {on_cpu:.2f}x" in done.stdout
     assert "torch's own floor: wrapping a batch's capsules" in done.stdout
 
 

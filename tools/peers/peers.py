@@ -30,7 +30,13 @@ ratio to the Rust loader (its median run over the Rust loader's, and the median 
 round's ratio to the Rust loader's run in the same round, which a shared machine's drift
 disturbs less), the overhead per batch (its time per batch less the Rust loader's) and the host time per
 batch (the time spent in the loader's iterator; on a GPU the resident gather runs
-asynchronously beside it).
+asynchronously beside it), and the process's CPU time per batch (all its threads).
+
+Torch's own floor (wrapping a batch's capsules into tensors, timed alone) is set against
+the Rust loader two ways: added to each batch's time (as if no other core could gather
+meanwhile), and added to the CPU time a batch takes (what happens when the workers and
+the waiting thread keep every core busy gathering: the floor then costs its CPU time, not
+its wall time).
 """
 import argparse
 import functools
@@ -179,6 +185,7 @@ def shardify_loaders(dataset, batch_events, window, workers, seconds, seed, devi
                                      **settings)
         batches = events = pulses = 0
         host = 0.0
+        cpu_started = time.process_time()  # every thread of the process, exited ones too
         started = time.perf_counter()
         while time.perf_counter() - started < seconds:
             if kind == "rust":
@@ -208,9 +215,11 @@ def shardify_loaders(dataset, batch_events, window, workers, seconds, seed, devi
 
             torch.cuda.synchronize()
         elapsed = time.perf_counter() - started
+        cpu = time.process_time() - cpu_started
         return {"batches": batches, "events": events, "seconds": elapsed,
                 "events_per_s": events / elapsed, "pulses_per_s": pulses / elapsed,
                 "us_per_batch": elapsed / batches * 1e6,
+                "cpu_us_per_batch": cpu / batches * 1e6, "busy_cpus": cpu / elapsed,
                 "host_us_per_batch": (host if kind not in ("rust", "capsules") else elapsed)
                 / batches * 1e6}
 
@@ -230,13 +239,19 @@ def shardify_loaders(dataset, batch_events, window, workers, seconds, seed, devi
     out = []
     for k, name in names.items():
         best = sorted(runs[k], key=lambda r: r["events_per_s"])[rounds // 2]  # the median run
-        row = dict(name=name, **best, runs=[r["events_per_s"] for r in runs[k]])
+        row = dict(name=name, **best, runs=[r["events_per_s"] for r in runs[k]],
+                   cpu_us_per_batch_runs=[r["cpu_us_per_batch"] for r in runs[k]])
         # Each round's run over the Rust loader's run just before it in the same round: a
         # shared machine drifts less between neighbouring runs than across the rounds.
         row["paired_ratios_to_rust"] = [
             r["events_per_s"] / b["events_per_s"] for r, b in zip(runs[k], runs["rust"],
                                                                  strict=True)]
         row["median_paired_ratio_to_rust"] = sorted(row["paired_ratios_to_rust"])[rounds // 2]
+        # The process's CPU per batch beyond the Rust loader's, round by round.
+        row["median_paired_cpu_added_us_per_batch"] = sorted(
+            r - b for r, b in zip(row["cpu_us_per_batch_runs"],
+                                  [b["cpu_us_per_batch"] for b in runs["rust"]], strict=True)
+        )[rounds // 2]
         if k.startswith("resident"):
             row["load_seconds"] = resident[k + "-load"]
         out.append(row)
@@ -247,9 +262,14 @@ def shardify_loaders(dataset, batch_events, window, workers, seconds, seed, devi
     sections = len(shardify.Loader(dataset, **settings).section_names)
     floor = torch_wrap_floor(sections)
     out[1]["torch_wrap_floor_us_per_batch"] = floor
-    # With every core gathering, each microsecond torch spends is one not spent gathering:
-    # the Rust loader's batches with the floor added to each.
+    # As if no other core could work while the consumer wraps: the floor added to each of
+    # the Rust loader's batches.
     out[1]["ratio_to_rust_with_floor_added"] = rust["us_per_batch"] / (rust["us_per_batch"] + floor)
+    # What the machine does when every core gathers (the workers and the waiting thread keep
+    # the CPUs busy): the floor is CPU time taken from gathering, out of all the CPU time
+    # a Rust loader's batch takes (its median run).
+    out[1]["ratio_to_rust_with_floor_cpu_added"] = rust["cpu_us_per_batch"] / (
+        rust["cpu_us_per_batch"] + floor)
     return out
 
 
@@ -390,13 +410,15 @@ def main():
                                    args.seconds, args.seed, args.device, args.rounds)
         print(f"\n{'shardify package (same process)':<44} {'events/s':>11} {'pulses/s':>12} "
               f"{'us/batch':>9} {'host us/batch':>14} {'x Rust':>7} {'paired':>7} "
-              f"{'overhead us/batch':>18}")
+              f"{'overhead us/batch':>18} {'CPU us/batch':>13}")
         for l in package:
             print(f"{l['name']:<44} {l['events_per_s']:>11.0f} {l['pulses_per_s']:>12.0f} "
                   f"{l['us_per_batch']:>9.1f} {l['host_us_per_batch']:>14.1f} {l['ratio_to_rust']:>7.2f} "
-                  f"{l['median_paired_ratio_to_rust']:>7.2f} {l['python_overhead_us_per_batch']:>18.1f}")
+                  f"{l['median_paired_ratio_to_rust']:>7.2f} {l['python_overhead_us_per_batch']:>18.1f} "
+                  f"{l['cpu_us_per_batch']:>13.1f}")
         print("x Rust: the median run over the Rust loader's median run; paired: the median of "
-              f"each round's run over the Rust loader's run in the same round ({args.rounds} "
+              "each round's run over the Rust loader's run in the same round; CPU: the process's "
+              f"CPU time (all its threads) per batch, in the median run ({args.rounds} "
               "rounds: " + ", ".join(f"{r:.2f}" for r in package[1]["paired_ratios_to_rust"])
               + f" for {package[1]['name']})")
         for l in package:
@@ -410,12 +432,18 @@ def main():
         print(f"the package's own side of a torch batch (its capsules, no tensors): paired "
               f"{capsules['median_paired_ratio_to_rust']:.2f}x the Rust loader; with torch's "
               f"tensors: {package[1]['median_paired_ratio_to_rust']:.2f}x")
-        floor, rust_us = package[1]["torch_wrap_floor_us_per_batch"], package[0]["us_per_batch"]
+        torch_row, rust = package[1], package[0]
+        floor, rust_us = torch_row["torch_wrap_floor_us_per_batch"], rust["us_per_batch"]
         print(f"torch's own floor: wrapping a batch's capsules into tensors takes "
               f"{floor:.1f} us ({floor / rust_us:.1%} of the Rust loader's {rust_us:.1f} us per "
               f"batch); 0.9x the Rust loader leaves {rust_us / 9:.1f} us per batch for all the "
               "consumer's work; the floor alone added to each of the Rust loader's batches "
-              f"gives {package[1]['ratio_to_rust_with_floor_added']:.2f}x")
+              f"gives {torch_row['ratio_to_rust_with_floor_added']:.2f}x")
+        print(f"CPU: the Rust loader's batches take {rust['cpu_us_per_batch']:.1f} us of the "
+              f"process's CPU each ({rust['busy_cpus']:.2f} CPUs busy), torch's "
+              f"{torch_row['median_paired_cpu_added_us_per_batch']:.1f} us more (paired); the "
+              "floor taken from the gathering CPUs' time gives "
+              f"{torch_row['ratio_to_rust_with_floor_cpu_added']:.2f}x")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"machine": host, "loaders": loaders, "shardify": package,
