@@ -44,11 +44,15 @@ def test_peers_reports_every_loader_and_torchs_floor(train_dir, torch, tmp_path)
         assert len(paired) == 3 and row["paired_ratios_to_rust"] == paired, row
         assert row["median_paired_ratio_to_rust"] == sorted(paired)[1], row
     assert rust["paired_ratios_to_rust"] == [1.0, 1.0, 1.0]
-    # Capsules alone run whole epochs: every event of the dataset once per epoch, and a
-    # whole number of epochs.
-    capsules = package["shardify -> DLPack capsules, no tensors"]
+    # Every row runs whole epochs (every event of the dataset once per epoch, so a whole
+    # number of them), counted per epoch: each epoch is the dataset's batches of 32.
     events = shardify.Dataset(train_dir).events
-    assert capsules["events"] > 0 and capsules["events"] % events == 0, capsules
+    for name, row in package.items():
+        if name == "shardify, Rust loader alone (bound)":
+            continue  # counted by the native drain, batch by batch
+        epochs, left = divmod(row["events"], events)
+        assert epochs > 0 and left == 0, row
+        assert row["batches"] == epochs * -(-events // 32), row
     assert "the package's own side of a torch batch (its capsules, no tensors): paired " in (
         done.stdout)
     assert "paired: the median of each round's run over the Rust loader's run" in done.stdout
