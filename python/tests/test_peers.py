@@ -75,9 +75,13 @@ def test_peers_reports_every_loader_and_torchs_floor(train_dir, torch, tmp_path)
         torch_row["cpu_us_per_batch_runs"], rust["cpu_us_per_batch_runs"], strict=True))
     assert torch_row["median_paired_cpu_added_us_per_batch"] == added_cpu[1], torch_row
     assert rust["median_paired_cpu_added_us_per_batch"] == 0, rust
+    from_cpu = torch_row["ratio_to_rust_from_cpu_added"]
+    expected = rust["cpu_us_per_batch"] / (rust["cpu_us_per_batch"] + added_cpu[1])
+    assert abs(from_cpu - expected) < 1e-9, torch_row
+    assert f"with every core gathering leaves {from_cpu:.2f}x; " in done.stdout
     on_cpu = package["shardify -> torch tensors"]["ratio_to_rust_with_floor_cpu_added"]
     assert abs(on_cpu - rust["cpu_us_per_batch"] / (rust["cpu_us_per_batch"] + floor)) < 1e-9
-    assert f"the floor taken from the gathering CPUs' time gives {on_cpu:.2f}x" in done.stdout
+    assert f"torch's floor alone would leave {on_cpu:.2f}x" in done.stdout
     assert "torch's own floor: wrapping a batch's capsules" in done.stdout
 
 

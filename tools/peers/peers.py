@@ -268,6 +268,10 @@ def shardify_loaders(dataset, batch_events, window, workers, seconds, seed, devi
     # a Rust loader's batch takes (its median run).
     out[1]["ratio_to_rust_with_floor_cpu_added"] = rust["cpu_us_per_batch"] / (
         rust["cpu_us_per_batch"] + floor)
+    # The same with the CPU the torch row measured above the Rust loader's, round by round:
+    # where every core gathers, its paired ratio.
+    out[1]["ratio_to_rust_from_cpu_added"] = rust["cpu_us_per_batch"] / (
+        rust["cpu_us_per_batch"] + out[1]["median_paired_cpu_added_us_per_batch"])
     return out
 
 
@@ -435,13 +439,14 @@ def main():
         print(f"torch's own floor: wrapping a batch's capsules into tensors takes "
               f"{floor:.1f} us ({floor / rust_us:.1%} of the Rust loader's {rust_us:.1f} us per "
               f"batch); 0.9x the Rust loader leaves {rust_us / 9:.1f} us per batch for all the "
-              "consumer's work; the floor alone added to each of the Rust loader's batches "
+              f"consumer's work, or {rust['cpu_us_per_batch'] / 9:.1f} us of CPU where every "
+              "core gathers; the floor alone added to each of the Rust loader's batches "
               f"gives {torch_row['ratio_to_rust_with_floor_added']:.2f}x")
         print(f"CPU: the Rust loader's batches take {rust['cpu_us_per_batch']:.1f} us of the "
-              f"process's CPU each ({rust['busy_cpus']:.2f} CPUs busy), torch's "
-              f"{torch_row['median_paired_cpu_added_us_per_batch']:.1f} us more (paired); the "
-              "floor taken from the gathering CPUs' time gives "
-              f"{torch_row['ratio_to_rust_with_floor_cpu_added']:.2f}x")
+              f"process's CPU each ({rust['busy_cpus']:.2f} CPUs busy); torch's batches "
+              f"{torch_row['median_paired_cpu_added_us_per_batch']:.1f} us more (paired), which "
+              f"with every core gathering leaves {torch_row['ratio_to_rust_from_cpu_added']:.2f}x; "
+              f"torch's floor alone would leave {torch_row['ratio_to_rust_with_floor_cpu_added']:.2f}x")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"machine": host, "loaders": loaders, "shardify": package,
