@@ -79,7 +79,7 @@ def test_peers_reports_every_loader_and_torchs_floor(train_dir, torch, tmp_path)
     expected = rust["cpu_us_per_batch"] / (rust["cpu_us_per_batch"] + added_cpu[1])
     assert abs(from_cpu - expected) < 1e-9, torch_row
     assert f"with every core gathering leaves {from_cpu:.2f}x; " in done.stdout
-    on_cpu = package["shardify -> torch tensors"]["ratio_to_rust_with_floor_cpu_added"]
+    on_cpu = torch_row["ratio_to_rust_with_floor_cpu_added"]
     assert abs(on_cpu - rust["cpu_us_per_batch"] / (rust["cpu_us_per_batch"] + floor)) < 1e-9
     assert f"torch's floor alone would leave {on_cpu:.2f}x" in done.stdout
     assert "torch's own floor: wrapping a batch's capsules" in done.stdout

@@ -192,21 +192,20 @@ def shardify_loaders(dataset, batch_events, window, workers, seconds, seed, devi
                 b, e, p, _ = loader._native.drain()
                 batches, events, pulses = batches + b, events + e, pulses + p
                 continue
+            # A whole epoch (every event once: one rank), counted as a whole: a clock read
+            # and two len() calls per batch cost the consumer about 1 us of CPU a batch,
+            # which the Rust loader's rows do not pay (2-core Zen 5, docs/results.md).
             if kind == "capsules":
                 # The package's own side of a torch batch: the capsules torch would wrap,
-                # dropped unwrapped; whole epochs, so every event once each.
+                # dropped unwrapped.
                 next_capsules = loader._native.next_batch_capsules
                 while next_capsules(None) is not None:
                     batches += 1
-                events, pulses = events + whole_dataset.events, pulses + whole_dataset.pulses
-                continue
-            # A whole epoch (every event once: one rank), timed as a whole: a clock read
-            # and two len() calls per batch cost the consumer about 1 us of CPU a batch,
-            # which the Rust loader's rows do not pay (2-core Zen 5, docs/results.md).
-            t0 = time.perf_counter()
-            for _ in loader:
-                batches += 1
-            host += time.perf_counter() - t0
+            else:
+                t0 = time.perf_counter()
+                for _ in loader:
+                    batches += 1
+                host += time.perf_counter() - t0
             events, pulses = events + whole_dataset.events, pulses + whole_dataset.pulses
         if device.startswith("cuda"):
             import torch
@@ -247,9 +246,8 @@ def shardify_loaders(dataset, batch_events, window, workers, seconds, seed, devi
         row["median_paired_ratio_to_rust"] = sorted(row["paired_ratios_to_rust"])[rounds // 2]
         # The process's CPU per batch beyond the Rust loader's, round by round.
         row["median_paired_cpu_added_us_per_batch"] = sorted(
-            r - b for r, b in zip(row["cpu_us_per_batch_runs"],
-                                  [b["cpu_us_per_batch"] for b in runs["rust"]], strict=True)
-        )[rounds // 2]
+            r["cpu_us_per_batch"] - b["cpu_us_per_batch"]
+            for r, b in zip(runs[k], runs["rust"], strict=True))[rounds // 2]
         if k.startswith("resident"):
             row["load_seconds"] = resident[k + "-load"]
         out.append(row)
