@@ -22,8 +22,11 @@ def host_epoch(train_dir):
 def test_a_device_epoch_equals_the_cpu_epoch(train_dir, torch, cuda):
     loader = shardify.Loader(train_dir, batch_events=16, device=cuda)
     assert loader.device == cuda
-    device_batches = [{k: v.cpu() for k, v in b.items() if True}
-                      for b in loader if all(t.is_cuda for t in b.values())]
+    device_batches = []
+    for batch in loader:
+        on_host = [name for name, t in batch.items() if t.device != cuda]
+        assert not on_host, f"sections not on {cuda}: {on_host}"
+        device_batches.append({k: v.cpu() for k, v in batch.items()})
     expected = host_epoch(train_dir)
     assert len(device_batches) == len(expected)
     for got, want in zip(device_batches, expected, strict=True):
