@@ -609,3 +609,74 @@ fn a_job_array_converts_to_records_and_refuses_a_phase_of_another_layout() {
     assert!(verify.status.success(), "{}", text(&verify.stderr));
     assert!(text(&verify.stdout).contains("source events compared"));
 }
+
+/// `shardify` run with stdout or stderr going into a pipe whose reader is already gone
+/// (as after `| head -1`, here without a race: the reader is closed before the command
+/// starts).
+fn shardify_into_closed_pipe(args: &[&str], closed: Stream) -> Output {
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let mut command = Command::new(env!("CARGO_BIN_EXE_shardify"));
+    command.args(args);
+    match closed {
+        Stream::Stdout => command.stdout(writer),
+        Stream::Stderr => command.stderr(writer),
+    };
+    command.output().unwrap()
+}
+
+/// Which of the command's output streams is closed.
+enum Stream {
+    Stdout,
+    Stderr,
+}
+
+#[test]
+fn a_reader_that_stops_early_ends_the_command_quietly() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = dir.path().join("ds").display().to_string();
+    let fx = fixture().display().to_string();
+    let made = shardify(&convert_fixture_args(&fx, &ds));
+    assert!(made.status.success(), "{}", text(&made.stderr));
+    for args in [vec!["order", &ds], vec!["dump", &ds], vec!["inspect", &ds]] {
+        let run = shardify_into_closed_pipe(&args, Stream::Stdout);
+        // The status a shell reports for a command ended by SIGPIPE; before, `println!`
+        // panicked (101) and wrote its panic message to stderr.
+        assert_eq!(run.status.code(), Some(141), "shardify {args:?}");
+        assert_eq!(text(&run.stderr), "", "shardify {args:?}");
+    }
+    // An error still reaches stderr when only stdout is closed.
+    let missing = dir.path().join("missing").display().to_string();
+    let run = shardify_into_closed_pipe(&["order", &missing], Stream::Stdout);
+    assert_eq!(run.status.code(), Some(1));
+    assert!(
+        text(&run.stderr).contains("missing"),
+        "{}",
+        text(&run.stderr)
+    );
+}
+
+/// `shardify convert` of the fixtures' train split into `out`.
+fn convert_fixture_args<'a>(fx: &'a str, out: &'a str) -> [&'a str; 7] {
+    ["convert", fx, out, "--split", "train", "--seed", "3"]
+}
+
+#[test]
+fn a_closed_stderr_loses_the_progress_never_the_conversion() {
+    let dir = tempfile::tempdir().unwrap();
+    let fx = fixture().display().to_string();
+    let (open, closed) = (dir.path().join("open"), dir.path().join("closed"));
+    let (open_s, closed_s) = (open.display().to_string(), closed.display().to_string());
+    // Progress goes to stderr line by line when it is not a terminal.
+    let with_stderr = shardify(&convert_fixture_args(&fx, &open_s));
+    let progress = text(&with_stderr.stderr);
+    assert!(progress.contains("units to do"), "{progress}");
+    let run = shardify_into_closed_pipe(&convert_fixture_args(&fx, &closed_s), Stream::Stderr);
+    assert!(run.status.success(), "status {:?}", run.status);
+    let summary = text(&run.stdout);
+    assert!(summary.starts_with("converted 300 events"), "{summary}");
+    let verified = shardify(&["verify", &closed_s, "--against", &fx, "--split", "train"]);
+    assert!(verified.status.success(), "{}", text(&verified.stderr));
+    // The same shards as with stderr open.
+    assert_eq!(dump_lines(&open), dump_lines(&closed));
+}

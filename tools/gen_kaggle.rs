@@ -1,6 +1,7 @@
 //! `shardify-gen`: writes a synthetic dataset in the exact Kaggle "IceCube - Neutrinos in
 //! Deep Ice" layout and schema, of any size, for fixtures and benches.
 
+use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::Context;
@@ -97,13 +98,15 @@ fn main() -> anyhow::Result<()> {
     let started = std::time::Instant::now();
     let summary = write_dataset(&args.out, &options)
         .with_context(|| format!("writing {}", args.out.display()))?;
-    println!(
+    writeln!(
+        std::io::stdout(),
         "wrote {} events, {} pulses in {} files to {} ({:.1} s)",
         summary.events,
         summary.pulses,
         summary.batch_files.len(),
         args.out.display(),
         started.elapsed().as_secs_f64()
-    );
+    )
+    .context("writing the summary to stdout")?;
     Ok(())
 }

@@ -1,10 +1,12 @@
 """The package itself: what `import shardify` loads, and what it ships."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import shardify
+from conftest import shardify_command
 
 
 def test_import_loads_neither_torch_nor_numpy():
@@ -41,3 +43,16 @@ def test_the_tests_run_against_the_installed_wheel_without_rust():
                  "_resident/gather.py"):
         assert (package / name).is_file(), name
     assert (Path(sys.executable).parent / "shardify").is_file()
+
+
+def test_the_console_script_ends_quietly_when_its_reader_has_gone(train_dir):
+    """`shardify order DS | head -1`: the reader closes the pipe; the command stops with
+    the status a shell gives a command ended by SIGPIPE, and writes nothing to stderr."""
+    read, write = os.pipe()
+    os.close(read)  # before the command starts: no race with its first line
+    try:
+        done = subprocess.run([shardify_command(), "order", str(train_dir)], stdout=write,
+                              stderr=subprocess.PIPE, text=True)
+    finally:
+        os.close(write)
+    assert (done.returncode, done.stderr) == (141, "")

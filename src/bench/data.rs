@@ -1,6 +1,7 @@
 //! Generated data for the benches, made once and kept: a Kaggle-layout source with the real
 //! data's statistics, and its conversion.
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use crate::convert::{convert, ConvertOptions, Phase, Silent, TaskSlice};
@@ -32,7 +33,9 @@ pub fn source(root: &Path, events: u64, files: u32) -> Result<PathBuf> {
                 ..SynthOptions::default()
             },
         )?;
-        eprintln!(
+        // Progress only: a closed stderr loses the line, never the data.
+        let _ = writeln!(
+            std::io::stderr(),
             "generated {} events, {} pulses in {:.1} s",
             written.events,
             written.pulses,

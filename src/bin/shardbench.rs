@@ -1,6 +1,7 @@
 //! `shardbench`: how fast a converted dataset reaches the consumer, beside the Parquet
 //! loaders people write, with what each gives up in shuffle quality.
 
+use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -144,7 +145,8 @@ fn main() -> Result<()> {
         epochs: args.epochs as usize,
     };
     let report = run(dataset, source.as_ref(), &config)?;
-    print!("{}", table(&report));
+    // The files first: a run of minutes is not lost when stdout's reader has gone
+    // (`shardbench DS --json F | head`), which `print!` would panic on.
     if let Some(path) = &args.json {
         std::fs::write(path, serde_json::to_vec_pretty(&report)?)
             .with_context(|| format!("writing {}", path.display()))?;
@@ -153,5 +155,7 @@ fn main() -> Result<()> {
         std::fs::write(path, shardify::bench::plot::svg(&report))
             .with_context(|| format!("writing {}", path.display()))?;
     }
-    Ok(())
+    std::io::stdout()
+        .write_all(table(&report).as_bytes())
+        .context("writing the report to stdout")
 }

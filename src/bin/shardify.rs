@@ -20,6 +20,9 @@ use shardify::pipeline::{Loader, LoaderConfig, LoaderState};
 use shardify::sampler::{Batching, SamplerConfig, SamplerState};
 use shardify::source::InputSet;
 
+#[macro_use]
+#[path = "common/console.rs"]
+mod console;
 #[path = "common/sampler_args.rs"]
 mod sampler_args;
 use sampler_args::SamplerArgs;
@@ -228,7 +231,7 @@ fn print_array_lines(
     options: &ConvertOptions,
     units: shardify::convert::PlannedUnits,
 ) -> Result<()> {
-    println!(
+    say!(
         "planned: {} scatter units (one per batch file), {} gather units (one per bucket); \
          the meta {}",
         units.scatter,
@@ -238,7 +241,7 @@ fn print_array_lines(
         } else {
             "is read per batch"
         }
-    );
+    )?;
     let exe = std::env::current_exe().context("the path of this shardify binary")?;
     let out = std::path::absolute(args.out())?;
     let source = match args.input() {
@@ -288,18 +291,18 @@ fn print_array_lines(
         options.threads,
         (options.memory_limit_bytes >> 20) * 11 / 10
     );
-    println!("submit (each array task takes its index and the array's size from Slurm):");
-    println!(
+    say!("submit (each array task takes its index and the array's size from Slurm):")?;
+    say!(
         "  scatter=$(sbatch --parsable --array=0-{} {resources} --wrap \"{convert} --phase scatter\")",
         units.scatter.saturating_sub(1)
-    );
-    println!(
+    )?;
+    say!(
         "  gather=$(sbatch --parsable --dependency=afterok:$scatter --array=0-{} {resources} --wrap \"{convert} --phase gather\")",
         units.gather.saturating_sub(1)
-    );
-    println!(
+    )?;
+    say!(
         "  sbatch --dependency=afterok:$gather {resources} --wrap \"{convert} --phase finalize\""
-    );
+    )?;
     Ok(())
 }
 
@@ -409,7 +412,7 @@ impl Progress for Reporter {
             bar.set_prefix(phase);
             *self.bar.lock().unwrap() = Some(bar);
         } else {
-            eprintln!("{phase}: {units} units to do");
+            tell!("{phase}: {units} units to do");
         }
     }
 
@@ -422,7 +425,7 @@ impl Progress for Reporter {
             bar.inc(1);
             bar.set_message(format!("{pulses} pulses"));
         } else {
-            eprintln!(
+            tell!(
                 "{phase}: {done}/{units} done ({:.1} s)",
                 started.elapsed().as_secs_f64()
             );
@@ -467,7 +470,7 @@ fn run_convert(args: ConvertArgs) -> Result<()> {
     }
     if let Some(available) = shardify::device::memory::available() {
         if options.memory_limit_bytes > available.bytes {
-            eprintln!(
+            tell!(
                 "warning: --memory-limit {} MiB is more than {what} ({} MiB): the \
                  conversion may be killed before it reaches its limit; give at most that",
                 options.memory_limit_bytes >> 20,
@@ -495,19 +498,19 @@ fn run_convert(args: ConvertArgs) -> Result<()> {
             .iter()
             .find(|(p, _)| p == phase)
             .map_or(0.0, |s| s.1);
-        eprintln!("{phase}: ran {units} units in {seconds:.2} s");
+        tell!("{phase}: ran {units} units in {seconds:.2} s");
     }
     if summary.units_skipped > 0 {
-        eprintln!(
+        tell!(
             "skipped {} units finished by an earlier run",
             summary.units_skipped
         );
     }
     match &summary.manifest {
         Some(m) if summary.already_complete => {
-            println!("{} is already complete: {} events in {} shards", args.out().display(), m.totals.events, m.shards.len());
+            say!("{} is already complete: {} events in {} shards", args.out().display(), m.totals.events, m.shards.len())?;
         }
-        Some(m) => println!(
+        Some(m) => say!(
             "converted {} events, {} DOMs, {} pulses into {} shards, {:.1} MiB, in {:.2} s ({:.2} M input pulses/s)",
             m.totals.events,
             m.totals.doms,
@@ -516,8 +519,8 @@ fn run_convert(args: ConvertArgs) -> Result<()> {
             m.totals.bytes as f64 / (1 << 20) as f64,
             elapsed,
             summary.pulses_scattered as f64 / elapsed / 1e6
-        ),
-        None => println!("phase done in {elapsed:.2} s"),
+        )?,
+        None => say!("phase done in {elapsed:.2} s")?,
     }
     if let (Phase::Plan, Some(units)) = (phase, summary.planned) {
         print_array_lines(&inputs, &args, &options, units)?;
@@ -525,11 +528,11 @@ fn run_convert(args: ConvertArgs) -> Result<()> {
     let peak = peak_memory_bytes();
     if let Some(peak) = peak {
         let mib = |b: u64| b as f64 / (1 << 20) as f64;
-        println!(
+        say!(
             "peak memory: {:.1} MiB (limit {:.1} MiB)",
             mib(peak),
             mib(options.memory_limit_bytes)
-        );
+        )?;
     }
     if let Some(path) = &args.summary {
         let figures = serde_json::json!({
@@ -564,38 +567,42 @@ fn run_inspect(dir: PathBuf, json: bool) -> Result<()> {
     let m = dataset.manifest();
     if json {
         let value = serde_json::json!({"inspection": report, "parameters": m.parameters, "schema": m.schema});
-        println!("{}", serde_json::to_string_pretty(&value)?);
+        say!("{}", serde_json::to_string_pretty(&value)?)?;
         return Ok(());
     }
-    println!("dataset      {}", dir.display());
-    println!("events       {}", report.events);
-    println!("DOMs         {}", report.doms);
-    println!("pulses       {}", report.pulses);
-    println!(
+    say!("dataset      {}", dir.display())?;
+    say!("events       {}", report.events)?;
+    say!("DOMs         {}", report.doms)?;
+    say!("pulses       {}", report.pulses)?;
+    say!(
         "shards       {} ({:.2} MiB)",
         report.shards,
         report.bytes as f64 / (1 << 20) as f64
-    );
-    println!("seed         {}", m.parameters.seed);
-    println!("sources      {} batch files", m.sources.batches.len());
-    println!("               min   median      mean      p99      max");
+    )?;
+    say!("seed         {}", m.parameters.seed)?;
+    say!("sources      {} batch files", m.sources.batches.len())?;
+    say!("               min   median      mean      p99      max")?;
     for (name, d) in [
         ("pulses/event", report.pulses_per_event),
         ("DOMs/event", report.doms_per_event),
         ("pulses/DOM", report.pulses_per_dom),
     ] {
-        println!(
+        say!(
             "{name:<12} {:>5} {:>8} {:>9.2} {:>8} {:>8}",
-            d.min, d.median, d.mean, d.p99, d.max
-        );
+            d.min,
+            d.median,
+            d.mean,
+            d.p99,
+            d.max
+        )?;
     }
-    println!(
+    say!(
         "single-pulse DOMs {:.1}%",
         100.0 * report.single_pulse_dom_fraction
-    );
+    )?;
     let b = &report.bytes_by_level;
     let mib = |bytes: u64| bytes as f64 / (1 << 20) as f64;
-    println!(
+    say!(
         "bytes        {:.2} per event, {:.2} per DOM, {:.2} per pulse (levels); \
          {:.2} MiB of headers, {:.3} MiB sensor table",
         b.bytes_per_event,
@@ -603,26 +610,34 @@ fn run_inspect(dir: PathBuf, json: bool) -> Result<()> {
         b.bytes_per_pulse,
         mib(b.header_bytes),
         mib(b.sensor_table_bytes)
-    );
-    println!(
+    )?;
+    say!(
         "per pulse    {:.2} bytes in all; format v1 would store {:.2} ({:.2} MiB)",
         b.total_bytes_per_pulse,
         b.v1_bytes_per_pulse,
         mib(b.v1_bytes)
-    );
+    )?;
     let t = &m.schema.types;
-    println!(
+    say!(
         "types        sensor_id {:?}, position {:?}, time {:?}, charge {:?}, labels {}",
-        t.sensor_id, t.position, t.time, t.charge, t.labels
-    );
-    println!("layout       {}", m.schema.layout.name());
-    println!("DOM order    {}", m.schema.dom_order);
-    println!("pulse order  {}", m.schema.pulse_order);
+        t.sensor_id,
+        t.position,
+        t.time,
+        t.charge,
+        t.labels
+    )?;
+    say!("layout       {}", m.schema.layout.name())?;
+    say!("DOM order    {}", m.schema.dom_order)?;
+    say!("pulse order  {}", m.schema.pulse_order)?;
     for shard in &m.shards {
-        println!(
+        say!(
             "  {}  {} events  {} pulses  {} bytes  xxh3 {}",
-            shard.file, shard.events, shard.pulses, shard.bytes, shard.xxh3
-        );
+            shard.file,
+            shard.events,
+            shard.pulses,
+            shard.bytes,
+            shard.xxh3
+        )?;
     }
     Ok(())
 }
@@ -695,10 +710,10 @@ fn run_verify(dir: PathBuf, against: Option<PathBuf>, split: Option<String>) -> 
         .transpose()?;
     let report = verify(&dir, source.as_ref())?;
     for problem in &report.problems {
-        eprintln!("problem: {problem}");
+        tell!("problem: {problem}");
     }
     if report.problem_count > report.problems.len() as u64 {
-        eprintln!(
+        tell!(
             "... and {} more problems",
             report.problem_count - report.problems.len() as u64
         );
@@ -715,13 +730,13 @@ fn run_verify(dir: PathBuf, against: Option<PathBuf>, split: Option<String>) -> 
             report.events
         );
     }
-    println!(
+    say!(
         "{}: OK ({} shards, {} events, {} pulses{compared})",
         dir.display(),
         report.shards,
         report.events,
         report.pulses
-    );
+    )?;
     Ok(())
 }
 
@@ -732,7 +747,7 @@ fn run_copy(dataset: PathBuf, destination: PathBuf, layout: Option<LayoutArg>) -
         Some(layout) => format!(" ({} layout)", layout.name()),
         None => String::new(),
     };
-    println!(
+    say!(
         "{} -> {}{how}: {} shards, the sensor table and the manifest, {:.1} MB in {:.2} s \
          ({:.0} MB/s); checksums match",
         dataset.display(),
@@ -741,7 +756,7 @@ fn run_copy(dataset: PathBuf, destination: PathBuf, layout: Option<LayoutArg>) -
         report.bytes as f64 / 1e6,
         report.seconds,
         report.bytes as f64 / 1e6 / report.seconds.max(1e-9),
-    );
+    )?;
     Ok(())
 }
 
@@ -750,7 +765,8 @@ fn main() -> std::process::ExitCode {
 }
 
 /// The whole command line: parses `args` (the program name first), runs the command and
-/// reports an error with its causes; returns the exit status. The Python package's
+/// reports an error with its causes (quietly ends with [`console::CLOSED_STDOUT_STATUS`]
+/// when stdout's reader has gone); returns the exit status. The Python package's
 /// `shardify` console script calls this too, so both installs behave the same.
 pub fn run_cli(args: impl IntoIterator<Item = std::ffi::OsString>) -> u8 {
     // A second call in one process (the Python package) keeps the first subscriber.
@@ -768,8 +784,10 @@ pub fn run_cli(args: impl IntoIterator<Item = std::ffi::OsString>) -> u8 {
     };
     match run(cli.command) {
         Ok(()) => 0,
+        // The reader of the output had what it wanted (`shardify order DS | head -1`).
+        Err(e) if console::is_closed_pipe(&e) => console::CLOSED_STDOUT_STATUS,
         Err(e) => {
-            eprintln!("error: {}", chain_text(e.as_ref()));
+            tell!("error: {}", chain_text(e.as_ref()));
             1
         }
     }
