@@ -44,6 +44,17 @@ def test_peers_reports_every_loader_and_torchs_floor(train_dir, torch, tmp_path)
         assert len(paired) == 3 and row["paired_ratios_to_rust"] == paired, row
         assert row["median_paired_ratio_to_rust"] == sorted(paired)[1], row
     assert rust["paired_ratios_to_rust"] == [1.0, 1.0, 1.0]
+    # Each round reaches stderr as it ends (a run cut by a time limit keeps them), with the
+    # round's figures for every loader and each one's ratio to that round's Rust loader.
+    rounds = [line for line in done.stderr.splitlines() if line.startswith("round ")]
+    assert len(rounds) == 3, done.stderr
+    for i, line in enumerate(rounds):
+        assert line.startswith(f"round {i + 1} of 3: "), line
+        for name, row in package.items():
+            figure = f"{name} {row['runs'][i] / 1e6:.2f}M events/s"
+            if row is not rust:
+                figure += f" ({row['paired_ratios_to_rust'][i]:.2f}x)"
+            assert figure in line, (figure, line)
     # Every row runs whole epochs (every event of the dataset once per epoch, so a whole
     # number of them), counted per epoch: each epoch is the dataset's batches of 32.
     events = shardify.Dataset(train_dir).events

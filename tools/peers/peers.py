@@ -44,6 +44,7 @@ import glob
 import json
 import math
 import os
+import sys
 import time
 
 import numpy as np
@@ -230,9 +231,15 @@ def shardify_loaders(dataset, batch_events, window, workers, seconds, seed, devi
     if device.startswith("cuda"):
         del names["numpy"]
     runs = {k: [] for k in names}
-    for _ in range(rounds):
+    for round_index in range(rounds):
         for k in names:
             runs[k].append(timed(k))
+        # Each round as it ends, on stderr: a run cut short by a time limit keeps these.
+        rust = runs["rust"][-1]["events_per_s"]
+        print(f"round {round_index + 1} of {rounds}: " + "; ".join(
+            f"{names[k]} {runs[k][-1]['events_per_s'] / 1e6:.2f}M events/s"
+            + ("" if k == "rust" else f" ({runs[k][-1]['events_per_s'] / rust:.2f}x)")
+            for k in names), file=sys.stderr, flush=True)
     out = []
     for k, name in names.items():
         best = sorted(runs[k], key=lambda r: r["events_per_s"])[rounds // 2]  # the median run
