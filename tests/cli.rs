@@ -614,9 +614,14 @@ fn a_job_array_converts_to_records_and_refuses_a_phase_of_another_layout() {
 /// (as after `| head -1`, here without a race: the reader is closed before the command
 /// starts).
 fn shardify_into_closed_pipe(args: &[&str], closed: Stream) -> Output {
+    into_closed_pipe(env!("CARGO_BIN_EXE_shardify"), args, closed)
+}
+
+/// `program` run with `args`, one of its output streams into a pipe whose reader is gone.
+fn into_closed_pipe(program: &str, args: &[&str], closed: Stream) -> Output {
     let (reader, writer) = std::io::pipe().unwrap();
     drop(reader);
-    let mut command = Command::new(env!("CARGO_BIN_EXE_shardify"));
+    let mut command = Command::new(program);
     command.args(args);
     match closed {
         Stream::Stdout => command.stdout(writer),
@@ -654,6 +659,70 @@ fn a_reader_that_stops_early_ends_the_command_quietly() {
         "{}",
         text(&run.stderr)
     );
+}
+
+#[test]
+fn shardify_gen_and_shardbench_end_quietly_when_their_reader_has_gone() {
+    let dir = tempfile::tempdir().unwrap();
+    let (src, ds) = (dir.path().join("src"), dir.path().join("ds"));
+    let (src_s, ds_s) = (src.display().to_string(), ds.display().to_string());
+    // Before, both ended with status 1 and "Error: ... Broken pipe" on stderr.
+    let generated = into_closed_pipe(
+        env!("CARGO_BIN_EXE_shardify-gen"),
+        &[&src_s, "--events", "200", "--files", "2"],
+        Stream::Stdout,
+    );
+    assert_eq!(generated.status.code(), Some(141));
+    assert_eq!(text(&generated.stderr), "");
+    // The data was written whole before the summary met the closed pipe.
+    let made = shardify(&["convert", &src_s, &ds_s, "--split", "train"]);
+    assert!(made.status.success(), "{}", text(&made.stderr));
+    assert!(
+        text(&made.stdout).starts_with("converted 200 events"),
+        "{}",
+        text(&made.stdout)
+    );
+    let json = dir.path().join("report.json");
+    let json_s = json.display().to_string();
+    let args = [
+        &ds_s,
+        "--quick",
+        "--no-baselines",
+        "--batch-events",
+        "32",
+        "--json",
+        &json_s,
+    ];
+    let bench = into_closed_pipe(env!("CARGO_BIN_EXE_shardbench"), &args, Stream::Stdout);
+    assert_eq!(bench.status.code(), Some(141), "{}", text(&bench.stderr));
+    assert!(
+        !text(&bench.stderr).contains("rror"),
+        "{}",
+        text(&bench.stderr)
+    );
+    // The report's file was written before the table met the closed pipe.
+    let report: Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let windows = report["loaders"].as_array().map(Vec::len);
+    assert_eq!(windows, Some(2), "windows 1 and 4, no baselines");
+    // An error still reaches stderr, with status 1, when only stdout is closed.
+    let missing = dir.path().join("missing").display().to_string();
+    for program in [
+        env!("CARGO_BIN_EXE_shardbench"),
+        env!("CARGO_BIN_EXE_shardify-gen"),
+    ] {
+        let args: &[&str] = if program.ends_with("shardbench") {
+            &[&missing, "--no-baselines"]
+        } else {
+            &[&missing, "--split", "validation"]
+        };
+        let run = into_closed_pipe(program, args, Stream::Stdout);
+        assert_eq!(run.status.code(), Some(1), "{program}");
+        assert!(
+            text(&run.stderr).starts_with("error: "),
+            "{program}: {}",
+            text(&run.stderr)
+        );
+    }
 }
 
 /// `shardify convert` of the fixtures' train split into `out`.

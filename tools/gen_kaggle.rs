@@ -8,6 +8,10 @@ use anyhow::Context;
 use clap::{Parser, ValueEnum};
 use shardify::synth::{write_dataset, Codec, Profile, SynthOptions, REAL_MAX_EVENT_PULSES};
 
+#[macro_use]
+#[path = "../src/bin/common/console.rs"]
+mod console;
+
 #[derive(Clone, Copy, ValueEnum)]
 enum ProfileArg {
     /// The real training set's statistics (median ~62, mean ~160 pulses per event,
@@ -66,8 +70,13 @@ struct Args {
     max_event_pulses: usize,
 }
 
-fn main() -> anyhow::Result<()> {
-    let args = Args::parse();
+fn main() -> std::process::ExitCode {
+    // A closed stdout ends the run quietly with the status `shardify` gives it (141).
+    std::process::ExitCode::from(console::exit_status(generate(Args::parse())))
+}
+
+/// Writes the dataset, then its summary on stdout.
+fn generate(args: Args) -> anyhow::Result<()> {
     if !["train", "test"].contains(&args.split.as_str()) {
         anyhow::bail!("--split must be train or test");
     }

@@ -13,6 +13,9 @@ use shardify::device::DeviceChoice;
 use shardify::pipeline::WorkerScheduling;
 use shardify::source::InputSet;
 
+#[macro_use]
+#[path = "common/console.rs"]
+mod console;
 #[path = "common/sampler_args.rs"]
 mod sampler_args;
 use sampler_args::SamplerArgs;
@@ -97,8 +100,13 @@ struct Args {
     plot: Option<PathBuf>,
 }
 
-fn main() -> Result<()> {
-    let args = Args::parse();
+fn main() -> std::process::ExitCode {
+    // A closed stdout ends the run quietly with the status `shardify` gives it (141).
+    std::process::ExitCode::from(console::exit_status(bench(Args::parse())))
+}
+
+/// The whole run: the report's files, then its table on stdout.
+fn bench(args: Args) -> Result<()> {
     if let Some(plot) = &args.plot {
         anyhow::ensure!(
             plot.extension().is_some_and(|e| e == "svg"),

@@ -14,7 +14,6 @@ use shardify::convert::{convert, ConvertOptions, Phase, Progress, TaskSlice};
 use shardify::dataset::copy::copy_dataset;
 use shardify::dataset::{dump::dump, inspect::inspect, verify::verify, ChecksumPolicy, Dataset};
 use shardify::device::DeviceChoice;
-use shardify::error::chain_text;
 use shardify::format::ShardLayout;
 use shardify::pipeline::{Loader, LoaderConfig, LoaderState};
 use shardify::sampler::{Batching, SamplerConfig, SamplerState};
@@ -782,15 +781,7 @@ pub fn run_cli(args: impl IntoIterator<Item = std::ffi::OsString>) -> u8 {
             return e.exit_code().try_into().unwrap_or(2);
         }
     };
-    match run(cli.command) {
-        Ok(()) => 0,
-        // The reader of the output had what it wanted (`shardify order DS | head -1`).
-        Err(e) if console::is_closed_pipe(&e) => console::CLOSED_STDOUT_STATUS,
-        Err(e) => {
-            tell!("error: {}", chain_text(e.as_ref()));
-            1
-        }
-    }
+    console::exit_status(run(cli.command))
 }
 
 fn run(command: Command) -> Result<()> {

@@ -5,6 +5,7 @@
 //! what stderr cannot take (progress, warnings) is dropped: nothing is left to tell.
 
 /// `println!` that returns the write's `std::io::Result` instead of panicking.
+#[allow(unused_macros)] // shardbench and shardify-gen write their stdout in one checked write
 macro_rules! say {
     ($($arg:tt)*) => {{
         use std::io::Write as _;
@@ -32,4 +33,18 @@ pub fn is_closed_pipe(error: &anyhow::Error) -> bool {
             .downcast_ref::<std::io::Error>()
             .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
     })
+}
+
+/// The exit status of a command that ended with `result`: 0; [`CLOSED_STDOUT_STATUS`],
+/// quietly, when stdout's reader had gone; else 1, the error and its causes on stderr.
+pub fn exit_status(result: anyhow::Result<()>) -> u8 {
+    match result {
+        Ok(()) => 0,
+        // The reader of the output had what it wanted (`shardify order DS | head -1`).
+        Err(e) if is_closed_pipe(&e) => CLOSED_STDOUT_STATUS,
+        Err(e) => {
+            tell!("error: {}", shardify::error::chain_text(e.as_ref()));
+            1
+        }
+    }
 }
