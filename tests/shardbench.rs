@@ -504,6 +504,39 @@ fn every_scheduling_policy_and_waiting_thread_setting_is_measured_in_one_run() {
     );
 }
 
+#[test]
+fn prefetch_sizes_the_loaders_staging_pool_and_never_changes_the_batches() {
+    let (dir, ds) = converted_fixture();
+    let json = dir.path().join("report.json");
+    let (_, default) = quick_report(&ds, &json, &["--no-baselines"]);
+    let (table, r) = quick_report(&ds, &json, &["--no-baselines", "--prefetch", "7"]);
+    assert_eq!(default["prefetch"], 4);
+    assert_eq!(r["prefetch"], 7);
+    assert!(table.contains("), 7 batches prepared ahead\n"), "{table}");
+    // The pool the gather stage rotates through is the loader's: 2 workers, 7 batches
+    // ahead, 2 for the consumer (and on a GPU 2 device buffers plus the uploader's).
+    let on_gpu = !r["gpu"].is_null();
+    let (loaders, before) = (
+        r["loaders"].as_array().unwrap(),
+        default["loaders"].as_array().unwrap(),
+    );
+    assert_eq!(loaders.len(), 2, "windows 1 and 4, no baselines");
+    for (l, d) in loaders.iter().zip(before) {
+        let rotation = |l: &Value| l["gather_stages"]["rotation"].as_u64().unwrap();
+        assert_eq!(rotation(l), if on_gpu { 14 } else { 11 }, "{l}");
+        assert_eq!(rotation(d) + 3, rotation(l), "{d}");
+        // The batches are the same: the setting changes the threads' timing only.
+        assert_eq!(l["events"], d["events"]);
+        assert_eq!(l["quality"], d["quality"]);
+    }
+    let refused = quick_shardbench(&ds, &json, &["--prefetch", "0"]);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success() && stderr.contains("--prefetch"),
+        "{stderr}"
+    );
+}
+
 /// Batches of 32 events from blocks of 16, `window` blocks at a time.
 fn small_batches(seed: u64, window: usize) -> shardify::sampler::SamplerConfig {
     shardify::sampler::SamplerConfig {

@@ -39,6 +39,8 @@ pub struct BenchConfig {
     pub batch_order: BatchOrder,
     /// Gather threads.
     pub workers: usize,
+    /// Batches the loader prepares ahead of the consumer (`LoaderConfig::prefetch`).
+    pub prefetch: usize,
     /// Scheduling policies of the gather threads, each measured at every window (rows
     /// after the first policy's are named with theirs: the same run compares them).
     pub worker_scheduling: Vec<WorkerScheduling>,
@@ -277,6 +279,8 @@ pub struct Report {
     pub batch_order: BatchOrder,
     /// Gather threads (shardify).
     pub workers: usize,
+    /// Batches the loader prepared ahead of the consumer (shardify).
+    pub prefetch: usize,
     /// Their scheduling policies, in the order the rows were measured.
     pub worker_scheduling: Vec<WorkerScheduling>,
     /// Whether the waiting thread gathered, in the order the rows were measured.
@@ -375,7 +379,7 @@ fn loader_config(config: &BenchConfig, window: usize, variant: Variant) -> Loade
         sampler: sampler(config, window),
         layout: BatchLayout::Packed,
         workers: config.workers,
-        prefetch: 4,
+        prefetch: config.prefetch,
         device: config.device,
         time_copies: config.time_copies,
         device_buffers: config.device_buffers,
@@ -805,6 +809,7 @@ pub fn run(
         run_events: config.run_events,
         batch_order: config.batch_order,
         workers: config.workers,
+        prefetch: config.prefetch,
         worker_scheduling: config.worker_scheduling.clone(),
         consumer_gathers: config.consumer_gathers.clone(),
         loaders,
@@ -974,10 +979,11 @@ pub fn table(report: &Report) -> String {
         report.dataset_events, report.dataset_pulses, report.machine.cpus, report.machine.cpu_model.as_deref().unwrap_or("CPU model unknown"), report.memcpy_gb_per_s, report.memcpy_after_loaders_gb_per_s, report.simulate_compute_ms
     );
     out += &format!(
-        "batches of {} events; shardify: blocks of {} events, runs of {}, batch order {}, {} workers ({} scheduling; {})\n",
+        "batches of {} events; shardify: blocks of {} events, runs of {}, batch order {}, {} workers ({} scheduling; {}), {} batches prepared ahead\n",
         report.batch_events, report.block_events, report.run_events, report.batch_order, report.workers,
         report.worker_scheduling.iter().map(|s| s.name()).collect::<Vec<_>>().join(", then "),
-        report.consumer_gathers.iter().map(|&g| waiting_thread(g)).collect::<Vec<_>>().join(", then ")
+        report.consumer_gathers.iter().map(|&g| waiting_thread(g)).collect::<Vec<_>>().join(", then "),
+        report.prefetch
     );
     out += &format!(
         "{:<44} {:>6} {:>11} {:>12} {:>7} {:>6} {:>7} {:>7} {:>7} {:>7} {:>6}\n",
