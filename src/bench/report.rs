@@ -488,6 +488,16 @@ impl MemcpyBound {
             Ok(memcpy_gb_per_s(&self.sample, self.chunk, self.threads))
         })
     }
+
+    /// [`MemcpyBound::measure`] after other work than the loader's epochs (the shards'
+    /// checksums, the sample's allocation, a row's warm-up epoch and stage measurements),
+    /// after one measurement untimed: the first after such work ran low, where the
+    /// measurements between the epochs did not (2-core Zen 5, docs/results.md, "The memcpy
+    /// before a row, settled").
+    fn measure_settled(&self) -> Result<f64> {
+        self.measure()?;
+        self.measure()
+    }
 }
 
 fn shardify_infos(dataset: &Dataset, plans: &[BatchPlan]) -> Result<Vec<Vec<EventInfo>>> {
@@ -586,7 +596,7 @@ pub fn run(
     // shardify loaders, to show how far the machine drifted while they ran.
     let batch_bytes = (m.totals.bytes / m.totals.events.max(1)) as usize * config.batch_events;
     let memcpy = MemcpyBound::new(&dataset, batch_bytes, config.workers)?;
-    let bound = memcpy.measure()?;
+    let bound = memcpy.measure_settled()?;
     let (shard_read_gb_per_s, shard_read_seconds) = shard_read_gb_per_s(&dataset)?;
     let shard_huge_page_fraction =
         shard_mapped_bytes(&dataset).and_then(|mapped| mapped.huge_fraction());
@@ -642,7 +652,7 @@ pub fn run(
         });
         // memcpy before the first measured epoch and after each: every epoch is paired
         // with the bound measured just before and just after it.
-        let mut between = vec![memcpy.measure()?];
+        let mut between = vec![memcpy.measure_settled()?];
         let mut epochs = Vec::with_capacity(measured.len());
         for &e in &measured {
             // Only the first two epochs' plans are read again (quality, stages).
@@ -746,7 +756,7 @@ pub fn run(
         }
         loaders.push(f);
     }
-    let memcpy_after = memcpy.measure()?;
+    let memcpy_after = memcpy.measure_settled()?;
     if let Some(source) = source {
         let index = SourceIndex::new(source)?;
         let b = config.batch_events;
