@@ -5,14 +5,22 @@
 #   cargo build --release --bins --examples && cargo test --release --no-run
 #   bash tools/build-wheel.sh target/wheels   # the wheel, for the Python stage
 #   bash tools/gpu-check.sh --stage        # copies the binaries into .gpu-bin/ and the wheel
-#                                          # and shardify-gen into .gpu-py/ (both ignored;
-#                                          # carry one per call, the device tool carrying
-#                                          # 64 MiB: [".gpu-bin"], then [".gpu-py"])
+#                                          # and shardify-gen into .gpu-py/ (both ignored),
+#                                          # and packs both into .gpu-stage.tgz (ignored;
+#                                          # ~27 MB, where the folders are ~76 MB and the
+#                                          # device tool carries 64 MiB): carry
+#                                          # [".gpu-stage.tgz"], unpacked on the GPU machine
 #
 # then, on the GPU machine, from the repository root:
 #
 #   bash tools/gpu-check.sh [EVENTS]            # default 1000000
 #   bash tools/gpu-check.sh --python [EVENTS]   # default 320000
+#   bash tools/gpu-check.sh --all [SECONDS]     # both in one call, within SECONDS (480)
+#
+# --all suits a lease of minutes: the Python stage first (its GPU tests first of all) with at
+# most 45% of SECONDS, then the Rust stage with what is left, both on 320k events, each
+# stopped at its limit; whatever they wrote, finished or not, comes back in
+# $OUT/gpu-check-all.tar.gz with each stage's log and exit status (124: its time ran out).
 #
 # The first runs the GPU tests (byte-identical epoch, raw-pointer consumer, overlap,
 # allocation counters), the per-call cost of a copy (examples/h2d_overheads.rs), the
@@ -31,6 +39,7 @@ set -euo pipefail
 
 bin=.gpu-bin
 py=.gpu-py
+stage=.gpu-stage.tgz
 if [[ "${1:-}" == "--stage" ]]; then
     rm -rf "$bin"
     mkdir -p "$bin"
@@ -51,7 +60,38 @@ if [[ "${1:-}" == "--stage" ]]; then
     # The commit the staged builds come from (the device gets no .git): every figure names it.
     commit="$(git rev-parse HEAD)$([[ -z "$(git status --porcelain)" ]] || echo "+changes")"
     echo "$commit" | tee "$bin/commit.txt" > "$py/commit.txt"
-    du -sh "$bin" "$py"
+    tar -czf "$stage" "$bin" "$py"
+    du -sh "$bin" "$py" "$stage"
+    exit 0
+fi
+
+# On the GPU machine: the staged builds come as one archive (or as the two folders).
+if [[ -f "$stage" && -z "${GPU_CHECK_UNPACKED:-}" ]]; then
+    tar -xzf "$stage"
+fi
+export GPU_CHECK_UNPACKED=1
+
+if [[ "${1:-}" == "--all" ]]; then
+    limit=${2:-480}
+    final=${OUT:-.}
+    scratch=$(mktemp -d)
+    started=$SECONDS
+    # timeout signals its whole process group, the stage's children too.
+    status=0
+    OUT=$scratch timeout --kill-after=5 $((limit * 45 / 100)) bash "$0" --python 320000 \
+        > "$scratch/python-stage.log" 2>&1 || status=$?
+    echo "python stage: exit status $status after $((SECONDS - started)) s" \
+        | tee -a "$scratch/python-stage.log"
+    tail -n 3 "$scratch/gpu-check-python/python-gpu-tests.log" 2>/dev/null || true
+    status=0
+    rust_started=$SECONDS
+    OUT=$scratch timeout --kill-after=5 $((limit - (SECONDS - started))) bash "$0" 320000 \
+        > "$scratch/rust-stage.log" 2>&1 || status=$?
+    echo "rust stage: exit status $status after $((SECONDS - rust_started)) s" \
+        | tee -a "$scratch/rust-stage.log"
+    grep -E "^test result" "$scratch/rust-stage.log" || true
+    tar -czf "$final/gpu-check-all.tar.gz" -C "$scratch" .
+    rm -rf "$scratch"
     exit 0
 fi
 
