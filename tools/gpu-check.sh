@@ -7,7 +7,7 @@
 #   bash tools/gpu-check.sh --stage        # copies the binaries into .gpu-bin/ and the wheel
 #                                          # and shardify-gen into .gpu-py/ (both ignored),
 #                                          # and packs both into .gpu-stage.tgz (ignored;
-#                                          # ~27 MB, where the folders are ~76 MB and the
+#                                          # ~30 MB, where the folders are ~76 MB and the
 #                                          # device tool carries 64 MiB): carry
 #                                          # [".gpu-stage.tgz"], unpacked on the GPU machine
 #
