@@ -14,12 +14,13 @@
 # then, on the GPU machine, from the repository root:
 #
 #   bash tools/gpu-check.sh [EVENTS]            # default 1000000
-#   bash tools/gpu-check.sh --python [EVENTS]   # default 320000
+#   bash tools/gpu-check.sh --python [EVENTS [PEERS_SECONDS]]   # 320000, 5 (4 on 2 cores)
 #   bash tools/gpu-check.sh --all [SECONDS]     # both in one call, within SECONDS (480)
 #
 # --all suits a lease of minutes: the Python stage first (its GPU tests first of all) with at
-# most 45% of SECONDS, then the Rust stage with what is left, both on 320k events, each
-# stopped at its limit; whatever they wrote, finished or not, comes back in
+# most 55% of SECONDS and 3 s per peers.py loader, then the Rust stage (144 s at 98da567)
+# with what is left, both on 320k events, each stopped at its limit; whatever they wrote,
+# finished or not (peers.py prints each round as it ends), comes back in
 # $OUT/gpu-check-all.tar.gz with each stage's log and exit status (124: its time ran out).
 #
 # The first runs the GPU tests (byte-identical epoch, raw-pointer consumer, overlap,
@@ -78,7 +79,7 @@ if [[ "${1:-}" == "--all" ]]; then
     started=$SECONDS
     # timeout signals its whole process group, the stage's children too.
     status=0
-    OUT=$scratch timeout --kill-after=5 $((limit * 45 / 100)) bash "$0" --python 320000 \
+    OUT=$scratch timeout --kill-after=5 $((limit * 55 / 100)) bash "$0" --python 320000 3 \
         > "$scratch/python-stage.log" 2>&1 || status=$?
     echo "python stage: exit status $status after $((SECONDS - started)) s" \
         | tee -a "$scratch/python-stage.log"
@@ -97,6 +98,7 @@ fi
 
 if [[ "${1:-}" == "--python" ]]; then
     events=${2:-320000}
+    peers_seconds=${3:-}
     out=${OUT:-.}/gpu-check-python
     work=$(mktemp -d)
     mkdir -p "$out"
@@ -127,10 +129,10 @@ if [[ "${1:-}" == "--python" ]]; then
         --stop-after 40
     step resident-host-time python3 tools/resident_host_time.py "$work/ds" --device cuda:0
     step peers python3 tools/peers/peers.py "$work/src" --dataset "$work/ds" \
-        --device cuda:0 --seconds 5 --json "$out/peers.json"
+        --device cuda:0 --seconds "${peers_seconds:-5}" --json "$out/peers.json"
     # Issue 20's Python target (>= 0.9x the Rust loader, >= 10x numpy) on 2 cores of this CPU.
     step peers-cpu-2-cores taskset -c 0,1 python3 tools/peers/peers.py "$work/src" \
-        --dataset "$work/ds" --seconds 4 --json "$out/peers-cpu-2-cores.json"
+        --dataset "$work/ds" --seconds "${peers_seconds:-4}" --json "$out/peers-cpu-2-cores.json"
     rm -rf "$work"
     tar -czf "$out.tar.gz" -C "$(dirname "$out")" "$(basename "$out")" && rm -rf "$out"
     if (( ${#failed[@]} )); then
