@@ -74,6 +74,10 @@ export GPU_CHECK_UNPACKED=1
 
 if [[ "${1:-}" == "--all" ]]; then
     limit=${2:-480}
+    if ! [[ "$limit" =~ ^[0-9]+$ ]] || ((limit < 10)); then
+        echo "gpu-check --all: SECONDS must be a whole number of at least 10, not '$limit'" >&2
+        exit 2
+    fi
     final=${OUT:-.}
     scratch=$(mktemp -d)
     started=$SECONDS
@@ -86,7 +90,9 @@ if [[ "${1:-}" == "--all" ]]; then
     tail -n 3 "$scratch/gpu-check-python/python-gpu-tests.log" 2>/dev/null || true
     status=0
     rust_started=$SECONDS
-    OUT=$scratch timeout --kill-after=5 $((limit - (SECONDS - started))) bash "$0" 320000 \
+    rest=$((limit - (SECONDS - started)))
+    ((rest > 0)) || rest=1 # `timeout 0` would mean no limit at all
+    OUT=$scratch timeout --kill-after=5 "$rest" bash "$0" 320000 \
         > "$scratch/rust-stage.log" 2>&1 || status=$?
     echo "rust stage: exit status $status after $((SECONDS - rust_started)) s" \
         | tee -a "$scratch/rust-stage.log"
