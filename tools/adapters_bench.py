@@ -18,7 +18,9 @@ Takes --batches batches from ``shardify.Loader`` and times, per batch (medians):
   of that many torch operations, however little each computes);
 * ``knn_edges`` per DOM under three block plans: the default cost model, one block per size
   class, and the fewest blocks the memory budget allows (what a block's fixed cost is
-  worth on this device), and under each cost in ``--block-costs``;
+  worth on this device), and under each cost in ``--block-costs``: each plan's blocks and
+  padded pairs per batch, plans that give the same blocks named, the plans timed in
+  alternated rounds;
 * a floor for any adapter: one memcpy of the bytes ``to_pyg`` returns, in the same run;
 * a DynEdge-shaped model's training step (examples/train_dynedge.py) on those graphs:
   forward, backward, optimiser step;
@@ -103,20 +105,39 @@ def block_cost(pairs: int) -> Iterator[None]:
         transforms._knn_block_cost_pairs = saved
 
 
-def count_blocks(work: Callable[[], Any]) -> int:
-    """The distance blocks knn_edges computes during ``work``."""
-    real, blocks = transforms._knn_block, [0]
+def block_shapes(work: Callable[[], Any]) -> list[tuple[int, int, int]]:
+    """The distance blocks knn_edges computes during ``work``, in order: each one's events,
+    the node count they are padded to, and their largest group count."""
+    real, shapes = transforms._knn_block, []
 
-    def counted(*args: Any) -> None:
-        blocks[0] += 1
-        real(*args)
+    def recorded(planes: Any, slot: Any, group_planes: Any, block: Any, *rest: Any) -> None:
+        shapes.append((int(block.counts.shape[0]), block.size, block.width))
+        real(planes, slot, group_planes, block, *rest)
 
-    transforms._knn_block = counted
+    transforms._knn_block = recorded
     try:
         work()
     finally:
         transforms._knn_block = real
-    return blocks[0]
+    return shapes
+
+
+def alternated(device: torch.device, plans: list[tuple[str, int]],
+               works: list[Callable[[], Any]], rounds: int = 3) -> dict[str, float]:
+    """Median seconds of each of ``works`` under each plan's block cost: every plan warmed
+    first, then timed in ``rounds`` rounds, the plans in turn (reversed every other round).
+    Plans timed one after the other drift: an H200 run timed two identical plans 1.27x and
+    1.66x apart, the later one slower."""
+    for _, cost in plans:
+        with block_cost(cost):
+            for work in works:
+                work()
+    times: dict[str, list[float]] = {name: [] for name, _ in plans}
+    for r in range(rounds):
+        for name, cost in plans if r % 2 == 0 else plans[::-1]:
+            with block_cost(cost):
+                times[name] += [timed(device, work) for work in works]
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 class _Operations(TorchDispatchMode):
@@ -225,14 +246,20 @@ def main() -> None:
     plans = [("default", default_cost), ("one per size class", 0), ("fewest", 1 << 62)]
     plans += [(f"2^{cost.bit_length() - 1}" if cost & (cost - 1) == 0 else str(cost), cost)
               for cost in args.block_costs]
+    per_dom = [lambda p=p, b=b: knn_per_dom(p, b) for p, b in zip(cut, batches, strict=True)]
+    seconds = alternated(device, plans, per_dom)
+    shapes = {}
     for name, cost in plans:
         with block_cost(cost):
-            seconds = median_warm(device, [lambda p=p, b=b: knn_per_dom(p, b)
-                                           for p, b in zip(cut, batches, strict=True)])
-            blocks = count_blocks(lambda: [knn_per_dom(p, b) for p, b in zip(cut, batches,
-                                                                                strict=True)])
-        planned.append(f"{name} ({cost}): {blocks / len(batches):.1f} blocks per batch, "
-                       f"{seconds * 1e3:.3f} ms")
+            shapes[name] = block_shapes(lambda: [work() for work in per_dom])
+        # Plans that cut every batch into the same blocks do the same work: named as such.
+        same = next((other for other in shapes if other != name
+                     and shapes[other] == shapes[name]), None)
+        pairs = sum(events * size * width for events, size, width in shapes[name])
+        planned.append(f"{name} ({cost}): {len(shapes[name]) / len(batches):.1f} blocks per "
+                       f"batch, {pairs / len(batches) / 1e6:.2f}M padded pairs, "
+                       f"{seconds[name] * 1e3:.3f} ms"
+                       + (f" (the blocks of {same})" if same else ""))
 
     def adapt(b: dict[str, Any]) -> Any:
         """The adapter every row below times: GraphNeT's features, kNN edges, the cut."""

@@ -50,7 +50,10 @@ def row_times(out: str) -> dict[str, float]:
 
 def test_adapters_bench_times_every_row_and_the_training_loop(train_dir, torch):
     pytest.importorskip("torch_geometric", reason="torch_geometric is not installed")
-    out = bench(train_dir, "--training-loop", "--block-costs", "2^10")
+    from shardify.transforms import _KNN_BLOCK_COST_PAIRS as cpu_default
+
+    default_cost = f"2^{cpu_default.bit_length() - 1}"
+    out = bench(train_dir, "--training-loop", "--block-costs", f"2^10,{default_cost}")
     rows = row_times(out)
     # The floor's row names its size in MB after the words listed.
     floor = [name for name in rows if name.startswith(ROWS[8])]
@@ -66,9 +69,17 @@ def test_adapters_bench_times_every_row_and_the_training_loop(train_dir, torch):
     assert cost is not None, out
     # Printed to 3 decimals from unrounded times: equal to the rows' difference within that.
     assert abs(float(cost.group(1)) - (adapted - alone)) < 0.002 + 1e-9, out
-    # The block plans: the three named ones and the one asked for.
-    plans = re.findall(r"^  (default|one per size class|fewest|2\^10) \(", out, re.M)
-    assert plans == ["default", "one per size class", "fewest", "2^10"], out
+    # The block plans: the three named ones and the two asked for, each with its blocks and
+    # padded pairs per batch and its time; the default cost asked for again gives the
+    # default's blocks, and says so.
+    plans = {m.group(1): m.groups()[1:] for m in re.finditer(
+        r"^  (default|one per size class|fewest|2\^\d+) \(\d+\): (\d+\.\d) blocks per batch, "
+        r"(\d+\.\d\d)M padded pairs, (\d+\.\d{3}) ms(?: \(the blocks of (.+)\))?$", out, re.M)}
+    assert list(plans) == ["default", "one per size class", "fewest", "2^10", default_cost], out
+    assert all(float(time) > 0 for _, _, time, _ in plans.values()), out
+    assert plans[default_cost][3] == "default", out
+    assert plans[default_cost][:2] == plans["default"][:2], out
+    assert plans["one per size class"][3] is None and plans["fewest"][0] == "1.0", out
 
 
 def test_adapters_bench_leaves_the_training_loop_to_gpus_unless_asked(train_dir, torch):
