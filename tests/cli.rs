@@ -706,15 +706,17 @@ fn shardify_gen_and_shardbench_end_quietly_when_their_reader_has_gone() {
     assert_eq!(windows, Some(2), "windows 1 and 4, no baselines");
     // An error still reaches stderr, with status 1, when only stdout is closed.
     let missing = dir.path().join("missing").display().to_string();
-    for program in [
-        env!("CARGO_BIN_EXE_shardbench"),
-        env!("CARGO_BIN_EXE_shardify-gen"),
-    ] {
-        let args: &[&str] = if program.ends_with("shardbench") {
-            &[&missing, "--no-baselines"]
-        } else {
-            &[&missing, "--split", "validation"]
-        };
+    let refused: [(&str, &[&str]); 2] = [
+        (
+            env!("CARGO_BIN_EXE_shardbench"),
+            &[&missing, "--no-baselines"],
+        ),
+        (
+            env!("CARGO_BIN_EXE_shardify-gen"),
+            &[&missing, "--split", "validation"],
+        ),
+    ];
+    for (program, args) in refused {
         let run = into_closed_pipe(program, args, Stream::Stdout);
         assert_eq!(run.status.code(), Some(1), "{program}");
         assert!(

@@ -1,7 +1,6 @@
 //! `shardify-gen`: writes a synthetic dataset in the exact Kaggle "IceCube - Neutrinos in
 //! Deep Ice" layout and schema, of any size, for fixtures and benches.
 
-use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::Context;
@@ -107,8 +106,7 @@ fn generate(args: Args) -> anyhow::Result<()> {
     let started = std::time::Instant::now();
     let summary = write_dataset(&args.out, &options)
         .with_context(|| format!("writing {}", args.out.display()))?;
-    writeln!(
-        std::io::stdout(),
+    say!(
         "wrote {} events, {} pulses in {} files to {} ({:.1} s)",
         summary.events,
         summary.pulses,

@@ -81,21 +81,20 @@ if [[ "${1:-}" == "--all" ]]; then
     final=${OUT:-.}
     scratch=$(mktemp -d)
     started=$SECONDS
-    # timeout signals its whole process group, the stage's children too.
-    status=0
-    OUT=$scratch timeout --kill-after=5 $((limit * 55 / 100)) bash "$0" --python 320000 3 \
-        > "$scratch/python-stage.log" 2>&1 || status=$?
-    echo "python stage: exit status $status after $((SECONDS - started)) s" \
-        | tee -a "$scratch/python-stage.log"
+    within() { # NAME SECONDS ARGS...: this script with ARGS, its output in $scratch, cut
+        # after SECONDS (timeout signals its whole process group, the stage's children too)
+        local name=$1 seconds=$2 status=0 from=$SECONDS
+        shift 2
+        OUT=$scratch timeout --kill-after=5 "$seconds" bash "$0" "$@" \
+            > "$scratch/$name-stage.log" 2>&1 || status=$?
+        echo "$name stage: exit status $status after $((SECONDS - from)) s" \
+            | tee -a "$scratch/$name-stage.log"
+    }
+    within python $((limit * 55 / 100)) --python 320000 3
     tail -n 3 "$scratch/gpu-check-python/python-gpu-tests.log" 2>/dev/null || true
-    status=0
-    rust_started=$SECONDS
     rest=$((limit - (SECONDS - started)))
     ((rest > 0)) || rest=1 # `timeout 0` would mean no limit at all
-    OUT=$scratch timeout --kill-after=5 "$rest" bash "$0" 320000 \
-        > "$scratch/rust-stage.log" 2>&1 || status=$?
-    echo "rust stage: exit status $status after $((SECONDS - rust_started)) s" \
-        | tee -a "$scratch/rust-stage.log"
+    within rust "$rest" 320000
     grep -E "^test result" "$scratch/rust-stage.log" || true
     tar -czf "$final/gpu-check-all.tar.gz" -C "$scratch" .
     rm -rf "$scratch"

@@ -5,7 +5,7 @@
 //! what stderr cannot take (progress, warnings) is dropped: nothing is left to tell.
 
 /// `println!` that returns the write's `std::io::Result` instead of panicking.
-#[allow(unused_macros)] // shardbench and shardify-gen write their stdout in one checked write
+#[allow(unused_macros)] // shardbench writes its table in one checked write
 macro_rules! say {
     ($($arg:tt)*) => {{
         use std::io::Write as _;
