@@ -36,7 +36,7 @@ fn main() {
         run_events: arg("--run-events", 1) as usize,
         batch_order: BatchOrder::Stored,
         workers: arg("--workers", 2) as usize,
-        prefetch: 4,
+        prefetch: None,
         worker_scheduling: vec![WorkerScheduling::Batch],
         seed: 9,
         simulate_compute_ms: 0.0,

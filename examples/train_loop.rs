@@ -108,7 +108,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         },
         layout: BatchLayout::Packed,
         workers: 2,
-        prefetch: 4,
         device,
         ..LoaderConfig::default()
     };

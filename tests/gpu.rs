@@ -43,7 +43,7 @@ fn config(layout: BatchLayout, device: DeviceChoice) -> LoaderConfig {
         },
         layout,
         workers: 2,
-        prefetch: 3,
+        prefetch: Some(3),
         device,
         device_buffers: 2,
         time_copies: true,

@@ -39,7 +39,7 @@ fn config(batching: Batching, workers: usize) -> LoaderConfig {
         },
         layout: BatchLayout::Packed,
         workers,
-        prefetch: 3,
+        prefetch: Some(3),
         device: DeviceChoice::Cpu,
         ..LoaderConfig::default()
     }
@@ -695,7 +695,7 @@ fn a_config_that_cannot_work_is_refused_naming_what_is_wrong() {
         // where the pool would have been killed by the kernel for its memory.
         (
             LoaderConfig {
-                prefetch: 1 << 40,
+                prefetch: Some(1 << 40),
                 ..good.clone()
             },
             ("prefetch", "staging buffers of at least 1 MiB each"),

@@ -510,24 +510,37 @@ fn prefetch_sizes_the_loaders_staging_pool_and_never_changes_the_batches() {
     let json = dir.path().join("report.json");
     let (_, default) = quick_report(&ds, &json, &["--no-baselines"]);
     let (table, r) = quick_report(&ds, &json, &["--no-baselines", "--prefetch", "7"]);
+    // Unless told, the loader's default: twice the workers, at least 4.
+    let (wide_table, wide) = quick_report(&ds, &json, &["--no-baselines", "--workers", "8"]);
     assert_eq!(default["prefetch"], 4);
     assert_eq!(r["prefetch"], 7);
+    assert_eq!(wide["prefetch"], 16);
     assert!(table.contains("), 7 batches prepared ahead\n"), "{table}");
-    // The pool the gather stage rotates through is the loader's: 2 workers, 7 batches
+    assert!(
+        wide_table.contains(" 8 workers (")
+            && wide_table.contains("), 16 batches prepared ahead\n"),
+        "{wide_table}"
+    );
+    // The pool the gather stage rotates through is the loader's: the workers, the batches
     // ahead, 2 for the consumer (and on a GPU 2 device buffers plus the uploader's).
     let on_gpu = !r["gpu"].is_null();
-    let (loaders, before) = (
-        r["loaders"].as_array().unwrap(),
-        default["loaders"].as_array().unwrap(),
-    );
-    assert_eq!(loaders.len(), 2, "windows 1 and 4, no baselines");
-    for (l, d) in loaders.iter().zip(before) {
+    let device = if on_gpu { 3 } else { 0 };
+    let loaders = |r: &Value| r["loaders"].as_array().unwrap().clone();
+    assert_eq!(loaders(&r).len(), 2, "windows 1 and 4, no baselines");
+    for ((l, d), w) in loaders(&r)
+        .iter()
+        .zip(loaders(&default))
+        .zip(loaders(&wide))
+    {
         let rotation = |l: &Value| l["gather_stages"]["rotation"].as_u64().unwrap();
-        assert_eq!(rotation(l), if on_gpu { 14 } else { 11 }, "{l}");
-        assert_eq!(rotation(d) + 3, rotation(l), "{d}");
-        // The batches are the same: the setting changes the threads' timing only.
-        assert_eq!(l["events"], d["events"]);
-        assert_eq!(l["quality"], d["quality"]);
+        assert_eq!(rotation(&d), 2 + 4 + 2 + device, "{d}");
+        assert_eq!(rotation(l), 2 + 7 + 2 + device, "{l}");
+        assert_eq!(rotation(&w), 8 + 16 + 2 + device, "{w}");
+        // The batches are the same: the settings change the threads' timing only.
+        for other in [&d, &w] {
+            assert_eq!(l["events"], other["events"]);
+            assert_eq!(l["quality"], other["quality"]);
+        }
     }
     let refused = quick_shardbench(&ds, &json, &["--prefetch", "0"]);
     let stderr = String::from_utf8_lossy(&refused.stderr);

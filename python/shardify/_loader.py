@@ -75,7 +75,7 @@ class Loader:
     * ``dataset_or_path``: a :class:`shardify.Dataset` (or a split of one) or the path of a
       directory written by ``shardify convert``.
     * ``batch_events`` (256): events per batch. Bigger batches cost more staging memory
-      (about 2 kB per event with the real statistics, times ``prefetch``).
+      (about 2 kB per event with the real statistics, times ``workers`` + ``prefetch``).
     * ``max_pulses`` (None): batch by a pulse budget instead: each batch holds as many
       events as fit in ``max_pulses`` pulses (an event larger than the budget forms a batch
       of its own); ``max_events`` (None) caps the events of such a batch.
@@ -105,7 +105,10 @@ class Loader:
       iterating, or on a GPU the loader's copy thread) gathers a batch itself while it
       would wait, instead of sleeping until a worker sends one; the batches are the same.
       With as many workers as cores this keeps a core from idling while threads wake.
-    * ``prefetch`` (4): batches gathered ahead: the staging buffers in flight. Workers and
+    * ``prefetch`` (None): batches gathered ahead, each in a staging buffer of its own.
+      None means twice ``workers``, at least 4 (as PyTorch's ``prefetch_factor=2`` per
+      worker): batches come in order while workers finish out of order, and with 8
+      workers on a GPU 4 batches ahead left the loop waiting for data. Workers and
       prefetched batches whose buffers need more than the machine's (or the job's cgroup's)
       memory raise ``ValueError`` here, before anything is allocated.
     * ``device`` ("auto"): ``"auto"`` (``cuda:0`` when a GPU is usable, else the CPU),
@@ -168,7 +171,7 @@ class Loader:
         workers: int = 2,
         worker_scheduling: str = "batch",
         consumer_gathers: bool = True,
-        prefetch: int = 4,
+        prefetch: int | None = None,
         device: Any = "auto",
         output: str = "torch",
         dom_positions: bool = True,
@@ -198,7 +201,7 @@ class Loader:
         self.dataset = dataset
         self.output = output
         self.rank, self.world, self.drop_last = rank, world, bool(drop_last)
-        workers, prefetch = _count("workers", workers), _count("prefetch", prefetch)
+        workers, prefetch = _count("workers", workers), _optional_count("prefetch", prefetch)
         self._native = _native.Loader(
             dataset._native,
             batch_events=_count("batch_events", batch_events),
@@ -221,7 +224,7 @@ class Loader:
             workers=min(workers, 1) if resident else workers,
             worker_scheduling=worker_scheduling,
             consumer_gathers=bool(consumer_gathers),
-            prefetch=min(prefetch, 1) if resident else prefetch,
+            prefetch=(1 if prefetch is None else min(prefetch, 1)) if resident else prefetch,
             device="cpu" if resident else device,
             dom_positions=bool(dom_positions),
         )

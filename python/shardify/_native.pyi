@@ -113,7 +113,7 @@ class Loader:
         workers: int,
         worker_scheduling: str,
         consumer_gathers: bool,
-        prefetch: int,
+        prefetch: int | None,
         device: str,
         dom_positions: bool,
     ) -> Loader: ...

@@ -280,7 +280,7 @@ impl PyLoader {
         workers: usize,
         worker_scheduling: &str,
         consumer_gathers: bool,
-        prefetch: usize,
+        prefetch: Option<usize>,
         device: &str,
         dom_positions: bool,
     ) -> PyResult<Self> {

@@ -20,7 +20,7 @@ use crate::dataset::Dataset;
 use crate::device::staging::StagingPool;
 use crate::device::{DeviceChoice, Placement};
 use crate::error::Result;
-use crate::pipeline::{Loader, LoaderConfig, WorkerScheduling};
+use crate::pipeline::{default_prefetch, Loader, LoaderConfig, WorkerScheduling};
 use crate::sampler::{BatchOrder, BatchPlan, Batching, SamplerConfig, SamplerState};
 use crate::source::InputSet;
 
@@ -39,8 +39,9 @@ pub struct BenchConfig {
     pub batch_order: BatchOrder,
     /// Gather threads.
     pub workers: usize,
-    /// Batches the loader prepares ahead of the consumer (`LoaderConfig::prefetch`).
-    pub prefetch: usize,
+    /// Batches the loader prepares ahead of the consumer (`LoaderConfig::prefetch`; `None`:
+    /// the loader's default for the workers, [`crate::pipeline::default_prefetch`]).
+    pub prefetch: Option<usize>,
     /// Scheduling policies of the gather threads, each measured at every window (rows
     /// after the first policy's are named with theirs: the same run compares them).
     pub worker_scheduling: Vec<WorkerScheduling>,
@@ -819,7 +820,9 @@ pub fn run(
         run_events: config.run_events,
         batch_order: config.batch_order,
         workers: config.workers,
-        prefetch: config.prefetch,
+        prefetch: config
+            .prefetch
+            .unwrap_or_else(|| default_prefetch(config.workers)),
         worker_scheduling: config.worker_scheduling.clone(),
         consumer_gathers: config.consumer_gathers.clone(),
         loaders,

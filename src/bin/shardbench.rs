@@ -45,11 +45,11 @@ struct Args {
     /// Gather threads.
     #[arg(long, default_value_t = 2)]
     workers: usize,
-    /// Batches the loader prepares ahead of the consumer (the loader's default, 4): with
-    /// many workers and batches delivered in order, more let the workers run further
+    /// Batches the loader prepares ahead of the consumer (default: the loader's, twice the
+    /// workers and at least 4): with batches delivered in order, they let the workers run
     /// ahead of a slow batch, each in a staging buffer of its own.
-    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..))]
-    prefetch: u64,
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    prefetch: Option<u64>,
     /// Scheduling policies of the gather threads, comma-separated: batch (Linux
     /// SCHED_BATCH, the loader's default: no wake-up preemption of the consumer) and/or
     /// normal (the process's policy); each is measured at every window, in this run.
@@ -140,7 +140,7 @@ fn bench(args: Args) -> Result<()> {
         run_events: args.sampler.run_events,
         batch_order: args.sampler.batch_order,
         workers: args.workers,
-        prefetch: args.prefetch as usize,
+        prefetch: args.prefetch.map(|n| n as usize),
         worker_scheduling: args.worker_scheduling,
         consumer_gathers: args.consumer_gathers,
         seed: args.sampler.seed,

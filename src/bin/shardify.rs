@@ -664,7 +664,6 @@ fn run_order(args: OrderArgs) -> Result<()> {
         },
         layout: BatchLayout::Packed,
         workers: args.threads,
-        prefetch: 4,
         device: DeviceChoice::Cpu,
         ..LoaderConfig::default()
     };

@@ -40,7 +40,8 @@ pub fn check_staging_fits(view: &View, config: &LoaderConfig, placement: &Placem
             format!("one {what} needs about {}, more than {beyond}", mib(batch)),
         ));
     }
-    let field = if config.workers > config.prefetch {
+    let ahead = config.batches_ahead();
+    let field = if config.prefetch.is_none() || config.workers > ahead {
         "workers"
     } else {
         "prefetch"
@@ -51,7 +52,7 @@ pub fn check_staging_fits(view: &View, config: &LoaderConfig, placement: &Placem
             "{} workers and {} batches prefetched hold {buffers} staging buffers of at least \
              {} each, {} in all: more than {beyond}",
             config.workers,
-            config.prefetch,
+            ahead,
             mib(per_buffer),
             mib(total),
         ),
