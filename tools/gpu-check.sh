@@ -185,9 +185,9 @@ bench w8-compute1 --no-baselines --windows 1,16 --workers 8 --simulate-compute 1
 # Raw delivery (no step): how far the host side can feed the GPU.
 bench w2 --no-baselines --windows 1,16 --workers 2
 bench w8 --no-baselines --windows 1,16 --workers 8
-# At 8 workers with no step the workers spent 124-209 us a batch outside their gather while
-# the consumer waited a quarter of the time (98da567): do more batches ahead free them?
-bench w8-prefetch16 --no-baselines --windows 1,16 --workers 8 --prefetch 16
+# 8 workers at the old default of 4 batches ahead, against the rows above at the default
+# since d8d6ce2 (twice the workers): 0.66x at fea401d, the consumer waiting 28%.
+bench w8-prefetch4 --no-baselines --windows 1,16 --workers 8 --prefetch 4
 bench w16-b1024 --no-baselines --windows 1,16 --workers 16 --batch-events 1024
 bench w8-timed --no-baselines --windows 1,16 --workers 8 --time-copies
 bench w8-runs8 --no-baselines --windows 1,16 --workers 8 --run-events 8

@@ -117,9 +117,9 @@ fn default_dom_positions() -> bool {
 /// 4. Batches are delivered in order while workers finish out of order, so each worker
 /// needs room to run ahead of a slow batch: on an H200 with 8 workers and no training step,
 /// 4 batches ahead left the consumer waiting 28% of the time and 16 raised delivery from
-/// 7.6-7.9M to 11.5-11.7M events/s (docs/results.md, "Batches ahead, by the workers"). As
-/// PyTorch's `DataLoader` keeps `prefetch_factor` (2) batches per worker. Two workers keep
-/// 4, where 8 or 16 were slower on the 2-core machine.
+/// 7.6-7.9M to 11.5-11.7M events/s (docs/results.md, "Batches ahead, by the workers").
+/// PyTorch's `DataLoader` likewise keeps `prefetch_factor` (2) batches per worker. Two workers keep
+/// 4: on the 2-core machine 8 or 16 changed nothing or were slower.
 pub fn default_prefetch(workers: usize) -> usize {
     workers.saturating_mul(2).max(4)
 }
