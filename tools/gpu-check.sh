@@ -186,7 +186,8 @@ bench w8-compute1 --no-baselines --windows 1,16 --workers 8 --simulate-compute 1
 bench w2 --no-baselines --windows 1,16 --workers 2
 bench w8 --no-baselines --windows 1,16 --workers 8
 # 8 workers at the old default of 4 batches ahead, against the rows above at the default
-# since d8d6ce2 (twice the workers): 0.66x at fea401d, the consumer waiting 28%.
+# since d8d6ce2 (twice the workers, at most the cores): 0.66x at fea401d, the consumer
+# waiting 28%.
 bench w8-prefetch4 --no-baselines --windows 1,16 --workers 8 --prefetch 4
 bench w16-b1024 --no-baselines --windows 1,16 --workers 16 --batch-events 1024
 bench w8-timed --no-baselines --windows 1,16 --workers 8 --time-copies

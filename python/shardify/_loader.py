@@ -106,9 +106,10 @@ class Loader:
       would wait, instead of sleeping until a worker sends one; the batches are the same.
       With as many workers as cores this keeps a core from idling while threads wake.
     * ``prefetch`` (None): batches gathered ahead, each in a staging buffer of its own.
-      None means twice ``workers``, at least 4 (as PyTorch's ``prefetch_factor=2`` per
-      worker): batches come in order while workers finish out of order, and with 8
-      workers on a GPU 4 batches ahead left the loop waiting for data. Workers and
+      None means twice the workers that can run at once (``workers``, at most the cores
+      this process may use), at least 4, as PyTorch keeps ``prefetch_factor=2`` per
+      worker: batches come in order while workers finish out of order, and with 8
+      workers on a 16-core GPU machine 4 batches ahead left the loop waiting for data. Workers and
       prefetched batches whose buffers need more than the machine's (or the job's cgroup's)
       memory raise ``ValueError`` here, before anything is allocated.
     * ``device`` ("auto"): ``"auto"`` (``cuda:0`` when a GPU is usable, else the CPU),

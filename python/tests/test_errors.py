@@ -22,8 +22,8 @@ BAD = [
     # More staging buffers than the machine holds: refused, not killed for memory.
     (dict(prefetch=10**12), "invalid prefetch: .* staging buffers .* more than this"),
     (dict(workers=10**12), "invalid workers: .* staging buffers"),
-    # Unless given, the batches ahead are twice the workers (the loader's default).
-    (dict(workers=10**11), "invalid workers: 100000000000 workers and 200000000000 batches"),
+    # Unless given, the batches ahead follow the workers (twice those that can run at once).
+    (dict(workers=10**11, prefetch=None), r"invalid workers: 100000000000 workers and \d+ batches"),
     (dict(layout="padded", max_doms=64, pulses_per_dom=10**9), "invalid layout: one padded batch"),
     (dict(layout="padded", max_doms=0, pulses_per_dom=2), "max_doms of at least 1"),
     (dict(output="numpy", device="cuda"), "device"),

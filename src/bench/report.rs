@@ -20,7 +20,7 @@ use crate::dataset::Dataset;
 use crate::device::staging::StagingPool;
 use crate::device::{DeviceChoice, Placement};
 use crate::error::Result;
-use crate::pipeline::{default_prefetch, Loader, LoaderConfig, WorkerScheduling};
+use crate::pipeline::{available_cores, batches_ahead, Loader, LoaderConfig, WorkerScheduling};
 use crate::sampler::{BatchOrder, BatchPlan, Batching, SamplerConfig, SamplerState};
 use crate::source::InputSet;
 
@@ -40,7 +40,7 @@ pub struct BenchConfig {
     /// Gather threads.
     pub workers: usize,
     /// Batches the loader prepares ahead of the consumer (`LoaderConfig::prefetch`; `None`:
-    /// the loader's default for the workers, [`crate::pipeline::default_prefetch`]).
+    /// the loader's default for the workers, [`crate::pipeline::batches_ahead`]).
     pub prefetch: Option<usize>,
     /// Scheduling policies of the gather threads, each measured at every window (rows
     /// after the first policy's are named with theirs: the same run compares them).
@@ -791,7 +791,7 @@ pub fn run(
     let (speedup_vs_naive, speedup_vs_block_shuffle) = (speedup(NAIVE), speedup(BLOCK_SHUFFLE));
     Ok(Report {
         machine: Machine {
-            cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            cpus: available_cores(),
             cpu_model: cpu_model(),
             os: std::env::consts::OS,
             arch: std::env::consts::ARCH,
@@ -820,9 +820,7 @@ pub fn run(
         run_events: config.run_events,
         batch_order: config.batch_order,
         workers: config.workers,
-        prefetch: config
-            .prefetch
-            .unwrap_or_else(|| default_prefetch(config.workers)),
+        prefetch: batches_ahead(config.prefetch, config.workers),
         worker_scheduling: config.worker_scheduling.clone(),
         consumer_gathers: config.consumer_gathers.clone(),
         loaders,

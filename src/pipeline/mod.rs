@@ -21,6 +21,7 @@
 //! dropping the [`Loader`] stops and joins every thread. Errors (a corrupt or missing
 //! shard, a failed driver call) come out of the iterator.
 
+mod batches_ahead;
 mod delivered;
 mod helping;
 mod in_order;
@@ -37,6 +38,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{bounded, unbounded, Receiver, RecvTimeoutError, TryRecvError};
 use serde::{Deserialize, Serialize};
 
+pub use batches_ahead::{available_cores, batches_ahead, default_prefetch};
 pub use delivered::{Batch, DeviceSection};
 pub use in_order::Arrival;
 pub use scheduling::{WorkerScheduling, GATHER_THREAD_NAME, UPLOAD_THREAD_NAME};
@@ -64,8 +66,8 @@ pub struct LoaderConfig {
     /// Gathering threads.
     pub workers: usize,
     /// Batches prepared ahead of the consumer, each in a staging buffer of its own; `None`
-    /// (the default) takes [`default_prefetch`] of the workers: twice as many, at least 4
-    /// ([`LoaderConfig::batches_ahead`]).
+    /// (the default) takes [`default_prefetch`]: twice the workers that can run at once
+    /// (at most the cores), at least 4 ([`LoaderConfig::batches_ahead`]).
     #[serde(default)]
     pub prefetch: Option<usize>,
     /// Where batches are delivered (`auto` by default: CUDA device 0 if usable).
@@ -113,23 +115,11 @@ fn default_dom_positions() -> bool {
     true
 }
 
-/// Batches prepared ahead when a configuration does not say: twice the `workers`, at least
-/// 4. Batches are delivered in order while workers finish out of order, so each worker
-/// needs room to run ahead of a slow batch: on an H200 with 8 workers and no training step,
-/// 4 batches ahead left the consumer waiting 28% of the time and 16 raised delivery from
-/// 7.6-7.9M to 11.5-11.7M events/s (docs/results.md, "Batches ahead, by the workers").
-/// PyTorch's `DataLoader` likewise keeps `prefetch_factor` (2) batches per worker. Two workers keep
-/// 4: on the 2-core machine 8 or 16 changed nothing or were slower.
-pub fn default_prefetch(workers: usize) -> usize {
-    workers.saturating_mul(2).max(4)
-}
-
 impl LoaderConfig {
     /// Batches prepared ahead of the consumer: `prefetch`, or when it is `None`,
-    /// [`default_prefetch`] of the workers.
+    /// [`default_prefetch`] of the workers on the cores this process may use.
     pub fn batches_ahead(&self) -> usize {
-        self.prefetch
-            .unwrap_or_else(|| default_prefetch(self.workers))
+        batches_ahead(self.prefetch, self.workers)
     }
 
     /// The staging buffers a loader of this configuration starts with on `placement`: one
