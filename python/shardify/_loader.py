@@ -109,9 +109,9 @@ class Loader:
       None means twice the workers that can run at once (``workers``, at most the cores
       this process may use), at least 4, as PyTorch keeps ``prefetch_factor=2`` per
       worker: batches come in order while workers finish out of order, and with 8
-      workers on a 16-core GPU machine 4 batches ahead left the loop waiting for data. Workers and
-      prefetched batches whose buffers need more than the machine's (or the job's cgroup's)
-      memory raise ``ValueError`` here, before anything is allocated.
+      workers on a 16-core GPU machine 4 batches ahead left the loop waiting for data.
+      Workers and prefetched batches whose buffers need more than the machine's (or the
+      job's cgroup's) memory raise ``ValueError`` here, before anything is allocated.
     * ``device`` ("auto"): ``"auto"`` (``cuda:0`` when a GPU is usable, else the CPU),
       ``"cpu"``, ``"cuda:N"`` or a ``torch.device``. On a GPU batches are copied
       asynchronously from pinned staging buffers onto the device, ordered before torch's

@@ -46,8 +46,9 @@ struct Args {
     #[arg(long, default_value_t = 2)]
     workers: usize,
     /// Batches the loader prepares ahead of the consumer (default: the loader's, twice the
-    /// workers and at least 4): with batches delivered in order, they let the workers run
-    /// ahead of a slow batch, each in a staging buffer of its own.
+    /// workers that can run at once, at most the cores, and at least 4): with batches
+    /// delivered in order, they let the workers run ahead of a slow batch, each in a
+    /// staging buffer of its own.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     prefetch: Option<u64>,
     /// Scheduling policies of the gather threads, comma-separated: batch (Linux
