@@ -50,6 +50,7 @@ pub mod batch;
 #[doc(hidden)]
 pub mod bench;
 pub mod convert;
+pub mod cores;
 pub mod dataset;
 pub mod device;
 pub mod error;

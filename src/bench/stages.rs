@@ -45,7 +45,7 @@ pub fn shard_read_gb_per_s(dataset: &Dataset) -> Result<(f64, f64)> {
 /// One timed copy of scattered pieces.
 #[derive(Debug, Clone, Copy)]
 pub struct ScatteredCopy {
-    /// Seconds the copy took (the median of [`SCATTERED_COPY_PASSES`] timed passes).
+    /// Seconds the copy took (the median of `SCATTERED_COPY_PASSES` timed passes).
     pub seconds: f64,
     /// Bytes copied: the pieces' bytes as stored.
     pub bytes: usize,
@@ -132,7 +132,7 @@ const SCATTERED_COPY_PASSES: usize = 5;
 /// [`super::memcpy_gb_per_s`] copies bytes in batch-sized sequential pieces. It leaves out
 /// what the gather computes (offsets rebased, positions looked up and written). The
 /// buffers are allocated and written once before any pass (no page faults timed), one pass
-/// warms up untimed, and the figure is the median of [`SCATTERED_COPY_PASSES`] passes.
+/// warms up untimed, and the figure is the median of `SCATTERED_COPY_PASSES` passes.
 pub fn scattered_copy(
     dataset: &Dataset,
     plans: &[crate::sampler::BatchPlan],

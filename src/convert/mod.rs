@@ -43,7 +43,8 @@ use work::WorkDir;
 pub struct ConvertOptions {
     /// Seed of the global shuffle.
     pub seed: u64,
-    /// Worker threads (does not change the output).
+    /// Worker threads (does not change the output); by default the
+    /// [cores this process may run on](crate::cores::available_cores).
     pub threads: usize,
     /// Bound on the converter's memory use, in bytes (can lower the shard size).
     pub memory_limit_bytes: u64,
@@ -59,7 +60,7 @@ impl Default for ConvertOptions {
     fn default() -> Self {
         ConvertOptions {
             seed: 0,
-            threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            threads: crate::cores::available_cores(),
             memory_limit_bytes: 4 << 30,
             shard_target_bytes: 256 << 20,
             lossy: false,

@@ -10,6 +10,8 @@
 //! delivered 0.90-0.95x with 16 batches ahead what they did with 4. PyTorch's `DataLoader`
 //! likewise keeps `prefetch_factor` (2) batches per worker.
 
+use crate::cores::available_cores;
+
 /// Batches ahead for `workers` gathering threads on `cores` cores: twice the workers that
 /// can run at once (`workers`, at most `cores`), at least 4. Two workers keep 4: on the
 /// 2-core machine 8 or 16 changed nothing or were slower.
@@ -21,11 +23,6 @@ pub fn default_prefetch(workers: usize, cores: usize) -> usize {
 /// [`available_cores`].
 pub fn batches_ahead(prefetch: Option<usize>, workers: usize) -> usize {
     prefetch.unwrap_or_else(|| default_prefetch(workers, available_cores()))
-}
-
-/// The cores this process may run on (its CPU affinity and cgroup quota; 1 when unknown).
-pub fn available_cores() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
 #[cfg(test)]

@@ -38,7 +38,8 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{bounded, unbounded, Receiver, RecvTimeoutError, TryRecvError};
 use serde::{Deserialize, Serialize};
 
-pub use batches_ahead::{available_cores, batches_ahead, default_prefetch};
+pub use crate::cores::available_cores;
+pub use batches_ahead::{batches_ahead, default_prefetch};
 pub use delivered::{Batch, DeviceSection};
 pub use in_order::Arrival;
 pub use scheduling::{WorkerScheduling, GATHER_THREAD_NAME, UPLOAD_THREAD_NAME};

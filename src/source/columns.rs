@@ -6,8 +6,8 @@
 //!
 //! A corrupt file is an error naming it, never a panic: the parquet crate asserts on some
 //! footers (a column chunk at a negative offset) rather than failing, so the footer's byte
-//! ranges are checked before any column is read ([`check_footer`]), and a panic the decoder
-//! still raises on corrupt data becomes the same error ([`guarded`]).
+//! ranges are checked before any column is read (`check_footer`), and a panic the decoder
+//! still raises on corrupt data becomes the same error (`guarded`).
 
 use std::fs::File;
 use std::panic::AssertUnwindSafe;
