@@ -129,6 +129,8 @@ struct Located {
     doms_at: Vec<usize>,
     /// Scratch: the same for pulses.
     pulses_at: Vec<usize>,
+    /// Scratch: the runs while they are put in delivery order.
+    spare_runs: Vec<Run>,
 }
 
 impl Run {
@@ -209,6 +211,7 @@ impl<'a> Gatherer<'a> {
             sorted,
             doms_at,
             pulses_at,
+            spare_runs,
         } = &mut self.located;
         events.clear();
         sorted.clear();
@@ -313,7 +316,7 @@ impl<'a> Gatherer<'a> {
         if extent > DENSE_EXTENT * plan.events.len() {
             // Spread out: storage order saves no cache misses on the reads, and the scattered
             // writes into the batch then cost more (see DENSE_EXTENT).
-            runs.sort_unstable_by_key(|run| run.at);
+            into_delivery_order(runs, doms_at, spare_runs);
         }
         events.extend_from_slice(&plan.events);
         Ok(())
@@ -546,6 +549,21 @@ fn rebase(offsets: &[i32], shift: i32, dst: &mut [i32]) {
     }
 }
 
+/// Puts `runs` (each starting at a batch position of its own, below `positions.len()`) in
+/// delivery order, in two linear passes through `positions` (scratch, overwritten) and
+/// `spare` (scratch): in drawn order at wide windows, where every run is one event, a
+/// comparison sort of a 256-event batch's runs took about 4 µs, 16 ns an event.
+fn into_delivery_order(runs: &mut Vec<Run>, positions: &mut [usize], spare: &mut Vec<Run>) {
+    const NONE: usize = usize::MAX;
+    positions.fill(NONE);
+    for (r, run) in runs.iter().enumerate() {
+        positions[run.at] = r;
+    }
+    spare.clear();
+    spare.extend(positions.iter().filter(|&&r| r != NONE).map(|&r| runs[r]));
+    std::mem::swap(runs, spare);
+}
+
 /// Sorts events by shard, then index, then batch position.
 fn storage_key((e, at): (&EventRef, usize)) -> u128 {
     (u128::from(e.shard) << 96) | (u128::from(e.index) << 64) | at as u128
@@ -572,4 +590,53 @@ fn copy_elements((src, size): (&[u8], usize), from: usize, to: usize, dst: &mut 
 
 fn sized((bytes, dtype): (&[u8], Dtype)) -> (&[u8], usize) {
     (bytes, dtype.size())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{into_delivery_order, Run};
+    use crate::rng::Rng;
+
+    /// Runs of 1-3 events covering a batch, as locating makes them (each with its own
+    /// first batch position), shuffled into another order.
+    fn shuffled_runs(events: usize, seed: u64) -> Vec<Run> {
+        let mut rng = Rng::new(seed);
+        let (mut runs, mut at) = (Vec::new(), 0);
+        while at < events {
+            let len = (1 + rng.below(3) as usize).min(events - at);
+            let index = rng.below(1 << 20) as usize;
+            runs.push(Run {
+                shard: rng.below(4) as u32,
+                index,
+                at,
+                len,
+                doms: (index * 5, index * 5 + len * 5),
+                pulses: (index * 40, index * 40 + len * 40),
+                dom_at: at * 5,
+                pulse_at: at * 40,
+            });
+            at += len;
+        }
+        rng.shuffle(&mut runs);
+        runs
+    }
+
+    #[test]
+    fn runs_come_back_in_delivery_order_unchanged() {
+        let (mut positions, mut spare) = (Vec::new(), Vec::new());
+        for (events, seed) in [(1, 0), (16, 1), (256, 2), (256, 3), (1000, 4)] {
+            let mut runs = shuffled_runs(events, seed);
+            let mut expected = runs.clone();
+            expected.sort_by_key(|run| run.at);
+            // Scratch left from a larger batch, as the gatherer's is.
+            positions.resize(events, 7);
+            spare.push(Run::default());
+            into_delivery_order(&mut runs, &mut positions, &mut spare);
+            assert_eq!(runs.len(), expected.len(), "{events} events");
+            for (got, want) in runs.iter().zip(&expected) {
+                assert_eq!(format!("{got:?}"), format!("{want:?}"), "{events} events");
+            }
+            assert_eq!(runs.iter().map(|r| r.len).sum::<usize>(), events);
+        }
+    }
 }
