@@ -313,9 +313,10 @@ impl<'a> Gatherer<'a> {
         for run in runs.iter_mut() {
             (run.dom_at, run.pulse_at) = (doms_at[run.at], pulses_at[run.at]);
         }
-        if extent > DENSE_EXTENT * plan.events.len() {
+        if extent > DENSE_EXTENT * plan.events.len() && !runs.is_sorted_by_key(|run| run.at) {
             // Spread out: storage order saves no cache misses on the reads, and the scattered
-            // writes into the batch then cost more (see DENSE_EXTENT).
+            // writes into the batch then cost more (see DENSE_EXTENT). A batch in stored
+            // order is in delivery order already.
             into_delivery_order(runs, doms_at, spare_runs);
         }
         events.extend_from_slice(&plan.events);
