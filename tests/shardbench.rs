@@ -8,7 +8,8 @@ use std::process::{Command, Output};
 
 use common::*;
 use serde_json::Value;
-use shardify::pipeline::{available_cores, default_prefetch};
+use shardify::cores::available_cores;
+use shardify::pipeline::default_prefetch;
 
 /// `shardbench --quick` on `ds` with 32-event batches of 16-event blocks, its figures in
 /// `json`, and `extra` arguments.

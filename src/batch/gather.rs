@@ -95,7 +95,7 @@ impl<'a> Views<'a> {
 }
 
 /// Events consecutive both in one shard and in the batch, copied column by column at once.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(super) struct Run {
     shard: u32,
     /// Index of its first event in the shard.
@@ -317,6 +317,7 @@ impl<'a> Gatherer<'a> {
             // Spread out: storage order saves no cache misses on the reads, and the scattered
             // writes into the batch then cost more (see DENSE_EXTENT). A batch in stored
             // order is in delivery order already.
+            // `doms_at` has been read into the runs: free to hold their positions.
             into_delivery_order(runs, doms_at, spare_runs);
         }
         events.extend_from_slice(&plan.events);
@@ -633,10 +634,7 @@ mod tests {
             positions.resize(events, 7);
             spare.push(Run::default());
             into_delivery_order(&mut runs, &mut positions, &mut spare);
-            assert_eq!(runs.len(), expected.len(), "{events} events");
-            for (got, want) in runs.iter().zip(&expected) {
-                assert_eq!(format!("{got:?}"), format!("{want:?}"), "{events} events");
-            }
+            assert_eq!(runs, expected, "{events} events");
             assert_eq!(runs.iter().map(|r| r.len).sum::<usize>(), events);
         }
     }

@@ -15,12 +15,13 @@ use super::stages::{
 };
 use super::{median, median_of, memcpy_gb_per_s};
 use crate::batch::BatchLayout;
+use crate::cores::available_cores;
 use crate::dataset::huge_pages::shard_mapped_bytes;
 use crate::dataset::Dataset;
 use crate::device::staging::StagingPool;
 use crate::device::{DeviceChoice, Placement};
 use crate::error::Result;
-use crate::pipeline::{available_cores, batches_ahead, Loader, LoaderConfig, WorkerScheduling};
+use crate::pipeline::{batches_ahead, Loader, LoaderConfig, WorkerScheduling};
 use crate::sampler::{BatchOrder, BatchPlan, Batching, SamplerConfig, SamplerState};
 use crate::source::InputSet;
 

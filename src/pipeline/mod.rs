@@ -38,7 +38,6 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{bounded, unbounded, Receiver, RecvTimeoutError, TryRecvError};
 use serde::{Deserialize, Serialize};
 
-pub use crate::cores::available_cores;
 pub use batches_ahead::{batches_ahead, default_prefetch};
 pub use delivered::{Batch, DeviceSection};
 pub use in_order::Arrival;
@@ -54,6 +53,7 @@ use crate::error::{Error, Result};
 use crate::sampler::{self, SamplerConfig, SamplerState};
 use helping::Lending;
 use in_order::InOrder;
+use staging_budget::check_staging_fits_with;
 use uploader::{upload_batches, Uploaded};
 use workers::{run_workers, Filled, Stop};
 
@@ -127,12 +127,17 @@ impl LoaderConfig {
     /// per worker and per batch prefetched, two for the consumer, and on a GPU one per
     /// device buffer and one for the batch the uploader holds while it waits for a slot.
     pub fn staging_buffers(&self, placement: &Placement) -> usize {
+        self.staging_buffers_with(self.batches_ahead(), placement)
+    }
+
+    /// [`LoaderConfig::staging_buffers`] with `ahead` batches ahead, already resolved.
+    fn staging_buffers_with(&self, ahead: usize, placement: &Placement) -> usize {
         let device = match placement.cuda() {
             Some(_) => self.device_buffers.saturating_add(1),
             None => 0,
         };
         self.workers
-            .saturating_add(self.batches_ahead())
+            .saturating_add(ahead)
             .saturating_add(device)
             .saturating_add(2)
     }
@@ -296,17 +301,20 @@ impl Loader {
                 None,
             ),
         };
+        // Resolved once (the default reads the cores): the pool, its budget and the channel
+        // below agree on it.
+        let ahead = config.batches_ahead();
         let pool = match pool {
             Some(pool) => pool,
             None => {
-                check_staging_fits(&view, &config, &placement)?;
-                let count = config.staging_buffers(&placement);
+                check_staging_fits_with(&view, &config, ahead, &placement)?;
+                let count = config.staging_buffers_with(ahead, &placement);
                 Arc::new(StagingPool::new(count, INITIAL_BUFFER_BYTES, allocate))
             }
         };
         let stop = Arc::new(Stop::new());
         let lending = Arc::new(Lending::default());
-        let (result_tx, results) = bounded(config.batches_ahead());
+        let (result_tx, results) = bounded(ahead);
         let mut threads = Vec::new();
         {
             let (view, config, pool, stop, lending) = (

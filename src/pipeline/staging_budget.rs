@@ -17,10 +17,21 @@ use super::{LoaderConfig, INITIAL_BUFFER_BYTES};
 /// loader checks it before it allocates its pool; a caller that starts loaders later (the
 /// Python package, at the first batch) can check it when it takes the settings.
 pub fn check_staging_fits(view: &View, config: &LoaderConfig, placement: &Placement) -> Result<()> {
+    check_staging_fits_with(view, config, config.batches_ahead(), placement)
+}
+
+/// [`check_staging_fits`] with `ahead` batches ahead, already resolved
+/// ([`LoaderConfig::batches_ahead`]).
+pub(super) fn check_staging_fits_with(
+    view: &View,
+    config: &LoaderConfig,
+    ahead: usize,
+    placement: &Placement,
+) -> Result<()> {
     let Some(available) = memory::available() else {
         return Ok(());
     };
-    let buffers = config.staging_buffers(placement);
+    let buffers = config.staging_buffers_with(ahead, placement);
     let batch = mean_batch_bytes(view, config);
     let per_buffer = batch.max(INITIAL_BUFFER_BYTES as f64);
     let total = per_buffer * buffers as f64;
@@ -40,7 +51,6 @@ pub fn check_staging_fits(view: &View, config: &LoaderConfig, placement: &Placem
             format!("one {what} needs about {}, more than {beyond}", mib(batch)),
         ));
     }
-    let ahead = config.batches_ahead();
     let field = if config.prefetch.is_none() || config.workers > ahead {
         "workers"
     } else {
