@@ -425,6 +425,17 @@ fn a_pool_handed_on_serves_the_next_loaders_without_allocating() {
         "no buffer allocated after the first loader"
     );
     drop(held);
+    // Each buffer a batch was gathered into remembers the CPU it was gathered on, so that
+    // a gathering thread can take one it filled itself (`StagingPool::take_free`).
+    let free: Vec<_> = std::iter::from_fn(|| pool.take_free()).collect();
+    let marked = free.iter().filter(|b| b.gathered_on().is_some()).count();
+    if cfg!(target_os = "linux") {
+        assert!(
+            marked >= 1,
+            "{marked} of {} buffers marked with their CPU",
+            free.len()
+        );
+    }
 }
 
 fn epoch_bytes(ds: &Arc<Dataset>, config: &LoaderConfig, e: u64) -> Vec<Vec<u8>> {

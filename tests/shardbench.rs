@@ -109,7 +109,8 @@ fn quick_report_is_complete_and_consistent() {
     assert!(
         table.contains("window    1: delivered")
             && table.contains("of memcpy measured around its epochs (")
-            && table.contains("); epoch by epoch over the memcpy just before and after each ")
+            && table.contains(" after); a cache line between two threads and back ")
+            && table.contains(" after; epoch by epoch over the memcpy just before and after each ")
             && table.contains("; copying the same events' pieces")
             && table.contains("first epoch (pool growing)")
             && table.contains("; waited")
@@ -121,6 +122,25 @@ fn quick_report_is_complete_and_consistent() {
             && table.contains("the workers outside the gather"),
         "one stage line per shardify loader: {table}"
     );
+    // Each shardify row says how long a cache line took between two threads, before and
+    // after its epochs (or that it could not be timed: one core, or a busy machine).
+    for loader in r["loaders"].as_array().unwrap() {
+        let shardify = loader["window"].is_u64();
+        for key in [
+            "cache_line_round_trip_ns_before",
+            "cache_line_round_trip_ns_after",
+        ] {
+            let value = &loader[key];
+            match value.as_f64() {
+                Some(ns) => {
+                    assert!(shardify, "{key} on a baseline");
+                    assert!((5.0..1e6).contains(&ns), "{key} = {ns}");
+                    assert!(table.contains(&format!("{ns:.0} ns ")), "{table}");
+                }
+                None => assert!(value.is_null(), "{key} = {value}"),
+            }
+        }
+    }
     let device = r["machine"]["device"].as_str().unwrap();
     // The GPU stage is measured exactly when batches went to a GPU.
     assert_eq!(r["gpu"].is_null(), device.starts_with("cpu"), "{device}");

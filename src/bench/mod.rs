@@ -1,8 +1,10 @@
 //! Measurement: baselines over the source Parquet ([`baselines`]), shuffle quality
-//! ([`quality`]), one whole run ([`report`]), and the bound every throughput is compared with ([`memcpy_gb_per_s`]).
+//! ([`quality`]), one whole run ([`report`]), the bound every throughput is compared with
+//! ([`memcpy_gb_per_s`]), and how far apart the loader's cores are ([`hand_off`]).
 
 pub mod baselines;
 pub mod data;
+pub mod hand_off;
 pub mod plot;
 pub mod quality;
 pub mod report;

@@ -8,6 +8,7 @@ use std::time::Instant;
 use serde::Serialize;
 
 use super::baselines::{SourceIndex, Throughput};
+use super::hand_off::cache_line_round_trip_ns;
 use super::quality::{quality, EventInfo, Quality};
 use super::stages::{
     cold_read_gb_per_s, copy_stage_gb_per_s, gather_stages, largest_batch_bytes, planning,
@@ -98,6 +99,13 @@ pub struct LoaderFigures {
     pub memcpy_around_gb_per_s: Option<[f64; 2]>,
     /// `gb_per_s` / the mean of `memcpy_around_gb_per_s`.
     pub ratio_to_memcpy_around: Option<f64>,
+    /// The time, in ns, two threads take to pass a cache line back and forth, just before
+    /// this row's measured epochs (shardify only; `None` also where it could not be timed:
+    /// [`super::hand_off`]). Long where the cores share no cache, and then every staging
+    /// buffer line written on one core and next on the other crosses the memory fabric.
+    pub cache_line_round_trip_ns_before: Option<f64>,
+    /// The same just after them.
+    pub cache_line_round_trip_ns_after: Option<f64>,
     /// Each measured epoch's delivered GB/s, in the order they ran (shardify only).
     pub epoch_gb_per_s: Option<Vec<f64>>,
     /// memcpy GB/s measured before the first measured epoch and after each one (shardify
@@ -549,6 +557,8 @@ fn figures(
         ratio_to_memcpy: gb / memcpy,
         memcpy_around_gb_per_s: None,
         ratio_to_memcpy_around: None,
+        cache_line_round_trip_ns_before: None,
+        cache_line_round_trip_ns_after: None,
         epoch_gb_per_s: None,
         memcpy_between_epochs_gb_per_s: None,
         paired_ratios_to_memcpy: None,
@@ -654,6 +664,7 @@ pub fn run(
         });
         // memcpy before the first measured epoch and after each: every epoch is paired
         // with the bound measured just before and just after it.
+        let round_trip_before = cache_line_round_trip_ns();
         let mut between = vec![memcpy.measure_settled()?];
         let mut epochs = Vec::with_capacity(measured.len());
         for &e in &measured {
@@ -661,6 +672,7 @@ pub fn run(
             epochs.push(epoch(e, e < 2, &mut pool)?);
             between.push(memcpy.measure()?);
         }
+        let round_trip_after = cache_line_round_trip_ns();
         let memcpy_around = [between[0], between[between.len() - 1]];
         let memcpy_between = median(&between);
         let measured_allocations = pool
@@ -682,6 +694,8 @@ pub fn run(
         };
         let mut f = figures(&name, Some(window), total, bound, q);
         f.memcpy_around_gb_per_s = Some(memcpy_around);
+        f.cache_line_round_trip_ns_before = round_trip_before;
+        f.cache_line_round_trip_ns_after = round_trip_after;
         f.ratio_to_memcpy_around = Some(f.gb_per_s / (memcpy_around.iter().sum::<f64>() / 2.0));
         let epoch_gb: Vec<f64> = epochs.iter().map(|e| e.throughput.gb_per_s()).collect();
         let paired: Vec<f64> = epoch_gb
@@ -855,6 +869,18 @@ fn stage_line(l: &LoaderFigures) -> String {
         ),
         _ => String::new(),
     };
+    let round_trip = |ns: Option<f64>| ns.map_or("untimed".to_string(), |ns| format!("{ns:.0} ns"));
+    let hand_off = match (
+        l.cache_line_round_trip_ns_before,
+        l.cache_line_round_trip_ns_after,
+    ) {
+        (None, None) => String::new(),
+        (before, after) => format!(
+            "a cache line between two threads and back {} before, {} after; ",
+            round_trip(before),
+            round_trip(after)
+        ),
+    };
     let paired = match (&l.paired_ratios_to_memcpy, l.median_paired_ratio_to_memcpy) {
         (Some(ratios), Some(median)) => format!(
             "epoch by epoch over the memcpy just before and after each {} (median {median:.2}); ",
@@ -867,7 +893,7 @@ fn stage_line(l: &LoaderFigures) -> String {
         _ => String::new(),
     };
     let mut out = format!(
-        "  window {:>4}{policy}: {around}{paired}gather {} (all threads) = {gather_gb:.2} GB/s = {gather_ratio:.2} of memcpy between the epochs",
+        "  window {:>4}{policy}: {around}{hand_off}{paired}gather {} (all threads) = {gather_gb:.2} GB/s = {gather_ratio:.2} of memcpy between the epochs",
         l.window.unwrap_or(0),
         duration(gather_s)
     );

@@ -87,7 +87,7 @@ impl Lending {
         if helper.stop.requested() {
             return None;
         }
-        let buffer = helper.pool.free().try_recv().ok()?;
+        let buffer = helper.pool.take_free()?;
         let (seq, plan) = helper.plans.next()?;
         let mut gatherer = helper.gatherer.lock().unwrap_or_else(|e| e.into_inner());
         let filled = gather_plan(

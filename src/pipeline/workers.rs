@@ -170,8 +170,8 @@ pub(crate) fn run_workers(
     }
 }
 
-/// Takes a free buffer, then a plan, gathers, and sends the result; until the plans run
-/// out, an error, or a stop. The channels are tried first and only waited on (with the
+/// Takes a free buffer (one last filled on this thread's CPU when there is one), then a
+/// plan, gathers, and sends the result; until the plans run out, an error, or a stop. The channels are tried first and only waited on (with the
 /// stop signal) when they are empty or full: the steady state takes no shared lock.
 fn gather_batches(
     dataset: &Dataset,
@@ -183,9 +183,9 @@ fn gather_batches(
 ) {
     let mut gatherer = Gatherer::new(dataset);
     while !stop.requested() {
-        let buffer = match pool.free().try_recv() {
-            Ok(b) => b,
-            Err(_) => select! {
+        let buffer = match pool.take_free() {
+            Some(b) => b,
+            None => select! {
                 recv(pool.free()) -> b => match b { Ok(b) => b, Err(_) => return },
                 recv(stop.signal) -> _ => return,
             },
@@ -225,6 +225,7 @@ pub(crate) fn gather_plan(
         let sections = plan_sections(config.layout, shape, &types, config.dom_positions);
         pool.ensure_capacity(&mut buffer, sections.total);
         gatherer.gather(&plan, config.layout, &sections, buffer.bytes_mut())?;
+        buffer.mark_gathered_here();
         Ok((sections, plan, shape))
     });
     match filled {
