@@ -171,8 +171,9 @@ pub(crate) fn run_workers(
 }
 
 /// Takes a free buffer (one last filled on this thread's CPU when there is one), then a
-/// plan, gathers, and sends the result; until the plans run out, an error, or a stop. The channels are tried first and only waited on (with the
-/// stop signal) when they are empty or full: the steady state takes no shared lock.
+/// plan, gathers, and sends the result; until the plans run out, an error, or a stop. The
+/// channels are tried first and only waited on (with the stop signal) when they are empty
+/// or full: the steady state takes no shared lock.
 fn gather_batches(
     dataset: &Dataset,
     config: &LoaderConfig,
