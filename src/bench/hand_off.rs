@@ -3,9 +3,10 @@
 //! they do not (a virtual machine's two vCPUs placed on two of the host's core complexes),
 //! it goes through the memory fabric, and so does every staging buffer line one core
 //! writes after the other (docs/results.md, "Staging buffers back to the core that filled
-//! them"). On the 2-core Zen 5 machine the round trip read 80-150 ns in one placement and
-//! 400-500 ns in the other, and the host moved between them from minute to minute: every
-//! shardbench row reports it, so a reader can tell which placement its figures came from.
+//! them"). On the 2-core Zen 5 machine this measurement read 42-60 ns in one placement and
+//! 340-420 ns in the other (a one-off program with both threads pinned: 78-150 and 275-500
+//! ns), and the host moved between them from minute to minute: every shardbench row reports
+//! it, so a reader can tell which placement its figures came from.
 
 use std::hint::spin_loop;
 use std::sync::atomic::{AtomicU64, Ordering};

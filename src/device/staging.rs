@@ -710,9 +710,16 @@ mod tests {
         drop((first, second, third, fourth));
         assert_eq!(pool.free().len(), 4);
         // A buffer keeps its CPU through the pool; gathering marks it.
+        // (The thread may move between CPUs around the mark: either is right.)
         let mut buffer = pool.take_free().unwrap();
+        let before = crate::cores::current_cpu();
         buffer.mark_gathered_here();
-        assert_eq!(buffer.gathered_on(), crate::cores::current_cpu());
+        let after = crate::cores::current_cpu();
+        assert!(
+            buffer.gathered_on() == before || buffer.gathered_on() == after,
+            "{:?} marked, on {before:?} then {after:?}",
+            buffer.gathered_on()
+        );
     }
 
     #[test]
