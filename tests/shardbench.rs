@@ -89,7 +89,31 @@ fn quick_report_is_complete_and_consistent() {
         });
     if let Some(model) = kernel_model {
         assert_eq!(r["machine"]["cpu_model"].as_str(), Some(model.as_str()));
-        assert!(table.contains(&format!("CPUs ({model})")), "{table}");
+        assert!(table.contains(&format!("CPUs ({model}")), "{table}");
+    }
+    // So are its family and model numbers (a VM's model name can hide which CPU it is),
+    // and its last-level cache, as sysfs describes them.
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let field = |key: &str| {
+        cpuinfo.lines().find_map(|l| {
+            let (name, value) = l.split_once(':')?;
+            (name.trim() == key).then(|| value.trim().to_string())
+        })
+    };
+    if let (Some(family), Some(model)) = (field("cpu family"), field("model")) {
+        let signature = r["machine"]["cpu_signature"].as_str().unwrap();
+        assert!(
+            signature.contains(&format!(" family {family} model {model} stepping ")),
+            "{signature}"
+        );
+        assert!(table.contains(&format!("; {signature}")), "{table}");
+    }
+    let llc = &r["machine"]["last_level_cache"];
+    if std::path::Path::new("/sys/devices/system/cpu/cpu0/cache/index0").exists() {
+        let level = llc["level"].as_u64().unwrap();
+        assert!((1..=4).contains(&level), "{llc}");
+        assert!(llc["bytes"].as_u64().unwrap() >= 4096, "{llc}");
+        assert!(table.contains(&format!("; L{level} ")), "{table}");
     }
     assert!(r["shard_read_gb_per_s"].as_f64().unwrap() > 0.0);
     assert!(table.contains("stages: shard read"), "{table}");

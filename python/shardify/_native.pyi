@@ -14,6 +14,7 @@ __all__ = [
     "HostArray",
     "run_cli",
     "copy_dataset",
+    "machine",
 ]
 
 __version__: str
@@ -136,6 +137,7 @@ class Loader:
     ) -> tuple[HostArray, HostArray, HostArray, HostArray, HostArray]: ...
 
 def run_cli(argv: list[str]) -> int: ...
+def machine(device: str) -> tuple[str, str]: ...
 def copy_dataset(
     source: str | PathLike[str],
     destination: str | PathLike[str],

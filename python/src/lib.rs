@@ -18,6 +18,7 @@ mod cli;
 mod dataset;
 mod errors;
 mod loader;
+mod machine;
 mod process;
 
 use pyo3::prelude::*;
@@ -33,5 +34,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<array::PyHostArray>()?;
     m.add_function(wrap_pyfunction!(cli::run_cli, m)?)?;
     m.add_function(wrap_pyfunction!(dataset::copy_dataset, m)?)?;
+    m.add_function(wrap_pyfunction!(machine::machine, m)?)?;
     Ok(())
 }

@@ -23,7 +23,17 @@ def test_peers_reports_every_loader_and_torchs_floor(train_dir, torch, tmp_path)
     model = figures["machine"]["cpu_model"]
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.exists() and "model name" in cpuinfo.read_text():
-        assert model and f"CPUs ({model})" in done.stdout, done.stdout
+        assert model and f"CPUs ({model}" in done.stdout, done.stdout
+        # The family and model numbers too (a VM's model name can hide which CPU it is).
+        fields = dict(line.split(":", 1) for line in cpuinfo.read_text().splitlines()
+                      if ":" in line and line.split(":")[0].strip() in ("cpu family", "model"))
+        fields = {k.strip(): v.strip() for k, v in fields.items()}
+        signature = figures["machine"]["cpu_signature"]
+        assert f" family {fields['cpu family']} model {fields['model']} stepping " in signature
+        assert f"; {signature}" in done.stdout, done.stdout
+    if Path("/sys/devices/system/cpu/cpu0/cache/index0").exists():
+        cache = figures["machine"]["last_level_cache"]
+        assert cache["bytes"] >= 4096 and f"; L{cache['level']} " in done.stdout, cache
     assert [row["name"] for row in figures["loaders"]] == [
         "pytorch Dataset + DataLoader", "numpy block shuffle"]
     package = {row["name"]: row for row in figures["shardify"]}

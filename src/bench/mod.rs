@@ -1,10 +1,12 @@
 //! Measurement: baselines over the source Parquet ([`baselines`]), shuffle quality
 //! ([`quality`]), one whole run ([`report`]), the bound every throughput is compared with
-//! ([`memcpy_gb_per_s`]), and how far apart the loader's cores are ([`hand_off`]).
+//! ([`memcpy_gb_per_s`]), how far apart the loader's cores are ([`hand_off`]), and which
+//! machine it all ran on ([`machine`]).
 
 pub mod baselines;
 pub mod data;
 pub mod hand_off;
+pub mod machine;
 pub mod plot;
 pub mod quality;
 pub mod report;

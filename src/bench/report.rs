@@ -9,6 +9,7 @@ use serde::Serialize;
 
 use super::baselines::{SourceIndex, Throughput};
 use super::hand_off::cache_line_round_trip_ns;
+use super::machine::Machine;
 use super::quality::{quality, EventInfo, Quality};
 use super::stages::{
     cold_read_gb_per_s, copy_stage_gb_per_s, gather_stages, largest_batch_bytes, planning,
@@ -16,7 +17,6 @@ use super::stages::{
 };
 use super::{median, median_of, memcpy_gb_per_s};
 use crate::batch::BatchLayout;
-use crate::cores::available_cores;
 use crate::dataset::huge_pages::shard_mapped_bytes;
 use crate::dataset::Dataset;
 use crate::device::staging::StagingPool;
@@ -201,35 +201,6 @@ pub struct LoaderFigures {
     pub cold_ratio_to_disk: Option<f64>,
     /// Shuffle quality (epochs 0 and 1).
     pub quality: Quality,
-}
-
-/// The machine the figures were taken on.
-#[derive(Debug, Clone, Serialize)]
-pub struct Machine {
-    /// Logical CPUs available.
-    pub cpus: usize,
-    /// The CPU's model name as the kernel reports it (`/proc/cpuinfo`); `None` where it
-    /// does not. Figures differ by CPU far more than by run, so every report names it.
-    pub cpu_model: Option<String>,
-    /// Operating system.
-    pub os: &'static str,
-    /// Architecture.
-    pub arch: &'static str,
-    /// Device the batches were delivered to (and, on the CPU, why).
-    pub device: String,
-}
-
-/// The first `model name` line of `/proc/cpuinfo` (x86 Linux), else its first `Model`
-/// line (ARM Linux); `None` elsewhere.
-fn cpu_model() -> Option<String> {
-    let info = std::fs::read_to_string("/proc/cpuinfo").ok()?;
-    ["model name", "Model"].iter().find_map(|key| {
-        info.lines().find_map(|line| {
-            let (name, value) = line.split_once(':')?;
-            let value = value.trim();
-            (name.trim() == *key && !value.is_empty()).then(|| value.to_string())
-        })
-    })
 }
 
 /// A whole run.
@@ -805,13 +776,7 @@ pub fn run(
     };
     let (speedup_vs_naive, speedup_vs_block_shuffle) = (speedup(NAIVE), speedup(BLOCK_SHUFFLE));
     Ok(Report {
-        machine: Machine {
-            cpus: available_cores(),
-            cpu_model: cpu_model(),
-            os: std::env::consts::OS,
-            arch: std::env::consts::ARCH,
-            device: placement.describe(),
-        },
+        machine: Machine::probe(placement.describe()),
         dataset_events: m.totals.events,
         dataset_pulses: m.totals.pulses,
         memcpy_gb_per_s: bound,
@@ -1014,7 +979,7 @@ fn huge_pages_note(fraction: f64) -> String {
 pub fn table(report: &Report) -> String {
     let mut out = format!(
         "dataset {} events, {} pulses; {} CPUs ({}); memcpy {:.2} GB/s (same threads, same run; {:.2} again after the shardify loaders); compute step {} ms\n",
-        report.dataset_events, report.dataset_pulses, report.machine.cpus, report.machine.cpu_model.as_deref().unwrap_or("CPU model unknown"), report.memcpy_gb_per_s, report.memcpy_after_loaders_gb_per_s, report.simulate_compute_ms
+        report.dataset_events, report.dataset_pulses, report.machine.cpus, report.machine.describe_cpu(), report.memcpy_gb_per_s, report.memcpy_after_loaders_gb_per_s, report.simulate_compute_ms
     );
     out += &format!(
         "batches of {} events; shardify: blocks of {} events, runs of {}, batch order {}, {} workers ({} scheduling; {}), {} batches prepared ahead\n",

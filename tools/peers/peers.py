@@ -360,19 +360,18 @@ def quality(index, epochs, batch_events):
             "pair_repeat_iid": (batch_events - 1) / max(len(files) - 1, 1), "displacement": displacement}
 
 
-def machine():
-    """The CPU count and model, by shardbench's rule: /proc/cpuinfo's first non-empty
-    ``model name`` (x86 Linux), else its first ``Model`` (ARM Linux), else None. The
-    figures differ by CPU far more than by run, so every report names it."""
+def machine(device):
+    """The machine (``device`` the one the shardify rows ask for), as shardbench names it (src/bench/machine.rs, through the package): the
+    CPU count, model name, signature (vendor, family, model, stepping) and last-level
+    cache, and the CPU described in one line. The figures differ by CPU far more than by
+    run, and a VM's model name can hide which CPU it is, so every report names them.
+    Without the package, only the CPU count."""
     try:
-        with open("/proc/cpuinfo") as f:
-            fields = [tuple(part.strip() for part in line.split(":", 1))
-                      for line in f if ":" in line]
-    except OSError:
-        fields = []
-    model = next((value for key in ("model name", "Model") for name, value in fields
-                  if name == key and value), None)
-    return {"cpus": os.cpu_count(), "cpu_model": model}
+        from shardify._native import machine as probe
+    except ImportError:
+        return {"cpus": os.cpu_count()}, "CPU unknown: the shardify package is not installed"
+    facts, described = probe(device)
+    return json.loads(facts), described
 
 
 def main():
@@ -402,9 +401,9 @@ def main():
         dict(name="numpy block shuffle", **numpy_block_shuffle(files, index, args.batch_events, args.seconds, args.seed),
              quality=quality(index, block_orders, args.batch_events)),
     ]
-    host = machine()
+    host, cpu = machine(args.device)
     print(f"{len(index['file'])} events in {len(files)} files; batches of {args.batch_events}; "
-          f"{host['cpus']} CPUs ({host['cpu_model'] or 'CPU model unknown'})")
+          f"{host['cpus']} CPUs ({cpu})")
     print(f"{'loader':<44} {'events/s':>11} {'pulses/s':>12} {'GB/s':>7} {'mixing':>7} {'autocor':>8} {'repeat':>7} {'displ':>6}")
     for l in loaders:
         q = l["quality"]
