@@ -104,6 +104,16 @@ def test_peers_reports_every_loader_and_torchs_floor(train_dir, torch, tmp_path)
     assert abs(on_cpu - rust["cpu_us_per_batch"] / (rust["cpu_us_per_batch"] + floor)) < 1e-9
     assert f"torch's floor alone would leave {on_cpu:.2f}x" in done.stdout
     assert "torch's own floor: wrapping a batch's capsules" in done.stdout
+    # The consumer's CPU split: the capsules row's, then torch's over it, round by round.
+    capsules = package["shardify -> DLPack capsules, no tensors"]
+    inside = sorted(t - c for t, c in zip(
+        torch_row["cpu_us_per_batch_runs"], capsules["cpu_us_per_batch_runs"], strict=True))[1]
+    assert torch_row["torch_over_capsules_cpu_us_per_batch"] == inside, torch_row
+    split = (f"of which the package's capsules "
+             f"{capsules['median_paired_cpu_added_us_per_batch']:.1f} us (paired), and torch's "
+             f"tensors with the batch's dict {inside:.1f} us more (paired over the capsules "
+             f"row), {inside / floor:.1f}x torch's floor timed alone")
+    assert split in done.stdout, done.stdout
 
 
 def test_peers_refuses_an_even_round_count(train_dir):

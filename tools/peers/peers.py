@@ -277,6 +277,12 @@ def shardify_loaders(dataset, batch_events, window, workers, seconds, seed, devi
     # where every core gathers, its paired ratio.
     out[1]["ratio_to_rust_from_cpu_added"] = rust["cpu_us_per_batch"] / (
         rust["cpu_us_per_batch"] + out[1]["median_paired_cpu_added_us_per_batch"])
+    # The torch row's CPU beyond the capsules row's, round by round: what torch's tensors
+    # (and the batch's dict) cost inside the loader, where the cores are busy gathering,
+    # against the floor timed alone (twice it on a 2-core Xeon, docs/results.md).
+    out[1]["torch_over_capsules_cpu_us_per_batch"] = sorted(
+        t["cpu_us_per_batch"] - c["cpu_us_per_batch"]
+        for t, c in zip(runs["torch"], runs["capsules"], strict=True))[rounds // 2]
     return out
 
 
@@ -451,6 +457,10 @@ def main():
               f"{torch_row['median_paired_cpu_added_us_per_batch']:.1f} us more (paired), which "
               f"with every core gathering leaves {torch_row['ratio_to_rust_from_cpu_added']:.2f}x; "
               f"torch's floor alone would leave {torch_row['ratio_to_rust_with_floor_cpu_added']:.2f}x")
+        inside = torch_row["torch_over_capsules_cpu_us_per_batch"]
+        print(f"of which the package's capsules {capsules['median_paired_cpu_added_us_per_batch']:.1f}"
+              f" us (paired), and torch's tensors with the batch's dict {inside:.1f} us more "
+              f"(paired over the capsules row), {inside / floor:.1f}x torch's floor timed alone")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"machine": host, "loaders": loaders, "shardify": package,
