@@ -252,9 +252,7 @@ def shardify_loaders(dataset, batch_events, window, workers, seconds, seed, devi
                                                                  strict=True)]
         row["median_paired_ratio_to_rust"] = sorted(row["paired_ratios_to_rust"])[rounds // 2]
         # The process's CPU per batch beyond the Rust loader's, round by round.
-        row["median_paired_cpu_added_us_per_batch"] = sorted(
-            r["cpu_us_per_batch"] - b["cpu_us_per_batch"]
-            for r, b in zip(runs[k], runs["rust"], strict=True))[rounds // 2]
+        row["median_paired_cpu_added_us_per_batch"] = median_cpu_over(runs[k], runs["rust"])
         if k.startswith("resident"):
             row["load_seconds"] = resident[k + "-load"]
         out.append(row)
@@ -280,10 +278,17 @@ def shardify_loaders(dataset, batch_events, window, workers, seconds, seed, devi
     # The torch row's CPU beyond the capsules row's, round by round: what torch's tensors
     # (and the batch's dict) cost inside the loader, where the cores are busy gathering,
     # against the floor timed alone (twice it on a 2-core Xeon, docs/results.md).
-    out[1]["torch_over_capsules_cpu_us_per_batch"] = sorted(
-        t["cpu_us_per_batch"] - c["cpu_us_per_batch"]
-        for t, c in zip(runs["torch"], runs["capsules"], strict=True))[rounds // 2]
+    out[1]["torch_over_capsules_cpu_us_per_batch"] = median_cpu_over(runs["torch"],
+                                                                     runs["capsules"])
     return out
+
+
+def median_cpu_over(runs, baseline_runs):
+    """The median, over the rounds (an odd count), of each run's CPU per batch less the
+    baseline's run in the same round."""
+    added = sorted(r["cpu_us_per_batch"] - b["cpu_us_per_batch"]
+                   for r, b in zip(runs, baseline_runs, strict=True))
+    return added[len(added) // 2]
 
 
 def torch_wrap_floor(sections, batches=20000):
@@ -367,9 +372,10 @@ def quality(index, epochs, batch_events):
 
 
 def machine(device):
-    """The machine (``device`` the one the shardify rows ask for), as shardbench names it (src/bench/machine.rs, through the package): the
-    CPU count, model name, signature (vendor, family, model, stepping) and last-level
-    cache, and the CPU described in one line. The figures differ by CPU far more than by
+    """The machine (``device`` the one the shardify rows ask for), as shardbench names it
+    (src/bench/machine.rs, through the package): the CPU count, model name, signature
+    (vendor, family, model, stepping) and last-level cache, and the CPU described in one
+    line. The figures differ by CPU far more than by
     run, and a VM's model name can hide which CPU it is, so every report names them.
     Without the package, only the CPU count."""
     try:
