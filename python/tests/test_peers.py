@@ -114,6 +114,17 @@ def test_peers_reports_every_loader_and_torchs_floor(train_dir, torch, tmp_path)
              f"tensors with the batch's dict {inside:.1f} us more (paired over the capsules "
              f"row), {inside / floor:.1f}x torch's floor timed alone")
     assert split in done.stdout, done.stdout
+    # The floor again after a batch's payload went through the caches: the payload is the
+    # first batch's (32 events of the fixtures: every section's bytes), the floor measured.
+    first = next(iter(shardify.Loader(train_dir, batch_events=32, output="numpy",
+                                      device="cpu")))
+    payload = sum(a.nbytes for a in first.values())
+    assert torch_row["batch_payload_bytes"] == payload, torch_row
+    cold = torch_row["torch_wrap_cold_floor_us_per_batch"]
+    assert 0 < cold < 1000, cold
+    assert (f"(one batch's {payload / 1024:.0f} KiB copied through them before each batch): "
+            f"{cold:.1f} us, {cold / floor:.1f}x the floor timed alone; torch's tensors with "
+            f"the dict inside the loader {inside / cold:.1f}x that") in done.stdout, done.stdout
 
 
 def test_peers_refuses_an_even_round_count(train_dir):

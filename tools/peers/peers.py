@@ -36,7 +36,9 @@ Torch's own floor (wrapping a batch's capsules into tensors, timed alone) is set
 the Rust loader two ways: added to each batch's time (as if no other core could gather
 meanwhile), and added to the CPU time a batch takes (what happens when the workers and
 the waiting thread keep every core busy gathering: the floor then costs its CPU time, not
-its wall time).
+its wall time). The same floor is timed again with the core's caches as a gather leaves
+them (a batch's payload copied through them before each batch's wrapping): inside a loader
+torch makes every batch's tensors just after a gather has evicted its code and data.
 """
 import argparse
 import functools
@@ -260,9 +262,13 @@ def shardify_loaders(dataset, batch_events, window, workers, seconds, seed, devi
     for row in out:
         row["ratio_to_rust"] = row["events_per_s"] / rust["events_per_s"]
         row["python_overhead_us_per_batch"] = row["us_per_batch"] - rust["us_per_batch"]
-    sections = len(shardify.Loader(dataset, **settings).section_names)
+    first = next(iter(shardify.Loader(dataset, output="numpy", **settings)))
+    sections, batch_bytes = len(first), payload_bytes(first)
+    del first
     floor = torch_wrap_floor(sections)
     out[1]["torch_wrap_floor_us_per_batch"] = floor
+    out[1]["batch_payload_bytes"] = batch_bytes
+    out[1]["torch_wrap_cold_floor_us_per_batch"] = torch_wrap_cold_floor(sections, batch_bytes)
     # As if no other core could work while the consumer wraps: the floor added to each of
     # the Rust loader's batches.
     out[1]["ratio_to_rust_with_floor_added"] = rust["us_per_batch"] / (rust["us_per_batch"] + floor)
@@ -291,15 +297,20 @@ def median_cpu_over(runs, baseline_runs):
     return added[len(added) // 2]
 
 
+def torch_converter():
+    """torch's own capsule import, as the package's torch batches call it."""
+    import torch
+
+    return getattr(torch._C, "_from_dlpack", None) or torch.utils.dlpack.from_dlpack
+
+
 def torch_wrap_floor(sections, batches=20000):
     """Microseconds torch itself takes to turn ``sections`` DLPack capsules into tensors, per
     batch: capsules made by numpy (no shardify code), their making subtracted; the median
     of three rounds. What any DLPack loader yielding that many tensors pays (the batch's
     dict, which shardify builds in Rust, left out)."""
-    import torch
-
     arrays = [np.zeros(64, dtype=np.float32) for _ in range(sections)]
-    convert = getattr(torch._C, "_from_dlpack", None) or torch.utils.dlpack.from_dlpack
+    convert = torch_converter()
     rounds = []
     for _ in range(3):
         started = time.perf_counter()
@@ -311,6 +322,41 @@ def torch_wrap_floor(sections, batches=20000):
             batch = list(map(convert, [a.__dlpack__() for a in arrays]))
         rounds.append((time.perf_counter() - started - making) / batches * 1e6)
     del capsules, batch
+    return sorted(rounds)[1]
+
+
+def torch_wrap_cold_floor(sections, batch_bytes, batches=2000, buffers=4):
+    """The same floor with the core's caches as a gather leaves them: before each batch's
+    wrapping, ``batch_bytes`` (a batch's payload) are copied from a region far larger than
+    the caches into the next of ``buffers`` batch-sized buffers, as a gather reads the
+    shards into the pool's staging buffers in turn; only the wrapping is timed (the
+    clock's own cost subtracted). Inside a loader on a 2-core machine every batch's tensors
+    are made just after such a gather, on this core or another thread's on it."""
+    arrays = [np.zeros(64, dtype=np.float32) for _ in range(sections)]
+    convert = torch_converter()
+    batch_bytes = max(int(batch_bytes), 64)
+    region = np.empty(max(256 << 20, 16 * batch_bytes), dtype=np.uint8)
+    region.fill(1)
+    targets = [np.empty(batch_bytes, dtype=np.uint8) for _ in range(buffers)]
+    clock = time.perf_counter
+    rounds, at, batch = [], 0, None
+    for _ in range(3):
+        wrapping = 0.0
+        for i in range(batches):
+            if at + batch_bytes > region.size:
+                at = 0
+            np.copyto(targets[i % buffers], region[at:at + batch_bytes])
+            at += batch_bytes
+            capsules = [a.__dlpack__() for a in arrays]
+            started = clock()
+            batch = list(map(convert, capsules))
+            wrapping += clock() - started
+        started = clock()
+        for _ in range(batches):
+            clock()
+        reading = (clock() - started) / batches  # one clock read (two bracket each batch)
+        rounds.append((wrapping / batches - reading) * 1e6)
+    del batch
     return sorted(rounds)[1]
 
 
@@ -467,6 +513,11 @@ def main():
         print(f"of which the package's capsules {capsules['median_paired_cpu_added_us_per_batch']:.1f}"
               f" us (paired), and torch's tensors with the batch's dict {inside:.1f} us more "
               f"(paired over the capsules row), {inside / floor:.1f}x torch's floor timed alone")
+        cold = torch_row["torch_wrap_cold_floor_us_per_batch"]
+        print(f"torch's floor with the core's caches as a gather leaves them (one batch's "
+              f"{torch_row['batch_payload_bytes'] / 1024:.0f} KiB copied through them before "
+              f"each batch): {cold:.1f} us, {cold / floor:.1f}x the floor timed alone; torch's "
+              f"tensors with the dict inside the loader {inside / cold:.1f}x that")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"machine": host, "loaders": loaders, "shardify": package,
