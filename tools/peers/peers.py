@@ -421,9 +421,8 @@ def machine(device):
     """The machine (``device`` the one the shardify rows ask for), as shardbench names it
     (src/bench/machine.rs, through the package): the CPU count, model name, signature
     (vendor, family, model, stepping) and last-level cache, and the CPU described in one
-    line. The figures differ by CPU far more than by
-    run, and a VM's model name can hide which CPU it is, so every report names them.
-    Without the package, only the CPU count."""
+    line. The figures differ by CPU far more than by run, and a VM's model name can hide
+    which CPU it is, so every report names them. Without the package, only the CPU count."""
     try:
         from shardify._native import machine as probe
     except ImportError:
