@@ -10,6 +10,12 @@
 #                                          # ~30 MB, where the folders are ~76 MB and the
 #                                          # device tool carries 64 MiB): carry
 #                                          # [".gpu-stage.tgz"], unpacked on the GPU machine
+#   GPU_CHECK_BASELINE=COMMIT bash tools/gpu-check.sh --stage
+#                                          # the same, and shardbench built from COMMIT too
+#                                          # (a git worktree under target/, its own target
+#                                          # directory: a full build the first time), which
+#                                          # the Rust stage alternates with the current one
+#                                          # before its other shardbench rows (below)
 #
 # then, on the GPU machine, from the repository root:
 #
@@ -18,14 +24,18 @@
 #   bash tools/gpu-check.sh --all [SECONDS]     # both in one call, within SECONDS (480)
 #
 # --all suits a lease of minutes: the Python stage first (its GPU tests first of all) with at
-# most 55% of SECONDS and 3 s per peers.py loader, then the Rust stage (144 s at 98da567)
-# with what is left, both on 320k events, each stopped at its limit; whatever they wrote,
-# finished or not (peers.py prints each round as it ends), comes back in
-# $OUT/gpu-check-all.tar.gz with each stage's log and exit status (124: its time ran out).
+# most 55% of SECONDS and 3 s per peers.py loader, then the Rust stage (154 s at b179804,
+# plus six short shardbench runs with a baseline) with what is left, both on 320k events,
+# each stopped at its limit; whatever they wrote, finished or not (peers.py prints each round
+# as it ends), comes back in $OUT/gpu-check-all.tar.gz with each stage's log and exit status
+# (124: its time ran out).
 #
 # The first runs the GPU tests (byte-identical epoch, raw-pointer consumer, overlap,
 # allocation counters), the per-call cost of a copy (examples/h2d_overheads.rs), the
-# example training loop on cuda:0, shardbench with and without a 1 ms simulated step, and
+# example training loop on cuda:0, with a staged baseline the baseline's shardbench and the
+# current one alternated (3 rounds, 8 workers on cuda:0, window 16: a loader change against
+# the older code on the same machine in the same minutes, where these shared machines drift
+# between runs), shardbench with and without a 1 ms simulated step, and
 # the CPU path on two of the machine's cores (taskset: issue 20's 2-worker figures on a
 # fast CPU), and packs logs, JSON reports and the plot into $OUT/gpu-check.tar.gz (or
 # ./gpu-check.tar.gz). The second installs the wheel in .gpu-py/ into the machine's python3
@@ -48,7 +58,18 @@ if [[ "${1:-}" == "--stage" ]]; then
     cp target/release/examples/train_loop target/release/examples/h2d_overheads "$bin/"
     gpu_test=$(ls -t target/release/deps/gpu-* | grep -v '\.d$' | head -1)
     cp "$gpu_test" "$bin/gpu-tests"
+    if [[ -n "${GPU_CHECK_BASELINE:-}" ]]; then
+        base_src=target/gpu-baseline-src
+        git worktree remove --force "$base_src" 2>/dev/null || rm -rf "$base_src"
+        git worktree add --detach --quiet "$base_src" "$GPU_CHECK_BASELINE"
+        cargo build --release --quiet --bin shardbench --manifest-path "$base_src/Cargo.toml" \
+            --target-dir target/gpu-baseline
+        cp target/gpu-baseline/release/shardbench "$bin/shardbench-baseline"
+        base_commit=$(git -C "$base_src" rev-parse HEAD)
+        git worktree remove --force "$base_src"
+    fi
     strip "$bin"/*   # debug info makes them ~100 MB each; the device tool carries 64 MiB
+    [[ -z "${base_commit:-}" ]] || echo "$base_commit" > "$bin/baseline-commit.txt"
     rm -rf "$py"
     mkdir -p "$py"
     cp "$bin/shardify-gen" "$py/"
@@ -179,6 +200,21 @@ bench() { # NAME ARGS...: one shardbench run on cuda:0, log and JSON under $out
     "$bin/shardbench" "$work/ds" --device cuda:0 --json "$out/shardbench-$name.json" "$@" \
         2>&1 | tee "$out/shardbench-$name.log"
 }
+if [[ -x "$bin/shardbench-baseline" ]]; then
+    echo "== baseline $(cat "$bin/baseline-commit.txt") against the current build, alternated"
+    for round in 1 2 3; do
+        for build in baseline current; do
+            exe="$bin/shardbench"
+            [[ "$build" == current ]] || exe="$bin/shardbench-baseline"
+            "$exe" "$work/ds" --device cuda:0 --no-baselines --windows 16 --workers 8 \
+                > "$out/shardbench-ab-$build-$round.log" 2>&1 || true
+            rate=$(awk '$1 == "shardify" && $2 == 16 {print $3}' \
+                "$out/shardbench-ab-$build-$round.log")
+            echo "round $round: $build ${rate:-(no row: see its log)} events/s" \
+                | tee -a "$out/shardbench-ab.log"
+        done
+    done
+fi
 # The targets: a 1 ms step per batch, and the copy stage against pinned H2D.
 bench w2-compute1 --no-baselines --windows 1,16 --workers 2 --simulate-compute 1
 bench w8-compute1 --no-baselines --windows 1,16 --workers 8 --simulate-compute 1
