@@ -3,7 +3,7 @@
 
     python tools/adapters_bench.py DATASET [--batch-events 256] [--batches 12]
                                    [--device cpu|cuda:N] [--width 1.0] [--max-pulses 256]
-                                   [--block-costs 2^19,2^23]
+                                   [--block-costs 2^19,2^23] [--training-loop] [--fused-knn]
 
 Takes --batches batches from ``shardify.Loader`` and times, per batch (medians):
 
@@ -28,7 +28,11 @@ Takes --batches batches from ``shardify.Loader`` and times, per batch (medians):
   device synchronised once before and once after the loop: on graphs made beforehand, and
   with ``to_pyg`` called before each step. Their difference is what the adapter costs a
   training job per batch, where on a GPU its launches can run while the device still works
-  on the step before (rounds of the two loops alternated, medians).
+  on the step before (rounds of the two loops alternated, medians);
+* on a GPU with Triton (or anywhere with ``--fused-knn``), the kNN on the cut pulses, the
+  adapter, the DynEdge step (whose EdgeConv blocks rebuild kNN graphs) and the training
+  loop again with ``SHARDIFY_KNN=fused``: one Triton kernel for the edges instead of the
+  torch operations' distance blocks.
 
 and prints the adapter's time against the loader's and as a share of the step. On a GPU
 every other timing synchronises the device first and last. Each row runs its work on every
@@ -39,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import statistics
 import sys
 import time
@@ -92,6 +97,20 @@ def training_loop(device: torch.device, alone: Callable[[], Any],
         for name, loop in (("alone", alone), ("adapted", adapted)):
             times[name].append(timed(device, loop) / batches)
     return statistics.median(times["alone"]), statistics.median(times["adapted"])
+
+
+@contextmanager
+def knn_method(method: str) -> Iterator[None]:
+    """knn_edges computing edges without groups by ``method`` (``SHARDIFY_KNN``)."""
+    saved = os.environ.get(transforms.KNN_VARIABLE)
+    os.environ[transforms.KNN_VARIABLE] = method
+    try:
+        yield
+    finally:
+        if saved is None:
+            del os.environ[transforms.KNN_VARIABLE]
+        else:
+            os.environ[transforms.KNN_VARIABLE] = saved
 
 
 @contextmanager
@@ -201,6 +220,10 @@ def main() -> None:
                     help="time the training loop's rows on the CPU too (always on a GPU); on "
                          "the CPU nothing overlaps and a full-width step takes seconds, so "
                          "their difference is the adapter's own time within the steps' noise")
+    ap.add_argument("--fused-knn", action="store_true",
+                    help="time the Triton kNN rows on the CPU too (always on a GPU with "
+                         "Triton): there only under TRITON_INTERPRET=1, Triton's interpreter, "
+                         "which checks that they run but times Python")
     args = ap.parse_args()
 
     drained = shardify.Loader(args.dataset, batch_events=args.batch_events, device=args.device)
@@ -238,6 +261,13 @@ def main() -> None:
     rows.append(("knn_edges k=8 on the cut pulses, distances per DOM (groups)",
                  median_warm(device, [lambda p=p, b=b: knn_per_dom(p, b)
                                       for p, b in zip(cut, batches, strict=True)])))
+    fused = args.fused_knn or (device.type == "cuda"
+                               and importlib.util.find_spec("triton") is not None)
+    if fused:
+        with knn_method("fused"):
+            rows.append(("knn_edges k=8 on the cut pulses, one Triton kernel", median_warm(
+                device, [lambda p=p: knn_edges(p["pulse_position"], p["event_pulse_offsets"], 8)
+                         for p in cut])))
     # How events share distance blocks (transforms._plan_blocks): the default cost model,
     # one block per size class (no padding across sizes), and as few blocks as the memory
     # budget allows (every class padded to the largest).
@@ -268,6 +298,12 @@ def main() -> None:
     adapter = per_batch(adapt)
     rows.append((f"to_pyg graphnet, knn=8, max_pulses={n} (the adapter)", adapter))
     operations = statistics.median(count_operations(lambda b=b: adapt(b)) for b in batches)
+    if fused:
+        with knn_method("fused"):
+            adapter_fused = per_batch(adapt)
+            operations_fused = statistics.median(count_operations(lambda b=b: adapt(b))
+                                                 for b in batches)
+        rows.append(("the adapter with the Triton kNN (SHARDIFY_KNN=fused)", adapter_fused))
     # The floor of any adapter: writing its output once, at memcpy speed, in this run.
     graphs = [adapt(b) for b in batches]
     output_bytes = statistics.median(
@@ -301,6 +337,13 @@ def main() -> None:
     step(graphs[0])  # warm-up
     model_step = statistics.median(timed(device, lambda g=g: step(g)) for g in graphs[1:4])
     rows.append((f"DynEdge step (width {args.width}), forward + backward + AdamW", model_step))
+    if fused:
+        # The model's EdgeConv blocks rebuild their kNN graphs with knn_edges too.
+        with knn_method("fused"):
+            step(graphs[0])
+            model_step_fused = statistics.median(timed(device, lambda g=g: step(g))
+                                                 for g in graphs[1:4])
+        rows.append(("the same step, its kNN graphs by the Triton kernel", model_step_fused))
     in_loop = None
     if device.type == "cuda" or args.training_loop:
         steps_alone, adapted_steps = training_loop(
@@ -310,6 +353,15 @@ def main() -> None:
                      steps_alone))
         rows.append(("the same loop calling to_pyg before each step", adapted_steps))
         in_loop = (adapted_steps - steps_alone, adapted_steps)
+        if fused:
+            with knn_method("fused"):
+                steps_alone_again, adapted_fused_steps = training_loop(
+                    device, lambda: [step(g) for g in graphs],
+                    lambda: [step(adapt(b)) for b in batches], len(batches))
+            rows.append(("the same loop again on ready graphs", steps_alone_again))
+            rows.append(("the same loop calling to_pyg with the Triton kNN",
+                         adapted_fused_steps))
+            in_loop_fused = (adapted_fused_steps - steps_alone_again, adapted_fused_steps)
 
     events = sum(b["event_id"].shape[0] for b in batches) / len(batches)
     pulses = sum(b["pulse_time"].shape[0] for b in batches) / len(batches)
@@ -325,6 +377,16 @@ def main() -> None:
         print(f"in a training loop the adapter costs {cost * 1e3:.3f} ms per batch "
               f"({cost / per_batch_in_loop:.1%} of the loop's time per batch; "
               f"{cost / adapter:.2f}x its own time above)")
+    if fused:
+        print(f"with the Triton kNN: adapter / loader: {adapter_fused / loader_per_batch:.1f}x;"
+              f" adapter / DynEdge step: {adapter_fused / model_step_fused:.1%} (its step with "
+              f"the kernel too; {adapter_fused / model_step:.1%} of the step above); "
+              f"{operations_fused:.0f} torch operations per batch (and one kernel)")
+        if in_loop is not None:
+            cost, per_batch_in_loop = in_loop_fused
+            print(f"in a training loop the adapter with the Triton kNN costs "
+                  f"{cost * 1e3:.3f} ms per batch ({cost / per_batch_in_loop:.1%} of the "
+                  f"loop's time per batch)")
     floor = operation_time(device)
     print(f"the adapter runs {operations:.0f} torch operations per batch (views left out; on "
           f"a GPU each is a kernel launch), {adapter / operations * 1e6:.1f} us each on average;"

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .transforms import knn_edges, time_ordered
+from .transforms import choose_knn, knn_edges, time_ordered
 
 #: The scalings ``standardize`` accepts.
 STANDARDIZATIONS = (None, "graphnet")
@@ -49,15 +49,17 @@ STANDARDIZATIONS = (None, "graphnet")
 #: cost the GPU less than the 23 torch operations, each a launch, that group the pulses by
 #: DOM (an H200, batches of 256 events cut to 256 pulses: 2.26 / 2.88 ms per pulse against
 #: 2.53 / 3.29 ms per DOM in two runs, docs/results.md). Longer or uncut events, and the CPU
-#: (1.5x faster per DOM at the same cut), group by DOM.
+#: (1.5x faster per DOM at the same cut), group by DOM, unless ``SHARDIFY_KNN=fused``
+#: chooses the Triton kernel, which computes per pulse (events of at most 256 nodes).
 GPU_PULSE_DISTANCES_MAX = 256
 
 
 def distances_per_dom(device: Any, max_pulses: int | None) -> bool:
     """Whether ``to_pyg`` computes the kNN distances of pulse nodes on ``device``, cut to
     ``max_pulses`` per event (None: uncut), once per DOM (else once per pulse)."""
-    return (device.type != "cuda" or max_pulses is None
-            or max_pulses > GPU_PULSE_DISTANCES_MAX)
+    if max_pulses is None or max_pulses > GPU_PULSE_DISTANCES_MAX:
+        return True
+    return device.type != "cuda" and choose_knn() != "fused"
 
 
 def graphnet_time(t: Any) -> Any:

@@ -11,8 +11,9 @@ Host synchronisation (a GPU batch's sizes read back by the host):
 
 * :func:`time_ordered` without ``max_pulses``: none (every size is a tensor's shape);
 * with ``max_pulses``: one per batch, how many pulses are kept (boolean selection);
-* :func:`knn_edges`: one per batch, the events' node and group counts (the distance blocks
-  are sized from them on the host; the edges are then written in place).
+* :func:`knn_edges`: one per batch, the events' node and group counts (the distance blocks,
+  or the Triton kernel's tile, are sized from them on the host; the edges are then written
+  in place).
 
 >>> from shardify.transforms import time_ordered
 >>> for batch in shardify.Loader("dataset/", batch_events=256):   # doctest: +SKIP
@@ -21,6 +22,7 @@ Host synchronisation (a GPU batch's sizes read back by the host):
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 #: The truncation rules of :func:`time_ordered`, see there.
@@ -46,6 +48,22 @@ _KNN_BLOCK_ELEMENTS_CUDA = 1 << 24
 # 2^19 1.3x, 2^23 and over (one block) 1.07x, one block per size class 4.9x.
 _KNN_BLOCK_COST_PAIRS = 1 << 14
 _KNN_BLOCK_COST_PAIRS_CUDA = 1 << 21
+
+
+#: Environment variable choosing how :func:`knn_edges` computes edges without ``groups``:
+#: ``torch`` (torch operations in distance blocks: the default, any device) or ``fused``
+#: (one Triton kernel for batches whose events have at most 256 nodes, as ``to_pyg`` cut to
+#: 256 pulses gives; larger events take the torch path; on CPU tensors only under
+#: ``TRITON_INTERPRET=1``). The default stays ``torch`` until the kernel is timed on a GPU.
+KNN_VARIABLE = "SHARDIFY_KNN"
+
+
+def choose_knn() -> str:
+    """``SHARDIFY_KNN`` when set, else ``torch``."""
+    chosen = os.environ.get(KNN_VARIABLE, "") or "torch"
+    if chosen not in ("torch", "fused"):
+        raise ValueError(f"invalid {KNN_VARIABLE}: {chosen!r} (expected torch or fused)")
+    return chosen
 
 
 def _knn_block_elements(device: Any) -> int:
@@ -266,6 +284,12 @@ def knn_edges(pos: Any, offsets: Any, k: int, *, groups: Any = None,
     blocks instead of 18. Each block writes its edges in place, in node order, so nothing is
     sorted or selected afterwards: one host synchronisation reads the node and group counts
     (two with ``groups`` and no ``group_count``), and no other.
+
+    With ``SHARDIFY_KNN=fused`` (:data:`KNN_VARIABLE`), no ``groups`` and no event over 256
+    nodes (``to_pyg`` on a GPU with ``max_pulses`` at most 256), one Triton kernel computes
+    every event's edges instead of the blocks: the same edges, in one launch where the
+    blocks of such a batch take about 70 operations. It is not the default until it is
+    timed on a GPU (``tools/adapters_bench.py --device cuda:0`` times both).
     """
     import numpy as np
     import torch
@@ -287,11 +311,22 @@ def knn_edges(pos: Any, offsets: Any, k: int, *, groups: Any = None,
     counts_host, group_counts_host = np.diff(starts_host), np.diff(group_starts_host)
     # Node i's edges are rows edge_before[i] + 1 to edge_before[i] + min(k, n - 1) of the
     # result, n its event's node count: each block scatters its edges there, in node order.
-    per_node = (offsets.diff()[node_event] - 1).clamp_(min=0, max=k)
+    event_counts = offsets.diff()
+    per_node = (event_counts[node_event] - 1).clamp_(min=0, max=k)
     edge_before = torch.cumsum(per_node, 0) - (per_node + 1)
     edge_count = int((counts_host * np.clip(counts_host - 1, 0, k)).sum())
     # One column more than the edges: where the blocks put the candidates they drop.
     edge_index = torch.empty(2, edge_count + 1, dtype=torch.int64, device=device)
+    # Coordinates as three planes ([3, N]): a block's differences are then one operation.
+    planes = pos.t().contiguous()
+    largest = int(counts_host.max(initial=0))
+    if slot is None and choose_knn() == "fused":
+        from ._knn_fused import MAX_NODES, knn_edges_fused
+
+        if largest <= MAX_NODES:
+            knn_edges_fused(planes, offsets[:-1], event_counts, largest, k, edge_before,
+                            edge_index)
+            return edge_index[:, :edge_count]
     # Events of more than one node, largest padded size first (a quarter of an octave at
     # most is padding): their node and group ranges in that order, in one upload, then
     # every block is a slice of it. (The host's arrays are numpy's: on a GPU a torch
@@ -304,8 +339,6 @@ def knn_edges(pos: Any, offsets: Any, k: int, *, groups: Any = None,
     starts, counts, group_starts, group_counts = torch.from_numpy(ranges).to(device)
     sizes_host = padded[order_host].tolist()
     widths_host = group_counts_host[order_host].tolist()
-    # Coordinates as three planes ([3, N]): a block's differences are then one operation.
-    planes = pos.t().contiguous()
     group_planes = planes if slot is None else group_pos.t().contiguous()
     for first, end in _plan_blocks(sizes_host, widths_host, _knn_block_elements(device),
                                    _knn_block_cost_pairs(device)):

@@ -1,6 +1,7 @@
 """tools/adapters_bench.py (what the model-ready adapters cost; gpu-check.sh runs it on a GPU)
 runs end to end on the CPU and prints every row it promises, each a measured time."""
 
+import os
 import re
 import subprocess
 import sys
@@ -26,12 +27,12 @@ LOOP_ROWS = [
 ]
 
 
-def bench(train_dir, *extra: str) -> str:
+def bench(train_dir, *extra: str, env: dict[str, str] | None = None) -> str:
     done = subprocess.run(
         [sys.executable, str(REPO / "tools" / "adapters_bench.py"), str(train_dir),
          "--batch-events", "32", "--batches", "3", "--width", "0.05", "--max-pulses", "64",
          *extra],
-        capture_output=True, text=True, timeout=600)
+        capture_output=True, text=True, timeout=600, env=env)
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout
 
@@ -89,3 +90,28 @@ def test_adapters_bench_leaves_the_training_loop_to_gpus_unless_asked(train_dir,
     assert not set(LOOP_ROWS) & set(rows), out
     assert "in a training loop" not in out, out
     assert ROWS[9] in rows, out
+
+
+FUSED_ROWS = [
+    "knn_edges k=8 on the cut pulses, one Triton kernel",
+    "the adapter with the Triton kNN (SHARDIFY_KNN=fused)",
+    "the same step, its kNN graphs by the Triton kernel",
+]
+
+
+def test_adapters_bench_times_the_triton_knn_when_asked(train_dir, torch):
+    """--fused-knn on the CPU, the kernel in Triton's interpreter (a check that the rows run,
+    not a timing): the kNN, the adapter and the DynEdge step again with the kernel, each a
+    measured time, and the summary from them; without it, none of those rows."""
+    pytest.importorskip("torch_geometric", reason="torch_geometric is not installed")
+    pytest.importorskip("triton")
+    out = bench(train_dir, "--fused-knn", "--batch-events", "16", "--batches", "2",
+                env=dict(os.environ, TRITON_INTERPRET="1"))
+    rows = row_times(out)
+    assert [name for name in rows if name in FUSED_ROWS] == FUSED_ROWS, out
+    assert all(rows[name] > 0 for name in FUSED_ROWS), out
+    adapter, step = rows[FUSED_ROWS[1]], rows[FUSED_ROWS[2]]
+    assert "with the Triton kNN: adapter / loader: " in out, out
+    assert f"adapter / DynEdge step: {adapter / step:.1%} (its step with the kernel" in out, out
+    assert re.search(r"; \d+ torch operations per batch \(and one kernel\)", out), out
+    assert not set(FUSED_ROWS) & set(row_times(bench(train_dir))), "rows only when asked"

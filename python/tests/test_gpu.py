@@ -122,15 +122,47 @@ def test_the_adapters_on_the_gpu_equal_the_cpu_ones(realistic_dir, torch, cuda):
     assert torch.equal(by_dom.cpu(), want)
 
 
+def test_the_fused_knn_on_the_gpu_equals_the_cpu(realistic_dir, torch, cuda, monkeypatch):
+    """SHARDIFY_KNN=fused: the Triton kernel's edges on the GPU, for batches cut to 256 and
+    64 pulses (k = 8, 1), are the torch path's on the CPU; an uncut batch, whose largest
+    event is over 256 pulses, takes the torch path on the GPU."""
+    pytest.importorskip("triton")
+    import shardify._knn_fused as fused
+    from shardify.transforms import knn_edges, time_ordered
+
+    calls = []
+    real = fused.knn_edges_fused
+    monkeypatch.setattr(fused, "knn_edges_fused", lambda *a: calls.append(a[3]) or real(*a))
+    batch = next(iter(shardify.Loader(realistic_dir, batch_events=64, seed=6, device="cpu")))
+    for max_pulses, k in ((256, 8), (256, 1), (64, 8), (None, 8)):
+        pulses = time_ordered(batch, max_pulses=max_pulses)
+        pos, offsets = pulses["pulse_position"], pulses["event_pulse_offsets"]
+        monkeypatch.setenv("SHARDIFY_KNN", "torch")
+        want = knn_edges(pos, offsets, k)
+        monkeypatch.setenv("SHARDIFY_KNN", "fused")
+        before = len(calls)
+        got = knn_edges(pos.to(cuda), offsets.to(cuda), k)
+        largest = int(offsets.diff().max())
+        assert len(calls) - before == (largest <= 256), (max_pulses, largest)
+        assert torch.equal(got.cpu(), want), (max_pulses, k)
+    assert calls, "the kernel ran"
+
+
+@pytest.mark.parametrize("knn", ["torch", "fused"])
 @pytest.mark.parametrize("max_pulses", [256, None])
-def test_to_pyg_on_the_gpu_equals_the_cpu(realistic_dir, torch, cuda, max_pulses):
-    """to_pyg on the GPU (distances per pulse when cut to 256, per DOM uncut) gives the CPU's
-    graphs, which group by DOM: every field."""
+def test_to_pyg_on_the_gpu_equals_the_cpu(realistic_dir, torch, cuda, monkeypatch, max_pulses,
+                                          knn):
+    """to_pyg on the GPU (distances per pulse when cut to 256, by torch operations or the
+    Triton kernel; per DOM uncut) gives the CPU's graphs, which group by DOM: every field."""
     pytest.importorskip("torch_geometric", reason="torch_geometric is not installed")
+    if knn == "fused":
+        pytest.importorskip("triton")
     from shardify.torch_geometric import to_pyg
 
     batch = next(iter(shardify.Loader(realistic_dir, batch_events=64, seed=3, device="cpu")))
+    monkeypatch.setenv("SHARDIFY_KNN", "torch")
     want = to_pyg(batch, standardize="graphnet", knn=8, max_pulses=max_pulses).to_dict()
+    monkeypatch.setenv("SHARDIFY_KNN", knn)
     got = to_pyg({k: v.to(cuda) for k, v in batch.items()}, standardize="graphnet", knn=8,
                  max_pulses=max_pulses).to_dict()
     assert got.keys() == want.keys()

@@ -5,6 +5,10 @@ sample, and on hand-made batches with the edge cases."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import shardify
@@ -280,6 +284,68 @@ def knn_against_the_reference(realistic_dir, events, seed, max_pulses):
         got = transforms.knn_edges(pos, offsets, 8, groups=groups)
         np.testing.assert_array_equal(got.numpy(), want)
         yield offsets
+
+
+FUSED_KNN = """
+import sys
+
+import numpy as np
+import shardify
+import shardify._knn_fused as fused
+import torch
+from shardify.transforms import knn_edges, time_ordered
+
+calls = []
+real = fused.knn_edges_fused
+fused.knn_edges_fused = lambda *a: calls.append(a[3]) or real(*a)
+batch = next(iter(shardify.Loader(sys.argv[1], batch_events=48, seed=5)))
+cases = {}
+for name, max_pulses, k in (("cut256", 256, 8), ("cut256-k1", 256, 1), ("cut40", 40, 8),
+                            ("uncut", None, 8)):
+    pulses = time_ordered(batch, max_pulses=max_pulses)
+    cases[name] = (pulses["pulse_position"], pulses["event_pulse_offsets"], k)
+# Hand-made: empty and one-node events, an event of exactly 256 nodes, fewer nodes than k,
+# and many nodes sharing a position (ties broken by row).
+rng = np.random.default_rng(7)
+counts = [0, 1, 2, 3, 0, 256, 5, 1, 17, 9]
+offsets = torch.tensor(np.concatenate([[0], np.cumsum(counts)]), dtype=torch.int32)
+pos = rng.integers(0, 4, size=(sum(counts), 3)).astype(np.float32) * 10
+cases["hand"] = (torch.from_numpy(pos), offsets, 12)
+out = {}
+for name, (pos, offsets, k) in cases.items():
+    before = len(calls)
+    out[name + "-edges"] = knn_edges(pos, offsets, k).numpy()
+    out[name + "-pos"], out[name + "-offsets"] = pos.numpy(), offsets.numpy()
+    out[name + "-k"] = np.array(k)
+    out[name + "-kernel"] = np.array(len(calls) - before)
+np.savez(sys.argv[2], **out)
+"""
+
+
+def test_the_fused_knn_kernel_gives_the_reference(realistic_dir, torch, tmp_path):
+    """SHARDIFY_KNN=fused, the kernel run on CPU tensors by Triton's interpreter: the
+    reference's edges (k = 1, 8, 12) on batches cut to 256 and 40 pulses and on hand-made
+    events (empty, one node, fewer nodes than k, exactly 256 nodes, shared positions); an
+    uncut batch, whose largest event exceeds the kernel's 256 nodes, takes the torch path."""
+    from shardify.transforms import knn_edges
+
+    pytest.importorskip("triton")
+    saved = tmp_path / "edges.npz"
+    env = dict(os.environ, TRITON_INTERPRET="1", SHARDIFY_KNN="fused")
+    done = subprocess.run([sys.executable, "-c", FUSED_KNN, str(realistic_dir), str(saved)],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    got = np.load(saved)
+    for name in ("cut256", "cut256-k1", "cut40", "hand", "uncut"):
+        pos, offsets, k = got[name + "-pos"], got[name + "-offsets"], int(got[name + "-k"])
+        largest = int(np.diff(offsets).max())
+        assert int(got[name + "-kernel"]) == (largest <= 256), (name, largest)
+        if name == "uncut":
+            assert largest > 256, "the uncut batch has an event too large for the kernel"
+            want = knn_edges(torch.from_numpy(pos), torch.from_numpy(offsets), k).numpy()
+        else:
+            want = reference_knn(pos, offsets, k)
+        np.testing.assert_array_equal(got[name + "-edges"], want, err_msg=name)
 
 
 @pytest.mark.parametrize("block_cost", [0, 1 << 40])
