@@ -59,7 +59,7 @@ KNN_VARIABLE = "SHARDIFY_KNN"
 
 
 def choose_knn() -> str:
-    """``SHARDIFY_KNN`` when set, else ``torch``."""
+    """``SHARDIFY_KNN`` when set, else ``torch``; any other value is a ``ValueError``."""
     chosen = os.environ.get(KNN_VARIABLE, "") or "torch"
     if chosen not in ("torch", "fused"):
         raise ValueError(f"invalid {KNN_VARIABLE}: {chosen!r} (expected torch or fused)")
@@ -287,9 +287,10 @@ def knn_edges(pos: Any, offsets: Any, k: int, *, groups: Any = None,
 
     With ``SHARDIFY_KNN=fused`` (:data:`KNN_VARIABLE`), no ``groups`` and no event over 256
     nodes (``to_pyg`` on a GPU with ``max_pulses`` at most 256), one Triton kernel computes
-    every event's edges instead of the blocks: the same edges, in one launch where the
-    blocks of such a batch take about 70 operations. It is not the default until it is
-    timed on a GPU (``tools/adapters_bench.py --device cuda:0`` times both).
+    every event's edges instead of the blocks: the same edges, with 15 torch operations and
+    one launch where the blocks of a 256-event batch cut to 256 pulses take 77 operations on
+    a GPU. It is not the default until it is timed on a GPU (``tools/adapters_bench.py
+    --device cuda:0`` times both).
     """
     import numpy as np
     import torch
@@ -319,10 +320,10 @@ def knn_edges(pos: Any, offsets: Any, k: int, *, groups: Any = None,
     edge_index = torch.empty(2, edge_count + 1, dtype=torch.int64, device=device)
     # Coordinates as three planes ([3, N]): a block's differences are then one operation.
     planes = pos.t().contiguous()
-    largest = int(counts_host.max(initial=0))
     if slot is None and choose_knn() == "fused":
         from ._knn_fused import MAX_NODES, knn_edges_fused
 
+        largest = int(counts_host.max(initial=0))
         if largest <= MAX_NODES:
             knn_edges_fused(planes, offsets[:-1], event_counts, largest, k, edge_before,
                             edge_index)

@@ -454,6 +454,19 @@ def test_knn_refuses_groups_that_break_their_contract(torch):
         knn_edges(pos, offsets, 1, groups=torch.tensor([0, 0, 1]))
 
 
+def test_knn_refuses_an_unknown_method(torch, monkeypatch):
+    """SHARDIFY_KNN names torch or fused; anything else is an error naming the variable, and
+    an empty value is the default (torch)."""
+    from shardify.transforms import knn_edges
+
+    pos, offsets = torch.tensor([[0.0, 0, 0], [1, 0, 0]]), torch.tensor([0, 2])
+    monkeypatch.setenv("SHARDIFY_KNN", "")
+    assert knn_edges(pos, offsets, 1).tolist() == [[1, 0], [0, 1]]
+    monkeypatch.setenv("SHARDIFY_KNN", "Fused")
+    with pytest.raises(ValueError, match=r"invalid SHARDIFY_KNN: 'Fused' \(expected torch or"):
+        knn_edges(pos, offsets, 1)
+
+
 @pytest.mark.parametrize("standardize", [None, "graphnet"])
 def test_to_pyg_pulses_graphnet_features_labels_and_edges(realistic_dir, torch, standardize):
     pyg = pytest.importorskip("torch_geometric", reason="torch_geometric is not installed")
