@@ -250,9 +250,10 @@ def main() -> None:
     for keep in ("non_auxiliary_first", "random", "charge"):
         rows.append((f"time_ordered, max_pulses={n}, keep={keep}",
                      per_batch(lambda b, keep=keep: time_ordered(b, max_pulses=n, keep=keep))))
-    rows.append(("knn_edges k=8 on the cut pulses, distances per pulse", median_warm(
-        device, [lambda p=p: knn_edges(p["pulse_position"], p["event_pulse_offsets"], 8)
-                 for p in cut])))
+    per_pulse = [lambda p=p: knn_edges(p["pulse_position"], p["event_pulse_offsets"], 8)
+                 for p in cut]
+    rows.append(("knn_edges k=8 on the cut pulses, distances per pulse",
+                 median_warm(device, per_pulse)))
 
     def knn_per_dom(p: dict[str, Any], b: dict[str, Any]) -> Any:
         return knn_edges(p["pulse_position"], p["event_pulse_offsets"], 8,
@@ -265,9 +266,8 @@ def main() -> None:
                                and importlib.util.find_spec("triton") is not None)
     if fused:
         with knn_method("fused"):
-            rows.append(("knn_edges k=8 on the cut pulses, one Triton kernel", median_warm(
-                device, [lambda p=p: knn_edges(p["pulse_position"], p["event_pulse_offsets"], 8)
-                         for p in cut])))
+            rows.append(("knn_edges k=8 on the cut pulses, one Triton kernel",
+                         median_warm(device, per_pulse)))
     # How events share distance blocks (transforms._plan_blocks): the default cost model,
     # one block per size class (no padding across sizes), and as few blocks as the memory
     # budget allows (every class padded to the largest).
@@ -346,18 +346,20 @@ def main() -> None:
         rows.append(("the same step, its kNN graphs by the Triton kernel", model_step_fused))
     in_loop = None
     if device.type == "cuda" or args.training_loop:
-        steps_alone, adapted_steps = training_loop(
-            device, lambda: [step(g) for g in graphs],
-            lambda: [step(adapt(b)) for b in batches], len(batches))
+
+        def loops() -> tuple[float, float]:
+            """The loop on ready graphs and the loop calling to_pyg, per batch."""
+            return training_loop(device, lambda: [step(g) for g in graphs],
+                                 lambda: [step(adapt(b)) for b in batches], len(batches))
+
+        steps_alone, adapted_steps = loops()
         rows.append(("a training loop's steps on ready graphs (one sync per loop)",
                      steps_alone))
         rows.append(("the same loop calling to_pyg before each step", adapted_steps))
         in_loop = (adapted_steps - steps_alone, adapted_steps)
         if fused:
             with knn_method("fused"):
-                steps_alone_again, adapted_fused_steps = training_loop(
-                    device, lambda: [step(g) for g in graphs],
-                    lambda: [step(adapt(b)) for b in batches], len(batches))
+                steps_alone_again, adapted_fused_steps = loops()
             rows.append(("the same loop again on ready graphs", steps_alone_again))
             rows.append(("the same loop calling to_pyg with the Triton kNN",
                          adapted_fused_steps))

@@ -52,7 +52,7 @@ def _knn_kernel(planes, plane_stride, starts, counts, edge_before, edges, edge_s
         distance = distance + delta * delta
     # (float bits, column) as one int64: distances are >= 0, so their bits order them.
     key = (distance.to(tl.int32, bitcast=True).to(tl.int64) << 32) | column[None, :]
-    dropped = (column[None, :] >= n) | (column[None, :] == query[:, None])
+    dropped = ~column_live[None, :] | (column[None, :] == query[:, None])
     key = tl.where(dropped, _INVALID, key)
     before = tl.load(edge_before + start + query, mask=query_live, other=0)
     for rank in tl.static_range(1, K + 1):

@@ -263,7 +263,8 @@ def shardify_loaders(dataset, batch_events, window, workers, seconds, seed, devi
         row["ratio_to_rust"] = row["events_per_s"] / rust["events_per_s"]
         row["python_overhead_us_per_batch"] = row["us_per_batch"] - rust["us_per_batch"]
     # A batch's sections and payload, from host memory whatever the rows' device: numpy
-    # output lives on the host (a cuda device here was refused, so the GPU rows never ran).
+    # output lives on the host (a cuda device here was refused, so a GPU run failed after
+    # its rounds, before its summary).
     first = next(iter(shardify.Loader(dataset, output="numpy", **dict(settings, device="cpu"))))
     sections, batch_bytes = len(first), payload_bytes(first)
     del first
