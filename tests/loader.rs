@@ -244,7 +244,14 @@ fn batches_do_not_depend_on_which_thread_gathers_them() {
         let (mut batches, mut flagged) = (Vec::new(), 0u64);
         for batch in loader.by_ref() {
             let batch = batch.unwrap();
-            flagged += u64::from(batch.gathered_while_waiting());
+            if batch.gathered_while_waiting() {
+                flagged += 1;
+                assert_eq!(
+                    batch.worker_waits(),
+                    Default::default(),
+                    "no worker waited for a batch the waiting thread gathered"
+                );
+            }
             batches.push((batch.plan().clone(), batch.bytes().to_vec()));
         }
         assert_eq!(
@@ -382,6 +389,42 @@ fn the_steady_state_allocates_nothing() {
         loader.staging_allocations(),
         initial,
         "1 MiB buffers hold every batch of this budget: no allocation at all"
+    );
+}
+
+#[test]
+fn a_slow_consumer_shows_as_the_workers_waiting_to_send() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = dataset(dir.path());
+    // One batch ahead and a consumer that takes 20 ms a batch: each worker gathers in well
+    // under a millisecond, then blocks until the consumer takes what is queued.
+    let mut config = config(Batching::Events(32), 2);
+    config.prefetch = Some(1);
+    // Only workers gather (their waits are what is counted).
+    config.consumer_gathers = false;
+    let pause = Duration::from_millis(20);
+    let (mut batches, mut to_send, mut for_buffer) = (0u32, 0.0, 0.0);
+    for batch in Loader::new(ds, config, SamplerState::start(0)).unwrap() {
+        let waits = batch.unwrap().worker_waits();
+        assert!(waits.to_send >= 0.0 && waits.for_buffer >= 0.0, "{waits:?}");
+        to_send += waits.to_send;
+        for_buffer += waits.for_buffer;
+        batches += 1;
+        std::thread::sleep(pause);
+    }
+    assert!(batches >= 8, "{batches} batches");
+    // Both workers sit blocked for most of the run (about two pauses per batch of theirs);
+    // each worker's last send is not counted, nor anything past the last batch.
+    let floor = pause.as_secs_f64() * f64::from(batches - 4);
+    assert!(
+        to_send >= floor,
+        "workers blocked {to_send:.3} s sending, expected at least {floor:.3} s"
+    );
+    // The pool holds a buffer for each worker, the one batch ahead and two for the
+    // consumer, who keeps one at a time: the workers never lack one for long.
+    assert!(
+        for_buffer < 0.25 * to_send,
+        "{for_buffer:.3} s for a buffer, {to_send:.3} s to send"
     );
 }
 

@@ -300,6 +300,16 @@ fn quick_report_is_complete_and_consistent() {
             (reported - outside).abs() <= 1e-9 * outside.max(1e-9),
             "{l}"
         );
+        // What the workers were blocked on, per batch, as the stage line gives it.
+        let buffer = l["buffer_wait_seconds_per_batch"].as_f64().unwrap();
+        let send = l["send_wait_seconds_per_batch"].as_f64().unwrap();
+        assert!(buffer >= 0.0 && send >= 0.0, "{l}");
+        let said = format!(
+            "(blocked for a free staging buffer {:.1} µs, on a full queue {:.1} µs; planning it ",
+            buffer * 1e6,
+            send * 1e6
+        );
+        assert!(table.contains(&said), "{said} missing: {table}");
         // The sampler's share of it: one epoch's batches planned by one thread.
         let p = &l["planning"];
         assert_eq!(p["batches"], batches.ceil() as u64, "{p}");
@@ -307,7 +317,7 @@ fn quick_report_is_complete_and_consistent() {
         assert!(p["seconds"].as_f64().unwrap() > 0.0, "{p}");
     }
     assert_eq!(
-        table.matches(" (planning it ").count(),
+        table.matches("; planning it ").count(),
         2,
         "the sampler's share named on each stage line: {table}"
     );

@@ -22,7 +22,7 @@ use crate::dataset::Dataset;
 use crate::device::staging::StagingPool;
 use crate::device::{DeviceChoice, Placement};
 use crate::error::Result;
-use crate::pipeline::{batches_ahead, Loader, LoaderConfig, WorkerScheduling};
+use crate::pipeline::{batches_ahead, Loader, LoaderConfig, WorkerScheduling, WorkerWaits};
 use crate::sampler::{BatchOrder, BatchPlan, Batching, SamplerConfig, SamplerState};
 use crate::source::InputSet;
 
@@ -158,6 +158,13 @@ pub struct LoaderFigures {
     /// left out), over the epoch's batches.
     /// Planning, hand-offs, and time without a core or blocked on a full queue.
     pub outside_gather_seconds_per_batch: Option<f64>,
+    /// The part of it the workers spent blocked for a free staging buffer, per batch
+    /// ([`WorkerWaits::for_buffer`](crate::pipeline::WorkerWaits)): the consumer (or on a
+    /// GPU the uploader) held every buffer.
+    pub buffer_wait_seconds_per_batch: Option<f64>,
+    /// The part of it the workers spent blocked on a full queue to the consumer, per batch
+    /// ([`WorkerWaits::to_send`](crate::pipeline::WorkerWaits)): the consumer was behind.
+    pub send_wait_seconds_per_batch: Option<f64>,
     /// One thread planning the first measured epoch's batches as the workers plan them
     /// ([`planning`]): the sampler's share of their time outside the gather.
     pub planning: Option<Planning>,
@@ -296,6 +303,8 @@ struct EpochRun {
     gather: f64,
     /// The part of `gather` the waiting thread spent, and the batches it gathered.
     gather_while_waiting: (f64, usize),
+    /// The workers' waits, summed over the epoch's batches.
+    worker_waits: WorkerWaits,
     wait: f64,
     compute: f64,
     copy: Option<(f64, u64)>,
@@ -397,6 +406,7 @@ fn run_epoch(
         throughput: Throughput::default(),
         gather: 0.0,
         gather_while_waiting: (0.0, 0),
+        worker_waits: WorkerWaits::default(),
         wait: 0.0,
         compute: 0.0,
         copy: None,
@@ -417,6 +427,9 @@ fn run_epoch(
             run.gather_while_waiting.0 += batch.gather_seconds();
             run.gather_while_waiting.1 += 1;
         }
+        let waits = batch.worker_waits();
+        run.worker_waits.for_buffer += waits.for_buffer;
+        run.worker_waits.to_send += waits.to_send;
         run.compute += consumer.consume(&mut batch)?;
         if let Some(copy) = batch.device() {
             run.batch_bytes.push(batch.bytes().len());
@@ -547,6 +560,8 @@ fn figures(
         ratio_to_scattered_copy: None,
         gather_stages: None,
         outside_gather_seconds_per_batch: None,
+        buffer_wait_seconds_per_batch: None,
+        send_wait_seconds_per_batch: None,
         planning: None,
         measured_epoch_allocations: None,
         first_epoch_events_per_s: None,
@@ -709,6 +724,11 @@ pub fn run(
             (config.workers as f64 * total.seconds - worker_gather).max(0.0)
                 / batches.max(1) as f64,
         );
+        let per_batch = |wait: fn(&WorkerWaits) -> f64| {
+            epochs.iter().map(|e| wait(&e.worker_waits)).sum::<f64>() / batches.max(1) as f64
+        };
+        f.buffer_wait_seconds_per_batch = Some(per_batch(|w| w.for_buffer));
+        f.send_wait_seconds_per_batch = Some(per_batch(|w| w.to_send));
         f.planning = Some(planning(&dataset, &sampler(config, window), measured[0])?);
         f.measured_epoch_allocations = measured_allocations;
         f.first_epoch_events_per_s =
@@ -920,12 +940,26 @@ fn stage_line(l: &LoaderFigures) -> String {
     }
     if let Some(s) = l.outside_gather_seconds_per_batch {
         out += &format!("; the workers outside the gather {} per batch", duration(s));
+        let mut parts = Vec::new();
+        if let (Some(buffer), Some(send)) = (
+            l.buffer_wait_seconds_per_batch,
+            l.send_wait_seconds_per_batch,
+        ) {
+            parts.push(format!(
+                "blocked for a free staging buffer {:.1} µs, on a full queue {:.1} µs",
+                buffer * 1e6,
+                send * 1e6
+            ));
+        }
         if let Some(p) = &l.planning {
-            out += &format!(
-                " (planning it {:.1} µs, {:.1} ns an event, one thread alone)",
+            parts.push(format!(
+                "planning it {:.1} µs, {:.1} ns an event, one thread alone",
                 p.seconds_per_batch() * 1e6,
                 p.ns_per_event()
-            );
+            ));
+        }
+        if !parts.is_empty() {
+            out += &format!(" ({})", parts.join("; "));
         }
     }
     out + "\n"

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaEvent, CudaStream, CudaView};
 
-use super::workers::Filled;
+use super::workers::{Filled, WorkerWaits};
 use crate::batch::{BatchLayout, BatchShape, PackedView, PaddedView, Sections};
 use crate::device::staging::{StagingBuffer, StagingPool};
 use crate::device::transfer::DeviceCopy;
@@ -29,6 +29,7 @@ pub struct Batch {
     shape: BatchShape,
     gather_seconds: f64,
     gathered_while_waiting: bool,
+    worker_waits: WorkerWaits,
     layout: BatchLayout,
 }
 
@@ -74,6 +75,7 @@ impl Batch {
             shape: filled.shape,
             gather_seconds: filled.gather_seconds,
             gathered_while_waiting: filled.gathered_while_waiting,
+            worker_waits: filled.waits,
             layout,
         }
     }
@@ -161,6 +163,12 @@ impl Batch {
     /// ([`LoaderConfig::consumer_gathers`](super::LoaderConfig::consumer_gathers)).
     pub fn gathered_while_waiting(&self) -> bool {
         self.gathered_while_waiting
+    }
+
+    /// What the worker that gathered this batch waited for around it (zero when the
+    /// waiting thread gathered it): a diagnostic of why workers fall idle.
+    pub fn worker_waits(&self) -> WorkerWaits {
+        self.worker_waits
     }
 
     /// Events, DOMs and pulses in the batch.

@@ -43,6 +43,7 @@ pub use delivered::{Batch, DeviceSection};
 pub use in_order::Arrival;
 pub use scheduling::{WorkerScheduling, GATHER_THREAD_NAME, UPLOAD_THREAD_NAME};
 pub use staging_budget::check_staging_fits;
+pub use workers::WorkerWaits;
 
 use crate::batch::BatchLayout;
 use crate::dataset::{DatasetSizes, View};

@@ -3,6 +3,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
+use std::time::Instant;
 
 use crossbeam_channel::{bounded, select, Receiver, Sender, TrySendError};
 
@@ -24,6 +25,22 @@ pub(crate) struct Filled {
     pub(crate) gather_seconds: f64,
     /// Gathered by the thread waiting for batches ([`super::helping`]), not a worker.
     pub(crate) gathered_while_waiting: bool,
+    /// What its worker waited for around it (zero when the waiting thread gathered it).
+    pub(crate) waits: WorkerWaits,
+}
+
+/// Seconds a worker spent blocked around one of its batches, where a shared machine shows
+/// why workers fall idle: waiting for a free staging buffer before gathering it (every
+/// buffer was gathered, queued, being uploaded or held by the consumer), and waiting for
+/// room in the queue to the consumer when it sent the batch it gathered before (that wait
+/// is known only after the send, so the worker's next batch carries it; a worker's last
+/// send of an epoch is not counted). Zero for a batch the waiting thread gathered.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct WorkerWaits {
+    /// Blocked for a free staging buffer.
+    pub for_buffer: f64,
+    /// Blocked on a full queue to the consumer (as many batches ready as it may hold).
+    pub to_send: f64,
 }
 
 /// Asks the pipeline's threads to stop: a flag they check between batches, and a channel
@@ -183,29 +200,57 @@ fn gather_batches(
     stop: &Stop,
 ) {
     let mut gatherer = Gatherer::new(dataset);
+    let mut send_wait = 0.0;
     while !stop.requested() {
-        let buffer = match pool.take_free() {
-            Some(b) => b,
-            None => select! {
-                recv(pool.free()) -> b => match b { Ok(b) => b, Err(_) => return },
-                recv(stop.signal) -> _ => return,
-            },
+        let Some((buffer, buffer_wait)) = take_buffer(pool, stop) else {
+            return;
         };
         let Some((seq, plan)) = plans.next() else {
             return; // the buffer goes back as it drops
         };
-        let item = gather_plan(&mut gatherer, config, pool, plans, buffer, plan);
+        let mut item = gather_plan(&mut gatherer, config, pool, plans, buffer, plan);
+        if let Ok(filled) = &mut item {
+            filled.waits = WorkerWaits {
+                for_buffer: buffer_wait,
+                to_send: send_wait,
+            };
+        }
         let failed = item.is_err();
-        match results.try_send((seq, item)) {
-            Ok(()) => {}
-            Err(TrySendError::Disconnected(_)) => return,
-            Err(TrySendError::Full(item)) => select! {
-                send(results, item) -> sent => if sent.is_err() { return },
-                recv(stop.signal) -> _ => return,
-            },
+        match send_result(&results, (seq, item), stop) {
+            Some(waited) => send_wait = waited,
+            None => return,
         }
         if failed {
             return;
+        }
+    }
+}
+
+/// A free staging buffer (one last filled on this thread's CPU when there is one) and the
+/// seconds spent blocked for it; `None` at a stop. The clock is read only when none is free.
+fn take_buffer(pool: &StagingPool, stop: &Stop) -> Option<(StagingBuffer, f64)> {
+    if let Some(buffer) = pool.take_free() {
+        return Some((buffer, 0.0));
+    }
+    let blocked = Instant::now();
+    select! {
+        recv(pool.free()) -> b => b.ok().map(|b| (b, blocked.elapsed().as_secs_f64())),
+        recv(stop.signal) -> _ => None,
+    }
+}
+
+/// Sends `item` on `results` and returns the seconds spent blocked on a full queue; `None`
+/// when the receiver is gone or at a stop. The clock is read only when the queue is full.
+fn send_result<T>(results: &Sender<T>, item: T, stop: &Stop) -> Option<f64> {
+    match results.try_send(item) {
+        Ok(()) => Some(0.0),
+        Err(TrySendError::Disconnected(_)) => None,
+        Err(TrySendError::Full(item)) => {
+            let blocked = Instant::now();
+            select! {
+                send(results, item) -> sent => sent.ok().map(|()| blocked.elapsed().as_secs_f64()),
+                recv(stop.signal) -> _ => None,
+            }
         }
     }
 }
@@ -237,10 +282,72 @@ pub(crate) fn gather_plan(
             shape,
             gather_seconds: started.elapsed().as_secs_f64(),
             gathered_while_waiting: false,
+            waits: WorkerWaits::default(),
         }),
         Err(e) => {
             plans.fail();
             Err(e)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::device::staging::{HostMemory, PlainMemory};
+
+    const HELD: Duration = Duration::from_millis(50);
+
+    #[test]
+    fn a_worker_counts_the_time_it_waited_for_a_free_buffer() {
+        let pool = StagingPool::new(
+            1,
+            64,
+            Arc::new(|n| Box::new(PlainMemory::new(n)) as Box<dyn HostMemory>),
+        );
+        let stop = Stop::new();
+        let (_, free) = take_buffer(&pool, &stop).expect("the pool's one buffer");
+        assert_eq!(free, 0.0, "a free buffer is taken without waiting");
+        let held = pool.take_free().expect("it went back when dropped");
+        std::thread::scope(|scope| {
+            let waiter = scope.spawn(|| take_buffer(&pool, &stop).map(|(_, s)| s));
+            std::thread::sleep(HELD);
+            drop(held);
+            let waited = waiter.join().unwrap().expect("the returned buffer");
+            assert!(waited >= 0.9 * HELD.as_secs_f64(), "waited {waited} s");
+        });
+        // A stop wakes a worker waiting for a buffer, which then gives up.
+        let held = pool.take_free().unwrap();
+        std::thread::scope(|scope| {
+            let waiter = scope.spawn(|| take_buffer(&pool, &stop).is_none());
+            std::thread::sleep(HELD / 5);
+            stop.request();
+            assert!(waiter.join().unwrap(), "stopped instead of taking a buffer");
+        });
+        drop(held);
+    }
+
+    #[test]
+    fn a_worker_counts_the_time_it_waited_on_a_full_queue() {
+        let stop = Stop::new();
+        let (results, consumer) = bounded(1);
+        assert_eq!(send_result(&results, 1, &stop), Some(0.0), "room: no wait");
+        std::thread::scope(|scope| {
+            let sender = scope.spawn(|| send_result(&results, 2, &stop));
+            std::thread::sleep(HELD);
+            assert_eq!(consumer.recv().unwrap(), 1);
+            let waited = sender.join().unwrap().expect("sent once there was room");
+            assert!(waited >= 0.9 * HELD.as_secs_f64(), "waited {waited} s");
+        });
+        assert_eq!(consumer.recv().unwrap(), 2);
+        // A full queue at a stop, and a consumer gone: nothing sent, no wait reported.
+        assert_eq!(send_result(&results, 3, &stop), Some(0.0));
+        stop.request();
+        assert_eq!(send_result(&results, 4, &stop), None);
+        drop(consumer);
+        assert_eq!(send_result(&results, 5, &Stop::new()), None);
     }
 }
