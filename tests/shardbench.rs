@@ -300,6 +300,13 @@ fn quick_report_is_complete_and_consistent() {
             (reported - outside).abs() <= 1e-9 * outside.max(1e-9),
             "{l}"
         );
+        // The CPUs the loader kept busy: some, and no more than the process may use (a
+        // little over, for the clocks' granularity on a short run).
+        let busy = l["cpus_busy"].as_f64().unwrap();
+        let cpus = r["machine"]["cpus"].as_f64().unwrap();
+        assert!(busy > 0.0 && busy <= 1.1 * cpus, "{busy} of {cpus}: {l}");
+        let said = format!("; {busy:.2} CPUs busy");
+        assert!(table.contains(&said), "{said} missing: {table}");
         // What the workers were blocked on, per batch, as the stage line gives it.
         let buffer = l["buffer_wait_seconds_per_batch"].as_f64().unwrap();
         let send = l["send_wait_seconds_per_batch"].as_f64().unwrap();

@@ -17,6 +17,7 @@ use super::stages::{
 };
 use super::{median, median_of, memcpy_gb_per_s};
 use crate::batch::BatchLayout;
+use crate::cores::process_cpu_seconds;
 use crate::dataset::huge_pages::shard_mapped_bytes;
 use crate::dataset::Dataset;
 use crate::device::staging::StagingPool;
@@ -180,6 +181,10 @@ pub struct LoaderFigures {
     pub compute_seconds: Option<f64>,
     /// `wait_seconds` / wall time.
     pub waiting_fraction: Option<f64>,
+    /// The process's CPU time (all its threads) over the measured epochs' wall time: the
+    /// CPUs the loader kept busy. Below the machine's count, cores stood idle (threads
+    /// blocked or waking); at it, the gather's own cost is what remains.
+    pub cpus_busy: Option<f64>,
     /// On a GPU: the loader's copy stage on its own, GB/s: this loader's batch sizes
     /// copied back to back from pinned staging through the loader's device slots.
     pub copy_stage_gb_per_s: Option<f64>,
@@ -305,6 +310,8 @@ struct EpochRun {
     gather_while_waiting: (f64, usize),
     /// The workers' waits, summed over the epoch's batches.
     worker_waits: WorkerWaits,
+    /// The process's CPU seconds during the epoch (`None` where the system does not say).
+    cpu_seconds: Option<f64>,
     wait: f64,
     compute: f64,
     copy: Option<(f64, u64)>,
@@ -407,6 +414,7 @@ fn run_epoch(
         gather: 0.0,
         gather_while_waiting: (0.0, 0),
         worker_waits: WorkerWaits::default(),
+        cpu_seconds: None,
         wait: 0.0,
         compute: 0.0,
         copy: None,
@@ -414,6 +422,7 @@ fn run_epoch(
         gpu_idle_busy_ms: None,
     };
     let started = Instant::now();
+    let cpu_started = process_cpu_seconds();
     loop {
         let asked = Instant::now();
         let Some(batch) = loader.next() else { break };
@@ -446,6 +455,9 @@ fn run_epoch(
     }
     run.gpu_idle_busy_ms = consumer.finish()?;
     run.throughput.seconds = started.elapsed().as_secs_f64();
+    run.cpu_seconds = process_cpu_seconds()
+        .zip(cpu_started)
+        .map(|(now, then)| now - then);
     Ok(run)
 }
 
@@ -568,6 +580,7 @@ fn figures(
         wait_seconds: None,
         compute_seconds: None,
         waiting_fraction: None,
+        cpus_busy: None,
         copy_stage_gb_per_s: None,
         copy_stage_seconds: None,
         copy_stage_ratio_to_pinned_h2d: None,
@@ -736,6 +749,11 @@ pub fn run(
         f.wait_seconds = Some(wait);
         f.compute_seconds = Some(epochs.iter().map(|e| e.compute).sum());
         f.waiting_fraction = Some(wait / total.seconds.max(1e-9));
+        f.cpus_busy = epochs
+            .iter()
+            .map(|e| e.cpu_seconds)
+            .sum::<Option<f64>>()
+            .map(|cpu| cpu / total.seconds.max(1e-9));
         if let Some(disk) = cold_read {
             f.cold_events_per_s = Some(f.events_per_s);
             f.cold_ratio_to_disk =
@@ -927,6 +945,9 @@ fn stage_line(l: &LoaderFigures) -> String {
     );
     if let Some(idle) = l.gpu_waiting_fraction {
         out += &format!(" (GPU idle {:.1}%)", 100.0 * idle);
+    }
+    if let Some(busy) = l.cpus_busy {
+        out += &format!("; {busy:.2} CPUs busy");
     }
     if let (Some(gb), Some(s)) = (l.timed_copy_gb_per_s, l.timed_copy_seconds) {
         out += &format!(

@@ -29,12 +29,13 @@ pub(crate) struct Filled {
     pub(crate) waits: WorkerWaits,
 }
 
-/// Seconds a worker spent blocked around one of its batches, where a shared machine shows
-/// why workers fall idle: waiting for a free staging buffer before gathering it (every
-/// buffer was gathered, queued, being uploaded or held by the consumer), and waiting for
-/// room in the queue to the consumer when it sent the batch it gathered before (that wait
-/// is known only after the send, so the worker's next batch carries it; a worker's last
-/// send of an epoch is not counted). Zero for a batch the waiting thread gathered.
+/// Seconds a worker spent blocked around one of its batches, which show why workers fall
+/// idle: waiting for a free staging buffer before gathering it (every buffer was being
+/// gathered, queued, held back behind an earlier batch still being gathered since batches
+/// leave in order, being uploaded, or held by the consumer), and waiting for room in the
+/// queue to the consumer when it sent the batch it gathered before (that wait is known
+/// only after the send, so the worker's next batch carries it; a worker's last send of an
+/// epoch is not counted). Zero for a batch the waiting thread gathered.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct WorkerWaits {
     /// Blocked for a free staging buffer.
