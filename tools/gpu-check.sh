@@ -25,7 +25,7 @@
 #
 # --all suits a lease of minutes: the Python stage first (its GPU tests first of all) with at
 # most 55% of SECONDS and 3 s per peers.py loader, then the Rust stage (154 s at b179804,
-# plus six short shardbench runs with a baseline) with what is left, both on 320k events,
+# plus nine short shardbench runs with a baseline) with what is left, both on 320k events,
 # each stopped at its limit; whatever they wrote, finished or not (peers.py prints each round
 # as it ends), comes back in $OUT/gpu-check-all.tar.gz with each stage's log and exit status
 # (124: its time ran out).
@@ -35,7 +35,8 @@
 # example training loop on cuda:0, with a staged baseline the baseline's shardbench and the
 # current one alternated (3 rounds, 8 workers on cuda:0, window 16: a loader change against
 # the older code on the same machine in the same minutes, where these shared machines drift
-# between runs), shardbench with and without a 1 ms simulated step, and
+# between runs; the current one also with 32 batches ahead, and what its workers waited
+# for), shardbench with and without a 1 ms simulated step, and
 # the CPU path on two of the machine's cores (taskset: issue 20's 2-worker figures on a
 # fast CPU), and packs logs, JSON reports and the plot into $OUT/gpu-check.tar.gz (or
 # ./gpu-check.tar.gz). The second installs the wheel in .gpu-py/ into the machine's python3
@@ -201,16 +202,23 @@ bench() { # NAME ARGS...: one shardbench run on cuda:0, log and JSON under $out
         2>&1 | tee "$out/shardbench-$name.log"
 }
 if [[ -x "$bin/shardbench-baseline" ]]; then
+    # The current build also with 32 batches ahead: if its workers wait for staging buffers
+    # (batches leave in order, so one stalled worker holds the others' buffers back), more
+    # of them should show here. Each current row's waits and CPUs busy go into the log.
     echo "== baseline $(cat "$bin/baseline-commit.txt") against the current build, alternated"
     for round in 1 2 3; do
-        for build in baseline current; do
+        for build in baseline current current-prefetch32; do
             exe="$bin/shardbench"
-            [[ "$build" == current ]] || exe="$bin/shardbench-baseline"
+            extra=()
+            [[ "$build" == baseline ]] && exe="$bin/shardbench-baseline"
+            [[ "$build" == current-prefetch32 ]] && extra=(--prefetch 32)
+            log="$out/shardbench-ab-$build-$round.log"
             "$exe" "$work/ds" --device cuda:0 --no-baselines --windows 16 --workers 8 \
-                > "$out/shardbench-ab-$build-$round.log" 2>&1 || true
-            rate=$(awk '$1 == "shardify" && $2 == 16 {print $3}' \
-                "$out/shardbench-ab-$build-$round.log")
-            echo "round $round: $build ${rate:-(no row: see its log)} events/s" \
+                "${extra[@]}" > "$log" 2>&1 || true
+            rate=$(awk '$1 == "shardify" && $2 == 16 {print $3}' "$log")
+            waits=$(grep -o 'the workers outside the gather [^;]*' "$log" || true)
+            busy=$(grep -o '[0-9.]* CPUs busy' "$log" || true)
+            echo "round $round: $build ${rate:-(no row: see its log)} events/s ${waits:+($waits; $busy)}" \
                 | tee -a "$out/shardbench-ab.log"
         done
     done
