@@ -23,7 +23,7 @@ use crate::dataset::Dataset;
 use crate::device::staging::StagingPool;
 use crate::device::{DeviceChoice, Placement};
 use crate::error::Result;
-use crate::pipeline::{batches_ahead, Loader, LoaderConfig, WorkerScheduling, WorkerWaits};
+use crate::pipeline::{batches_ahead, Loader, LoaderConfig, WorkerScheduling};
 use crate::sampler::{BatchOrder, BatchPlan, Batching, SamplerConfig, SamplerState};
 use crate::source::InputSet;
 
@@ -157,15 +157,12 @@ pub struct LoaderFigures {
     /// Worker time per batch outside the gather: the workers' seconds per epoch (threads
     /// x epoch seconds) less the seconds they spent gathering (the waiting thread's gathers
     /// left out), over the epoch's batches.
-    /// Planning, hand-offs, and time without a core or blocked on a full queue.
+    /// Planning, hand-offs, and time without a core or blocked for a staging buffer.
     pub outside_gather_seconds_per_batch: Option<f64>,
     /// The part of it the workers spent blocked for a free staging buffer, per batch
-    /// ([`WorkerWaits::for_buffer`](crate::pipeline::WorkerWaits)): the consumer (or on a
-    /// GPU the uploader) held every buffer.
+    /// ([`Batch::buffer_wait_seconds`](crate::pipeline::Batch::buffer_wait_seconds)): the
+    /// batches ahead were all gathered, or waited behind one still being gathered.
     pub buffer_wait_seconds_per_batch: Option<f64>,
-    /// The part of it the workers spent blocked on a full queue to the consumer, per batch
-    /// ([`WorkerWaits::to_send`](crate::pipeline::WorkerWaits)): the consumer was behind.
-    pub send_wait_seconds_per_batch: Option<f64>,
     /// One thread planning the first measured epoch's batches as the workers plan them
     /// ([`planning`]): the sampler's share of their time outside the gather.
     pub planning: Option<Planning>,
@@ -308,8 +305,8 @@ struct EpochRun {
     gather: f64,
     /// The part of `gather` the waiting thread spent, and the batches it gathered.
     gather_while_waiting: (f64, usize),
-    /// The workers' waits, summed over the epoch's batches.
-    worker_waits: WorkerWaits,
+    /// The workers' seconds blocked for a staging buffer, summed over the epoch's batches.
+    buffer_wait: f64,
     /// The process's CPU seconds during the epoch (`None` where the system does not say).
     cpu_seconds: Option<f64>,
     wait: f64,
@@ -413,7 +410,7 @@ fn run_epoch(
         throughput: Throughput::default(),
         gather: 0.0,
         gather_while_waiting: (0.0, 0),
-        worker_waits: WorkerWaits::default(),
+        buffer_wait: 0.0,
         cpu_seconds: None,
         wait: 0.0,
         compute: 0.0,
@@ -436,9 +433,7 @@ fn run_epoch(
             run.gather_while_waiting.0 += batch.gather_seconds();
             run.gather_while_waiting.1 += 1;
         }
-        let waits = batch.worker_waits();
-        run.worker_waits.for_buffer += waits.for_buffer;
-        run.worker_waits.to_send += waits.to_send;
+        run.buffer_wait += batch.buffer_wait_seconds();
         run.compute += consumer.consume(&mut batch)?;
         if let Some(copy) = batch.device() {
             run.batch_bytes.push(batch.bytes().len());
@@ -573,7 +568,6 @@ fn figures(
         gather_stages: None,
         outside_gather_seconds_per_batch: None,
         buffer_wait_seconds_per_batch: None,
-        send_wait_seconds_per_batch: None,
         planning: None,
         measured_epoch_allocations: None,
         first_epoch_events_per_s: None,
@@ -737,11 +731,8 @@ pub fn run(
             (config.workers as f64 * total.seconds - worker_gather).max(0.0)
                 / batches.max(1) as f64,
         );
-        let per_batch = |wait: fn(&WorkerWaits) -> f64| {
-            epochs.iter().map(|e| wait(&e.worker_waits)).sum::<f64>() / batches.max(1) as f64
-        };
-        f.buffer_wait_seconds_per_batch = Some(per_batch(|w| w.for_buffer));
-        f.send_wait_seconds_per_batch = Some(per_batch(|w| w.to_send));
+        f.buffer_wait_seconds_per_batch =
+            Some(epochs.iter().map(|e| e.buffer_wait).sum::<f64>() / batches.max(1) as f64);
         f.planning = Some(planning(&dataset, &sampler(config, window), measured[0])?);
         f.measured_epoch_allocations = measured_allocations;
         f.first_epoch_events_per_s =
@@ -962,14 +953,10 @@ fn stage_line(l: &LoaderFigures) -> String {
     if let Some(s) = l.outside_gather_seconds_per_batch {
         out += &format!("; the workers outside the gather {} per batch", duration(s));
         let mut parts = Vec::new();
-        if let (Some(buffer), Some(send)) = (
-            l.buffer_wait_seconds_per_batch,
-            l.send_wait_seconds_per_batch,
-        ) {
+        if let Some(buffer) = l.buffer_wait_seconds_per_batch {
             parts.push(format!(
-                "blocked for a free staging buffer {:.1} µs, on a full queue {:.1} µs",
-                buffer * 1e6,
-                send * 1e6
+                "blocked for a free staging buffer {:.1} µs",
+                buffer * 1e6
             ));
         }
         if let Some(p) = &l.planning {

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaEvent, CudaStream, CudaView};
 
-use super::workers::{Filled, WorkerWaits};
+use super::workers::Filled;
 use crate::batch::{BatchLayout, BatchShape, PackedView, PaddedView, Sections};
 use crate::device::staging::{StagingBuffer, StagingPool};
 use crate::device::transfer::DeviceCopy;
@@ -29,7 +29,7 @@ pub struct Batch {
     shape: BatchShape,
     gather_seconds: f64,
     gathered_while_waiting: bool,
-    worker_waits: WorkerWaits,
+    buffer_wait_seconds: f64,
     layout: BatchLayout,
 }
 
@@ -75,7 +75,7 @@ impl Batch {
             shape: filled.shape,
             gather_seconds: filled.gather_seconds,
             gathered_while_waiting: filled.gathered_while_waiting,
-            worker_waits: filled.waits,
+            buffer_wait_seconds: filled.buffer_wait_seconds,
             layout,
         }
     }
@@ -165,10 +165,13 @@ impl Batch {
         self.gathered_while_waiting
     }
 
-    /// What the worker that gathered this batch waited for around it (zero when the
-    /// waiting thread gathered it): a diagnostic of why workers fall idle.
-    pub fn worker_waits(&self) -> WorkerWaits {
-        self.worker_waits
+    /// Seconds the worker that gathered this batch was blocked for a free staging buffer
+    /// before it (zero when the waiting thread gathered it): every buffer was being
+    /// gathered, held back behind an earlier batch still being gathered (batches leave in
+    /// order), being uploaded, or held by the consumer. A diagnostic of why workers fall
+    /// idle, which shardbench sums per batch.
+    pub fn buffer_wait_seconds(&self) -> f64 {
+        self.buffer_wait_seconds
     }
 
     /// Events, DOMs and pulses in the batch.

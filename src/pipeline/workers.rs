@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
-use crossbeam_channel::{bounded, select, Receiver, Sender, TrySendError};
+use crossbeam_channel::{bounded, select, Receiver, Sender};
 
 use super::helping::{Helper, Lending};
 use super::scheduling::GATHER_THREAD_NAME;
@@ -25,23 +25,9 @@ pub(crate) struct Filled {
     pub(crate) gather_seconds: f64,
     /// Gathered by the thread waiting for batches ([`super::helping`]), not a worker.
     pub(crate) gathered_while_waiting: bool,
-    /// What its worker waited for around it (zero when the waiting thread gathered it).
-    pub(crate) waits: WorkerWaits,
-}
-
-/// Seconds a worker spent blocked around one of its batches, which show why workers fall
-/// idle: waiting for a free staging buffer before gathering it (every buffer was being
-/// gathered, queued, held back behind an earlier batch still being gathered since batches
-/// leave in order, being uploaded, or held by the consumer), and waiting for room in the
-/// queue to the consumer when it sent the batch it gathered before (that wait is known
-/// only after the send, so the worker's next batch carries it; a worker's last send of an
-/// epoch is not counted). Zero for a batch the waiting thread gathered.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct WorkerWaits {
-    /// Blocked for a free staging buffer.
-    pub for_buffer: f64,
-    /// Blocked on a full queue to the consumer (as many batches ready as it may hold).
-    pub to_send: f64,
+    /// Seconds its worker was blocked for a free staging buffer before gathering it (zero
+    /// when the waiting thread gathered it: that one never waits for a buffer).
+    pub(crate) buffer_wait_seconds: f64,
 }
 
 /// Asks the pipeline's threads to stop: a flag they check between batches, and a channel
@@ -190,8 +176,9 @@ pub(crate) fn run_workers(
 
 /// Takes a free buffer (one last filled on this thread's CPU when there is one), then a
 /// plan, gathers, and sends the result; until the plans run out, an error, or a stop. The
-/// channels are tried first and only waited on (with the stop signal) when they are empty
-/// or full: the steady state takes no shared lock.
+/// pool is tried first and only waited on (with the stop signal) when it is empty; the
+/// results' channel is unbounded (the pool bounds the batches in flight), so a send never
+/// waits: the steady state takes no shared lock.
 fn gather_batches(
     dataset: &Dataset,
     config: &LoaderConfig,
@@ -201,9 +188,8 @@ fn gather_batches(
     stop: &Stop,
 ) {
     let mut gatherer = Gatherer::new(dataset);
-    let mut send_wait = 0.0;
     while !stop.requested() {
-        let Some((buffer, buffer_wait)) = take_buffer(pool, stop) else {
+        let Some((buffer, waited)) = take_buffer(pool, stop) else {
             return;
         };
         let Some((seq, plan)) = plans.next() else {
@@ -211,18 +197,11 @@ fn gather_batches(
         };
         let mut item = gather_plan(&mut gatherer, config, pool, plans, buffer, plan);
         if let Ok(filled) = &mut item {
-            filled.waits = WorkerWaits {
-                for_buffer: buffer_wait,
-                to_send: send_wait,
-            };
+            filled.buffer_wait_seconds = waited;
         }
         let failed = item.is_err();
-        match send_result(&results, (seq, item), stop) {
-            Some(waited) => send_wait = waited,
-            None => return,
-        }
-        if failed {
-            return;
+        if results.send((seq, item)).is_err() || failed {
+            return; // the consumer is gone, or the epoch ends at this error
         }
     }
 }
@@ -237,22 +216,6 @@ fn take_buffer(pool: &StagingPool, stop: &Stop) -> Option<(StagingBuffer, f64)> 
     select! {
         recv(pool.free()) -> b => b.ok().map(|b| (b, blocked.elapsed().as_secs_f64())),
         recv(stop.signal) -> _ => None,
-    }
-}
-
-/// Sends `item` on `results` and returns the seconds spent blocked on a full queue; `None`
-/// when the receiver is gone or at a stop. The clock is read only when the queue is full.
-fn send_result<T>(results: &Sender<T>, item: T, stop: &Stop) -> Option<f64> {
-    match results.try_send(item) {
-        Ok(()) => Some(0.0),
-        Err(TrySendError::Disconnected(_)) => None,
-        Err(TrySendError::Full(item)) => {
-            let blocked = Instant::now();
-            select! {
-                send(results, item) -> sent => sent.ok().map(|()| blocked.elapsed().as_secs_f64()),
-                recv(stop.signal) -> _ => None,
-            }
-        }
     }
 }
 
@@ -283,7 +246,7 @@ pub(crate) fn gather_plan(
             shape,
             gather_seconds: started.elapsed().as_secs_f64(),
             gathered_while_waiting: false,
-            waits: WorkerWaits::default(),
+            buffer_wait_seconds: 0.0,
         }),
         Err(e) => {
             plans.fail();
@@ -329,26 +292,5 @@ mod tests {
             assert!(waiter.join().unwrap(), "stopped instead of taking a buffer");
         });
         drop(held);
-    }
-
-    #[test]
-    fn a_worker_counts_the_time_it_waited_on_a_full_queue() {
-        let stop = Stop::new();
-        let (results, consumer) = bounded(1);
-        assert_eq!(send_result(&results, 1, &stop), Some(0.0), "room: no wait");
-        std::thread::scope(|scope| {
-            let sender = scope.spawn(|| send_result(&results, 2, &stop));
-            std::thread::sleep(HELD);
-            assert_eq!(consumer.recv().unwrap(), 1);
-            let waited = sender.join().unwrap().expect("sent once there was room");
-            assert!(waited >= 0.9 * HELD.as_secs_f64(), "waited {waited} s");
-        });
-        assert_eq!(consumer.recv().unwrap(), 2);
-        // A full queue at a stop, and a consumer gone: nothing sent, no wait reported.
-        assert_eq!(send_result(&results, 3, &stop), Some(0.0));
-        stop.request();
-        assert_eq!(send_result(&results, 4, &stop), None);
-        drop(consumer);
-        assert_eq!(send_result(&results, 5, &Stop::new()), None);
     }
 }
