@@ -5,9 +5,9 @@
 //! instead of sleeping until a worker sends one. A loader with as many workers as cores
 //! runs one thread more than it has cores: a consumer that blocks whenever the queue is
 //! empty is woken on a core a worker needs, and the workers then block once the batches
-//! ahead are all ready, which leaves cores idle while threads wake (measured on the 2-core machine at window
-//! 16: 8-12% of both cores idle, the consumer preempted about 300 times an epoch). A
-//! consumer that gathers while it would wait turns those gaps into batches.
+//! ahead are all ready, which leaves cores idle while threads wake (measured on the 2-core
+//! machine at window 16: 8-12% of both cores idle, the consumer preempted about 300 times
+//! an epoch). A consumer that gathers while it would wait turns those gaps into batches.
 //!
 //! The workers own the epoch's plans and shard views (they borrow the dataset for the
 //! epoch, inside a thread scope), so they lend them to the waiting thread for as long as

@@ -83,8 +83,8 @@ impl InOrder {
         }
     }
 
-    /// Drops what arrived and what is waiting in the channel (workers blocked on sending
-    /// can then see their stop signal).
+    /// Drops what arrived and what is waiting in the channel: their staging buffers go
+    /// back to the pool at once.
     pub(crate) fn clear(&mut self) {
         self.pending.clear();
         while self.results.try_recv().is_ok() {}
