@@ -127,6 +127,11 @@ impl HostMemory for PlainMemory {
 /// Allocates host memory of at least the given size (plain or pinned).
 pub type Allocator = Arc<dyn Fn(usize) -> Box<dyn HostMemory> + Send + Sync>;
 
+/// The CPU path's allocator: plain pageable memory ([`PlainMemory`]).
+pub fn plain_allocator() -> Allocator {
+    Arc::new(|n| Box::new(PlainMemory::new(n)) as Box<dyn HostMemory>)
+}
+
 /// A staging buffer out of the pool; dropped, it goes back there.
 pub struct StagingBuffer {
     /// `None` only while it is being freed for good.
@@ -411,11 +416,7 @@ mod tests {
 
     /// A pool of `base` buffers of 100 bytes in plain memory.
     fn plain_pool(base: usize) -> StagingPool {
-        StagingPool::new(
-            base,
-            100,
-            Arc::new(|n| Box::new(PlainMemory::new(n)) as Box<dyn HostMemory>),
-        )
+        StagingPool::new(base, 100, plain_allocator())
     }
 
     /// A pool of `base` buffers of `initial_bytes`, and the count of its buffers alive.

@@ -47,7 +47,7 @@ pub use staging_budget::check_staging_fits;
 
 use crate::batch::BatchLayout;
 use crate::dataset::{DatasetSizes, View};
-use crate::device::staging::{Allocator, HostMemory, PlainMemory, StagingPool};
+use crate::device::staging::{plain_allocator, Allocator, StagingPool};
 use crate::device::transfer::{DeviceCopy, DeviceSlots};
 use crate::device::{DeviceChoice, Placement};
 use crate::error::{Error, Result};
@@ -297,10 +297,7 @@ impl Loader {
                     config.time_copies,
                 )),
             ),
-            None => (
-                Arc::new(|n| Box::new(PlainMemory::new(n)) as Box<dyn HostMemory>),
-                None,
-            ),
+            None => (plain_allocator(), None),
         };
         // Resolved once (the default reads the cores): the pool and its budget agree on it.
         let ahead = config.batches_ahead();

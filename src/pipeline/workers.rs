@@ -257,21 +257,16 @@ pub(crate) fn gather_plan(
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
     use std::time::Duration;
 
     use super::*;
-    use crate::device::staging::{HostMemory, PlainMemory};
+    use crate::device::staging::plain_allocator;
 
     const HELD: Duration = Duration::from_millis(50);
 
     #[test]
     fn a_worker_counts_the_time_it_waited_for_a_free_buffer() {
-        let pool = StagingPool::new(
-            1,
-            64,
-            Arc::new(|n| Box::new(PlainMemory::new(n)) as Box<dyn HostMemory>),
-        );
+        let pool = StagingPool::new(1, 64, plain_allocator());
         let stop = Stop::new();
         let (_, free) = take_buffer(&pool, &stop).expect("the pool's one buffer");
         assert_eq!(free, 0.0, "a free buffer is taken without waiting");
