@@ -12,6 +12,7 @@ use shardify::pipeline::Batch;
 
 use crate::array::{export_tensor, numpy_name, Described};
 use crate::errors::{forked, to_py};
+use crate::exchange::TensorExchange;
 use crate::process::ProcessBound;
 
 /// One delivered batch, shared by the sections (and so the tensors) over it: dropping the
@@ -139,45 +140,62 @@ fn export_section<M: ManagedTensorBase>(
     unsafe { export_tensor(shared.clone(), described) }
 }
 
-/// Legacy DLPack capsules of the sections of `shared` that `hands_out` names, in buffer
-/// order, each with its section's name: what a consumer turns into tensors with one call
-/// each, where `__dlpack__` and `__dlpack_device__` per section cost three times as much
-/// (48 against 17 µs per batch of ten sections, measured). The batch is checked to belong
-/// to this process once, not three times per section (`getpid` costs 0.5 µs on these
-/// machines), and its sections are read in place (no `Section` object, no copy of their
-/// shapes). On CUDA, `stream` (the consumer's, as DLPack passes it) is made to wait for the
-/// batch's copy once, for all its sections.
+/// Managed DLPack tensors (legacy or versioned, `M`) of the sections of `shared` that
+/// `hands_out` names, in buffer order, each with its section's name: what a consumer turns
+/// into tensors with one call each, where `__dlpack__` and `__dlpack_device__` per section
+/// cost three times as much (48 against 17 µs per batch of ten sections, measured). The
+/// batch is checked to belong to this process once, not three times per section (`getpid`
+/// costs 0.5 µs on these machines), and its sections are read in place (no `Section`
+/// object, no copy of their shapes). On CUDA, `stream` (the consumer's, as DLPack passes
+/// it) is made to wait for the batch's copy once, for all its sections.
+fn managed_sections<M: ManagedTensorBase>(
+    shared: &SharedBatch,
+    hands_out: impl Fn(&str) -> bool,
+    stream: Option<&Bound<'_, PyAny>>,
+) -> PyResult<Vec<(&'static str, Managed<M>)>> {
+    let delivered = shared.get().map_err(forked)?;
+    if let Memory::Cuda { .. } = delivered.memory {
+        let request = ExportRequest::parse(stream, None, None, None)?;
+        delivered.order_after_copy(request.cuda_stream()?)?;
+    }
+    // The tensors are made under the lock, the Python objects after it (by the caller):
+    // making one may run the garbage collector, and with it any DLPack deleter.
+    let batch = delivered.batch.lock().unwrap_or_else(|e| e.into_inner());
+    batch
+        .sections()
+        .list
+        .iter()
+        .filter(|s| hands_out(s.name))
+        .map(|s| Ok((s.name, export_section::<M>(shared, delivered, s)?)))
+        .collect()
+}
+
+/// Legacy DLPack capsules of the sections of `shared` that `hands_out` names (see
+/// [`managed_sections`]).
 pub fn capsules(
     py: Python<'_>,
     shared: &SharedBatch,
     hands_out: impl Fn(&str) -> bool,
     stream: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<Vec<(&'static str, Py<PyAny>)>> {
-    let delivered = shared.get().map_err(forked)?;
-    if let Memory::Cuda { .. } = delivered.memory {
-        let request = ExportRequest::parse(stream, None, None, None)?;
-        delivered.order_after_copy(request.cuda_stream()?)?;
-    }
-    // The tensors are made under the lock, the Python objects after it: making one may run
-    // the garbage collector, and with it any DLPack deleter.
-    let tensors = {
-        let batch = delivered.batch.lock().unwrap_or_else(|e| e.into_inner());
-        batch
-            .sections()
-            .list
-            .iter()
-            .filter(|s| hands_out(s.name))
-            .map(|s| {
-                Ok((
-                    s.name,
-                    export_section::<DLManagedTensor>(shared, delivered, s)?,
-                ))
-            })
-            .collect::<PyResult<Vec<_>>>()?
-    };
-    tensors
+    managed_sections::<DLManagedTensor>(shared, hands_out, stream)?
         .into_iter()
         .map(|(name, tensor)| Ok((name, tensor.into_pyobject(py)?.into_any().unbind())))
+        .collect()
+}
+
+/// The sections of `shared` that `hands_out` names (see [`managed_sections`]) as tensors
+/// of the library `exchange` belongs to, made through its DLPack C exchange API.
+pub fn exchanged<'py>(
+    py: Python<'py>,
+    shared: &SharedBatch,
+    hands_out: impl Fn(&str) -> bool,
+    stream: Option<&Bound<'_, PyAny>>,
+    exchange: TensorExchange,
+) -> PyResult<Vec<(&'static str, Bound<'py, PyAny>)>> {
+    managed_sections::<DLManagedTensorVersioned>(shared, hands_out, stream)?
+        .into_iter()
+        .map(|(name, tensor)| Ok((name, exchange.tensor(py, tensor)?)))
         .collect()
 }
 

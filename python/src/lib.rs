@@ -17,6 +17,7 @@ mod batch;
 mod cli;
 mod dataset;
 mod errors;
+mod exchange;
 mod loader;
 mod machine;
 mod process;

@@ -1,7 +1,7 @@
 //! `shardify._native.Loader`: the Rust loader behind `shardify.Loader`, one epoch (one
 //! Rust [`Loader`]) at a time, with the position the Python object saves and restores.
 
-use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, TryLockError};
 use std::time::Duration;
 
 use pyo3::exceptions::PyRuntimeError;
@@ -19,9 +19,10 @@ use shardify::sampler::{BatchOrder, Batching, SamplerConfig, SamplerState};
 use shardify::Error;
 
 use crate::array::{numpy_name, PyHostArray};
-use crate::batch::{capsules, Delivered, PySection, SharedBatch};
+use crate::batch::{capsules, exchanged, Delivered, PySection, SharedBatch};
 use crate::dataset::PyDataset;
 use crate::errors::{forked, to_py};
+use crate::exchange::TensorExchange;
 use crate::process::ProcessBound;
 
 /// How long `next_batch` waits with the GIL released before it checks for signals
@@ -53,6 +54,11 @@ pub struct PyLoader {
     /// The handed-out sections' names as Python strings, in buffer order: the keys of
     /// every batch dict, made once.
     keys: Vec<(&'static str, Py<PyString>)>,
+    /// The DLPack C exchange of the tensor type batches were first asked in (by the
+    /// type's address), and that type, kept alive so that no other object takes its
+    /// address.
+    exchange: OnceLock<(usize, Option<TensorExchange>)>,
+    exchange_type: OnceLock<Py<PyAny>>,
 }
 
 /// `batch_events`, or a pulse budget (`max_pulses`, optionally `max_events`).
@@ -230,6 +236,24 @@ impl PyLoader {
     fn hands_out(&self, name: &str) -> bool {
         hands_out(self.labels, name)
     }
+
+    /// The DLPack C exchange of `tensor_type`, looked up once: the first type asked for
+    /// is remembered (a loader hands out one library's tensors), any other looked up anew.
+    fn exchange_of(&self, tensor_type: &Bound<'_, PyAny>) -> PyResult<Option<TensorExchange>> {
+        let address = tensor_type.as_ptr() as usize;
+        if let Some((known, exchange)) = self.exchange.get() {
+            if *known == address {
+                return Ok(*exchange);
+            }
+        }
+        let exchange = TensorExchange::of(tensor_type)?;
+        // The type stays alive (the cached address cannot be reused by another object)
+        // because the loader keeps a reference to it.
+        if self.exchange.set((address, exchange)).is_ok() {
+            let _ = self.exchange_type.set(tensor_type.clone().unbind());
+        }
+        Ok(exchange)
+    }
 }
 
 /// Whether a batch hands out section `name`: the labels only when the dataset has them.
@@ -320,6 +344,8 @@ impl PyLoader {
             labels: dataset.view.dataset().manifest().schema.types.labels,
             view: dataset.view.clone(),
             keys,
+            exchange: OnceLock::new(),
+            exchange_type: OnceLock::new(),
             config,
             progress: Mutex::new(ProcessBound::new(Progress {
                 placement,
@@ -365,32 +391,47 @@ impl PyLoader {
         Ok(Some(capsules.into_iter().map(|(_, c)| c).collect()))
     }
 
-    /// The next batch as a dict `{name: convert(capsule)}` over its sections' legacy DLPack
-    /// capsules (in `sections()` order), or `None` at the end of the epoch; on CUDA,
-    /// `stream` waits for the batch's copy as in `next_batch_capsules`. What
-    /// `shardify.Loader` yields with `convert` torch's capsule import: one native call per
-    /// batch, the dict built here with keys made once (in Python, `dict(zip(names,
-    /// map(convert, capsules)))` costs 0.5 µs a batch more).
-    #[pyo3(signature = (convert, stream = None))]
+    /// The next batch as a dict `{name: tensor}` over its sections (in `sections()`
+    /// order), or `None` at the end of the epoch; on CUDA, `stream` waits for the batch's
+    /// copy as in `next_batch_capsules`. Each tensor is made by the DLPack C exchange API of
+    /// `tensor_type` (`torch.Tensor` has one in recent torch: one C call a section) when it
+    /// has one, else by `convert` on the section's legacy DLPack capsule (torch's capsule
+    /// import). What `shardify.Loader` yields: one native call per batch, the dict built
+    /// here with keys made once (in Python, `dict(zip(names, map(convert, capsules)))` costs
+    /// 0.5 µs a batch more).
+    #[pyo3(signature = (convert, stream = None, tensor_type = None))]
     fn next_batch_dict<'py>(
         &self,
         py: Python<'py>,
         convert: &Bound<'py, PyAny>,
         stream: Option<Bound<'py, PyAny>>,
+        tensor_type: Option<Bound<'py, PyAny>>,
     ) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let exchange = match &tensor_type {
+            Some(tensor_type) => self.exchange_of(tensor_type)?,
+            None => None,
+        };
         let Some(shared) = self.next_shared(py)? else {
             return Ok(None);
         };
         let hands_out = |name: &str| self.hands_out(name);
-        let capsules = capsules(py, &shared, hands_out, stream.as_ref())?;
         let batch = PyDict::new(py);
-        for (index, (name, capsule)) in capsules.into_iter().enumerate() {
-            let converted = convert.call1((capsule,))?;
-            match self.keys.get(index) {
-                Some((known, key)) if *known == name => batch.set_item(key.bind(py), converted)?,
+        let insert =
+            |index: usize, name: &str, tensor: Bound<'py, PyAny>| match self.keys.get(index) {
+                Some((known, key)) if *known == name => batch.set_item(key.bind(py), tensor),
                 // Not reached (a batch's sections follow `sections()`), but a new layout that
                 // broke this would still give right keys.
-                _ => batch.set_item(name, converted)?,
+                _ => batch.set_item(name, tensor),
+            };
+        if let Some(exchange) = exchange {
+            let tensors = exchanged(py, &shared, hands_out, stream.as_ref(), exchange)?;
+            for (index, (name, tensor)) in tensors.into_iter().enumerate() {
+                insert(index, name, tensor)?;
+            }
+        } else {
+            let capsules = capsules(py, &shared, hands_out, stream.as_ref())?;
+            for (index, (name, capsule)) in capsules.into_iter().enumerate() {
+                insert(index, name, convert.call1((capsule,))?)?;
             }
         }
         Ok(Some(batch))
