@@ -54,11 +54,9 @@ pub struct PyLoader {
     /// The handed-out sections' names as Python strings, in buffer order: the keys of
     /// every batch dict, made once.
     keys: Vec<(&'static str, Py<PyString>)>,
-    /// The DLPack C exchange of the tensor type batches were first asked in (by the
-    /// type's address), and that type, kept alive so that no other object takes its
-    /// address.
-    exchange: OnceLock<(usize, Option<TensorExchange>)>,
-    exchange_type: OnceLock<Py<PyAny>>,
+    /// The tensor type batches were first asked in (compared by identity), with its
+    /// DLPack C exchange if it has one.
+    exchange: OnceLock<(Py<PyAny>, Option<TensorExchange>)>,
 }
 
 /// `batch_events`, or a pulse budget (`max_pulses`, optionally `max_events`).
@@ -240,18 +238,13 @@ impl PyLoader {
     /// The DLPack C exchange of `tensor_type`, looked up once: the first type asked for
     /// is remembered (a loader hands out one library's tensors), any other looked up anew.
     fn exchange_of(&self, tensor_type: &Bound<'_, PyAny>) -> PyResult<Option<TensorExchange>> {
-        let address = tensor_type.as_ptr() as usize;
         if let Some((known, exchange)) = self.exchange.get() {
-            if *known == address {
+            if known.is(tensor_type) {
                 return Ok(*exchange);
             }
         }
         let exchange = TensorExchange::of(tensor_type)?;
-        // The type stays alive (the cached address cannot be reused by another object)
-        // because the loader keeps a reference to it.
-        if self.exchange.set((address, exchange)).is_ok() {
-            let _ = self.exchange_type.set(tensor_type.clone().unbind());
-        }
+        let _ = self.exchange.set((tensor_type.clone().unbind(), exchange));
         Ok(exchange)
     }
 }
@@ -345,7 +338,6 @@ impl PyLoader {
             view: dataset.view.clone(),
             keys,
             exchange: OnceLock::new(),
-            exchange_type: OnceLock::new(),
             config,
             progress: Mutex::new(ProcessBound::new(Progress {
                 placement,
