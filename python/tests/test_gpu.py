@@ -1,5 +1,6 @@
 """On a CUDA device (skipped, saying so, without one): the device epoch equals the CPU
-epoch, and torch work queued on its current stream sees complete batches; resident batches
+epoch, torch work queued on its current stream sees complete batches, and device tensors
+made through torch's DLPack C exchange API equal those from its capsules; resident batches
 (fused and torch gathers) equal the streaming ones, and a resident epoch runs under
 ``torch.cuda.set_sync_debug_mode("error")``."""
 
@@ -47,6 +48,26 @@ def test_work_on_the_current_stream_sees_complete_batches(train_dir, torch, cuda
             del batch
     torch.cuda.synchronize()
     assert [float(s) for s in sums] == expected
+
+
+def test_device_tensors_through_the_exchange_equal_the_capsules(train_dir, torch, cuda):
+    if not hasattr(torch.Tensor, "__dlpack_c_exchange_api__"):
+        pytest.skip(f"torch {torch.__version__} has no DLPack C exchange API")
+    settings = dict(batch_events=16, device=cuda, seed=5)
+    via_capsules = shardify.Loader(train_dir, **settings)._native
+    via_exchange = shardify.Loader(train_dir, **settings)._native
+    convert = torch._C._from_dlpack
+    stream = torch.cuda.current_stream(cuda).cuda_stream or 1
+    batches = 0
+    while (a := via_capsules.next_batch_dict(convert, stream)) is not None:
+        b = via_exchange.next_batch_dict(convert, stream, torch.Tensor)
+        assert b is not None and list(a) == list(b)
+        for name in a:
+            assert b[name].device == cuda and b[name].dtype == a[name].dtype, name
+            assert torch.equal(a[name], b[name]), name
+        batches += 1
+    assert via_exchange.next_batch_dict(convert, stream, torch.Tensor) is None
+    assert batches == -(-300 // 16)
 
 
 RESIDENT_SETTINGS = [dict(batch_events=16, seed=3),
