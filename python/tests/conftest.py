@@ -173,3 +173,15 @@ def assert_a_held_batch_survives(loader, torch, later: int) -> None:
     assert torch.equal(kept_ids, copies["event_id"])
     assert torch.equal(kept_time, copies["pulse_time"])
     assert torch.equal(view, copies["pulse_time"][1:])
+
+
+def assert_same_batches(streamed, resident, torch) -> None:
+    """Section for section, dtype for dtype, value for value, batch for batch (two lists
+    of batches, at least one each)."""
+    assert len(streamed) == len(resident) > 0
+    for k, (want, got) in enumerate(zip(streamed, resident, strict=True)):
+        assert list(got) == list(want), f"batch {k}: sections {list(got)}"
+        for name in want:
+            a, b = want[name], got[name]
+            assert (b.dtype, tuple(b.shape)) == (a.dtype, tuple(a.shape)), f"{k} {name}"
+            assert torch.equal(a, b), f"batch {k}: {name} differs"

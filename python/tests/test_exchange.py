@@ -5,6 +5,7 @@ none, and a clear error where a type's table is broken."""
 import numpy as np
 import pytest
 import shardify
+from conftest import assert_same_batches
 
 SETTINGS = dict(batch_events=16, device="cpu", seed=5, output="torch")
 
@@ -15,11 +16,8 @@ def needs_exchange(torch):
 
 
 def assert_same_batch(a, b, torch):
-    assert list(a) == list(b)
-    for name in a:
-        assert type(a[name]) is torch.Tensor and type(b[name]) is torch.Tensor, name
-        assert a[name].dtype == b[name].dtype and a[name].shape == b[name].shape, name
-        assert torch.equal(a[name], b[name]), name
+    assert all(type(t) is torch.Tensor for t in (*a.values(), *b.values()))
+    assert_same_batches([a], [b], torch)
 
 
 def test_exchange_and_capsules_make_the_same_batches(train_dir, torch):

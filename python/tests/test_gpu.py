@@ -6,6 +6,7 @@ made through torch's DLPack C exchange API equal those from its capsules; reside
 
 import pytest
 import shardify
+from conftest import assert_same_batches
 
 
 @pytest.fixture(scope="module")
@@ -61,10 +62,9 @@ def test_device_tensors_through_the_exchange_equal_the_capsules(train_dir, torch
     batches = 0
     while (a := via_capsules.next_batch_dict(convert, stream)) is not None:
         b = via_exchange.next_batch_dict(convert, stream, torch.Tensor)
-        assert b is not None and list(a) == list(b)
-        for name in a:
-            assert b[name].device == cuda and b[name].dtype == a[name].dtype, name
-            assert torch.equal(a[name], b[name]), name
+        assert b is not None
+        assert all(t.device == cuda for t in b.values()), [t.device for t in b.values()]
+        assert_same_batches([a], [b], torch)
         batches += 1
     assert via_exchange.next_batch_dict(convert, stream, torch.Tensor) is None
     assert batches == -(-300 // 16)
@@ -87,11 +87,7 @@ def test_resident_batches_on_the_gpu_equal_streaming_ones(train_dir, torch, cuda
     loader = shardify.Loader(train_dir, device=cuda, resident=True, **settings)
     assert loader._batches.gather_kind == gather
     got = [{k: v.cpu() for k, v in b.items()} for b in loader]
-    assert len(got) == len(expected)
-    for g, w in zip(got, expected, strict=True):
-        assert list(g) == list(w)
-        for name in w:
-            assert g[name].dtype == w[name].dtype and torch.equal(g[name], w[name]), name
+    assert_same_batches(expected, got, torch)
 
 
 @pytest.mark.parametrize("gather", ["fused", "torch"])

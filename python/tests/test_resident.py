@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 import shardify
-from conftest import REPO, assert_a_held_batch_survives
+from conftest import REPO, assert_a_held_batch_survives, assert_same_batches
 from shardify._resident import buffers, columns, source
 
 SETTINGS = [
@@ -24,17 +24,6 @@ SETTINGS = [
     pytest.param(dict(batch_events=20, dom_positions=False), id="no-positions"),
     pytest.param(dict(batch_events=7, rank=1, world=3, seed=4), id="rank-1-of-3"),
 ]
-
-
-def assert_same_batches(streamed, resident, torch):
-    """Section for section, dtype for dtype, value for value, batch for batch."""
-    assert len(streamed) == len(resident) > 0
-    for k, (want, got) in enumerate(zip(streamed, resident, strict=True)):
-        assert list(got) == list(want), f"batch {k}: sections {list(got)}"
-        for name in want:
-            a, b = want[name], got[name]
-            assert (b.dtype, tuple(b.shape)) == (a.dtype, tuple(a.shape)), f"{k} {name}"
-            assert torch.equal(a, b), f"batch {k}: {name} differs"
 
 
 def epoch(loader):
