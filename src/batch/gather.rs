@@ -5,8 +5,9 @@
 //! gather first *locates* the batch: it visits the events in storage order (by shard, then
 //! index) and groups those that follow each other both in the shard and in the batch into
 //! runs, then reads each run's first and last offsets (and its largest DOM count). Then it
-//! copies run by run, each column of a run in one piece, to its place in the batch, and
-//! last looks every DOM's position up from the batch's own sensor ids, in one pass. In
+//! copies run by run, each column of a run in one piece, to its place in the batch (from a
+//! columns shard in two passes: the event- and DOM-level columns, then the pulse columns),
+//! and last looks every DOM's position up from the batch's own sensor ids, in one pass. In
 //! stored order a batch drawn from whole blocks (window 1, blocks the size of a batch) is
 //! one run: a handful of memcpys. In drawn order, runs are single events; copied in
 //! storage order their reads climb through each shard, which the hardware prefetcher
@@ -384,9 +385,9 @@ impl<'a> Gatherer<'a> {
     }
 
     /// `parts`: the packed sections after the headers, `dom_position` among them or not.
-    /// Each run's headers are copied with its columns, in one pass: a pass of their own
-    /// cost the loader 1-3% of its rate at windows 16 and 64, and saved it about 1% at
-    /// window 1 (2-core Zen 5, docs/results.md).
+    /// Each run's headers are copied with its columns (from a columns shard, with its
+    /// DOM-level ones): a pass of their own cost the loader 1-3% of its rate at windows 16
+    /// and 64, and saved it about 1% at window 1 (2-core Zen 5, docs/results.md).
     fn gather_packed(&self, headers: Headers, mut parts: Vec<&mut [u8]>) {
         let (event_doms, dom_pulses, sensor, position, time, charge, aux) = match &mut parts[..] {
             [a, b, c, p, t, q, x] => (a, b, c, Some(p), t, q, x),
@@ -409,10 +410,16 @@ impl<'a> Gatherer<'a> {
         // One loop per layout (every shard has the dataset's).
         match self.views.dataset.manifest().schema.layout {
             ShardLayout::Columns => {
+                // Two passes over the runs, each prefetching only what it reads: the DOM
+                // level, then the pulse level (see `copy_pulse_level`).
                 let view = |run: &Run| self.views.columns(run.shard);
-                let ahead = |run: &Run| prefetch_columns(view(run), run);
+                let ahead = |run: &Run| prefetch_dom_level(view(run), run);
                 visit_prefetching(runs, PREFETCH_AHEAD, ahead, |run| {
-                    copy_columns(view(run), run, &mut out)
+                    copy_dom_level(view(run), run, &mut out)
+                });
+                let ahead = |run: &Run| prefetch_pulse_level(view(run), run);
+                visit_prefetching(runs, PREFETCH_AHEAD, ahead, |run| {
+                    copy_pulse_level(view(run), run, &mut out)
                 });
             }
             ShardLayout::Records => {
@@ -462,13 +469,19 @@ impl<'a> Gatherer<'a> {
     }
 }
 
-/// Prefetches what a run's copy reads from a columns shard: its ids, labels and columns.
-fn prefetch_columns(v: &ShardView, run: &Run) {
+/// Prefetches what [`copy_dom_level`] reads of a run: its ids, labels, sensor ids and DOM
+/// offsets (its event offsets are in cache since locating read them).
+fn prefetch_dom_level(v: &ShardView, run: &Run) {
     prefetch_headers((v.event_id, v.event_azimuth, v.event_zenith), run);
-    let ((d0, d1), (p0, p1)) = (run.doms, run.pulses);
+    let (d0, d1) = run.doms;
     prefetch(element_bytes(sized(v.dom_sensor_id.raw()), d0, d1));
     // Locating read only the ends of the DOM offsets; rebasing reads them all.
     prefetch(&v.dom_pulse_offsets[d0..=d1]);
+}
+
+/// Prefetches what [`copy_pulse_level`] reads of a run: its pulse columns.
+fn prefetch_pulse_level(v: &ShardView, run: &Run) {
+    let (p0, p1) = run.pulses;
     prefetch(element_bytes(sized(v.pulse_time.raw()), p0, p1));
     prefetch(element_bytes(sized(v.pulse_charge.raw()), p0, p1));
     prefetch(element_bytes((v.pulse_auxiliary, 1), p0, p1));
@@ -512,17 +525,14 @@ fn fill_padded(
     }
 }
 
-/// Copies a run from a columns shard: each column's piece in one copy, its headers, and
-/// its offsets rebased.
-fn copy_columns(v: &ShardView, run: &Run, out: &mut PackedOut) {
+/// Copies a run's event- and DOM-level data from a columns shard: its headers, its sensor
+/// ids in one copy, and its offsets rebased.
+fn copy_dom_level(v: &ShardView, run: &Run, out: &mut PackedOut) {
     let headers = (v.event_id, v.event_azimuth, v.event_zenith);
     out.headers.copy_from(headers, run);
-    let ((d0, d1), (p0, p1)) = (run.doms, run.pulses);
+    let ((d0, d1), p0) = (run.doms, run.pulses.0);
     let (d_out, p_out, events) = (run.dom_at, run.pulse_at, run.events());
     copy_elements(sized(v.dom_sensor_id.raw()), d0, d1, out.sensor, d_out);
-    copy_elements(sized(v.pulse_time.raw()), p0, p1, out.time, p_out);
-    copy_elements(sized(v.pulse_charge.raw()), p0, p1, out.charge, p_out);
-    copy_elements((v.pulse_auxiliary, 1), p0, p1, out.aux, p_out);
     rebase(
         &v.dom_pulse_offsets[d0 + 1..=d1],
         p_out as i32 - p0 as i32,
@@ -533,6 +543,18 @@ fn copy_columns(v: &ShardView, run: &Run, out: &mut PackedOut) {
         d_out as i32 - d0 as i32,
         &mut out.event_doms[run.at + 1..=run.at + run.len],
     );
+}
+
+/// Copies a run's pulse columns from a columns shard, each in one copy. A pass of their
+/// own after [`copy_dom_level`]'s: each run then has three pieces to read and write
+/// instead of seven, and the loader delivered 2-4% more events a second at window 4, 3-5%
+/// at 16 and 5-7% at 64 than with one pass over all of a run's columns (no change at
+/// window 1; 2-core Zen 4, docs/results.md, "The columns copied in two passes").
+fn copy_pulse_level(v: &ShardView, run: &Run, out: &mut PackedOut) {
+    let ((p0, p1), p_out) = (run.pulses, run.pulse_at);
+    copy_elements(sized(v.pulse_time.raw()), p0, p1, out.time, p_out);
+    copy_elements(sized(v.pulse_charge.raw()), p0, p1, out.charge, p_out);
+    copy_elements((v.pulse_auxiliary, 1), p0, p1, out.aux, p_out);
 }
 
 /// Copies a run's values: one event's as a plain move (most runs at wide windows), more
