@@ -653,6 +653,56 @@ fn gather_stages_split_the_gather_with_and_without_positions() {
 }
 
 #[test]
+fn each_pass_of_pieces_holds_what_that_gather_pass_reads_from_either_layout() {
+    use shardify::bench::stages::{event_pieces, pass_pieces, shard_views};
+    use shardify::dataset::copy::copy_dataset;
+    use shardify::dataset::{ChecksumPolicy, Dataset};
+    use shardify::format::{ShardLayout, StoredView};
+    let dir = tempfile::tempdir().unwrap();
+    let columns = fixture_dataset(dir.path(), 1, ChecksumPolicy::Full);
+    let copy = dir.path().join("records");
+    let source = columns.dir().to_path_buf();
+    copy_dataset(&source, &copy, Some(ShardLayout::Records), &shardify::convert::Silent).unwrap();
+    let records = Dataset::open(&copy, ChecksumPolicy::Full).unwrap();
+    let (cv, rv) = (shard_views(&columns).unwrap(), shard_views(&records).unwrap());
+    let mut events = 0;
+    for (c, r) in cv.iter().zip(&rv) {
+        let (StoredView::Columns(view), StoredView::Records(rec)) = (c, r) else {
+            panic!("one dataset of each layout");
+        };
+        for i in 0..view.events() {
+            let pieces = |v, pass| {
+                let mut out = Vec::new();
+                pass_pieces(v, i, pass, &mut out);
+                out
+            };
+            let (first, second) = (pieces(c, 0), pieces(c, 1));
+            // The same events, taken apart: the columns' first pass holds the record's id,
+            // labels and sensor ids, and DOM offsets of the same count; its second the
+            // record's pulses.
+            let record = rec.record(i);
+            let [id, azimuth, zenith, sensors, offsets] = first[..] else {
+                panic!("event {i}: {} pieces in the first pass", first.len());
+            };
+            assert_eq!([id, azimuth, zenith].concat(), record.header, "event {i}");
+            assert_eq!(sensors, record.sensors, "event {i}");
+            assert_eq!(offsets.len(), record.dom_ends.len(), "event {i}");
+            let pulses = [record.times, record.charges, record.auxiliary];
+            assert_eq!(second, pulses, "event {i}");
+            // A record is read whole in the first pass.
+            let whole = &rec.records[rec.record_bytes(i..i + 1)];
+            assert_eq!((pieces(r, 0), pieces(r, 1)), (vec![whole], vec![]), "event {i}");
+            // All of an event's pieces: the first pass's, then the second's.
+            let mut all = Vec::new();
+            event_pieces(c, i, &mut all);
+            assert_eq!(all, [first, second].concat(), "event {i}");
+            events += 1;
+        }
+    }
+    assert_eq!(events, columns.manifest().totals.events as usize);
+}
+
+#[test]
 fn planning_counts_the_batches_and_events_the_loader_delivers() {
     use shardify::bench::stages::planning;
     use shardify::device::DeviceChoice;

@@ -58,59 +58,106 @@ impl ScatteredCopy {
     }
 }
 
-/// Pieces ahead of the one being copied or read whose memory is prefetched: about six
-/// events' worth, as the gather prefetches six runs ahead.
-const PREFETCH_PIECES: usize = 42;
+/// Events ahead of the one being copied or read whose pieces are prefetched, as the
+/// gather prefetches six runs ahead in each of its passes.
+const PREFETCH_EVENTS: usize = 6;
 
-/// Per batch of `plans`, the pieces of shard columns its events hold, event by event in
-/// the batch's storage order: each event's id, labels, sensor ids, DOM offsets, and pulse
-/// times, charges and flags, as the gather reads them.
+/// The gather's passes over a batch's runs: from a columns shard the event and DOM level,
+/// then the pulse level; from a records shard each record in the first.
+const PASSES: usize = 2;
+
+/// A batch's stored pieces, per pass of the gather.
+struct BatchPieces<'a> {
+    /// Per pass, each event's pieces of that pass, event by event in storage order.
+    passes: [Vec<&'a [u8]>; PASSES],
+    /// Events in the batch.
+    events: usize,
+}
+
+impl BatchPieces<'_> {
+    /// Every piece, in the order the gather reads them.
+    fn all(&self) -> impl Iterator<Item = &[u8]> {
+        self.passes.iter().flatten().copied()
+    }
+
+    /// Calls `visit` on each piece in that order, keeping [`PREFETCH_EVENTS`] events'
+    /// pieces of the same pass prefetched ahead.
+    fn visit_prefetched(&self, mut visit: impl FnMut(&[u8])) {
+        for pieces in &self.passes {
+            let ahead = (PREFETCH_EVENTS * pieces.len()).div_ceil(self.events.max(1));
+            visit_prefetching(pieces, ahead, |p| prefetch(p), |p| visit(p));
+        }
+    }
+}
+
+/// Per batch of `plans`, the pieces of shard columns its events hold, in the order the
+/// gather reads them: per pass ([`pass_pieces`]), event by event in the batch's storage
+/// order.
 fn batch_pieces<'a>(
     views: &'a [StoredView<'a>],
     plans: &[crate::sampler::BatchPlan],
-) -> Vec<Vec<&'a [u8]>> {
+) -> Vec<BatchPieces<'a>> {
     let mut batches = Vec::with_capacity(plans.len());
     for plan in plans {
         let mut events = plan.events.clone();
         events.sort_unstable();
-        let mut pieces = Vec::with_capacity(events.len() * 8);
-        for e in events {
-            event_pieces(&views[e.shard as usize], e.index as usize, &mut pieces);
-        }
-        batches.push(pieces);
+        let passes = std::array::from_fn(|pass| {
+            let mut pieces = Vec::with_capacity(events.len() * 5);
+            for e in &events {
+                pass_pieces(
+                    &views[e.shard as usize],
+                    e.index as usize,
+                    pass,
+                    &mut pieces,
+                );
+            }
+            pieces
+        });
+        batches.push(BatchPieces {
+            passes,
+            events: events.len(),
+        });
     }
     batches
 }
 
 /// Appends to `pieces` the stored pieces of event `i` of `v` that a packed batch holds, in
-/// the order the gather reads them: from a columns shard its id, its labels (when stored),
-/// its DOMs' sensor ids and pulse offsets, its pulses' times, charges and auxiliary flags;
-/// from a records shard its record.
+/// the order the gather reads them: its pieces of each pass in turn ([`pass_pieces`]).
 pub fn event_pieces<'a>(v: &StoredView<'a>, i: usize, pieces: &mut Vec<&'a [u8]>) {
+    for pass in 0..PASSES {
+        pass_pieces(v, i, pass, pieces);
+    }
+}
+
+/// Appends to `pieces` the stored pieces of event `i` of `v` that the gather's pass `pass`
+/// (0 or 1) reads, in its order: from a columns shard, in the first its id, its labels (when
+/// stored), its DOMs' sensor ids and pulse offsets, in the second its pulses' times,
+/// charges and auxiliary flags; from a records shard its record in the first, nothing in
+/// the second.
+pub fn pass_pieces<'a>(v: &StoredView<'a>, i: usize, pass: usize, pieces: &mut Vec<&'a [u8]>) {
     use crate::format::pod::as_bytes;
-    let v = match v {
-        StoredView::Columns(v) => v,
-        StoredView::Records(v) => {
+    let v = match (v, pass) {
+        (StoredView::Columns(v), _) => v,
+        (StoredView::Records(v), 0) => {
             pieces.push(&v.records[v.record_bytes(i..i + 1)]);
             return;
         }
+        (StoredView::Records(_), _) => return,
     };
-    let (doms, pulses) = (v.dom_range(i), v.event_pulse_range(i));
-    pieces.push(as_bytes(&v.event_id[i..=i]));
-    for labels in [v.event_azimuth, v.event_zenith].into_iter().flatten() {
-        pieces.push(as_bytes(&labels[i..=i]));
+    if pass == 0 {
+        let doms = v.dom_range(i);
+        pieces.push(as_bytes(&v.event_id[i..=i]));
+        for labels in [v.event_azimuth, v.event_zenith].into_iter().flatten() {
+            pieces.push(as_bytes(&labels[i..=i]));
+        }
+        pieces.push(element_range(v.dom_sensor_id.raw(), doms.clone()));
+        pieces.push(as_bytes(&v.dom_pulse_offsets[doms]));
+    } else {
+        let pulses = v.event_pulse_range(i);
+        pieces.push(element_range(v.pulse_time.raw(), pulses.clone()));
+        pieces.push(element_range(v.pulse_charge.raw(), pulses.clone()));
+        pieces.push(&v.pulse_auxiliary[pulses]);
     }
-    pieces.push(element_range(v.dom_sensor_id.raw(), doms.clone()));
-    pieces.push(as_bytes(&v.dom_pulse_offsets[doms]));
-    pieces.push(element_range(v.pulse_time.raw(), pulses.clone()));
-    pieces.push(element_range(v.pulse_charge.raw(), pulses.clone()));
-    pieces.push(&v.pulse_auxiliary[pulses]);
-}
-
-/// Calls `visit` on each of a batch's `pieces` in order, keeping [`PREFETCH_PIECES`]
-/// prefetched ahead, as the gather prefetches the runs ahead.
-fn visit_prefetched(pieces: &[&[u8]], mut visit: impl FnMut(&[u8])) {
-    visit_prefetching(pieces, PREFETCH_PIECES, |p| prefetch(p), |p| visit(p));
 }
 
 /// Every shard's validated view.
@@ -142,10 +189,14 @@ pub fn scattered_copy(
     let batches = batch_pieces(&views, plans);
     let largest = batches
         .iter()
-        .map(|b| b.iter().map(|p| p.len()).sum::<usize>())
+        .map(|b| b.all().map(<[u8]>::len).sum::<usize>())
         .max()
         .unwrap_or(0);
-    let total: usize = batches.iter().flatten().map(|p| p.len()).sum();
+    let total: usize = batches
+        .iter()
+        .flat_map(BatchPieces::all)
+        .map(<[u8]>::len)
+        .sum();
     let threads = threads.max(1);
     let mut buffers: Vec<Vec<u8>> = (0..threads).map(|_| vec![1u8; largest]).collect();
     let mut pass = || {
@@ -154,9 +205,9 @@ pub fn scattered_copy(
             for (t, dst) in buffers.iter_mut().enumerate() {
                 let batches = &batches;
                 s.spawn(move || {
-                    for pieces in batches.iter().skip(t).step_by(threads) {
+                    for batch in batches.iter().skip(t).step_by(threads) {
                         let mut at = 0;
-                        visit_prefetched(pieces, |piece| {
+                        batch.visit_prefetched(|piece| {
                             dst[at..at + piece.len()].copy_from_slice(piece);
                             at += piece.len();
                         });
@@ -333,8 +384,8 @@ pub fn gather_stages(
     let read_floor_seconds = median_of(3, || {
         let started = Instant::now();
         let mut sum = 0u64;
-        for pieces in &batches {
-            visit_prefetched(pieces, |piece| {
+        for batch in &batches {
+            batch.visit_prefetched(|piece| {
                 for line in piece.chunks(64) {
                     sum = sum.wrapping_add(u64::from(line[0]));
                 }
