@@ -662,9 +662,18 @@ fn each_pass_of_pieces_holds_what_that_gather_pass_reads_from_either_layout() {
     let columns = fixture_dataset(dir.path(), 1, ChecksumPolicy::Full);
     let copy = dir.path().join("records");
     let source = columns.dir().to_path_buf();
-    copy_dataset(&source, &copy, Some(ShardLayout::Records), &shardify::convert::Silent).unwrap();
+    copy_dataset(
+        &source,
+        &copy,
+        Some(ShardLayout::Records),
+        &shardify::convert::Silent,
+    )
+    .unwrap();
     let records = Dataset::open(&copy, ChecksumPolicy::Full).unwrap();
-    let (cv, rv) = (shard_views(&columns).unwrap(), shard_views(&records).unwrap());
+    let (cv, rv) = (
+        shard_views(&columns).unwrap(),
+        shard_views(&records).unwrap(),
+    );
     let mut events = 0;
     for (c, r) in cv.iter().zip(&rv) {
         let (StoredView::Columns(view), StoredView::Records(rec)) = (c, r) else {
@@ -691,7 +700,11 @@ fn each_pass_of_pieces_holds_what_that_gather_pass_reads_from_either_layout() {
             assert_eq!(second, pulses, "event {i}");
             // A record is read whole in the first pass.
             let whole = &rec.records[rec.record_bytes(i..i + 1)];
-            assert_eq!((pieces(r, 0), pieces(r, 1)), (vec![whole], vec![]), "event {i}");
+            assert_eq!(
+                (pieces(r, 0), pieces(r, 1)),
+                (vec![whole], vec![]),
+                "event {i}"
+            );
             // All of an event's pieces: the first pass's, then the second's.
             let mut all = Vec::new();
             event_pieces(c, i, &mut all);
