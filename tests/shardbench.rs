@@ -654,7 +654,7 @@ fn gather_stages_split_the_gather_with_and_without_positions() {
 
 #[test]
 fn each_pass_of_pieces_holds_what_that_gather_pass_reads_from_either_layout() {
-    use shardify::bench::stages::{event_pieces, pass_pieces, shard_views};
+    use shardify::bench::stages::{event_pieces, pass_pieces, shard_views, Pass};
     use shardify::dataset::copy::copy_dataset;
     use shardify::dataset::{ChecksumPolicy, Dataset};
     use shardify::format::{ShardLayout, StoredView};
@@ -685,7 +685,7 @@ fn each_pass_of_pieces_holds_what_that_gather_pass_reads_from_either_layout() {
                 pass_pieces(v, i, pass, &mut out);
                 out
             };
-            let (first, second) = (pieces(c, 0), pieces(c, 1));
+            let (first, second) = (pieces(c, Pass::DomLevel), pieces(c, Pass::PulseLevel));
             // The same events, taken apart: the columns' first pass holds the record's id,
             // labels and sensor ids, and DOM offsets of the same count; its second the
             // record's pulses.
@@ -701,7 +701,7 @@ fn each_pass_of_pieces_holds_what_that_gather_pass_reads_from_either_layout() {
             // A record is read whole in the first pass.
             let whole = &rec.records[rec.record_bytes(i..i + 1)];
             assert_eq!(
-                (pieces(r, 0), pieces(r, 1)),
+                (pieces(r, Pass::DomLevel), pieces(r, Pass::PulseLevel)),
                 (vec![whole], vec![]),
                 "event {i}"
             );

@@ -62,14 +62,27 @@ impl ScatteredCopy {
 /// gather prefetches six runs ahead in each of its passes.
 const PREFETCH_EVENTS: usize = 6;
 
-/// The gather's passes over a batch's runs: from a columns shard the event and DOM level,
-/// then the pulse level; from a records shard each record in the first.
-const PASSES: usize = 2;
+/// One of the gather's passes over a batch's runs, in the order it makes them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pass {
+    /// From a columns shard the events' ids and labels and their DOMs' sensor ids and
+    /// pulse offsets; from a records shard each whole record.
+    DomLevel,
+    /// From a columns shard the pulses' times, charges and auxiliary flags; nothing from a
+    /// records shard.
+    PulseLevel,
+}
+
+impl Pass {
+    /// Every pass, in order.
+    pub const ALL: [Pass; 2] = [Pass::DomLevel, Pass::PulseLevel];
+}
 
 /// A batch's stored pieces, per pass of the gather.
 struct BatchPieces<'a> {
-    /// Per pass, each event's pieces of that pass, event by event in storage order.
-    passes: [Vec<&'a [u8]>; PASSES],
+    /// Per pass ([`Pass::ALL`]'s order), each event's pieces of that pass, event by event
+    /// in storage order.
+    passes: [Vec<&'a [u8]>; Pass::ALL.len()],
     /// Events in the batch.
     events: usize,
 }
@@ -101,7 +114,7 @@ fn batch_pieces<'a>(
     for plan in plans {
         let mut events = plan.events.clone();
         events.sort_unstable();
-        let passes = std::array::from_fn(|pass| {
+        let passes = Pass::ALL.map(|pass| {
             let mut pieces = Vec::with_capacity(events.len() * 5);
             for e in &events {
                 pass_pieces(
@@ -124,39 +137,35 @@ fn batch_pieces<'a>(
 /// Appends to `pieces` the stored pieces of event `i` of `v` that a packed batch holds, in
 /// the order the gather reads them: its pieces of each pass in turn ([`pass_pieces`]).
 pub fn event_pieces<'a>(v: &StoredView<'a>, i: usize, pieces: &mut Vec<&'a [u8]>) {
-    for pass in 0..PASSES {
+    for pass in Pass::ALL {
         pass_pieces(v, i, pass, pieces);
     }
 }
 
-/// Appends to `pieces` the stored pieces of event `i` of `v` that the gather's pass `pass`
-/// (0 or 1) reads, in its order: from a columns shard, in the first its id, its labels (when
-/// stored), its DOMs' sensor ids and pulse offsets, in the second its pulses' times,
-/// charges and auxiliary flags; from a records shard its record in the first, nothing in
-/// the second.
-pub fn pass_pieces<'a>(v: &StoredView<'a>, i: usize, pass: usize, pieces: &mut Vec<&'a [u8]>) {
+/// Appends to `pieces` the stored pieces of event `i` of `v` that the gather's `pass`
+/// reads, in its order (see [`Pass`]).
+pub fn pass_pieces<'a>(v: &StoredView<'a>, i: usize, pass: Pass, pieces: &mut Vec<&'a [u8]>) {
     use crate::format::pod::as_bytes;
-    let v = match (v, pass) {
-        (StoredView::Columns(v), _) => v,
-        (StoredView::Records(v), 0) => {
-            pieces.push(&v.records[v.record_bytes(i..i + 1)]);
-            return;
+    match (v, pass) {
+        (StoredView::Columns(v), Pass::DomLevel) => {
+            let doms = v.dom_range(i);
+            pieces.push(as_bytes(&v.event_id[i..=i]));
+            for labels in [v.event_azimuth, v.event_zenith].into_iter().flatten() {
+                pieces.push(as_bytes(&labels[i..=i]));
+            }
+            pieces.push(element_range(v.dom_sensor_id.raw(), doms.clone()));
+            pieces.push(as_bytes(&v.dom_pulse_offsets[doms]));
         }
-        (StoredView::Records(_), _) => return,
-    };
-    if pass == 0 {
-        let doms = v.dom_range(i);
-        pieces.push(as_bytes(&v.event_id[i..=i]));
-        for labels in [v.event_azimuth, v.event_zenith].into_iter().flatten() {
-            pieces.push(as_bytes(&labels[i..=i]));
+        (StoredView::Columns(v), Pass::PulseLevel) => {
+            let pulses = v.event_pulse_range(i);
+            pieces.push(element_range(v.pulse_time.raw(), pulses.clone()));
+            pieces.push(element_range(v.pulse_charge.raw(), pulses.clone()));
+            pieces.push(&v.pulse_auxiliary[pulses]);
         }
-        pieces.push(element_range(v.dom_sensor_id.raw(), doms.clone()));
-        pieces.push(as_bytes(&v.dom_pulse_offsets[doms]));
-    } else {
-        let pulses = v.event_pulse_range(i);
-        pieces.push(element_range(v.pulse_time.raw(), pulses.clone()));
-        pieces.push(element_range(v.pulse_charge.raw(), pulses.clone()));
-        pieces.push(&v.pulse_auxiliary[pulses]);
+        (StoredView::Records(v), Pass::DomLevel) => {
+            pieces.push(&v.records[v.record_bytes(i..i + 1)])
+        }
+        (StoredView::Records(_), Pass::PulseLevel) => {}
     }
 }
 
