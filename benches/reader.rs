@@ -48,6 +48,7 @@ fn main() {
         dom_positions: true,
         cold: false,
         epochs: 2,
+        prefetch_level: None,
     };
     print!("{}", table(&run(dataset, None, &config).unwrap()));
 }

@@ -1,10 +1,12 @@
 //! The loader over two datasets, epochs alternated in one process:
-//! `cargo run --release --example alternate_datasets -- A B [WINDOWS] [ROUNDS]`.
+//! `cargo run --release --example alternate_datasets -- A B [WINDOWS] [ROUNDS] [LEVELS]`.
 //!
 //! For each window (`1,4,16,64` by default), one epoch over A, one over B, and again, for
 //! ROUNDS rounds (30 by default; which goes first alternates, and a first round warming
 //! both is not counted), on the CPU with the loader's defaults (2 workers, 256-event
-//! batches). Prints each dataset's mean events/s, B's ratio to A, and in how many rounds A
+//! batches). LEVELS (`l1,l2`, say) sets the caches A's and B's gathers prefetch into
+//! (the loader's choice for this machine when left out): with A and B the same dataset,
+//! it compares the two levels. Prints each dataset's mean events/s, B's ratio to A, and in how many rounds A
 //! was faster; then how much of each dataset's shards the process maps in huge pages.
 //! Shared machines drift by a quarter from one run to the next; epochs alternated in one
 //! process drift together, so this compares two conversions of the same events (two
@@ -19,6 +21,7 @@ use shardify::dataset::{ChecksumPolicy, Dataset};
 use shardify::device::staging::StagingPool;
 use shardify::device::{DeviceChoice, Placement};
 use shardify::pipeline::{Loader, LoaderConfig};
+use shardify::prefetch::PrefetchLevel;
 use shardify::sampler::{SamplerConfig, SamplerState};
 
 /// Events/s of one epoch over `dataset` at `config`, in `pool`'s staging buffers.
@@ -48,7 +51,7 @@ fn epoch_rate(
 fn main() -> Result<(), Box<dyn Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let (Some(a), Some(b)) = (args.first(), args.get(1)) else {
-        return Err("usage: alternate_datasets A B [WINDOWS] [ROUNDS]".into());
+        return Err("usage: alternate_datasets A B [WINDOWS] [ROUNDS] [LEVELS]".into());
     };
     let windows: Vec<usize> = args
         .get(2)
@@ -57,6 +60,13 @@ fn main() -> Result<(), Box<dyn Error>> {
         .map(str::parse)
         .collect::<Result<_, _>>()?;
     let rounds: usize = args.get(3).map_or(Ok(30), |r| r.parse())?;
+    let levels: [Option<PrefetchLevel>; 2] = match args.get(4) {
+        None => [None, None],
+        Some(levels) => match levels.split(',').collect::<Vec<_>>()[..] {
+            [a, b] => [Some(a.parse()?), Some(b.parse()?)],
+            _ => return Err(format!("LEVELS is two levels, as l1,l2: not {levels}").into()),
+        },
+    };
     let datasets = [
         Arc::new(Dataset::open(a.as_ref(), ChecksumPolicy::Full)?),
         Arc::new(Dataset::open(b.as_ref(), ChecksumPolicy::Full)?),
@@ -76,6 +86,10 @@ fn main() -> Result<(), Box<dyn Error>> {
         for round in 0..=rounds {
             for turn in 0..2 {
                 let which = (turn + round) % 2;
+                let config = LoaderConfig {
+                    prefetch_level: levels[which],
+                    ..config.clone()
+                };
                 let rate = epoch_rate(
                     &datasets[which],
                     &config,

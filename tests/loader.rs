@@ -12,6 +12,7 @@ use shardify::batch::{sections, BatchLayout};
 use shardify::dataset::{ChecksumPolicy, Dataset};
 use shardify::device::{DeviceChoice, Placement};
 use shardify::pipeline::{Batch, Loader, LoaderConfig, LoaderState};
+use shardify::prefetch::PrefetchLevel;
 use shardify::sampler::{BatchOrder, Batching, SamplerConfig, SamplerState};
 
 fn dataset(dir: &Path) -> Arc<Dataset> {
@@ -788,12 +789,19 @@ fn a_config_that_cannot_work_is_refused_naming_what_is_wrong() {
     }
 }
 
-/// One epoch's batches in `layout` at `window` blocks, hashed section by section (name,
-/// dtype, shape and bytes), as a hex digest.
-fn epoch_digest(ds: &Arc<Dataset>, window: usize, layout: BatchLayout) -> String {
+/// One epoch's batches in `layout` at `window` blocks, gathered with prefetches into the
+/// caches of `level`, hashed section by section (name, dtype, shape and bytes), as a hex
+/// digest.
+fn epoch_digest(
+    ds: &Arc<Dataset>,
+    window: usize,
+    layout: BatchLayout,
+    level: PrefetchLevel,
+) -> String {
     let mut c = config(Batching::Events(16), 2);
     c.sampler.window_blocks = window;
     c.layout = layout;
+    c.prefetch_level = Some(level);
     let mut hasher = xxhash_rust::xxh3::Xxh3::new();
     for batch in epoch(ds, &c, 1) {
         for s in &batch.sections().list {
@@ -809,9 +817,12 @@ fn batches_are_byte_for_byte_those_of_earlier_releases() {
     // Digests taken at commit 732747f (before the host-path work of issue 20): a faster
     // gather must deliver exactly these bytes. Change them only with a format or sampler
     // change that is meant to change batches, and say so in its commit.
+    // Whichever caches the prefetches fill: they are hints, and change no byte.
     let tmp = tempfile::tempdir().unwrap();
     let ds = dataset(tmp.path());
-    assert_eq!(golden_digests(&ds), GOLDEN_DIGESTS, "batches changed");
+    for level in [PrefetchLevel::L1, PrefetchLevel::L2] {
+        assert_eq!(golden_digests(&ds, level), GOLDEN_DIGESTS, "{level}");
+    }
 }
 
 #[test]
@@ -831,11 +842,13 @@ fn a_records_copy_delivers_the_same_bytes() {
     .unwrap();
     let records = Arc::new(Dataset::open(&records, ChecksumPolicy::Full).unwrap());
     assert_eq!(records.manifest().schema.layout, ShardLayout::Records);
-    assert_eq!(
-        golden_digests(&records),
-        GOLDEN_DIGESTS,
-        "records gave other batches"
-    );
+    for level in [PrefetchLevel::L1, PrefetchLevel::L2] {
+        assert_eq!(
+            golden_digests(&records, level),
+            GOLDEN_DIGESTS,
+            "records gave other batches ({level})"
+        );
+    }
     // Without positions, from one worker, in stored order, and from whole blocks.
     let mut c = config(Batching::Events(16), 1);
     c.dom_positions = false;
@@ -847,8 +860,9 @@ fn a_records_copy_delivers_the_same_bytes() {
     assert!(from_columns == from_records, "records gave other batches");
 }
 
-/// One epoch's digest at windows 1, 4 and 64 in the packed layout, and at 4 padded.
-fn golden_digests(ds: &Arc<Dataset>) -> Vec<String> {
+/// One epoch's digest at windows 1, 4 and 64 in the packed layout, and at 4 padded,
+/// prefetching into the caches of `level`.
+fn golden_digests(ds: &Arc<Dataset>, level: PrefetchLevel) -> Vec<String> {
     let padded = BatchLayout::Padded {
         max_doms: 24,
         pulses_per_dom: 3,
@@ -860,7 +874,7 @@ fn golden_digests(ds: &Arc<Dataset>) -> Vec<String> {
         (4, padded),
     ]
     .into_iter()
-    .map(|(window, layout)| epoch_digest(ds, window, layout))
+    .map(|(window, layout)| epoch_digest(ds, window, layout, level))
     .collect()
 }
 

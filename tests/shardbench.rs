@@ -10,11 +10,28 @@ use common::*;
 use serde_json::Value;
 use shardify::cores::available_cores;
 use shardify::pipeline::default_prefetch;
+use shardify::prefetch::{PrefetchLevel, PREFETCH_LEVEL_VAR};
 
 /// `shardbench --quick` on `ds` with 32-event batches of 16-event blocks, its figures in
 /// `json`, and `extra` arguments.
 fn quick_shardbench(ds: &Path, json: &Path, extra: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_shardbench"))
+    quick_shardbench_in(ds, json, extra, None)
+}
+
+/// [`quick_shardbench`] with `SHARDIFY_PREFETCH_LEVEL` set to `prefetch_level` (else
+/// unset, whatever the tests' environment holds).
+fn quick_shardbench_in(
+    ds: &Path,
+    json: &Path,
+    extra: &[&str],
+    prefetch_level: Option<&str>,
+) -> Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_shardbench"));
+    command.env_remove(PREFETCH_LEVEL_VAR);
+    if let Some(level) = prefetch_level {
+        command.env(PREFETCH_LEVEL_VAR, level);
+    }
+    command
         .arg(ds)
         .args([
             "--quick",
@@ -570,8 +587,8 @@ fn prefetch_sizes_the_loaders_staging_pool_and_never_changes_the_batches() {
     assert_eq!(default["prefetch"], 4);
     assert_eq!(r["prefetch"], 7);
     assert_eq!(wide["prefetch"], wide_ahead);
-    assert!(table.contains("), 7 batches prepared ahead\n"), "{table}");
-    let said = format!("), {wide_ahead} batches prepared ahead\n");
+    assert!(table.contains("), 7 batches prepared ahead, "), "{table}");
+    let said = format!("), {wide_ahead} batches prepared ahead, ");
     assert!(
         wide_table.contains(" 8 workers (") && wide_table.contains(&said),
         "{wide_table}"
@@ -605,6 +622,68 @@ fn prefetch_sizes_the_loaders_staging_pool_and_never_changes_the_batches() {
     );
 }
 
+#[test]
+fn the_prefetch_level_comes_from_the_flag_the_environment_or_the_cpu_and_is_reported() {
+    let (dir, ds) = converted_fixture();
+    let json = dir.path().join("report.json");
+    let run = |extra: &[&str], env: Option<&str>| {
+        let out = quick_shardbench_in(&ds, &json, extra, env);
+        let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+        assert!(out.status.success(), "{extra:?} {env:?}: {stderr}");
+        let report: Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+        (String::from_utf8_lossy(&out.stdout).to_string(), report)
+    };
+    let machine = PrefetchLevel::for_this_machine();
+    let other = match machine {
+        PrefetchLevel::L1 => PrefetchLevel::L2,
+        PrefetchLevel::L2 => PrefetchLevel::L1,
+    };
+    let (table, default) = run(&["--no-baselines"], None);
+    let (l2_table, l2) = run(&["--no-baselines", "--prefetch-level", "l2"], None);
+    let (l1_table, l1) = run(&["--no-baselines", "--prefetch-level", "l1"], None);
+    // The variable decides when the flag is not given, and the flag beats it.
+    let (_, from_env) = run(&["--no-baselines"], Some(other.name()));
+    let flag = ["--no-baselines", "--prefetch-level", machine.name()];
+    let (_, from_flag) = run(&flag, Some(other.name()));
+    assert_eq!(
+        default["prefetch_level"],
+        machine.name(),
+        "this CPU's level"
+    );
+    assert_eq!(l2["prefetch_level"], "l2");
+    assert_eq!(l1["prefetch_level"], "l1");
+    assert_eq!(from_env["prefetch_level"], other.name());
+    assert_eq!(from_flag["prefetch_level"], machine.name());
+    let said = |level: &str, instruction: &str| {
+        format!(" batches prepared ahead, prefetching into {level} ({instruction})\n")
+    };
+    let machine_said = said(&machine.name().to_uppercase(), machine.instruction());
+    assert!(table.contains(&machine_said), "{table}");
+    assert!(l2_table.contains(&said("L2", "prefetcht1")), "{l2_table}");
+    assert!(l1_table.contains(&said("L1", "prefetcht0")), "{l1_table}");
+    // A prefetch is a hint: the batches, and so the order's figures, are the same.
+    let loaders = |r: &Value| r["loaders"].as_array().unwrap().clone();
+    for (a, b) in loaders(&l1).iter().zip(loaders(&l2)) {
+        assert_eq!(a["events"], b["events"]);
+        assert_eq!(a["quality"], b["quality"]);
+    }
+    // A level that is neither is refused, naming where it came from.
+    let refused = quick_shardbench_in(&ds, &json, &["--no-baselines"], Some("l3"));
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success()
+            && stderr.contains(PREFETCH_LEVEL_VAR)
+            && stderr.contains("\"l3\""),
+        "{stderr}"
+    );
+    let refused = quick_shardbench(&ds, &json, &["--prefetch-level", "l0"]);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success() && stderr.contains("--prefetch-level"),
+        "{stderr}"
+    );
+}
+
 /// Batches of 32 events from blocks of 16, `window` blocks at a time.
 fn small_batches(seed: u64, window: usize) -> shardify::sampler::SamplerConfig {
     shardify::sampler::SamplerConfig {
@@ -631,8 +710,13 @@ fn gather_stages_split_the_gather_with_and_without_positions() {
         view.locate_plan(plan);
     }
     let m = dataset.manifest();
-    for (positions, rotation) in [(true, 3), (false, 1), (true, 0)] {
-        let g = gather_stages(&dataset, &plans, positions, rotation).unwrap();
+    let settings = [
+        (true, 3, PrefetchLevel::L1),
+        (false, 1, PrefetchLevel::L2),
+        (true, 0, PrefetchLevel::L2),
+    ];
+    for (positions, rotation, level) in settings {
+        let g = gather_stages(&dataset, &plans, positions, rotation, level).unwrap();
         assert_eq!(
             (g.batches, g.events as u64, g.doms as u64),
             (plans.len(), m.totals.events, m.totals.doms)

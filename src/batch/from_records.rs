@@ -4,7 +4,7 @@
 use super::gather::{PackedOut, Run};
 use crate::format::records::EventRecord;
 use crate::format::{RecordView, ShardView};
-use crate::prefetch::prefetch;
+use crate::prefetch::{prefetch_into, PrefetchLevel};
 
 /// Events ahead, inside a run, whose records are prefetched while one is copied: a run of
 /// a window-1 batch is a whole block, where the hardware's own prefetch alone left the
@@ -14,7 +14,7 @@ const RECORDS_AHEAD: usize = 4;
 /// Copies a run of a records shard into a packed batch, event by event: each record's
 /// pieces to their sections, its DOM ends rebased to the batch's pulses. The run's records
 /// follow each other from its first DOM's and pulse's.
-pub(super) fn copy_records(v: &RecordView, run: &Run, out: &mut PackedOut) {
+pub(super) fn copy_records(v: &RecordView, run: &Run, out: &mut PackedOut, level: PrefetchLevel) {
     let w = v.widths;
     let (sensor, time, charge) = (w.sensor_id.size(), w.time.size(), w.charge.size());
     let (mut d_out, mut p_out) = (run.dom_at, run.pulse_at);
@@ -25,7 +25,8 @@ pub(super) fn copy_records(v: &RecordView, run: &Run, out: &mut PackedOut) {
     for (k, ((b, d), p)) in (run.at..).zip(doms).zip(pulses).enumerate() {
         let e = run.index + k;
         if k + RECORDS_AHEAD < run.len {
-            prefetch(&v.records[v.record_bytes(e + RECORDS_AHEAD..e + RECORDS_AHEAD + 1)]);
+            let ahead = e + RECORDS_AHEAD..e + RECORDS_AHEAD + 1;
+            prefetch_into(&v.records[v.record_bytes(ahead)], level);
         }
         let (d, p) = ((d[1] - d[0]) as usize, (p[1] - p[0]) as usize);
         let len = w.header() + d * w.per_dom() + p * w.per_pulse();

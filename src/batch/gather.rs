@@ -29,7 +29,7 @@ use crate::dataset::Dataset;
 use crate::error::{Error, Result};
 use crate::format::safetensors::Dtype;
 use crate::format::{IntColumn, RecordView, ShardLayout, ShardView, StoredView};
-use crate::prefetch::{prefetch, visit_prefetching};
+use crate::prefetch::{prefetch_into, visit_prefetching, PrefetchLevel};
 use crate::sampler::{BatchPlan, EventRef};
 
 /// A batch whose events span at most this many times as many indexes as it holds is
@@ -53,6 +53,8 @@ const LOCATE_AHEAD: usize = 32;
 pub struct Gatherer<'a> {
     views: Views<'a>,
     located: Located,
+    /// The caches its prefetches fill.
+    level: PrefetchLevel,
 }
 
 /// The validated view of each shard touched so far.
@@ -184,15 +186,27 @@ impl Headers<'_> {
 }
 
 impl<'a> Gatherer<'a> {
-    /// A gatherer over `dataset`.
+    /// A gatherer over `dataset`, prefetching into the caches that suit this machine
+    /// ([`PrefetchLevel::for_this_machine`]).
     pub fn new(dataset: &'a Dataset) -> Gatherer<'a> {
+        Gatherer::with_prefetch(dataset, PrefetchLevel::for_this_machine())
+    }
+
+    /// A gatherer over `dataset` whose prefetches fill the caches of `level`.
+    pub fn with_prefetch(dataset: &'a Dataset, level: PrefetchLevel) -> Gatherer<'a> {
         Gatherer {
             views: Views {
                 dataset,
                 views: (0..dataset.shard_count()).map(|_| None).collect(),
             },
             located: Located::default(),
+            level,
         }
+    }
+
+    /// The caches its prefetches fill.
+    pub fn prefetch_level(&self) -> PrefetchLevel {
+        self.level
     }
 
     /// The shape of the batch `plan` describes. Locating it here is work
@@ -205,6 +219,8 @@ impl<'a> Gatherer<'a> {
     }
 
     fn locate(&mut self, plan: &BatchPlan) -> Result<()> {
+        let level = self.level;
+        let prefetch = |values: &[i32]| prefetch_into(values, level);
         let Located {
             events,
             runs,
@@ -378,7 +394,7 @@ impl<'a> Gatherer<'a> {
             let events = self.views.get(run.shard).event_tensors();
             (events.id, events.azimuth, events.zenith)
         };
-        let ahead = |run: &Run| prefetch_headers(columns(run), run);
+        let ahead = |run: &Run| prefetch_headers(columns(run), run, self.level);
         visit_prefetching(runs, PREFETCH_AHEAD, ahead, |run| {
             headers.copy_from(columns(run), run)
         });
@@ -413,11 +429,11 @@ impl<'a> Gatherer<'a> {
                 // Two passes over the runs, each prefetching only what it reads: the DOM
                 // level, then the pulse level (see `copy_pulse_level`).
                 let view = |run: &Run| self.views.columns(run.shard);
-                let ahead = |run: &Run| prefetch_dom_level(view(run), run);
+                let ahead = |run: &Run| prefetch_dom_level(view(run), run, self.level);
                 visit_prefetching(runs, PREFETCH_AHEAD, ahead, |run| {
                     copy_dom_level(view(run), run, &mut out)
                 });
-                let ahead = |run: &Run| prefetch_pulse_level(view(run), run);
+                let ahead = |run: &Run| prefetch_pulse_level(view(run), run, self.level);
                 visit_prefetching(runs, PREFETCH_AHEAD, ahead, |run| {
                     copy_pulse_level(view(run), run, &mut out)
                 });
@@ -426,10 +442,10 @@ impl<'a> Gatherer<'a> {
                 let view = |run: &Run| self.views.records(run.shard);
                 let ahead = |run: &Run| {
                     let v = view(run);
-                    prefetch(&v.records[v.record_bytes(run.events())])
+                    prefetch_into(&v.records[v.record_bytes(run.events())], self.level)
                 };
                 visit_prefetching(runs, PREFETCH_AHEAD, ahead, |run| {
-                    copy_records(view(run), run, &mut out)
+                    copy_records(view(run), run, &mut out, self.level)
                 });
             }
         }
@@ -471,28 +487,28 @@ impl<'a> Gatherer<'a> {
 
 /// Prefetches what [`copy_dom_level`] reads of a run: its ids, labels, sensor ids and DOM
 /// offsets (its event offsets are in cache since locating read them).
-fn prefetch_dom_level(v: &ShardView, run: &Run) {
-    prefetch_headers((v.event_id, v.event_azimuth, v.event_zenith), run);
+fn prefetch_dom_level(v: &ShardView, run: &Run, level: PrefetchLevel) {
+    prefetch_headers((v.event_id, v.event_azimuth, v.event_zenith), run, level);
     let (d0, d1) = run.doms;
-    prefetch(element_bytes(sized(v.dom_sensor_id.raw()), d0, d1));
+    prefetch_into(element_bytes(sized(v.dom_sensor_id.raw()), d0, d1), level);
     // Locating read only the ends of the DOM offsets; rebasing reads them all.
-    prefetch(&v.dom_pulse_offsets[d0..=d1]);
+    prefetch_into(&v.dom_pulse_offsets[d0..=d1], level);
 }
 
 /// Prefetches what [`copy_pulse_level`] reads of a run: its pulse columns.
-fn prefetch_pulse_level(v: &ShardView, run: &Run) {
+fn prefetch_pulse_level(v: &ShardView, run: &Run, level: PrefetchLevel) {
     let (p0, p1) = run.pulses;
-    prefetch(element_bytes(sized(v.pulse_time.raw()), p0, p1));
-    prefetch(element_bytes(sized(v.pulse_charge.raw()), p0, p1));
-    prefetch(element_bytes((v.pulse_auxiliary, 1), p0, p1));
+    prefetch_into(element_bytes(sized(v.pulse_time.raw()), p0, p1), level);
+    prefetch_into(element_bytes(sized(v.pulse_charge.raw()), p0, p1), level);
+    prefetch_into(element_bytes((v.pulse_auxiliary, 1), p0, p1), level);
 }
 
 /// Prefetches the ids and labels of a run.
-fn prefetch_headers((ids, azimuth, zenith): EventColumns, run: &Run) {
+fn prefetch_headers((ids, azimuth, zenith): EventColumns, run: &Run, level: PrefetchLevel) {
     let events = run.events();
-    prefetch(&ids[events.clone()]);
+    prefetch_into(&ids[events.clone()], level);
     for labels in [azimuth, zenith].into_iter().flatten() {
-        prefetch(&labels[events.clone()]);
+        prefetch_into(&labels[events.clone()], level);
     }
 }
 

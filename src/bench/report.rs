@@ -24,6 +24,7 @@ use crate::device::staging::StagingPool;
 use crate::device::{DeviceChoice, Placement};
 use crate::error::Result;
 use crate::pipeline::{batches_ahead, Loader, LoaderConfig, WorkerScheduling};
+use crate::prefetch::PrefetchLevel;
 use crate::sampler::{BatchOrder, BatchPlan, Batching, SamplerConfig, SamplerState};
 use crate::source::InputSet;
 
@@ -76,6 +77,10 @@ pub struct BenchConfig {
     /// compares the first two), each between two memcpy measurements
     /// (`LoaderFigures::paired_ratios_to_memcpy`).
     pub epochs: usize,
+    /// The caches the loader's prefetches fill (`LoaderConfig::prefetch_level`; `None`:
+    /// the environment's `SHARDIFY_PREFETCH_LEVEL`, else this machine's level). The
+    /// scattered-copy bound and the read floor prefetch alike.
+    pub prefetch_level: Option<PrefetchLevel>,
 }
 
 /// Figures of one loader.
@@ -271,6 +276,8 @@ pub struct Report {
     pub workers: usize,
     /// Batches the loader prepared ahead of the consumer (shardify).
     pub prefetch: usize,
+    /// The caches its prefetches filled (shardify), and the bounds' prefetches.
+    pub prefetch_level: PrefetchLevel,
     /// Their scheduling policies, in the order the rows were measured.
     pub worker_scheduling: Vec<WorkerScheduling>,
     /// Whether the waiting thread gathered, in the order the rows were measured.
@@ -380,6 +387,7 @@ fn loader_config(config: &BenchConfig, window: usize, variant: Variant) -> Loade
         dom_positions: config.dom_positions,
         worker_scheduling: variant.scheduling,
         consumer_gathers: variant.consumer_gathers,
+        prefetch_level: config.prefetch_level,
     }
 }
 
@@ -595,6 +603,12 @@ pub fn run(
     source: Option<&InputSet>,
     config: &BenchConfig,
 ) -> Result<Report> {
+    // Resolved once: every loader and every bound of the run prefetch alike.
+    let prefetch_level = PrefetchLevel::resolve(config.prefetch_level)?;
+    let config = &BenchConfig {
+        prefetch_level: Some(prefetch_level),
+        ..config.clone()
+    };
     let m = dataset.manifest();
     // One bound for the whole run: copies of an average batch's size, with the loader's
     // threads (`MemcpyBound`). Measured again around every measured epoch, and after the
@@ -712,7 +726,7 @@ pub fn run(
             Some(batches_while_waiting as f64 / batches.max(1) as f64);
         f.gather_gb_per_s = Some(gather_gb);
         f.gather_ratio_to_memcpy = Some(gather_gb / memcpy_between);
-        let scattered = scattered_copy(&dataset, &epochs[0].plans, config.workers)?;
+        let scattered = scattered_copy(&dataset, &epochs[0].plans, config.workers, prefetch_level)?;
         let epoch_seconds = total.seconds / epochs.len() as f64;
         let epoch_bytes = total.bytes as f64 / epochs.len() as f64;
         f.scattered_copy_gb_per_s = Some(scattered.gb_per_s());
@@ -725,6 +739,7 @@ pub fn run(
             &epochs[0].plans,
             config.dom_positions,
             loader_config(config, window, variant).staging_buffers(&placement),
+            prefetch_level,
         )?);
         let worker_gather = gather - gather_while_waiting;
         f.outside_gather_seconds_per_batch = Some(
@@ -830,6 +845,7 @@ pub fn run(
         batch_order: config.batch_order,
         workers: config.workers,
         prefetch: batches_ahead(config.prefetch, config.workers),
+        prefetch_level,
         worker_scheduling: config.worker_scheduling.clone(),
         consumer_gathers: config.consumer_gathers.clone(),
         loaders,
@@ -1024,11 +1040,13 @@ pub fn table(report: &Report) -> String {
         report.dataset_events, report.dataset_pulses, report.machine.cpus, report.machine.describe_cpu(), report.memcpy_gb_per_s, report.memcpy_after_loaders_gb_per_s, report.simulate_compute_ms
     );
     out += &format!(
-        "batches of {} events; shardify: blocks of {} events, runs of {}, batch order {}, {} workers ({} scheduling; {}), {} batches prepared ahead\n",
+        "batches of {} events; shardify: blocks of {} events, runs of {}, batch order {}, {} workers ({} scheduling; {}), {} batches prepared ahead, prefetching into {} ({})\n",
         report.batch_events, report.block_events, report.run_events, report.batch_order, report.workers,
         report.worker_scheduling.iter().map(|s| s.name()).collect::<Vec<_>>().join(", then "),
         report.consumer_gathers.iter().map(|&g| waiting_thread(g)).collect::<Vec<_>>().join(", then "),
-        report.prefetch
+        report.prefetch,
+        report.prefetch_level.name().to_uppercase(),
+        report.prefetch_level.instruction()
     );
     out += &format!(
         "{:<44} {:>6} {:>11} {:>12} {:>7} {:>6} {:>7} {:>7} {:>7} {:>7} {:>6}\n",

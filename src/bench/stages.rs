@@ -20,7 +20,7 @@ use crate::error::Result;
 use crate::format::columns::element_range;
 use crate::format::StoredView;
 use crate::pipeline::Batch;
-use crate::prefetch::{prefetch, visit_prefetching};
+use crate::prefetch::{prefetch_into, visit_prefetching, PrefetchLevel};
 use crate::sampler::{EpochBatches, SamplerConfig, SamplerState};
 
 /// GB/s of one sequential pass over every shard's bytes through the memory map (the shard
@@ -94,11 +94,12 @@ impl BatchPieces<'_> {
     }
 
     /// Calls `visit` on each piece in that order, keeping [`PREFETCH_EVENTS`] events'
-    /// pieces of the same pass prefetched ahead.
-    fn visit_prefetched(&self, mut visit: impl FnMut(&[u8])) {
+    /// pieces of the same pass prefetched ahead into the caches of `level`.
+    fn visit_prefetched(&self, level: PrefetchLevel, mut visit: impl FnMut(&[u8])) {
         for pieces in &self.passes {
             let ahead = (PREFETCH_EVENTS * pieces.len()).div_ceil(self.events.max(1));
-            visit_prefetching(pieces, ahead, |p| prefetch(p), |p| visit(p));
+            let prefetch = |p: &&[u8]| prefetch_into(p, level);
+            visit_prefetching(pieces, ahead, prefetch, |p| visit(p));
         }
     }
 }
@@ -183,7 +184,7 @@ const SCATTERED_COPY_PASSES: usize = 5;
 
 /// Copies, with `threads` threads, exactly the pieces of shard columns the batches `plans`
 /// hold (each event's id, labels, sensor ids, DOM offsets and pulse columns), prefetching
-/// the pieces ahead as the gather does, into one batch-sized buffer per thread: the least
+/// the pieces ahead as the gather does (into the caches of `level`), into one batch-sized buffer per thread: the least
 /// any gather of these batches does, so its time bounds the loader's, where
 /// [`super::memcpy_gb_per_s`] copies bytes in batch-sized sequential pieces. It leaves out
 /// what the gather computes (offsets rebased, positions looked up and written). The
@@ -193,6 +194,7 @@ pub fn scattered_copy(
     dataset: &Dataset,
     plans: &[crate::sampler::BatchPlan],
     threads: usize,
+    level: PrefetchLevel,
 ) -> Result<ScatteredCopy> {
     let views = shard_views(dataset)?;
     let batches = batch_pieces(&views, plans);
@@ -216,7 +218,7 @@ pub fn scattered_copy(
                 s.spawn(move || {
                     for batch in batches.iter().skip(t).step_by(threads) {
                         let mut at = 0;
-                        batch.visit_prefetched(|piece| {
+                        batch.visit_prefetched(level, |piece| {
                             dst[at..at + piece.len()].copy_from_slice(piece);
                             at += piece.len();
                         });
@@ -335,15 +337,16 @@ impl GatherStages {
 
 /// Measures [`GatherStages`] over `plans` (located batches, as a loader delivered them),
 /// in the packed layout, with positions when `dom_positions`, the rotated gather into
-/// `rotation` buffers (at least one).
+/// `rotation` buffers (at least one), every prefetch into the caches of `level`.
 pub fn gather_stages(
     dataset: &Dataset,
     plans: &[crate::sampler::BatchPlan],
     dom_positions: bool,
     rotation: usize,
+    level: PrefetchLevel,
 ) -> Result<GatherStages> {
     let types = dataset.manifest().schema.types;
-    let mut gatherer = Gatherer::new(dataset);
+    let mut gatherer = Gatherer::with_prefetch(dataset, level);
     let shapes = plans
         .iter()
         .map(|p| gatherer.shape(p))
@@ -394,7 +397,7 @@ pub fn gather_stages(
         let started = Instant::now();
         let mut sum = 0u64;
         for batch in &batches {
-            batch.visit_prefetched(|piece| {
+            batch.visit_prefetched(level, |piece| {
                 for line in piece.chunks(64) {
                     sum = sum.wrapping_add(u64::from(line[0]));
                 }

@@ -11,6 +11,7 @@ use shardify::bench::report::{run, table, BenchConfig};
 use shardify::dataset::{ChecksumPolicy, Dataset};
 use shardify::device::DeviceChoice;
 use shardify::pipeline::WorkerScheduling;
+use shardify::prefetch::PrefetchLevel;
 use shardify::source::InputSet;
 
 #[macro_use]
@@ -51,6 +52,11 @@ struct Args {
     /// staging buffer of its own.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     prefetch: Option<u64>,
+    /// The caches the loader's prefetches fill, l1 (prefetcht0) or l2 (prefetcht1), for
+    /// the loader and for the bounds it is measured against (default: the environment's
+    /// SHARDIFY_PREFETCH_LEVEL, else this CPU's level: l2 on AMD family 25, l1 elsewhere).
+    #[arg(long)]
+    prefetch_level: Option<PrefetchLevel>,
     /// Scheduling policies of the gather threads, comma-separated: batch (Linux
     /// SCHED_BATCH, the loader's default: no wake-up preemption of the consumer) and/or
     /// normal (the process's policy); each is measured at every window, in this run.
@@ -158,6 +164,7 @@ fn bench(args: Args) -> Result<()> {
         dom_positions: !args.no_dom_positions,
         cold: args.cold,
         epochs: args.epochs as usize,
+        prefetch_level: args.prefetch_level,
     };
     let report = run(dataset, source.as_ref(), &config)?;
     // The files first: a run of minutes is not lost when stdout's reader has gone

@@ -14,6 +14,7 @@ use crate::batch::{plan_sections, BatchShape, Gatherer, Sections};
 use crate::dataset::{Dataset, DatasetSizes, View};
 use crate::device::staging::{StagingBuffer, StagingPool};
 use crate::error::Result;
+use crate::prefetch::PrefetchLevel;
 use crate::sampler::{BatchPlan, EpochBatches, SamplerState};
 
 /// A gathered batch on its way to the consumer.
@@ -163,7 +164,7 @@ pub(crate) fn run_workers(
     if config.consumer_gathers {
         let helper = Helper {
             plans: &plans,
-            gatherer: Mutex::new(Gatherer::new(dataset)),
+            gatherer: Mutex::new(gatherer(dataset, config)),
             config,
             pool,
             stop,
@@ -172,6 +173,15 @@ pub(crate) fn run_workers(
     } else {
         gather_all();
     }
+}
+
+/// A gatherer over `dataset` prefetching as `config` says (the loader resolved its level
+/// when it started).
+fn gatherer<'a>(dataset: &'a Dataset, config: &LoaderConfig) -> Gatherer<'a> {
+    let level = config
+        .prefetch_level
+        .unwrap_or_else(PrefetchLevel::for_this_machine);
+    Gatherer::with_prefetch(dataset, level)
 }
 
 /// Takes a free buffer (one last filled on this thread's CPU when there is one), then a
@@ -187,7 +197,7 @@ fn gather_batches(
     results: Sender<(u64, Result<Filled>)>,
     stop: &Stop,
 ) {
-    let mut gatherer = Gatherer::new(dataset);
+    let mut gatherer = gatherer(dataset, config);
     while !stop.requested() {
         let Some((buffer, waited)) = take_buffer(pool, stop) else {
             return;
