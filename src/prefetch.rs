@@ -4,7 +4,7 @@
 //!
 //! Which caches the gather's prefetches fill is this machine's choice
 //! ([`PrefetchLevel::for_this_machine`]): on a Zen 4, filling L2 only (`prefetcht1`) let
-//! the loader deliver 14-23% more events a second at windows 4-64 than filling L1
+//! the loader deliver 22-28% more events a second at windows 4-64 than filling L1
 //! (`prefetcht0`), while on a Zen 5 and an Ice Lake L2 alone was 0-5% slower
 //! (docs/results.md, "Prefetches into L2 on the Zen 4").
 

@@ -44,6 +44,12 @@ def test_bad_environment_rank(train_dir, torch, monkeypatch):
         shardify.Loader(train_dir)
 
 
+def test_a_bad_prefetch_level_in_the_environment_is_refused_naming_it(train_dir, monkeypatch):
+    monkeypatch.setenv("SHARDIFY_PREFETCH_LEVEL", "l3")
+    with pytest.raises(ValueError, match='SHARDIFY_PREFETCH_LEVEL: must be l1 or l2, not "l3"'):
+        shardify.Loader(train_dir, output="numpy")
+
+
 def test_bad_checksum_policy(train_dir):
     with pytest.raises(ValueError, match="checksums"):
         shardify.Dataset(train_dir, checksums="sometimes")

@@ -164,3 +164,15 @@ def test_consumer_gathers_changes_which_thread_gathers_not_the_batches(train_dir
     sleeping = epoch(False)
     assert len(sleeping) > 1
     assert epoch(True) == sleeping
+
+
+def test_the_prefetch_level_changes_no_batch(train_dir, monkeypatch):
+    def epoch(level):
+        monkeypatch.setenv("SHARDIFY_PREFETCH_LEVEL", level)
+        loader = shardify.Loader(train_dir, batch_events=5, window_blocks=4, device="cpu",
+                                 output="numpy")
+        return [{name: array.tobytes() for name, array in batch.items()} for batch in loader]
+
+    into_l1 = epoch("l1")
+    assert len(into_l1) > 1
+    assert epoch("l2") == into_l1
