@@ -21,7 +21,7 @@ use shardify::bench::stages::{event_pieces, shard_views};
 use shardify::dataset::{ChecksumPolicy, Dataset, DatasetSizes, View};
 use shardify::device::staging::{HostMemory, PlainMemory};
 use shardify::format::StoredView;
-use shardify::prefetch::{prefetch, visit_prefetching};
+use shardify::prefetch::{prefetch_into, visit_prefetching, PrefetchLevel};
 use shardify::sampler::{BatchOrder, Batching, EpochBatches, SamplerConfig, SamplerState};
 
 /// Events ahead whose pieces are prefetched (the gather's `PREFETCH_AHEAD` runs).
@@ -35,13 +35,15 @@ fn pieces<'a>(v: &StoredView<'a>, i: usize) -> Vec<&'a [u8]> {
 }
 
 /// Reads every line of every batch's pieces (`batches`: per batch, per event, its
-/// pieces), prefetching `AHEAD_EVENTS` events ahead; with `copy`, copies them into it.
+/// pieces), prefetching `AHEAD_EVENTS` events ahead into the caches the gather prefetches
+/// into on this machine; with `copy`, copies them into it.
 fn pass<'a>(batches: impl Iterator<Item = &'a Vec<Vec<&'a [u8]>>>, copy: Option<&mut [u8]>) {
     let mut sum = 0u64;
     let mut dst = copy;
+    let level = PrefetchLevel::for_this_machine();
     for events in batches {
         let mut at = 0;
-        let ahead = |event: &Vec<&[u8]>| event.iter().for_each(|p| prefetch(p));
+        let ahead = |event: &Vec<&[u8]>| event.iter().for_each(|p| prefetch_into(p, level));
         visit_prefetching(events, AHEAD_EVENTS, ahead, |event| {
             for piece in event {
                 match dst.as_deref_mut() {

@@ -204,11 +204,6 @@ impl<'a> Gatherer<'a> {
         }
     }
 
-    /// The caches its prefetches fill.
-    pub fn prefetch_level(&self) -> PrefetchLevel {
-        self.level
-    }
-
     /// The shape of the batch `plan` describes. Locating it here is work
     /// [`Gatherer::gather`] then reuses for the same plan.
     pub fn shape(&mut self, plan: &BatchPlan) -> Result<BatchShape> {

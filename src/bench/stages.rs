@@ -184,12 +184,13 @@ const SCATTERED_COPY_PASSES: usize = 5;
 
 /// Copies, with `threads` threads, exactly the pieces of shard columns the batches `plans`
 /// hold (each event's id, labels, sensor ids, DOM offsets and pulse columns), prefetching
-/// the pieces ahead as the gather does (into the caches of `level`), into one batch-sized buffer per thread: the least
-/// any gather of these batches does, so its time bounds the loader's, where
-/// [`super::memcpy_gb_per_s`] copies bytes in batch-sized sequential pieces. It leaves out
-/// what the gather computes (offsets rebased, positions looked up and written). The
-/// buffers are allocated and written once before any pass (no page faults timed), one pass
-/// warms up untimed, and the figure is the median of `SCATTERED_COPY_PASSES` passes.
+/// the pieces ahead as the gather does (into the caches of `level`), into one batch-sized
+/// buffer per thread: the least any gather of these batches does, so its time bounds the
+/// loader's, where [`super::memcpy_gb_per_s`] copies bytes in batch-sized sequential
+/// pieces. It leaves out what the gather computes (offsets rebased, positions looked up
+/// and written). The buffers are allocated and written once before any pass (no page
+/// faults timed), one pass warms up untimed, and the figure is the median of
+/// `SCATTERED_COPY_PASSES` passes.
 pub fn scattered_copy(
     dataset: &Dataset,
     plans: &[crate::sampler::BatchPlan],
