@@ -6,8 +6,9 @@
 //! both is not counted), on the CPU with the loader's defaults (2 workers, 256-event
 //! batches). LEVELS (`l1,l2`, say) sets the caches A's and B's gathers prefetch into
 //! (the loader's choice for this machine when left out): with A and B the same dataset,
-//! it compares the two levels. Prints each dataset's mean events/s, B's ratio to A, and in how many rounds A
-//! was faster; then how much of each dataset's shards the process maps in huge pages.
+//! it compares the two levels. Prints each dataset's mean events/s, B's ratio to A, and
+//! in how many rounds A was faster; then how much of each dataset's shards the process
+//! maps in huge pages.
 //! Shared machines drift by a quarter from one run to the next; epochs alternated in one
 //! process drift together, so this compares two conversions of the same events (two
 //! writers, two page-cache states, two filesystems) where whole benchmark runs cannot.

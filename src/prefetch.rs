@@ -88,11 +88,21 @@ impl PrefetchLevel {
     ) -> Result<PrefetchLevel> {
         match (configured, variable) {
             (Some(level), _) => Ok(level),
-            (None, Some(value)) => value.parse().map_err(|e: Error| match e {
-                Error::Config { problem, .. } => Error::config(PREFETCH_LEVEL_VAR, problem),
-                other => other,
-            }),
+            (None, Some(value)) => PrefetchLevel::named(PREFETCH_LEVEL_VAR, value),
             (None, None) => Ok(machine()),
+        }
+    }
+
+    /// The level `name` names (`l1` or `l2`, any case, spaces around ignored); another
+    /// name is an error about `field`.
+    fn named(field: &'static str, name: &str) -> Result<PrefetchLevel> {
+        match name.trim().to_ascii_lowercase().as_str() {
+            "l1" => Ok(PrefetchLevel::L1),
+            "l2" => Ok(PrefetchLevel::L2),
+            _ => Err(Error::config(
+                field,
+                format!("must be l1 or l2, not {name:?}"),
+            )),
         }
     }
 }
@@ -101,14 +111,7 @@ impl std::str::FromStr for PrefetchLevel {
     type Err = Error;
 
     fn from_str(s: &str) -> Result<PrefetchLevel> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "l1" => Ok(PrefetchLevel::L1),
-            "l2" => Ok(PrefetchLevel::L2),
-            _ => Err(Error::config(
-                "prefetch_level",
-                format!("must be l1 or l2, not {s:?}"),
-            )),
-        }
+        PrefetchLevel::named("prefetch_level", s)
     }
 }
 
