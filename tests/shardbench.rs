@@ -143,7 +143,7 @@ fn quick_report_is_complete_and_consistent() {
         table.contains("window    1: delivered")
             && table.contains("of memcpy measured around its epochs (")
             && table.contains(" after); a cache line between two threads and back ")
-            && table.contains(" after; epoch by epoch over the memcpy just before and after each ")
+            && table.contains("; epoch by epoch over the memcpy just before and after each ")
             && table.contains("; copying the same events' pieces")
             && table.contains("first epoch (pool growing)")
             && table.contains("; waited")
@@ -172,6 +172,34 @@ fn quick_report_is_complete_and_consistent() {
                 }
                 None => assert!(value.is_null(), "{key} = {value}"),
             }
+        }
+        // The placement follows from the two round trips, and the row's stage line says it.
+        let (before, after) = (
+            loader["cache_line_round_trip_ns_before"].as_f64(),
+            loader["cache_line_round_trip_ns_after"].as_f64(),
+        );
+        let expected = match (before, after) {
+            (Some(b), Some(a)) => match (b >= 200.0, a >= 200.0) {
+                (false, false) => "shared",
+                (true, true) => "split",
+                _ => "changed",
+            },
+            _ => "",
+        };
+        let placement = loader["cache_placement"].as_str().unwrap_or_default();
+        assert_eq!(placement, expected, "{loader}");
+        if !placement.is_empty() {
+            let words = match placement {
+                "shared" => "a shared L3",
+                "split" => "no shared L3",
+                _ => "moved during the row",
+            };
+            assert!(table.contains(&format!(" after ({words}); ")), "{table}");
+            assert!(
+                table.contains("placement (a cache line between two threads"),
+                "{table}"
+            );
+            assert!(table.contains(&format!("{words} at window")), "{table}");
         }
     }
     let device = r["machine"]["device"].as_str().unwrap();

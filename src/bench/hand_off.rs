@@ -9,6 +9,8 @@
 //! it, so a reader can tell which placement its figures came from.
 
 use std::hint::spin_loop;
+
+use serde::Serialize;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -47,6 +49,49 @@ pub fn cache_line_round_trip_ns() -> Option<f64> {
         line.0.store(STOP, Ordering::Release);
         timed
     })
+}
+
+/// The round trip, in ns, above which two threads' CPUs are taken to share no last-level
+/// cache. Measured with shardbench's timing: 42-60 ns (Zen 5), 60-72 ns (Zen 4) and
+/// 111-151 ns (Xeon, family 6 model 167) with a shared L3; 305-420 ns on the Zen 4 and the
+/// Zen 5 without one (docs/results.md, "Eighty runs sorted by placement").
+pub const SPLIT_ROUND_TRIP_NS: f64 = 200.0;
+
+/// Where a row's two threads ran, told from the cache-line round trips timed just before
+/// and just after its epochs. A shared-cache and a split row's ratios to memcpy do not
+/// compare: on the 2-core Zen 4, without a shared L3 memcpy ran a tenth faster and the
+/// scattered copy of the batches' pieces 3-15% slower, the loader with it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CachePlacement {
+    /// Both round trips under [`SPLIT_ROUND_TRIP_NS`]: CPUs sharing a last-level cache.
+    Shared,
+    /// Both at or over it: CPUs without a shared last-level cache.
+    Split,
+    /// One under, one over: the host moved the CPUs during the row.
+    Changed,
+}
+
+impl CachePlacement {
+    /// The placement of a row timed `before` and `after` its epochs (ns); `None` when
+    /// either could not be timed.
+    pub fn from_round_trips(before: Option<f64>, after: Option<f64>) -> Option<CachePlacement> {
+        let split = |ns: f64| ns >= SPLIT_ROUND_TRIP_NS;
+        match (split(before?), split(after?)) {
+            (false, false) => Some(CachePlacement::Shared),
+            (true, true) => Some(CachePlacement::Split),
+            _ => Some(CachePlacement::Changed),
+        }
+    }
+
+    /// Its words in shardbench's report.
+    pub fn describe(self) -> &'static str {
+        match self {
+            CachePlacement::Shared => "a shared L3",
+            CachePlacement::Split => "no shared L3",
+            CachePlacement::Changed => "moved during the row",
+        }
+    }
 }
 
 /// The other thread: turns each odd value into the next even one, until [`STOP`]. A
@@ -103,6 +148,35 @@ mod tests {
             Some(ns) => assert!((5.0..1e6).contains(&ns), "{ns} ns"),
             None => eprintln!("no round trip: one core, or the threads never met"),
         }
+    }
+
+    #[test]
+    fn a_rows_placement_needs_both_round_trips_on_the_same_side_of_the_threshold() {
+        use CachePlacement::*;
+        let t = SPLIT_ROUND_TRIP_NS;
+        let cases = [
+            ((Some(65.0), Some(70.0)), Some(Shared)),
+            ((Some(151.0), Some(t - 0.1)), Some(Shared)),
+            ((Some(330.0), Some(340.0)), Some(Split)),
+            ((Some(t), Some(t)), Some(Split)),
+            ((Some(65.0), Some(330.0)), Some(Changed)),
+            ((Some(330.0), Some(65.0)), Some(Changed)),
+            ((None, Some(65.0)), None),
+            ((Some(330.0), None), None),
+            ((None, None), None),
+        ];
+        for ((before, after), expected) in cases {
+            assert_eq!(
+                CachePlacement::from_round_trips(before, after),
+                expected,
+                "{before:?} then {after:?}"
+            );
+        }
+        let names: Vec<String> = [Shared, Split, Changed]
+            .iter()
+            .map(|p| serde_json::to_string(p).unwrap())
+            .collect();
+        assert_eq!(names, ["\"shared\"", "\"split\"", "\"changed\""]);
     }
 
     #[test]

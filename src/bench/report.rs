@@ -8,7 +8,7 @@ use std::time::Instant;
 use serde::Serialize;
 
 use super::baselines::{SourceIndex, Throughput};
-use super::hand_off::cache_line_round_trip_ns;
+use super::hand_off::{cache_line_round_trip_ns, CachePlacement, SPLIT_ROUND_TRIP_NS};
 use super::machine::Machine;
 use super::quality::{quality, EventInfo, Quality};
 use super::stages::{
@@ -112,6 +112,10 @@ pub struct LoaderFigures {
     pub cache_line_round_trip_ns_before: Option<f64>,
     /// The same just after them.
     pub cache_line_round_trip_ns_after: Option<f64>,
+    /// Whether the two round trips put the row's threads on CPUs sharing a last-level
+    /// cache, on CPUs without one, or moved during the row ([`CachePlacement`]; `None`
+    /// where either was not timed): compare ratios to memcpy only within one placement.
+    pub cache_placement: Option<CachePlacement>,
     /// Each measured epoch's delivered GB/s, in the order they ran (shardify only).
     pub epoch_gb_per_s: Option<Vec<f64>>,
     /// memcpy GB/s measured before the first measured epoch and after each one (shardify
@@ -558,6 +562,7 @@ fn figures(
         ratio_to_memcpy_around: None,
         cache_line_round_trip_ns_before: None,
         cache_line_round_trip_ns_after: None,
+        cache_placement: None,
         epoch_gb_per_s: None,
         memcpy_between_epochs_gb_per_s: None,
         paired_ratios_to_memcpy: None,
@@ -703,6 +708,7 @@ pub fn run(
         f.memcpy_around_gb_per_s = Some(memcpy_around);
         f.cache_line_round_trip_ns_before = round_trip_before;
         f.cache_line_round_trip_ns_after = round_trip_after;
+        f.cache_placement = CachePlacement::from_round_trips(round_trip_before, round_trip_after);
         f.ratio_to_memcpy_around = Some(f.gb_per_s / (memcpy_around.iter().sum::<f64>() / 2.0));
         let epoch_gb: Vec<f64> = epochs.iter().map(|e| e.throughput.gb_per_s()).collect();
         let paired: Vec<f64> = epoch_gb
@@ -886,9 +892,12 @@ fn stage_line(l: &LoaderFigures) -> String {
     ) {
         (None, None) => String::new(),
         (before, after) => format!(
-            "a cache line between two threads and back {} before, {} after; ",
+            "a cache line between two threads and back {} before, {} after{}; ",
             round_trip(before),
-            round_trip(after)
+            round_trip(after),
+            l.cache_placement
+                .map(|p| format!(" ({})", p.describe()))
+                .unwrap_or_default()
         ),
     };
     let paired = match (&l.paired_ratios_to_memcpy, l.median_paired_ratio_to_memcpy) {
@@ -990,6 +999,44 @@ fn stage_line(l: &LoaderFigures) -> String {
 }
 
 /// Where one thread's gather time goes, per event, against the floor of its reads.
+/// Which rows ran in which [`CachePlacement`], one line (empty where no row's placement is
+/// known); where they differ, it warns that their ratios to memcpy do not compare.
+fn placement_line(loaders: &[LoaderFigures]) -> String {
+    let placed: Vec<(usize, CachePlacement)> = loaders
+        .iter()
+        .filter_map(|l| Some((l.window?, l.cache_placement?)))
+        .collect();
+    let Some(&(_, first)) = placed.first() else {
+        return String::new();
+    };
+    let mut groups: Vec<(CachePlacement, Vec<usize>)> = Vec::new();
+    for &(window, placement) in &placed {
+        match groups.iter_mut().find(|(p, _)| *p == placement) {
+            // Rows of several policies share a window: each is named once per placement.
+            Some((_, windows)) if windows.contains(&window) => {}
+            Some((_, windows)) => windows.push(window),
+            None => groups.push((placement, vec![window])),
+        }
+    }
+    let said = groups
+        .iter()
+        .map(|(p, windows)| {
+            let plural = if windows.len() > 1 { "s" } else { "" };
+            let list: Vec<String> = windows.iter().map(usize::to_string).collect();
+            format!("{} at window{plural} {}", p.describe(), list.join(", "))
+        })
+        .collect::<Vec<_>>()
+        .join("; ");
+    let warning = if placed.iter().all(|&(_, p)| p == first) {
+        String::new()
+    } else {
+        " -- ratios to memcpy compare only between rows of one placement".to_string()
+    };
+    format!(
+        "placement (a cache line between two threads and back under or over {SPLIT_ROUND_TRIP_NS:.0} ns before and after each row): {said}{warning}\n"
+    )
+}
+
 fn gather_stages_line(g: &GatherStages) -> String {
     let per_event = |s| g.ns_per_event(s);
     let mut out = format!(
@@ -1080,6 +1127,7 @@ pub fn table(report: &Report) -> String {
             q.displacement
         );
     }
+    out += &placement_line(&report.loaders);
     out += &format!(
         "stages: shard read {:.2} GB/s sequential through the memory map, {:.2} of memcpy \
          ({} for the dataset){}\n",
@@ -1158,5 +1206,57 @@ mod tests {
             "{few}"
         );
         assert!(few.contains("`shardify copy`"), "{few}");
+    }
+
+    /// A shardify row at `window` (`None`: a baseline) in `placement`.
+    fn row(window: Option<usize>, placement: Option<CachePlacement>) -> LoaderFigures {
+        let throughput = Throughput {
+            events: 1,
+            pulses: 1,
+            bytes: 1,
+            seconds: 1.0,
+        };
+        let quality = Quality {
+            file_mixing: 1.0,
+            label_autocorrelation: None,
+            pair_repeat: 0.0,
+            pair_repeat_iid: 0.0,
+            displacement: 0.3,
+        };
+        let mut f = figures("shardify", window, throughput, 1.0, quality);
+        f.cache_placement = placement;
+        f
+    }
+
+    #[test]
+    fn the_placement_line_names_each_placements_windows_and_warns_when_they_differ() {
+        use CachePlacement::*;
+        let line = |rows: &[LoaderFigures]| placement_line(rows);
+        // No row with a known placement (baselines, or round trips not timed): no line.
+        assert_eq!(line(&[row(None, None), row(Some(4), None)]), "");
+        let same = line(&[
+            row(None, None),
+            row(Some(1), Some(Shared)),
+            row(Some(4), Some(Shared)),
+        ]);
+        assert!(same.ends_with(": a shared L3 at windows 1, 4\n"), "{same}");
+        assert!(same.contains("under or over 200 ns"), "{same}");
+        assert!(!same.contains("compare only"), "{same}");
+        // Two policies at window 16 split by the host: each placement names it once.
+        let rows = [
+            row(Some(4), Some(Shared)),
+            row(Some(16), Some(Split)),
+            row(Some(16), Some(Split)),
+            row(Some(64), Some(Changed)),
+            row(Some(4), Some(Shared)),
+        ];
+        let mixed = line(&rows);
+        assert!(
+            mixed.contains(
+                ": a shared L3 at window 4; no shared L3 at window 16; moved during the row at \
+                 window 64 -- ratios to memcpy compare only between rows of one placement\n"
+            ),
+            "{mixed}"
+        );
     }
 }
