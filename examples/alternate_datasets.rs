@@ -7,8 +7,10 @@
 //! batches). LEVELS (`l1,l2`, say) sets the caches A's and B's gathers prefetch into
 //! (the loader's choice for this machine when left out): with A and B the same dataset,
 //! it compares the two levels. Prints each dataset's mean events/s, B's ratio to A, and
-//! in how many rounds A was faster; then how much of each dataset's shards the process
-//! maps in huge pages.
+//! in how many rounds A was faster, and the same for the rounds whose two vCPUs shared a
+//! last-level cache and for those that did not (a cache-line round trip timed before and
+//! after each round, as shardbench's rows are placed: `CachePlacement`); then how much of
+//! each dataset's shards the process maps in huge pages.
 //! Shared machines drift by a quarter from one run to the next; epochs alternated in one
 //! process drift together, so this compares two conversions of the same events (two
 //! writers, two page-cache states, two filesystems) where whole benchmark runs cannot.
@@ -17,6 +19,7 @@ use std::error::Error;
 use std::sync::Arc;
 use std::time::Instant;
 
+use shardify::bench::hand_off::{cache_line_round_trip_ns, CachePlacement};
 use shardify::dataset::huge_pages::shard_mapped_bytes;
 use shardify::dataset::{ChecksumPolicy, Dataset};
 use shardify::device::staging::StagingPool;
@@ -47,6 +50,20 @@ fn epoch_rate(
         events += batch?.shape().events;
     }
     Ok(events as f64 / started.elapsed().as_secs_f64())
+}
+
+/// A's and B's mean events/s over paired rounds, B's ratio to A, and in how many rounds A
+/// was faster.
+fn compared(a: &[f64], b: &[f64]) -> String {
+    let mean = |r: &[f64]| r.iter().sum::<f64>() / r.len().max(1) as f64;
+    let a_faster = a.iter().zip(b).filter(|(x, y)| x > y).count();
+    format!(
+        "A {:.3}M events/s, B {:.3}M (B/A {:.3}); A faster in {a_faster} of {} rounds",
+        mean(a) / 1e6,
+        mean(b) / 1e6,
+        mean(b) / mean(a).max(1e-12),
+        a.len()
+    )
 }
 
 fn main() -> Result<(), Box<dyn Error>> {
@@ -84,7 +101,9 @@ fn main() -> Result<(), Box<dyn Error>> {
         };
         let mut pools: [Option<Arc<StagingPool>>; 2] = [None, None];
         let mut rates: [Vec<f64>; 2] = [Vec::new(), Vec::new()];
+        let mut placements: Vec<Option<CachePlacement>> = Vec::new();
         for round in 0..=rounds {
+            let round_trip_before = cache_line_round_trip_ns();
             for turn in 0..2 {
                 let which = (turn + round) % 2;
                 let config = LoaderConfig {
@@ -102,20 +121,36 @@ fn main() -> Result<(), Box<dyn Error>> {
                     rates[which].push(rate);
                 }
             }
+            if round > 0 {
+                let after = cache_line_round_trip_ns();
+                placements.push(CachePlacement::from_round_trips(round_trip_before, after));
+            }
         }
-        let mean = |r: &[f64]| r.iter().sum::<f64>() / r.len().max(1) as f64;
-        let a_faster = rates[0]
+        println!("window {window}: {}", compared(&rates[0], &rates[1]));
+        for placement in [CachePlacement::Shared, CachePlacement::Split] {
+            let kept = |r: &[f64]| -> Vec<f64> {
+                r.iter()
+                    .zip(&placements)
+                    .filter(|(_, p)| **p == Some(placement))
+                    .map(|(&rate, _)| rate)
+                    .collect()
+            };
+            let (a, b) = (kept(&rates[0]), kept(&rates[1]));
+            if !a.is_empty() {
+                println!(
+                    "  rounds with {}: {}",
+                    placement.describe(),
+                    compared(&a, &b)
+                );
+            }
+        }
+        let unplaced = placements
             .iter()
-            .zip(&rates[1])
-            .filter(|(x, y)| x > y)
+            .filter(|p| !matches!(p, Some(CachePlacement::Shared | CachePlacement::Split)))
             .count();
-        println!(
-            "window {window}: A {:.3}M events/s, B {:.3}M (B/A {:.3}); A faster in {a_faster} \
-             of {rounds} rounds",
-            mean(&rates[0]) / 1e6,
-            mean(&rates[1]) / 1e6,
-            mean(&rates[1]) / mean(&rates[0]).max(1e-12),
-        );
+        if unplaced > 0 {
+            println!("  {unplaced} of {rounds} rounds moved between placements or were not timed");
+        }
     }
     for (name, dataset) in ["A", "B"].iter().zip(&datasets) {
         if let Some(huge) = shard_mapped_bytes(dataset).and_then(|m| m.huge_fraction()) {
