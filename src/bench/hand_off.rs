@@ -9,10 +9,10 @@
 //! it, so a reader can tell which placement its figures came from.
 
 use std::hint::spin_loop;
-
-use serde::Serialize;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+
+use serde::Serialize;
 
 use super::median;
 use crate::cores::available_cores;

@@ -998,7 +998,6 @@ fn stage_line(l: &LoaderFigures) -> String {
     out + "\n"
 }
 
-/// Where one thread's gather time goes, per event, against the floor of its reads.
 /// Which rows ran in which [`CachePlacement`], one line (empty where no row's placement is
 /// known); where they differ, it warns that their ratios to memcpy do not compare.
 fn placement_line(loaders: &[LoaderFigures]) -> String {
@@ -1006,9 +1005,9 @@ fn placement_line(loaders: &[LoaderFigures]) -> String {
         .iter()
         .filter_map(|l| Some((l.window?, l.cache_placement?)))
         .collect();
-    let Some(&(_, first)) = placed.first() else {
+    if placed.is_empty() {
         return String::new();
-    };
+    }
     let mut groups: Vec<(CachePlacement, Vec<usize>)> = Vec::new();
     for &(window, placement) in &placed {
         match groups.iter_mut().find(|(p, _)| *p == placement) {
@@ -1027,16 +1026,16 @@ fn placement_line(loaders: &[LoaderFigures]) -> String {
         })
         .collect::<Vec<_>>()
         .join("; ");
-    let warning = if placed.iter().all(|&(_, p)| p == first) {
-        String::new()
-    } else {
-        " -- ratios to memcpy compare only between rows of one placement".to_string()
+    let warning = match groups.len() {
+        1 => "",
+        _ => " -- ratios to memcpy compare only between rows of one placement",
     };
     format!(
         "placement (a cache line between two threads and back under or over {SPLIT_ROUND_TRIP_NS:.0} ns before and after each row): {said}{warning}\n"
     )
 }
 
+/// Where one thread's gather time goes, per event, against the floor of its reads.
 fn gather_stages_line(g: &GatherStages) -> String {
     let per_event = |s| g.ns_per_event(s);
     let mut out = format!(
