@@ -1001,21 +1001,20 @@ fn stage_line(l: &LoaderFigures) -> String {
 /// Which rows ran in which [`CachePlacement`], one line (empty where no row's placement is
 /// known); where they differ, it warns that their ratios to memcpy do not compare.
 fn placement_line(loaders: &[LoaderFigures]) -> String {
-    let placed: Vec<(usize, CachePlacement)> = loaders
+    let placed = loaders
         .iter()
-        .filter_map(|l| Some((l.window?, l.cache_placement?)))
-        .collect();
-    if placed.is_empty() {
-        return String::new();
-    }
+        .filter_map(|l| Some((l.window?, l.cache_placement?)));
     let mut groups: Vec<(CachePlacement, Vec<usize>)> = Vec::new();
-    for &(window, placement) in &placed {
+    for (window, placement) in placed {
         match groups.iter_mut().find(|(p, _)| *p == placement) {
             // Rows of several policies share a window: each is named once per placement.
             Some((_, windows)) if windows.contains(&window) => {}
             Some((_, windows)) => windows.push(window),
             None => groups.push((placement, vec![window])),
         }
+    }
+    if groups.is_empty() {
+        return String::new();
     }
     let said = groups
         .iter()
