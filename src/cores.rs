@@ -2,7 +2,23 @@
 //! the converter's threads ([`crate::convert::ConvertOptions`]) and the batches a loader
 //! prepares ahead ([`crate::pipeline::default_prefetch`]); and the core a thread runs on,
 //! which a staging buffer remembers ([`crate::device::staging::StagingPool::take_free`]);
-//! and the CPU time the process used, which shardbench sets beside the cores it had.
+//! and the CPU time the process used, which shardbench sets beside the cores it had; and
+//! [`OwnLines`], which keeps what one core writes off the cache lines another core reads.
+
+/// A value on cache lines of its own (128 bytes: two lines, which x86 cores fetch in
+/// pairs), so that writes to its neighbours never take its lines away from the cores that
+/// read it, nor its writes theirs.
+#[repr(align(128))]
+#[derive(Debug, Default)]
+pub struct OwnLines<T>(pub T);
+
+impl<T> std::ops::Deref for OwnLines<T> {
+    type Target = T;
+
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
 
 /// The cores this process may run on (its CPU affinity and cgroup quota; 1 when unknown).
 pub fn available_cores() -> usize {

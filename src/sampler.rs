@@ -422,9 +422,16 @@ struct Window {
     drawn: Vec<u32>,
     /// How many of `drawn` were handed out.
     taken: usize,
-    /// Scratch: one bit per event of the window.
+}
+
+/// The memory a batch's events are put in stored order with: one bit per event of the
+/// window, or [`radix_sort`]'s buffers. Written for every batch, so each thread that plans
+/// keeps its own ([`EpochBatches::next_reusing`]): threads planning in turn through one
+/// scratch would pass its lines from core to core with every batch, which costs most
+/// where the cores share no cache.
+#[derive(Debug, Default)]
+pub struct PlanScratch {
     bitmap: Vec<u64>,
-    /// Scratch for [`radix_sort`].
     sorting: RadixScratch,
 }
 
@@ -438,8 +445,15 @@ impl Window {
         self.events[self.drawn[self.taken + ahead] as usize]
     }
 
-    /// Hands out the next `n` events, appended to `out` in drawn or in stored order.
-    fn take(&mut self, n: usize, order: BatchOrder, out: &mut Vec<EventRef>) {
+    /// Hands out the next `n` events, appended to `out` in drawn or in stored order (put
+    /// in order in `scratch`).
+    fn take(
+        &mut self,
+        n: usize,
+        order: BatchOrder,
+        out: &mut Vec<EventRef>,
+        scratch: &mut PlanScratch,
+    ) {
         let piece = &self.drawn[self.taken..self.taken + n];
         self.taken += n;
         let from = out.len();
@@ -450,7 +464,7 @@ impl Window {
                 // of a 256-event batch costs 2.5 µs, as much as gathering 50 KB. Dense
                 // words (a small window) cost a word each; sparse ones a mispredicted
                 // branch each, where the radix sort below has none.
-                let bits = &mut self.bitmap;
+                let bits = &mut scratch.bitmap;
                 bits.clear();
                 bits.resize(self.events.len().div_ceil(64), 0);
                 for &i in piece {
@@ -465,7 +479,7 @@ impl Window {
                 }
             }
             BatchOrder::Stored => {
-                let sorted = radix_sort(piece, self.events.len(), &mut self.sorting);
+                let sorted = radix_sort(piece, self.events.len(), &mut scratch.sorting);
                 out.extend(sorted.iter().map(|&i| self.events[i as usize]));
             }
         }
@@ -659,15 +673,23 @@ impl<'a> GlobalBatches<'a> {
         }
     }
 
-    /// The next batch, and whether it is complete (see `drop_last`).
-    fn next_batch(&mut self) -> Option<(BatchPlan, bool)> {
+    /// The next batch, and whether it is complete (see `drop_last`): its events are
+    /// planned in `events` (emptied first, its memory reused) and taken out of it; without
+    /// a next batch, `events` keeps its memory.
+    fn next_batch(
+        &mut self,
+        events: &mut Vec<EventRef>,
+        scratch: &mut PlanScratch,
+    ) -> Option<(BatchPlan, bool)> {
         let capacity = match self.batching {
             Batching::Events(n) => n,
             Batching::Pulses { max_events, .. } => max_events.unwrap_or(0),
         };
+        events.clear();
+        events.reserve(capacity.min(1 << 16));
         let mut plan = BatchPlan {
             global_index: self.next_index,
-            events: Vec::with_capacity(capacity.min(1 << 16)),
+            events: std::mem::take(events),
         };
         let (mut batch_pulses, mut pieces) = (0, 0);
         // Taken window by window: each window's piece is put in order on its own.
@@ -705,13 +727,14 @@ impl<'a> GlobalBatches<'a> {
                     (k, full)
                 }
             };
-            window.take(n, self.order, &mut plan.events);
+            window.take(n, self.order, &mut plan.events, scratch);
             pieces += 1;
             if full {
                 break true;
             }
         };
         if plan.events.is_empty() {
+            *events = plan.events;
             return None;
         }
         if self.order == BatchOrder::Stored && pieces > 1 {
@@ -733,9 +756,11 @@ fn global_batch_count(sizes: &dyn EventSizes, config: &SamplerConfig, epoch: u64
     // One pass over the epoch's order (indexes only, no data) to count its batches.
     let mut counting = GlobalBatches::new(sizes, config, epoch, false);
     let (mut total, mut last_complete) = (0u64, true);
-    while let Some((_, complete)) = counting.next_batch() {
+    let (mut events, mut scratch) = (Vec::new(), PlanScratch::default());
+    while let Some((plan, complete)) = counting.next_batch(&mut events, &mut scratch) {
         total += 1;
         last_complete = complete;
+        events = plan.events;
     }
     (total, last_complete)
 }
@@ -782,6 +807,8 @@ pub struct EpochBatches<'a> {
     origin: u64,
     /// Global batches to deliver (across ranks) when `drop_last` trims the epoch.
     limit: Option<u64>,
+    /// The scratch of the batches planned through [`Iterator::next`].
+    scratch: PlanScratch,
 }
 
 impl<'a> EpochBatches<'a> {
@@ -804,6 +831,7 @@ impl<'a> EpochBatches<'a> {
             config: config.clone(),
             origin: position.origin,
             limit,
+            scratch: PlanScratch::default(),
         };
         for _ in 0..position.batches_taken {
             if batches.next().is_none() {
@@ -812,23 +840,41 @@ impl<'a> EpochBatches<'a> {
         }
         batches
     }
-}
 
-impl Iterator for EpochBatches<'_> {
-    type Item = BatchPlan;
-
-    fn next(&mut self) -> Option<BatchPlan> {
+    /// The next batch, planned in `events` (emptied first) and taken out of it, and put in
+    /// order in the calling thread's `scratch`: a loader that hands back the vector of a
+    /// batch its consumer dropped plans without allocating, so no thread frees what
+    /// another allocated, and no scratch passes between its threads. Without a next
+    /// batch, `events` keeps its memory for the next epoch.
+    pub fn next_reusing(
+        &mut self,
+        events: &mut Vec<EventRef>,
+        scratch: &mut PlanScratch,
+    ) -> Option<BatchPlan> {
         let (world, rank) = (self.config.world as u64, self.config.rank as u64);
         loop {
-            let (plan, _) = self.global.next_batch()?;
+            let (plan, _) = self.global.next_batch(events, scratch)?;
             if self.limit.is_some_and(|l| plan.global_index >= l) {
+                *events = plan.events;
                 return None;
             }
             let k = plan.global_index;
             if k >= self.origin && (k - self.origin) % world == rank {
                 return Some(plan);
             }
+            *events = plan.events; // another rank's batch
         }
+    }
+}
+
+impl Iterator for EpochBatches<'_> {
+    type Item = BatchPlan;
+
+    fn next(&mut self) -> Option<BatchPlan> {
+        let mut scratch = std::mem::take(&mut self.scratch);
+        let plan = self.next_reusing(&mut Vec::new(), &mut scratch);
+        self.scratch = scratch;
+        plan
     }
 }
 
@@ -1041,6 +1087,36 @@ mod tests {
                 sorted.sort();
                 prop_assert_eq!(&a.events, &sorted, "stored order: the drawn batch, sorted");
             }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(100))]
+
+        #[test]
+        fn a_reused_vector_changes_no_plan(
+            shards in proptest::collection::vec(0usize..300, 1..6),
+            seed in any::<u64>(), block in 1usize..64, window in 1usize..8,
+            batching in batching(), world in 1usize..4, batch_order in order(),
+            drop_last in any::<bool>(), stale in 0usize..600,
+        ) {
+            let sizes = Sizes(shards);
+            let config = SamplerConfig { seed, block_events: block, window_blocks: window, run_events: 4, batching, batch_order, shuffle: true, drop_last, rank: world - 1, world };
+            let expected = all(&sizes, &config, 1);
+            // Each plan is made in the vector of the one before, first in one holding
+            // events of another batch.
+            let mut batches = EpochBatches::new(&sizes, &config, SamplerState::start(1));
+            let mut reused = vec![EventRef { shard: 9, index: 9 }; stale];
+            let mut planned = Vec::new();
+            // Two scratches in turn, as two threads planning in turn use them.
+            let mut scratches = [PlanScratch::default(), PlanScratch::default()];
+            while let Some(plan) = batches.next_reusing(&mut reused, &mut scratches[planned.len() % 2]) {
+                prop_assert!(reused.is_empty(), "the plan took the events out");
+                planned.push(plan.clone());
+                reused = plan.events;
+            }
+            prop_assert_eq!(planned, expected);
+            prop_assert!(reused.capacity() >= stale, "the last vector kept its memory");
         }
     }
 

@@ -394,6 +394,48 @@ fn the_steady_state_allocates_nothing() {
 }
 
 #[test]
+fn a_dropped_batch_leaves_its_plan_and_section_table_for_the_next_gather() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = dataset(dir.path());
+    let config = config(Batching::Events(16), 2);
+    let mut loader = Loader::new(ds, config, SamplerState::start(0)).unwrap();
+    let pool = loader.staging_pool().clone();
+    let mut batches = 0;
+    let mut last = loader.next().unwrap().unwrap();
+    for batch in loader.by_ref() {
+        last = batch.unwrap();
+        batches += 1;
+    }
+    assert!(batches > 5, "{batches} batches");
+    let events = last.plan().events.clone();
+    let sections = last.sections().clone();
+    let address = last.plan().events.as_ptr();
+    drop(last);
+    // Every buffer a batch was gathered into came back with that batch's vectors (a plan
+    // asked for past the epoch's end empties its events but keeps their memory); the last
+    // batch's are there as it had them: the same memory, not a copy.
+    let free: Vec<_> = std::iter::from_fn(|| pool.take_free()).collect();
+    let mut kept: Vec<_> = free
+        .into_iter()
+        .filter(|b| b.gathered_on().is_some() || cfg!(not(target_os = "linux")))
+        .map(|mut b| b.take_vectors())
+        .collect();
+    assert!(!kept.is_empty());
+    for vectors in &kept {
+        assert!(
+            vectors.events.capacity() >= 16 && !vectors.sections.list.is_empty(),
+            "a used buffer came back without its batch's vectors: {vectors:?}"
+        );
+    }
+    let found = kept
+        .iter_mut()
+        .position(|v| v.events.as_ptr() == address)
+        .expect("the last batch's events went back with its buffer");
+    assert_eq!(kept[found].events, events);
+    assert_eq!(kept[found].sections, sections);
+}
+
+#[test]
 fn a_slow_consumer_shows_as_the_workers_waiting_for_buffers() {
     let dir = tempfile::tempdir().unwrap();
     let ds = dataset(dir.path());

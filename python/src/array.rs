@@ -136,7 +136,7 @@ impl PyHostArray {
                     backing: backing.clone(),
                     address: base + s.offset,
                     dtype: s.dtype,
-                    shape: s.shape,
+                    shape: s.shape.to_vec(),
                 };
                 (s.name.to_string(), array)
             })

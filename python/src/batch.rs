@@ -257,7 +257,7 @@ impl PySection {
     /// Its shape.
     #[getter]
     fn shape(&self) -> Vec<usize> {
-        self.section.shape.clone()
+        self.section.shape.to_vec()
     }
 
     /// Its numpy dtype name.

@@ -21,9 +21,11 @@
 mod from_records;
 mod gather;
 mod positions;
+mod tensor_shape;
 mod views;
 
 pub use gather::Gatherer;
+pub use tensor_shape::{TensorShape, MAX_SECTION_DIMS};
 pub use views::{PackedView, PaddedView};
 
 use crate::format::pod::{try_cast_mut, Pod};
@@ -59,7 +61,7 @@ pub struct Section {
     /// Element type.
     pub dtype: Dtype,
     /// Shape.
-    pub shape: Vec<usize>,
+    pub shape: TensorShape,
     /// Byte offset in the buffer (a multiple of [`SECTION_ALIGN`]).
     pub offset: usize,
     /// Length in bytes.
@@ -76,9 +78,10 @@ pub struct Sections {
 }
 
 impl Sections {
-    fn push(&mut self, name: &'static str, dtype: Dtype, shape: Vec<usize>) {
+    fn push(&mut self, name: &'static str, dtype: Dtype, shape: impl Into<TensorShape>) {
+        let shape = shape.into();
         let offset = self.total.div_ceil(SECTION_ALIGN) * SECTION_ALIGN;
-        let len = shape.iter().product::<usize>() * dtype.size();
+        let len = shape.elements() * dtype.size();
         self.list.push(Section {
             name,
             dtype,
@@ -122,28 +125,41 @@ pub fn plan_sections(
     types: &StorageTypes,
     dom_positions: bool,
 ) -> Sections {
+    let mut sections = Sections::default();
+    plan_sections_into(&mut sections, layout, shape, types, dom_positions);
+    sections
+}
+
+/// [`plan_sections`] into `sections`, replacing what it held and reusing its list's memory
+/// (the loader's workers refill the table of the batch their buffer last held).
+pub fn plan_sections_into(
+    s: &mut Sections,
+    layout: BatchLayout,
+    shape: BatchShape,
+    types: &StorageTypes,
+    dom_positions: bool,
+) {
     use sections::*;
+    s.list.clear();
+    s.total = 0;
     // Room for every section (grown push by push, the list cost two reallocations a
     // batch).
-    let mut s = Sections {
-        list: Vec::with_capacity(10),
-        total: 0,
-    };
+    s.list.reserve(10);
     let b = shape.events;
-    s.push(EVENT_ID, Dtype::I64, vec![b]);
-    s.push(EVENT_AZIMUTH, Dtype::F64, vec![b]);
-    s.push(EVENT_ZENITH, Dtype::F64, vec![b]);
+    s.push(EVENT_ID, Dtype::I64, [b]);
+    s.push(EVENT_AZIMUTH, Dtype::F64, [b]);
+    s.push(EVENT_ZENITH, Dtype::F64, [b]);
     match layout {
         BatchLayout::Packed => {
-            s.push(EVENT_DOM_OFFSETS, Dtype::I32, vec![b + 1]);
-            s.push(DOM_PULSE_OFFSETS, Dtype::I32, vec![shape.doms + 1]);
-            s.push(DOM_SENSOR_ID, types.sensor_id, vec![shape.doms]);
+            s.push(EVENT_DOM_OFFSETS, Dtype::I32, [b + 1]);
+            s.push(DOM_PULSE_OFFSETS, Dtype::I32, [shape.doms + 1]);
+            s.push(DOM_SENSOR_ID, types.sensor_id, [shape.doms]);
             if dom_positions {
-                s.push(DOM_POSITION, types.position, vec![shape.doms, 3]);
+                s.push(DOM_POSITION, types.position, [shape.doms, 3]);
             }
-            s.push(PULSE_TIME, types.time, vec![shape.pulses]);
-            s.push(PULSE_CHARGE, types.charge, vec![shape.pulses]);
-            s.push(PULSE_AUXILIARY, Dtype::BOOL, vec![shape.pulses]);
+            s.push(PULSE_TIME, types.time, [shape.pulses]);
+            s.push(PULSE_CHARGE, types.charge, [shape.pulses]);
+            s.push(PULSE_AUXILIARY, Dtype::BOOL, [shape.pulses]);
         }
         BatchLayout::Padded {
             max_doms,
@@ -153,12 +169,11 @@ pub fn plan_sections(
             s.push(
                 DOM_FEATURES,
                 Dtype::F32,
-                vec![b, m, features_per_dom(pulses_per_dom)],
+                [b, m, features_per_dom(pulses_per_dom)],
             );
-            s.push(DOM_MASK, Dtype::U8, vec![b, m]);
+            s.push(DOM_MASK, Dtype::U8, [b, m]);
         }
     }
-    s
 }
 
 /// Features per DOM in the padded layout: x, y, z, pulse count, then 3 per kept pulse.

@@ -1,6 +1,7 @@
 //! The sampler's view of a dataset (or of a [`View`] of it): events per shard and pulses
 //! per event, read straight from the memory-mapped shards' offsets.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 use super::View;
@@ -17,6 +18,10 @@ pub struct DatasetSizes<'a> {
     views: Vec<OnceLock<Option<StoredView<'a>>>>,
     /// The first shard that failed to open, handed once to the plan that needed it.
     error: Mutex<Option<Error>>,
+    /// Whether `error` was ever set: read for every plan, so that the loader's threads,
+    /// which plan in turn, pass no lock's cache line between their cores to learn that no
+    /// shard failed.
+    failed: AtomicBool,
     /// Whether the sampler's read-ahead hints reach the kernel (a streaming loader reads
     /// the shards next; a plan made for data already in memory does not).
     read_ahead: bool,
@@ -39,6 +44,7 @@ impl<'a> DatasetSizes<'a> {
                 .map(|_| OnceLock::new())
                 .collect(),
             error: Mutex::new(None),
+            failed: AtomicBool::new(false),
             read_ahead: true,
             cold: (0..view.dataset().shard_count())
                 .map(|_| OnceLock::new())
@@ -56,6 +62,9 @@ impl<'a> DatasetSizes<'a> {
 
     /// The first shard that failed to open, if one did.
     pub fn take_error(&self) -> Option<Error> {
+        if !self.failed.load(Ordering::Acquire) {
+            return None;
+        }
         self.error.lock().unwrap_or_else(|e| e.into_inner()).take()
     }
 }
@@ -80,6 +89,7 @@ impl EventSizes for DatasetSizes<'_> {
                         .lock()
                         .unwrap_or_else(|e| e.into_inner())
                         .get_or_insert(err);
+                    self.failed.store(true, Ordering::Release);
                     None
                 }
             }

@@ -11,7 +11,10 @@ use std::sync::Arc;
 
 use crossbeam_channel::{Receiver, Sender};
 
+use crate::batch::Sections;
+use crate::cores::OwnLines;
 use crate::format::pod::{LineAligned, CACHE_LINE};
+use crate::sampler::EventRef;
 
 /// Alignment of a staging buffer's start, in bytes.
 pub const BUFFER_ALIGN: usize = CACHE_LINE;
@@ -132,6 +135,20 @@ pub fn plain_allocator() -> Allocator {
     Arc::new(|n| Box::new(PlainMemory::new(n)) as Box<dyn HostMemory>)
 }
 
+/// The vectors that describe a batch beside its bytes: its plan's events and its section
+/// table. They travel with the staging buffer: the consumer's batch puts them back in it
+/// when dropped, and the next gather into the buffer refills them. So the thread that
+/// plans and gathers reuses memory instead of allocating, and no thread frees memory
+/// another thread allocated (each such free moves the allocator's own cache lines between
+/// cores, which costs the most where the two share no cache).
+#[derive(Debug, Default)]
+pub struct BatchVectors {
+    /// A plan's events (any content: planning empties it).
+    pub events: Vec<EventRef>,
+    /// A section table (any content: planning replaces it).
+    pub sections: Sections,
+}
+
 /// A staging buffer out of the pool; dropped, it goes back there.
 pub struct StagingBuffer {
     /// `None` only while it is being freed for good.
@@ -140,6 +157,8 @@ pub struct StagingBuffer {
     /// The CPU its last batch was gathered on, where its lines are most likely still
     /// cached ([`StagingPool::take_free`]).
     gathered_on: Option<u32>,
+    /// The vectors of the batch it last held, kept for the next.
+    vectors: BatchVectors,
 }
 
 impl Drop for StagingBuffer {
@@ -149,6 +168,7 @@ impl Drop for StagingBuffer {
                 memory: Some(memory),
                 home: self.home.clone(),
                 gathered_on: self.gathered_on,
+                vectors: std::mem::take(&mut self.vectors),
             };
             if let Err(crossbeam_channel::SendError(mut orphan)) = self.home.send(back) {
                 // The pool is gone: free the memory (and do not try to send it again).
@@ -198,6 +218,16 @@ impl StagingBuffer {
     pub fn mark_gathered_here(&mut self) {
         self.gathered_on = crate::cores::current_cpu();
     }
+
+    /// The vectors kept for its next batch (empty ones the first time), taken out.
+    pub fn take_vectors(&mut self) -> BatchVectors {
+        std::mem::take(&mut self.vectors)
+    }
+
+    /// Keeps the vectors of a batch it held for the next batch gathered into it.
+    pub fn keep_vectors(&mut self, vectors: BatchVectors) {
+        self.vectors = vectors;
+    }
 }
 
 /// A pool of staging buffers: `base` of them, plus one for each batch the consumer holds
@@ -207,6 +237,17 @@ impl StagingBuffer {
 /// while the loop holds the previous one, batches gathered for an accumulated step) thus
 /// reuses its buffers instead of allocating one and freeing another per batch.
 pub struct StagingPool {
+    /// What the gathering threads read for every batch.
+    gathering: OwnLines<Gathering>,
+    /// The consumer's holding, written for every batch it takes and drops: on lines of its
+    /// own, so those writes do not take the lines the gathering threads read away from
+    /// their cores (nor do the counts of the `Arc` the consumer's batches hold, which sit
+    /// on the lines before the pool).
+    holding: OwnLines<Holding>,
+}
+
+/// The part of a [`StagingPool`] the gathering threads read for every batch.
+struct Gathering {
     free: Receiver<StagingBuffer>,
     returns: Sender<StagingBuffer>,
     allocate: Allocator,
@@ -215,6 +256,10 @@ pub struct StagingPool {
     /// The largest size a buffer of the pool was grown to: a buffer that must grow takes at
     /// least this, so the pool converges on its largest batches in a few steps.
     high_water: AtomicUsize,
+}
+
+/// The part of a [`StagingPool`] the consumer writes for every batch.
+struct Holding {
     existing: AtomicUsize,
     lent: AtomicUsize,
     /// Batches lent so far (to count the windows).
@@ -245,17 +290,21 @@ impl StagingPool {
         let (returns, free) = crossbeam_channel::unbounded();
         let initial_bytes = initial_bytes.max(BUFFER_ALIGN);
         let pool = StagingPool {
-            free,
-            returns,
-            allocate,
-            allocations: AtomicU64::new(0),
-            base: count,
-            high_water: AtomicUsize::new(initial_bytes),
-            existing: AtomicUsize::new(count),
-            lent: AtomicUsize::new(0),
-            lends: AtomicUsize::new(0),
-            peak: AtomicUsize::new(count),
-            last_peak: AtomicUsize::new(count),
+            gathering: OwnLines(Gathering {
+                free,
+                returns,
+                allocate,
+                allocations: AtomicU64::new(0),
+                base: count,
+                high_water: AtomicUsize::new(initial_bytes),
+            }),
+            holding: OwnLines(Holding {
+                existing: AtomicUsize::new(count),
+                lent: AtomicUsize::new(0),
+                lends: AtomicUsize::new(0),
+                peak: AtomicUsize::new(count),
+                last_peak: AtomicUsize::new(count),
+            }),
         };
         for _ in 0..count {
             pool.add(initial_bytes);
@@ -271,35 +320,37 @@ impl StagingPool {
     fn wrap(&self, memory: Box<dyn HostMemory>) -> StagingBuffer {
         StagingBuffer {
             memory: Some(memory),
-            home: self.returns.clone(),
+            home: self.gathering.returns.clone(),
             gathered_on: None,
+            vectors: BatchVectors::default(),
         }
     }
 
     /// The buffers a consumer holding `lent` batches needs: the base ones, and one for each
     /// batch beyond [`CONSUMER_SLACK`].
     fn needed(&self, lent: usize) -> usize {
-        self.base + lent.saturating_sub(CONSUMER_SLACK)
+        self.gathering.base + lent.saturating_sub(CONSUMER_SLACK)
     }
 
     /// Records that a buffer went to the consumer; adds a buffer when the consumer holds
     /// more than [`CONSUMER_SLACK`] and the buffers there are do not cover that already.
     pub fn lend(&self) {
-        let needed = self.needed(self.lent.fetch_add(1, Ordering::AcqRel) + 1);
-        self.peak.fetch_max(needed, Ordering::AcqRel);
-        if (self.lends.fetch_add(1, Ordering::AcqRel) + 1).is_multiple_of(HOLDING_WINDOW) {
+        let needed = self.needed(self.holding.lent.fetch_add(1, Ordering::AcqRel) + 1);
+        self.holding.peak.fetch_max(needed, Ordering::AcqRel);
+        if (self.holding.lends.fetch_add(1, Ordering::AcqRel) + 1).is_multiple_of(HOLDING_WINDOW) {
             // A new window: the one ending becomes the one before.
-            let ending = self.peak.swap(needed, Ordering::AcqRel);
-            self.last_peak.store(ending, Ordering::Release);
+            let ending = self.holding.peak.swap(needed, Ordering::AcqRel);
+            self.holding.last_peak.store(ending, Ordering::Release);
         }
         let grow = self
+            .holding
             .existing
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
                 (n < needed).then_some(n + 1)
             })
             .is_ok();
         if grow {
-            self.add(self.high_water.load(Ordering::Acquire));
+            self.add(self.gathering.high_water.load(Ordering::Acquire));
         }
     }
 
@@ -307,11 +358,12 @@ impl StagingPool {
     /// than the consumer's holding needs now or needed at its largest in this window of
     /// [`HOLDING_WINDOW`] lends or the one before.
     pub fn return_lent(&self, buffer: StagingBuffer) {
-        let now = self.needed(self.lent.fetch_sub(1, Ordering::AcqRel) - 1);
+        let now = self.needed(self.holding.lent.fetch_sub(1, Ordering::AcqRel) - 1);
         let kept = now
-            .max(self.peak.load(Ordering::Acquire))
-            .max(self.last_peak.load(Ordering::Acquire));
+            .max(self.holding.peak.load(Ordering::Acquire))
+            .max(self.holding.last_peak.load(Ordering::Acquire));
         let surplus = self
+            .holding
             .existing
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
                 (n > kept).then(|| n - 1)
@@ -324,8 +376,8 @@ impl StagingPool {
     }
 
     fn allocate(&self, bytes: usize) -> Box<dyn HostMemory> {
-        self.allocations.fetch_add(1, Ordering::Relaxed);
-        (self.allocate)(bytes)
+        self.gathering.allocations.fetch_add(1, Ordering::Relaxed);
+        (self.gathering.allocate)(bytes)
     }
 
     /// A free buffer, without waiting (`None` when none is free): one whose last batch was
@@ -347,11 +399,11 @@ impl StagingPool {
     /// over go back behind the others).
     fn take_free_for(&self, cpu: Option<u32>) -> Option<StagingBuffer> {
         let Some(cpu) = cpu else {
-            return self.free.try_recv().ok();
+            return self.gathering.free.try_recv().ok();
         };
         let mut oldest = None;
-        for _ in 0..self.free.len().min(FREE_BUFFERS_LOOKED_AT) {
-            let Ok(buffer) = self.free.try_recv() else {
+        for _ in 0..self.gathering.free.len().min(FREE_BUFFERS_LOOKED_AT) {
+            let Ok(buffer) = self.gathering.free.try_recv() else {
                 break;
             };
             if buffer.gathered_on == Some(cpu) {
@@ -362,12 +414,12 @@ impl StagingPool {
             }
             // Any other goes back as it drops.
         }
-        oldest.or_else(|| self.free.try_recv().ok())
+        oldest.or_else(|| self.gathering.free.try_recv().ok())
     }
 
     /// The channel free buffers come out of (for `select!` with a stop signal).
     pub fn free(&self) -> &Receiver<StagingBuffer> {
-        &self.free
+        &self.gathering.free
     }
 
     /// Makes `buffer` hold at least `bytes`, and at least the pool's high-water mark: a
@@ -378,7 +430,7 @@ impl StagingPool {
     /// its reallocations in the first epoch, and a job running for weeks stops allocating
     /// unless a batch comes twice as large as any before.
     pub fn ensure_capacity(&self, buffer: &mut StagingBuffer, bytes: usize) {
-        let high = self.high_water.load(Ordering::Acquire);
+        let high = self.gathering.high_water.load(Ordering::Acquire);
         let len = buffer.bytes().len();
         if len < bytes || len < high {
             let grown = if len < bytes {
@@ -386,7 +438,7 @@ impl StagingPool {
             } else {
                 high
             };
-            self.high_water.fetch_max(grown, Ordering::AcqRel);
+            self.gathering.high_water.fetch_max(grown, Ordering::AcqRel);
             buffer.memory = Some(self.allocate(grown));
         }
     }
@@ -397,7 +449,7 @@ impl StagingPool {
     /// batch ahead pays for the growth before a phase it times.
     pub fn reserve(&self, bytes: usize) {
         let mut taken = Vec::new();
-        while let Ok(mut buffer) = self.free.try_recv() {
+        while let Ok(mut buffer) = self.gathering.free.try_recv() {
             self.ensure_capacity(&mut buffer, bytes);
             taken.push(buffer);
         }
@@ -406,7 +458,7 @@ impl StagingPool {
 
     /// Buffers allocated since the pool was made (initial ones included).
     pub fn allocations(&self) -> u64 {
-        self.allocations.load(Ordering::Relaxed)
+        self.gathering.allocations.load(Ordering::Relaxed)
     }
 }
 
@@ -510,7 +562,7 @@ mod tests {
                 "{aside} kept aside: at most one buffer added, at the first batch: {added:?}"
             );
             assert_eq!(
-                pool.existing.load(Ordering::Acquire),
+                pool.holding.existing.load(Ordering::Acquire),
                 3 + (aside + 2usize).saturating_sub(CONSUMER_SLACK),
                 "{aside} kept aside: one buffer per batch held beyond the slack"
             );

@@ -7,7 +7,7 @@ use cudarc::driver::{CudaEvent, CudaStream, CudaView};
 
 use super::workers::Filled;
 use crate::batch::{BatchLayout, BatchShape, PackedView, PaddedView, Sections};
-use crate::device::staging::{StagingBuffer, StagingPool};
+use crate::device::staging::{BatchVectors, StagingBuffer, StagingPool};
 use crate::device::transfer::DeviceCopy;
 use crate::error::{Error, Result};
 use crate::format::safetensors::{Dtype, Element};
@@ -205,7 +205,11 @@ impl Drop for Batch {
                 .is_ok(),
             None => true,
         };
-        if let Some(buffer) = self.buffer.take() {
+        if let Some(mut buffer) = self.buffer.take() {
+            buffer.keep_vectors(BatchVectors {
+                events: std::mem::take(&mut self.plan.events),
+                sections: std::mem::take(&mut self.sections),
+            });
             if copy_done {
                 self.pool.return_lent(buffer);
             } else {

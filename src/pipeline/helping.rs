@@ -18,18 +18,17 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, RwLock};
 
-use super::workers::{gather_plan, Filled, Plans, Stop};
+use super::workers::{gather_plan, Filled, Plans, Stop, ThreadOwn};
 use super::LoaderConfig;
-use crate::batch::Gatherer;
 use crate::device::staging::StagingPool;
 use crate::error::Result;
 
-/// What the workers lend: their plans, a gatherer of the waiting thread's own, and what a
-/// gather needs.
+/// What the workers lend: their plans, a gatherer and planning scratch of the waiting
+/// thread's own, and what a gather needs.
 pub(crate) struct Helper<'a> {
     pub(crate) plans: &'a Plans<'a>,
     /// Used by the waiting thread only (the lock is never contended).
-    pub(crate) gatherer: Mutex<Gatherer<'a>>,
+    pub(crate) own: Mutex<ThreadOwn<'a>>,
     pub(crate) config: &'a LoaderConfig,
     pub(crate) pool: &'a StagingPool,
     pub(crate) stop: &'a Stop,
@@ -87,15 +86,20 @@ impl Lending {
         if helper.stop.requested() {
             return None;
         }
-        let buffer = helper.pool.take_free()?;
-        let (seq, plan) = helper.plans.next()?;
-        let mut gatherer = helper.gatherer.lock().unwrap_or_else(|e| e.into_inner());
+        let mut buffer = helper.pool.take_free()?;
+        let mut vectors = buffer.take_vectors();
+        let mut own = helper.own.lock().unwrap_or_else(|e| e.into_inner());
+        let ThreadOwn { gatherer, scratch } = &mut *own;
+        let Some((seq, plan)) = helper.plans.next(&mut vectors.events, scratch) else {
+            buffer.keep_vectors(vectors);
+            return None;
+        };
         let filled = gather_plan(
-            &mut gatherer,
+            gatherer,
             helper.config,
             helper.pool,
             helper.plans,
-            buffer,
+            (buffer, vectors.sections),
             plan,
         )
         .map(|filled| Filled {

@@ -10,12 +10,12 @@ use crossbeam_channel::{bounded, select, Receiver, Sender};
 use super::helping::{Helper, Lending};
 use super::scheduling::GATHER_THREAD_NAME;
 use super::LoaderConfig;
-use crate::batch::{plan_sections, BatchShape, Gatherer, Sections};
+use crate::batch::{plan_sections_into, BatchShape, Gatherer, Sections};
 use crate::dataset::{Dataset, DatasetSizes, View};
 use crate::device::staging::{StagingBuffer, StagingPool};
 use crate::error::Result;
 use crate::prefetch::PrefetchLevel;
-use crate::sampler::{BatchPlan, EpochBatches, SamplerState};
+use crate::sampler::{BatchPlan, EpochBatches, EventRef, PlanScratch, SamplerState};
 
 /// A gathered batch on its way to the consumer.
 pub(crate) struct Filled {
@@ -89,14 +89,19 @@ impl<'a> Plans<'a> {
         }
     }
 
-    /// The next plan and its number; `None` at the end of the epoch or after an error.
-    pub(crate) fn next(&self) -> Option<(u64, Result<BatchPlan>)> {
+    /// The next plan and its number, planned in `events` (see
+    /// [`EpochBatches::next_reusing`]); `None` at the end of the epoch or after an error.
+    pub(crate) fn next(
+        &self,
+        events: &mut Vec<EventRef>,
+        scratch: &mut PlanScratch,
+    ) -> Option<(u64, Result<BatchPlan>)> {
         if self.failed.load(Ordering::Acquire) {
             return None;
         }
         let mut guard = self.batches.lock().unwrap_or_else(|e| e.into_inner());
         let (batches, seq) = &mut *guard;
-        let plan = batches.next()?;
+        let plan = batches.next_reusing(events, scratch)?;
         *seq += 1;
         let numbered = (*seq - 1, self.sizes.take_error());
         drop(guard);
@@ -164,7 +169,7 @@ pub(crate) fn run_workers(
     if config.consumer_gathers {
         let helper = Helper {
             plans: &plans,
-            gatherer: Mutex::new(gatherer(dataset, config)),
+            own: Mutex::new(ThreadOwn::new(dataset, config)),
             config,
             pool,
             stop,
@@ -175,13 +180,26 @@ pub(crate) fn run_workers(
     }
 }
 
-/// A gatherer over `dataset` prefetching as `config` says (the loader resolved its level
-/// when it started).
-fn gatherer<'a>(dataset: &'a Dataset, config: &LoaderConfig) -> Gatherer<'a> {
-    let level = config
-        .prefetch_level
-        .unwrap_or_else(PrefetchLevel::for_this_machine);
-    Gatherer::with_prefetch(dataset, level)
+/// What a gathering thread keeps for itself from one batch to the next.
+pub(crate) struct ThreadOwn<'a> {
+    /// Its gatherer, prefetching as the loader's config says.
+    pub(crate) gatherer: Gatherer<'a>,
+    /// The scratch it plans its batches in (see [`PlanScratch`]).
+    pub(crate) scratch: PlanScratch,
+}
+
+impl<'a> ThreadOwn<'a> {
+    /// A gatherer over `dataset` prefetching as `config` says (the loader resolved its
+    /// level when it started), and an empty scratch.
+    pub(crate) fn new(dataset: &'a Dataset, config: &LoaderConfig) -> ThreadOwn<'a> {
+        let level = config
+            .prefetch_level
+            .unwrap_or_else(PrefetchLevel::for_this_machine);
+        ThreadOwn {
+            gatherer: Gatherer::with_prefetch(dataset, level),
+            scratch: PlanScratch::default(),
+        }
+    }
 }
 
 /// Takes a free buffer (one last filled on this thread's CPU when there is one), then a
@@ -197,15 +215,27 @@ fn gather_batches(
     results: Sender<(u64, Result<Filled>)>,
     stop: &Stop,
 ) {
-    let mut gatherer = gatherer(dataset, config);
+    let ThreadOwn {
+        mut gatherer,
+        mut scratch,
+    } = ThreadOwn::new(dataset, config);
     while !stop.requested() {
-        let Some((buffer, waited)) = take_buffer(pool, stop) else {
+        let Some((mut buffer, waited)) = take_buffer(pool, stop) else {
             return;
         };
-        let Some((seq, plan)) = plans.next() else {
+        let mut vectors = buffer.take_vectors();
+        let Some((seq, plan)) = plans.next(&mut vectors.events, &mut scratch) else {
+            buffer.keep_vectors(vectors);
             return; // the buffer goes back as it drops
         };
-        let mut item = gather_plan(&mut gatherer, config, pool, plans, buffer, plan);
+        let mut item = gather_plan(
+            &mut gatherer,
+            config,
+            pool,
+            plans,
+            (buffer, vectors.sections),
+            plan,
+        );
         if let Ok(filled) = &mut item {
             filled.buffer_wait_seconds = waited;
         }
@@ -229,20 +259,28 @@ fn take_buffer(pool: &StagingPool, stop: &Stop) -> Option<(StagingBuffer, f64)> 
     }
 }
 
-/// Gathers `plan` into `buffer`; an error ends the epoch for every worker.
+/// Gathers `plan` into the buffer, its section table written into the one given (the
+/// table its last batch had, see [`BatchVectors`](crate::device::staging::BatchVectors));
+/// an error ends the epoch for every worker.
 pub(crate) fn gather_plan(
     gatherer: &mut Gatherer<'_>,
     config: &LoaderConfig,
     pool: &StagingPool,
     plans: &Plans<'_>,
-    mut buffer: StagingBuffer,
+    (mut buffer, mut sections): (StagingBuffer, Sections),
     plan: Result<BatchPlan>,
 ) -> Result<Filled> {
     let started = std::time::Instant::now();
     let types = plans.view.dataset().manifest().schema.types;
     let filled = plan.and_then(|plan| {
         let shape = gatherer.shape(&plan)?;
-        let sections = plan_sections(config.layout, shape, &types, config.dom_positions);
+        plan_sections_into(
+            &mut sections,
+            config.layout,
+            shape,
+            &types,
+            config.dom_positions,
+        );
         pool.ensure_capacity(&mut buffer, sections.total);
         gatherer.gather(&plan, config.layout, &sections, buffer.bytes_mut())?;
         buffer.mark_gathered_here();
