@@ -87,19 +87,15 @@ impl Lending {
             return None;
         }
         let mut buffer = helper.pool.take_free()?;
-        let mut vectors = buffer.take_vectors();
         let mut own = helper.own.lock().unwrap_or_else(|e| e.into_inner());
         let ThreadOwn { gatherer, scratch } = &mut *own;
-        let Some((seq, plan)) = helper.plans.next(&mut vectors.events, scratch) else {
-            buffer.keep_vectors(vectors);
-            return None;
-        };
+        let (seq, plan, sections) = helper.plans.next_in(&mut buffer, scratch)?;
         let filled = gather_plan(
             gatherer,
             helper.config,
             helper.pool,
             helper.plans,
-            (buffer, vectors.sections),
+            (buffer, sections),
             plan,
         )
         .map(|filled| Filled {

@@ -91,7 +91,7 @@ impl<'a> Plans<'a> {
 
     /// The next plan and its number, planned in `events` (see
     /// [`EpochBatches::next_reusing`]); `None` at the end of the epoch or after an error.
-    pub(crate) fn next(
+    fn next(
         &self,
         events: &mut Vec<EventRef>,
         scratch: &mut PlanScratch,
@@ -118,6 +118,24 @@ impl<'a> Plans<'a> {
             }
         };
         Some((numbered.0, plan))
+    }
+
+    /// [`Plans::next`] planned in the vectors `buffer` kept from its last batch: the plan,
+    /// and the section table to lay it out in. Without a next plan the vectors stay in the
+    /// buffer.
+    pub(crate) fn next_in(
+        &self,
+        buffer: &mut StagingBuffer,
+        scratch: &mut PlanScratch,
+    ) -> Option<(u64, Result<BatchPlan>, Sections)> {
+        let mut vectors = buffer.take_vectors();
+        match self.next(&mut vectors.events, scratch) {
+            Some((seq, plan)) => Some((seq, plan, vectors.sections)),
+            None => {
+                buffer.keep_vectors(vectors);
+                None
+            }
+        }
     }
 
     /// Ends the epoch for every worker (after an error).
@@ -223,19 +241,10 @@ fn gather_batches(
         let Some((mut buffer, waited)) = take_buffer(pool, stop) else {
             return;
         };
-        let mut vectors = buffer.take_vectors();
-        let Some((seq, plan)) = plans.next(&mut vectors.events, &mut scratch) else {
-            buffer.keep_vectors(vectors);
+        let Some((seq, plan, sections)) = plans.next_in(&mut buffer, &mut scratch) else {
             return; // the buffer goes back as it drops
         };
-        let mut item = gather_plan(
-            &mut gatherer,
-            config,
-            pool,
-            plans,
-            (buffer, vectors.sections),
-            plan,
-        );
+        let mut item = gather_plan(&mut gatherer, config, pool, plans, (buffer, sections), plan);
         if let Ok(filled) = &mut item {
             filled.buffer_wait_seconds = waited;
         }
