@@ -425,7 +425,7 @@ struct Window {
 }
 
 /// The memory a batch's events are put in stored order with: one bit per event of the
-/// window, or [`radix_sort`]'s buffers. Written for every batch, so each thread that plans
+/// window, or a radix sort's buffers. Written for every batch, so each thread that plans
 /// keeps its own ([`EpochBatches::next_reusing`]): threads planning in turn through one
 /// scratch would pass its lines from core to core with every batch, which costs most
 /// where the cores share no cache.
