@@ -415,7 +415,7 @@ fn a_dropped_batch_leaves_its_plan_and_section_table_for_the_next_gather() {
     // asked for past the epoch's end empties its events but keeps their memory); the last
     // batch's are there as it had them: the same memory, not a copy.
     let free: Vec<_> = std::iter::from_fn(|| pool.take_free()).collect();
-    let mut kept: Vec<_> = free
+    let kept: Vec<_> = free
         .into_iter()
         .filter(|b| b.gathered_on().is_some() || cfg!(not(target_os = "linux")))
         .map(|mut b| b.take_vectors())
@@ -428,7 +428,7 @@ fn a_dropped_batch_leaves_its_plan_and_section_table_for_the_next_gather() {
         );
     }
     let found = kept
-        .iter_mut()
+        .iter()
         .position(|v| v.events.as_ptr() == address)
         .expect("the last batch's events went back with its buffer");
     assert_eq!(kept[found].events, events);

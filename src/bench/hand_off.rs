@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use super::median;
-use crate::cores::available_cores;
+use crate::cores::{available_cores, OwnLines};
 
 /// Round trips timed together.
 const TRIPS: u64 = 2_000;
@@ -30,10 +30,6 @@ const DEADLINE: Duration = Duration::from_millis(200);
 /// Written by the timing thread to release the other one.
 const STOP: u64 = u64::MAX;
 
-/// A cache line of its own.
-#[repr(align(128))]
-struct Line(AtomicU64);
-
 /// The median time, in ns, over 5 groups of 2,000 round trips, that one cache line takes
 /// to go from this thread to another and back (each thread waits for the other's write
 /// before it writes). `None` with fewer than two cores, or when the threads did not run at
@@ -42,7 +38,7 @@ pub fn cache_line_round_trip_ns() -> Option<f64> {
     if available_cores() < 2 {
         return None;
     }
-    let line = Line(AtomicU64::new(0));
+    let line = OwnLines(AtomicU64::new(0));
     std::thread::scope(|scope| {
         scope.spawn(|| answer(&line.0));
         let timed = time_round_trips(&line.0, DEADLINE);
