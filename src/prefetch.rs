@@ -186,6 +186,52 @@ pub fn prefetch_into<T: Pod>(values: &[T], level: PrefetchLevel) {
     let _ = (values, level);
 }
 
+/// At most this many bytes are claimed by one [`prefetch_for_writing`]: 64 lines, about
+/// as many misses as a core keeps in flight.
+const PREFETCH_FOR_WRITING_BYTES: usize = 4096;
+
+/// Hints the CPU to take the first 4 KiB of `region` into this core's L1 for writing
+/// (`prefetchw`): lines another core holds are claimed all at once, where the stores that
+/// follow would each wait for their own. Memory about to be overwritten, so `region` may
+/// be uninitialised. Does nothing on CPUs without the instruction (CPUID's PRFCHW flag)
+/// and on other architectures than x86-64.
+#[inline]
+pub fn prefetch_for_writing<T>(region: &[std::mem::MaybeUninit<T>]) {
+    #[cfg(target_arch = "x86_64")]
+    if prefetchw_supported() {
+        let start = region.as_ptr() as usize;
+        let end = start + std::mem::size_of_val(region).min(PREFETCH_FOR_WRITING_BYTES);
+        let mut line = start & !63;
+        while line < end {
+            // SAFETY: a prefetch is only a hint: it never faults (not even on an unmapped
+            // address), reads nothing into a register and writes nothing; this CPU has
+            // the instruction (checked above).
+            unsafe {
+                std::arch::asm!(
+                    "prefetchw [{line}]",
+                    line = in(reg) line,
+                    options(nostack, preserves_flags, readonly)
+                );
+            }
+            line += 64;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = region;
+}
+
+/// Whether this CPU has `prefetchw`: CPUID leaf 0x8000_0001, ECX bit 8 (PRFCHW, which
+/// the standard library's feature detection does not name). Asked once.
+#[cfg(target_arch = "x86_64")]
+fn prefetchw_supported() -> bool {
+    static SUPPORTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *SUPPORTED.get_or_init(|| {
+        use std::arch::x86_64::{__cpuid, __get_cpuid_max};
+        // The extended leaf is read only when the highest extended leaf reaches it.
+        __get_cpuid_max(0x8000_0000).0 >= 0x8000_0001 && __cpuid(0x8000_0001).ecx & (1 << 8) != 0
+    })
+}
+
 /// Visits `items` in order, keeping `ahead` of them prefetched: first asks
 /// `prefetch_item` for the first `ahead` items, then, before visiting each, for the one
 /// `ahead` places after it. Every item is asked for once, `ahead` visits before its own

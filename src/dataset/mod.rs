@@ -458,24 +458,38 @@ impl Dataset {
     }
 }
 
+/// The committed fixture (`fixtures/kaggle-mini`, train split) converted under `dir` in
+/// shards of about 64 KiB (several of them), opened with lazy checksums.
+#[cfg(test)]
+pub(crate) fn small_shards_fixture(dir: &Path) -> Dataset {
+    use crate::convert::{convert, ConvertOptions, Phase, Silent, TaskSlice};
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/kaggle-mini");
+    let inputs = crate::source::InputSet::discover(&fixture, Some("train")).unwrap();
+    let options = ConvertOptions {
+        shard_target_bytes: 64 << 10,
+        ..ConvertOptions::default()
+    };
+    let out = dir.join("ds");
+    convert(
+        &inputs,
+        &out,
+        &options,
+        Phase::All,
+        TaskSlice::default(),
+        &Silent,
+    )
+    .unwrap();
+    Dataset::open(&out, ChecksumPolicy::Lazy).unwrap()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn threads_reaching_a_new_shard_together_open_it_once() {
-        use crate::convert::{convert, ConvertOptions, Phase, Silent, TaskSlice};
         let dir = tempfile::tempdir().unwrap();
-        let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/kaggle-mini");
-        let inputs = crate::source::InputSet::discover(&fixture, Some("train")).unwrap();
-        let options = ConvertOptions {
-            shard_target_bytes: 64 << 10,
-            ..ConvertOptions::default()
-        };
-        let out = dir.path().join("ds");
-        let slice = TaskSlice::default();
-        convert(&inputs, &out, &options, Phase::All, slice, &Silent).unwrap();
-        let dataset = Dataset::open(&out, ChecksumPolicy::Lazy).unwrap();
+        let dataset = small_shards_fixture(dir.path());
         let shards = dataset.shard_count();
         assert!(shards >= 2, "several shards, each reached by every thread");
         let threads = 8;

@@ -18,7 +18,8 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, RwLock};
 
-use super::workers::{gather_plan, Filled, Plans, Stop, ThreadOwn};
+use super::plans::Plans;
+use super::workers::{gather_plan, Filled, Stop, ThreadOwn};
 use super::LoaderConfig;
 use crate::device::staging::StagingPool;
 use crate::error::Result;

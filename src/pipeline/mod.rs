@@ -9,8 +9,10 @@
 //! on a GPU: ... --filled buffers--> uploader thread --copies--> consumer
 //!                                   (in order; copy stream -> device slots)
 //! ```
-//! The workers share the sampler under a lock (planning a batch costs a small fraction of
-//! gathering it), so no planner thread is woken per batch. A worker takes a free staging
+//! The workers share the sampler: whichever finds few plans ready plans the next 16 under
+//! its lock (planning a batch costs a small fraction of gathering it), so no planner thread
+//! is woken per batch and the sampler's state moves between cores once per 16 batches
+//! (`plans`). A worker takes a free staging
 //! buffer *before* it takes the next plan, so the oldest batch in flight always owns a
 //! buffer and reordering can never starve it. The thread that waits for the next batch in
 //! order (the consumer, or the uploader on a GPU) gathers one itself while it would wait,
@@ -26,6 +28,7 @@ mod batches_ahead;
 mod delivered;
 mod helping;
 mod in_order;
+mod plans;
 mod scheduling;
 mod staging_budget;
 mod uploader;

@@ -8,6 +8,7 @@ use std::time::Instant;
 use crossbeam_channel::{bounded, select, Receiver, Sender};
 
 use super::helping::{Helper, Lending};
+use super::plans::Plans;
 use super::scheduling::GATHER_THREAD_NAME;
 use super::LoaderConfig;
 use crate::batch::{plan_sections_into, BatchShape, Gatherer, Sections};
@@ -15,7 +16,7 @@ use crate::dataset::{Dataset, DatasetSizes, View};
 use crate::device::staging::{StagingBuffer, StagingPool};
 use crate::error::Result;
 use crate::prefetch::PrefetchLevel;
-use crate::sampler::{BatchPlan, EpochBatches, EventRef, PlanScratch, SamplerState};
+use crate::sampler::{BatchPlan, PlanScratch, SamplerState};
 
 /// A gathered batch on its way to the consumer.
 pub(crate) struct Filled {
@@ -59,88 +60,6 @@ impl Stop {
 
     pub(crate) fn requested(&self) -> bool {
         self.requested.load(Ordering::Acquire)
-    }
-}
-
-/// The epoch's batch plans, numbered, shared by the workers: each takes the next under a
-/// lock (planning a batch costs far less than gathering it, so the lock is rarely
-/// contended, and no planner thread has to be woken per batch).
-pub(crate) struct Plans<'a> {
-    batches: Mutex<(EpochBatches<'a>, u64)>,
-    view: &'a View,
-    sizes: &'a DatasetSizes<'a>,
-    /// Set once a plan or a gather failed: the epoch ends at that error.
-    failed: AtomicBool,
-}
-
-impl<'a> Plans<'a> {
-    /// The plans of `config`'s epoch from `position` on.
-    pub(crate) fn new(
-        view: &'a View,
-        sizes: &'a DatasetSizes<'a>,
-        config: &LoaderConfig,
-        position: SamplerState,
-    ) -> Plans<'a> {
-        Plans {
-            batches: Mutex::new((EpochBatches::new(sizes, &config.sampler, position), 0)),
-            view,
-            sizes,
-            failed: AtomicBool::new(false),
-        }
-    }
-
-    /// The next plan and its number, planned in `events` (see
-    /// [`EpochBatches::next_reusing`]); `None` at the end of the epoch or after an error.
-    fn next(
-        &self,
-        events: &mut Vec<EventRef>,
-        scratch: &mut PlanScratch,
-    ) -> Option<(u64, Result<BatchPlan>)> {
-        if self.failed.load(Ordering::Acquire) {
-            return None;
-        }
-        let mut guard = self.batches.lock().unwrap_or_else(|e| e.into_inner());
-        let (batches, seq) = &mut *guard;
-        let plan = batches.next_reusing(events, scratch)?;
-        *seq += 1;
-        let numbered = (*seq - 1, self.sizes.take_error());
-        drop(guard);
-        let plan = match numbered.1 {
-            Some(e) => {
-                self.fail();
-                Err(e)
-            }
-            None => {
-                let mut plan = plan;
-                // Numbered as the view numbers its events until here; read as the shards do.
-                self.view.locate_plan(&mut plan);
-                Ok(plan)
-            }
-        };
-        Some((numbered.0, plan))
-    }
-
-    /// [`Plans::next`] planned in the vectors `buffer` kept from its last batch: the plan,
-    /// and the section table to lay it out in. Without a next plan the vectors stay in the
-    /// buffer.
-    pub(crate) fn next_in(
-        &self,
-        buffer: &mut StagingBuffer,
-        scratch: &mut PlanScratch,
-    ) -> Option<(u64, Result<BatchPlan>, Sections)> {
-        let mut vectors = buffer.take_vectors();
-        match self.next(&mut vectors.events, scratch) {
-            Some((seq, plan)) => Some((seq, plan, vectors.sections)),
-            None => {
-                buffer.keep_vectors(vectors);
-                None
-            }
-        }
-    }
-
-    /// Ends the epoch for every worker (after an error).
-    fn fail(&self) {
-        self.failed.store(true, Ordering::Release);
     }
 }
 

@@ -1,0 +1,347 @@
+//! The epoch's batch plans, shared by the threads that gather: planned a few batches at a
+//! time by whichever thread finds too few ready, taken one at a time by every thread.
+//!
+//! Planning one batch per gather, in turn under a lock, passes the sampler's state (its
+//! window, its position, its random stream) from core to core with every batch. Where the
+//! two cores share no cache that doubled the time the lock was held (2.3 to 4.6 µs a batch
+//! at window 16, docs/results.md). Planned [`PLANS_AHEAD`] at a time, the state moves at
+//! most once per chunk; what crosses per batch is the plan itself, read once, in order.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, MutexGuard};
+
+use super::LoaderConfig;
+use crate::batch::Sections;
+use crate::dataset::{DatasetSizes, View};
+use crate::device::staging::StagingBuffer;
+use crate::error::Result;
+use crate::prefetch::prefetch_for_writing;
+use crate::sampler::{BatchPlan, EpochBatches, EventRef, PlanScratch, SamplerState};
+
+/// Batches planned at a time, and the fewest ready before a thread that takes one plans
+/// more (when no other thread is planning).
+const PLANS_AHEAD: usize = 16;
+
+/// The epoch's batch plans, numbered in order.
+pub(crate) struct Plans<'a> {
+    /// The sampler: locked by the thread that plans the next chunk.
+    sampler: Mutex<Sampler<'a>>,
+    /// Planned batches not yet taken.
+    ready: Mutex<Ready>,
+    /// The sampler has no batch left (set under its lock).
+    exhausted: AtomicBool,
+    pub(crate) view: &'a View,
+    sizes: &'a DatasetSizes<'a>,
+    /// Set once a plan or a gather failed: the epoch ends at that error.
+    failed: AtomicBool,
+}
+
+/// The epoch's sampler, the number of the next batch it plans, and the vectors a chunk is
+/// planned in (kept from one chunk to the next).
+struct Sampler<'a> {
+    batches: EpochBatches<'a>,
+    next_seq: u64,
+    vectors: Vec<Vec<EventRef>>,
+    chunk: Vec<(u64, u64, Vec<EventRef>)>,
+}
+
+/// Batches planned and not yet taken, oldest first, and the vectors of taken ones for the
+/// next chunk: the same vectors go round for the whole epoch, each written on the planning
+/// thread and read on the taking one, never freed on another thread than their own.
+#[derive(Default)]
+struct Ready {
+    plans: VecDeque<(u64, u64, Vec<EventRef>)>,
+    spare: Vec<Vec<EventRef>>,
+}
+
+fn locked<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl<'a> Plans<'a> {
+    /// The plans of `config`'s epoch from `position` on.
+    pub(crate) fn new(
+        view: &'a View,
+        sizes: &'a DatasetSizes<'a>,
+        config: &LoaderConfig,
+        position: SamplerState,
+    ) -> Plans<'a> {
+        Plans {
+            sampler: Mutex::new(Sampler {
+                batches: EpochBatches::new(sizes, &config.sampler, position),
+                next_seq: 0,
+                vectors: Vec::with_capacity(PLANS_AHEAD),
+                chunk: Vec::with_capacity(PLANS_AHEAD),
+            }),
+            ready: Mutex::new(Ready {
+                plans: VecDeque::with_capacity(2 * PLANS_AHEAD),
+                spare: Vec::with_capacity(2 * PLANS_AHEAD),
+            }),
+            exhausted: AtomicBool::new(false),
+            view,
+            sizes,
+            failed: AtomicBool::new(false),
+        }
+    }
+
+    /// The next plan and its number, copied into `events` (emptied first, its memory
+    /// reused); `None` at the end of the epoch or after an error. Plans the next chunk
+    /// first when none is ready, or after taking one when few are and no other thread is
+    /// planning.
+    fn next(
+        &self,
+        events: &mut Vec<EventRef>,
+        scratch: &mut PlanScratch,
+    ) -> Option<(u64, Result<BatchPlan>)> {
+        let (seq, global_index) = loop {
+            if self.failed.load(Ordering::Acquire) {
+                return None;
+            }
+            // Read before looking for a ready plan: the last chunk is made ready before
+            // the flag is set, so a flag set and no plan ready means none is left.
+            let exhausted = self.exhausted.load(Ordering::Acquire);
+            if let Some((taken, left)) = self.take_ready(events) {
+                if left < PLANS_AHEAD && !exhausted {
+                    if let Ok(sampler) = self.sampler.try_lock() {
+                        self.plan_chunk(sampler, scratch);
+                    }
+                }
+                break taken;
+            }
+            if exhausted {
+                return None;
+            }
+            let sampler = locked(&self.sampler);
+            // Another thread may have planned while this one waited for the lock.
+            if locked(&self.ready).plans.is_empty() {
+                self.plan_chunk(sampler, scratch);
+            }
+        };
+        if let Some(e) = self.sizes.take_error() {
+            self.fail();
+            return Some((seq, Err(e)));
+        }
+        let mut plan = BatchPlan {
+            global_index,
+            events: std::mem::take(events),
+        };
+        // Numbered as the view numbers its events until here; read as the shards do.
+        self.view.locate_plan(&mut plan);
+        Some((seq, Ok(plan)))
+    }
+
+    /// The oldest ready plan's number and global index, its events copied into `events`,
+    /// and how many plans are left ready; `None` when none is.
+    fn take_ready(&self, events: &mut Vec<EventRef>) -> Option<((u64, u64), usize)> {
+        let mut ready = locked(&self.ready);
+        let (seq, global_index, planned) = ready.plans.pop_front()?;
+        events.clear();
+        events.extend_from_slice(&planned);
+        ready.spare.push(planned);
+        Some(((seq, global_index), ready.plans.len()))
+    }
+
+    /// Plans up to [`PLANS_AHEAD`] batches with `sampler` (its lock held) in vectors of
+    /// taken plans, and makes them ready.
+    fn plan_chunk(&self, mut sampler: MutexGuard<'_, Sampler<'a>>, scratch: &mut PlanScratch) {
+        if self.exhausted.load(Ordering::Acquire) {
+            return;
+        }
+        let Sampler {
+            batches,
+            next_seq,
+            vectors,
+            chunk,
+        } = &mut *sampler;
+        {
+            let mut ready = locked(&self.ready);
+            let keep = ready.spare.len().saturating_sub(PLANS_AHEAD);
+            vectors.extend(ready.spare.drain(keep..));
+        }
+        let mut last = false;
+        while chunk.len() < PLANS_AHEAD {
+            let mut events = vectors.pop().unwrap_or_default();
+            // Its lines were last read on the thread that took its plan: claimed for
+            // writing all at once rather than one store miss after another.
+            prefetch_for_writing(events.spare_capacity_mut());
+            let Some(plan) = batches.next_reusing(&mut events, scratch) else {
+                vectors.push(events);
+                last = true;
+                break;
+            };
+            chunk.push((*next_seq, plan.global_index, plan.events));
+            *next_seq += 1;
+        }
+        let mut ready = locked(&self.ready);
+        ready.plans.extend(chunk.drain(..));
+        ready.spare.append(vectors);
+        drop(ready);
+        if last {
+            // After the last plans are ready (see `Plans::next`).
+            self.exhausted.store(true, Ordering::Release);
+        }
+    }
+
+    /// [`Plans::next`] planned in the vectors `buffer` kept from its last batch: the plan,
+    /// and the section table to lay it out in. Without a next plan the vectors stay in the
+    /// buffer.
+    pub(crate) fn next_in(
+        &self,
+        buffer: &mut StagingBuffer,
+        scratch: &mut PlanScratch,
+    ) -> Option<(u64, Result<BatchPlan>, Sections)> {
+        let mut vectors = buffer.take_vectors();
+        match self.next(&mut vectors.events, scratch) {
+            Some((seq, plan)) => Some((seq, plan, vectors.sections)),
+            None => {
+                buffer.keep_vectors(vectors);
+                None
+            }
+        }
+    }
+
+    /// Ends the epoch for every thread (after an error).
+    pub(crate) fn fail(&self) {
+        self.failed.store(true, Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicUsize;
+    use std::sync::{Arc, Barrier};
+
+    use super::*;
+    use crate::dataset::small_shards_fixture;
+    use crate::sampler::{Batching, SamplerConfig};
+
+    /// Every plan taken by `workers` threads that take plans until none is left and one
+    /// that, like the waiting thread, takes one at a time and stops once the workers have
+    /// stopped: the plans ready then would never be gathered. By number.
+    fn taken_by_threads(plans: &Plans<'_>, workers: usize) -> Vec<(u64, BatchPlan)> {
+        let start = Barrier::new(workers + 1);
+        let stopped = AtomicUsize::new(0);
+        let take_all = |until: &dyn Fn() -> bool| {
+            let (mut scratch, mut taken) = (PlanScratch::default(), Vec::new());
+            start.wait();
+            while !until() {
+                let Some((seq, plan)) = plans.next(&mut Vec::new(), &mut scratch) else {
+                    assert!(plans.next(&mut Vec::new(), &mut scratch).is_none());
+                    break;
+                };
+                taken.push((seq, plan.expect("no shard fails")));
+            }
+            taken
+        };
+        let mut taken: Vec<(u64, BatchPlan)> = std::thread::scope(|scope| {
+            let mut handles: Vec<_> = (0..workers)
+                .map(|_| {
+                    scope.spawn(|| {
+                        let taken = take_all(&|| false);
+                        stopped.fetch_add(1, Ordering::AcqRel);
+                        taken
+                    })
+                })
+                .collect();
+            handles.push(scope.spawn(|| take_all(&|| stopped.load(Ordering::Acquire) == workers)));
+            handles
+                .into_iter()
+                .flat_map(|h| h.join().unwrap())
+                .collect()
+        });
+        taken.sort_by_key(|(seq, _)| *seq);
+        taken
+    }
+
+    #[test]
+    fn threads_take_every_plan_once_numbered_in_the_samplers_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let view = View::from(Arc::new(small_shards_fixture(dir.path())));
+        let sizes = DatasetSizes::new(&view);
+        let small = SamplerConfig {
+            block_events: 4,
+            window_blocks: 4,
+            batching: Batching::Events(3),
+            ..SamplerConfig::default()
+        };
+        let cases = [
+            (small.clone(), SamplerState::start(0)),
+            (small.clone(), SamplerState::at(1, 7)),
+            (
+                SamplerConfig {
+                    batching: Batching::Events(2),
+                    drop_last: true,
+                    world: 2,
+                    rank: 1,
+                    ..small.clone()
+                },
+                SamplerState::start(2),
+            ),
+            (
+                SamplerConfig {
+                    batching: Batching::Pulses {
+                        max_pulses: 300,
+                        max_events: Some(5),
+                    },
+                    ..small
+                },
+                SamplerState::start(3),
+            ),
+        ];
+        for (sampler, position) in cases {
+            let expected: Vec<BatchPlan> = EpochBatches::new(&sizes, &sampler, position)
+                .map(|mut plan| {
+                    view.locate_plan(&mut plan);
+                    plan
+                })
+                .collect();
+            assert!(
+                expected.len() > 2 * PLANS_AHEAD,
+                "several chunks: {} plans",
+                expected.len()
+            );
+            let config = LoaderConfig {
+                sampler: sampler.clone(),
+                ..LoaderConfig::default()
+            };
+            // Many tries with 2 workers, to meet the races at the epoch's end.
+            for workers in [1, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2] {
+                let plans = Plans::new(&view, &sizes, &config, position);
+                let taken = taken_by_threads(&plans, workers);
+                assert_eq!(
+                    taken.len(),
+                    expected.len(),
+                    "{sampler:?}, {workers} workers"
+                );
+                for (i, ((seq, plan), expected)) in taken.iter().zip(&expected).enumerate() {
+                    assert_eq!(*seq, i as u64, "numbered in order, each once");
+                    assert_eq!(plan, expected, "plan {i}, {sampler:?}, {workers} workers");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_failed_epoch_hands_out_no_plan_though_some_are_ready() {
+        let dir = tempfile::tempdir().unwrap();
+        let view = View::from(Arc::new(small_shards_fixture(dir.path())));
+        let sizes = DatasetSizes::new(&view);
+        let plans = Plans::new(
+            &view,
+            &sizes,
+            &LoaderConfig::default(),
+            SamplerState::start(0),
+        );
+        let mut scratch = PlanScratch::default();
+        let (seq, plan) = plans.next(&mut Vec::new(), &mut scratch).unwrap();
+        assert_eq!(seq, 0);
+        assert!(plan.is_ok());
+        assert!(
+            !locked(&plans.ready).plans.is_empty(),
+            "a chunk was planned"
+        );
+        plans.fail();
+        assert!(plans.next(&mut Vec::new(), &mut scratch).is_none());
+    }
+}
