@@ -465,6 +465,30 @@ fn a_slow_consumer_shows_as_the_workers_waiting_for_buffers() {
 }
 
 #[test]
+fn planning_time_comes_with_one_batch_in_sixteen_at_most() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = dataset(dir.path());
+    for workers in [1, 2] {
+        let batches = epoch(&ds, &config(Batching::Events(2), workers), 0);
+        assert_eq!(batches.len(), 150, "300 events");
+        let planned: Vec<f64> = batches
+            .iter()
+            .map(Batch::planning_seconds)
+            .filter(|&s| s != 0.0)
+            .collect();
+        // The threads plan 16 at a time: 10 chunks, each timed with the batch its
+        // thread took next. A thread that found none ready plans a chunk, takes its first
+        // plan, and with 15 left plans the next: that batch carries two chunks' time.
+        assert!(
+            (1..=10).contains(&planned.len()),
+            "{workers} workers: {} batches carry planning time",
+            planned.len()
+        );
+        assert!(planned.iter().all(|&s| s > 0.0), "{planned:?}");
+    }
+}
+
+#[test]
 fn a_pool_handed_on_serves_the_next_loaders_without_allocating() {
     let dir = tempfile::tempdir().unwrap();
     let ds = dataset(dir.path());

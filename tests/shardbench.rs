@@ -360,11 +360,20 @@ fn quick_report_is_complete_and_consistent() {
             buffer * 1e6
         );
         assert!(table.contains(&said), "{said} missing: {table}");
-        // The sampler's share of it: one epoch's batches planned by one thread.
+        // The sampler's share of it: the loader's threads' planning, per batch, as the
+        // stage line gives it; then one epoch's batches planned by one thread alone.
+        let in_loader = l["planning_in_loader_seconds_per_batch"].as_f64().unwrap();
+        assert!(in_loader > 0.0, "the loader planned its batches: {l}");
         let p = &l["planning"];
         assert_eq!(p["batches"], batches.ceil() as u64, "{p}");
         assert_eq!(p["events"], 300, "{p}");
         assert!(p["seconds"].as_f64().unwrap() > 0.0, "{p}");
+        let said = format!(
+            "; planning it {:.1} µs, one thread alone {:.1} µs (",
+            in_loader * 1e6,
+            p["seconds"].as_f64().unwrap() / batches.ceil() * 1e6
+        );
+        assert!(table.contains(&said), "{said} missing: {table}");
     }
     assert_eq!(
         table.matches("; planning it ").count(),

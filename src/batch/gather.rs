@@ -354,7 +354,7 @@ impl<'a> Gatherer<'a> {
             ));
         }
         self.shape(plan)?;
-        let mut parts = split_sections(&mut buffer[..sections.total], sections).into_iter();
+        let mut parts = split_sections(&mut buffer[..sections.total], sections);
         let mut next = || parts.next().expect("one part per section");
         let mut headers = Headers {
             ids: typed::<i64>(next()),
@@ -365,8 +365,9 @@ impl<'a> Gatherer<'a> {
             BatchLayout::Packed => {
                 let positions = sections.get(sections::DOM_POSITION).is_some();
                 let columns = 6 + usize::from(positions);
-                let rest: Vec<&mut [u8]> = (0..columns).map(|_| next()).collect();
-                self.gather_packed(headers, rest);
+                let mut rest: [&mut [u8]; 7] =
+                    std::array::from_fn(|i| if i < columns { next() } else { &mut [] });
+                self.gather_packed(headers, &mut rest[..columns]);
             }
             BatchLayout::Padded { pulses_per_dom, .. } => {
                 self.gather_headers(&mut headers);
@@ -378,6 +379,7 @@ impl<'a> Gatherer<'a> {
                 self.gather_padded(m, pulses_per_dom, features, mask);
             }
         }
+        debug_assert!(parts.next().is_none(), "every section written");
         Ok(())
     }
 
@@ -399,8 +401,8 @@ impl<'a> Gatherer<'a> {
     /// Each run's headers are copied with its columns (from a columns shard, with its
     /// DOM-level ones): a pass of their own cost the loader 1-3% of its rate at windows 16
     /// and 64, and saved it about 1% at window 1 (2-core Zen 5, docs/results.md).
-    fn gather_packed(&self, headers: Headers, mut parts: Vec<&mut [u8]>) {
-        let (event_doms, dom_pulses, sensor, position, time, charge, aux) = match &mut parts[..] {
+    fn gather_packed(&self, headers: Headers, parts: &mut [&mut [u8]]) {
+        let (event_doms, dom_pulses, sensor, position, time, charge, aux) = match parts {
             [a, b, c, p, t, q, x] => (a, b, c, Some(p), t, q, x),
             [a, b, c, t, q, x] => (a, b, c, None, t, q, x),
             _ => unreachable!("six or seven packed sections"),

@@ -181,21 +181,23 @@ pub fn features_per_dom(pulses_per_dom: usize) -> usize {
     4 + 3 * pulses_per_dom
 }
 
-/// Splits `buffer` into one mutable slice per section, zeroing the alignment gaps between
-/// them so a batch's bytes never carry data of an earlier batch.
-pub(crate) fn split_sections<'b>(buffer: &'b mut [u8], sections: &Sections) -> Vec<&'b mut [u8]> {
-    let mut parts = Vec::with_capacity(sections.list.len());
-    let mut rest = buffer;
-    let mut at = 0;
-    for s in &sections.list {
+/// Splits `buffer` into one mutable slice per section, in order, zeroing the alignment gap
+/// before each so a batch's bytes never carry data of an earlier batch. Lazily, with no
+/// list allocated: take every section, or the gaps after the last one taken stay as they
+/// were.
+pub(crate) fn split_sections<'b, 's>(
+    buffer: &'b mut [u8],
+    sections: &'s Sections,
+) -> impl Iterator<Item = &'b mut [u8]> + use<'b, 's> {
+    let (mut rest, mut at) = (buffer, 0);
+    sections.list.iter().map(move |s| {
         let (gap, tail) = std::mem::take(&mut rest).split_at_mut(s.offset - at);
         gap.fill(0);
         let (part, tail) = tail.split_at_mut(s.len);
-        parts.push(part);
         rest = tail;
         at = s.offset + s.len;
-    }
-    parts
+        part
+    })
 }
 
 pub(crate) fn typed<T: Pod>(bytes: &mut [u8]) -> &mut [T] {

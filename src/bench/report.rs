@@ -175,6 +175,11 @@ pub struct LoaderFigures {
     /// One thread planning the first measured epoch's batches as the workers plan them
     /// ([`planning`]): the sampler's share of their time outside the gather.
     pub planning: Option<Planning>,
+    /// Seconds a batch the loader's own threads spent planning, over the measured epochs
+    /// ([`Batch::planning_seconds`](crate::pipeline::Batch::planning_seconds)): beside
+    /// `planning`'s one thread alone, what the sampler costs inside the loader (twice as
+    /// much where the threads' cores share no L3, on the 2-core Zen 4).
+    pub planning_in_loader_seconds_per_batch: Option<f64>,
     /// Staging buffers allocated during the measured epochs: 0 when the pool, grown to
     /// their largest batch beforehand, held every batch (as a long job's does).
     pub measured_epoch_allocations: Option<u64>,
@@ -318,6 +323,8 @@ struct EpochRun {
     gather_while_waiting: (f64, usize),
     /// The workers' seconds blocked for a staging buffer, summed over the epoch's batches.
     buffer_wait: f64,
+    /// The loader's threads' seconds planning, summed over the epoch's batches.
+    planning: f64,
     /// The process's CPU seconds during the epoch (`None` where the system does not say).
     cpu_seconds: Option<f64>,
     wait: f64,
@@ -423,6 +430,7 @@ fn run_epoch(
         gather: 0.0,
         gather_while_waiting: (0.0, 0),
         buffer_wait: 0.0,
+        planning: 0.0,
         cpu_seconds: None,
         wait: 0.0,
         compute: 0.0,
@@ -446,6 +454,7 @@ fn run_epoch(
             run.gather_while_waiting.1 += 1;
         }
         run.buffer_wait += batch.buffer_wait_seconds();
+        run.planning += batch.planning_seconds();
         run.compute += consumer.consume(&mut batch)?;
         if let Some(copy) = batch.device() {
             run.batch_bytes.push(batch.bytes().len());
@@ -582,6 +591,7 @@ fn figures(
         outside_gather_seconds_per_batch: None,
         buffer_wait_seconds_per_batch: None,
         planning: None,
+        planning_in_loader_seconds_per_batch: None,
         measured_epoch_allocations: None,
         first_epoch_events_per_s: None,
         wait_seconds: None,
@@ -754,6 +764,8 @@ pub fn run(
         );
         f.buffer_wait_seconds_per_batch =
             Some(epochs.iter().map(|e| e.buffer_wait).sum::<f64>() / batches.max(1) as f64);
+        f.planning_in_loader_seconds_per_batch =
+            Some(epochs.iter().map(|e| e.planning).sum::<f64>() / batches.max(1) as f64);
         f.planning = Some(planning(&dataset, &sampler(config, window), measured[0])?);
         f.measured_epoch_allocations = measured_allocations;
         f.first_epoch_events_per_s =
@@ -984,12 +996,16 @@ fn stage_line(l: &LoaderFigures) -> String {
                 buffer * 1e6
             ));
         }
-        if let Some(p) = &l.planning {
-            parts.push(format!(
-                "planning it {:.1} µs, {:.1} ns an event, one thread alone",
-                p.seconds_per_batch() * 1e6,
-                p.ns_per_event()
-            ));
+        if let Some(in_loader) = l.planning_in_loader_seconds_per_batch {
+            let mut planning = format!("planning it {:.1} µs", in_loader * 1e6);
+            if let Some(p) = &l.planning {
+                planning += &format!(
+                    ", one thread alone {:.1} µs ({:.1} ns an event)",
+                    p.seconds_per_batch() * 1e6,
+                    p.ns_per_event()
+                );
+            }
+            parts.push(planning);
         }
         if !parts.is_empty() {
             out += &format!(" ({})", parts.join("; "));

@@ -30,6 +30,7 @@ pub struct Batch {
     gather_seconds: f64,
     gathered_while_waiting: bool,
     buffer_wait_seconds: f64,
+    planning_seconds: f64,
     layout: BatchLayout,
 }
 
@@ -76,6 +77,7 @@ impl Batch {
             gather_seconds: filled.gather_seconds,
             gathered_while_waiting: filled.gathered_while_waiting,
             buffer_wait_seconds: filled.buffer_wait_seconds,
+            planning_seconds: filled.planning_seconds,
             layout,
         }
     }
@@ -172,6 +174,14 @@ impl Batch {
     /// idle, which shardbench sums per batch.
     pub fn buffer_wait_seconds(&self) -> f64 {
         self.buffer_wait_seconds
+    }
+
+    /// Seconds the thread that gathered this batch spent planning batches just before it:
+    /// the loader's threads plan 16 at a time, so most batches carry zero and one in 16
+    /// the time of its chunk. Summed over an epoch, the loader's time in the sampler
+    /// (which shardbench sets beside the sampler's time alone).
+    pub fn planning_seconds(&self) -> f64 {
+        self.planning_seconds
     }
 
     /// Events, DOMs and pulses in the batch.

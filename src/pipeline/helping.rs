@@ -90,14 +90,15 @@ impl Lending {
         let mut buffer = helper.pool.take_free()?;
         let mut own = helper.own.lock().unwrap_or_else(|e| e.into_inner());
         let ThreadOwn { gatherer, scratch } = &mut *own;
-        let (seq, plan, sections) = helper.plans.next_in(&mut buffer, scratch)?;
+        let next = helper.plans.next_in(&mut buffer, scratch)?;
+        let seq = next.seq;
         let filled = gather_plan(
             gatherer,
             helper.config,
             helper.pool,
             helper.plans,
-            (buffer, sections),
-            plan,
+            buffer,
+            next,
         )
         .map(|filled| Filled {
             gathered_while_waiting: true,

@@ -1,15 +1,17 @@
 //! The epoch's batch plans, shared by the threads that gather: planned a few batches at a
 //! time by whichever thread finds too few ready, taken one at a time by every thread.
 //!
-//! Planning one batch per gather, in turn under a lock, passes the sampler's state (its
-//! window, its position, its random stream) from core to core with every batch. Where the
-//! two cores share no cache that doubled the time the lock was held (2.3 to 4.6 µs a batch
-//! at window 16, docs/results.md). Planned [`PLANS_AHEAD`] at a time, the state moves at
-//! most once per chunk; what crosses per batch is the plan itself, read once, in order.
+//! Planned one batch per gather, in turn under a lock, each window of the sampler was built
+//! and read on both cores, and each plan written where the other core had read the last.
+//! Where the two cores share no L3 the sampler took twice its time alone in the loader
+//! (docs/results.md, "Plans sixteen at a time"). Planned [`PLANS_AHEAD`] at a time, its
+//! state stays on one core for that many batches; what crosses per batch is the plan,
+//! copied once, in order, out of a vector claimed for writing before it was written.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard};
+use std::time::Instant;
 
 use super::LoaderConfig;
 use crate::batch::Sections;
@@ -35,6 +37,19 @@ pub(crate) struct Plans<'a> {
     sizes: &'a DatasetSizes<'a>,
     /// Set once a plan or a gather failed: the epoch ends at that error.
     failed: AtomicBool,
+}
+
+/// A plan taken by a gathering thread ([`Plans::next_in`]).
+pub(crate) struct NextPlan {
+    /// Its number in the epoch: the order batches are delivered in.
+    pub(crate) seq: u64,
+    /// The plan, or the error that ends the epoch (a shard that failed to open).
+    pub(crate) plan: Result<BatchPlan>,
+    /// The section table to lay it out in: the one its staging buffer's last batch had.
+    pub(crate) sections: Sections,
+    /// Seconds the thread spent planning a chunk of batches before taking it (zero unless
+    /// it found few ready and planned more).
+    pub(crate) planning_seconds: f64,
 }
 
 /// The epoch's sampler, the number of the next batch it plans, and the vectors a chunk is
@@ -86,14 +101,15 @@ impl<'a> Plans<'a> {
     }
 
     /// The next plan and its number, copied into `events` (emptied first, its memory
-    /// reused); `None` at the end of the epoch or after an error. Plans the next chunk
-    /// first when none is ready, or after taking one when few are and no other thread is
-    /// planning.
+    /// reused), and the seconds this call spent planning; `None` at the end of the epoch
+    /// or after an error. Plans the next chunk first when none is ready, or after taking
+    /// one when few are and no other thread is planning.
     fn next(
         &self,
         events: &mut Vec<EventRef>,
         scratch: &mut PlanScratch,
-    ) -> Option<(u64, Result<BatchPlan>)> {
+    ) -> Option<(u64, Result<BatchPlan>, f64)> {
+        let mut planning_seconds = 0.0;
         let (seq, global_index) = loop {
             if self.failed.load(Ordering::Acquire) {
                 return None;
@@ -104,7 +120,7 @@ impl<'a> Plans<'a> {
             if let Some((taken, left)) = self.take_ready(events) {
                 if left < PLANS_AHEAD && !exhausted {
                     if let Ok(sampler) = self.sampler.try_lock() {
-                        self.plan_chunk(sampler, scratch);
+                        planning_seconds += self.plan_chunk(sampler, scratch);
                     }
                 }
                 break taken;
@@ -115,12 +131,12 @@ impl<'a> Plans<'a> {
             let sampler = locked(&self.sampler);
             // Another thread may have planned while this one waited for the lock.
             if locked(&self.ready).plans.is_empty() {
-                self.plan_chunk(sampler, scratch);
+                planning_seconds += self.plan_chunk(sampler, scratch);
             }
         };
         if let Some(e) = self.sizes.take_error() {
             self.fail();
-            return Some((seq, Err(e)));
+            return Some((seq, Err(e), planning_seconds));
         }
         let mut plan = BatchPlan {
             global_index,
@@ -128,7 +144,7 @@ impl<'a> Plans<'a> {
         };
         // Numbered as the view numbers its events until here; read as the shards do.
         self.view.locate_plan(&mut plan);
-        Some((seq, Ok(plan)))
+        Some((seq, Ok(plan), planning_seconds))
     }
 
     /// The oldest ready plan's number and global index, its events copied into `events`,
@@ -143,11 +159,16 @@ impl<'a> Plans<'a> {
     }
 
     /// Plans up to [`PLANS_AHEAD`] batches with `sampler` (its lock held) in vectors of
-    /// taken plans, and makes them ready.
-    fn plan_chunk(&self, mut sampler: MutexGuard<'_, Sampler<'a>>, scratch: &mut PlanScratch) {
+    /// taken plans, and makes them ready; the seconds it took.
+    fn plan_chunk(
+        &self,
+        mut sampler: MutexGuard<'_, Sampler<'a>>,
+        scratch: &mut PlanScratch,
+    ) -> f64 {
         if self.exhausted.load(Ordering::Acquire) {
-            return;
+            return 0.0;
         }
+        let started = Instant::now();
         let Sampler {
             batches,
             next_seq,
@@ -181,19 +202,24 @@ impl<'a> Plans<'a> {
             // After the last plans are ready (see `Plans::next`).
             self.exhausted.store(true, Ordering::Release);
         }
+        started.elapsed().as_secs_f64()
     }
 
-    /// [`Plans::next`] planned in the vectors `buffer` kept from its last batch: the plan,
-    /// and the section table to lay it out in. Without a next plan the vectors stay in the
-    /// buffer.
+    /// [`Plans::next`] in the vectors `buffer` kept from its last batch: the plan, and the
+    /// section table to lay it out in. Without a next plan the vectors stay in the buffer.
     pub(crate) fn next_in(
         &self,
         buffer: &mut StagingBuffer,
         scratch: &mut PlanScratch,
-    ) -> Option<(u64, Result<BatchPlan>, Sections)> {
+    ) -> Option<NextPlan> {
         let mut vectors = buffer.take_vectors();
         match self.next(&mut vectors.events, scratch) {
-            Some((seq, plan)) => Some((seq, plan, vectors.sections)),
+            Some((seq, plan, planning_seconds)) => Some(NextPlan {
+                seq,
+                plan,
+                sections: vectors.sections,
+                planning_seconds,
+            }),
             None => {
                 buffer.keep_vectors(vectors);
                 None
@@ -226,7 +252,7 @@ mod tests {
             let (mut scratch, mut taken) = (PlanScratch::default(), Vec::new());
             start.wait();
             while !until() {
-                let Some((seq, plan)) = plans.next(&mut Vec::new(), &mut scratch) else {
+                let Some((seq, plan, _)) = plans.next(&mut Vec::new(), &mut scratch) else {
                     assert!(plans.next(&mut Vec::new(), &mut scratch).is_none());
                     break;
                 };
@@ -334,7 +360,11 @@ mod tests {
             SamplerState::start(0),
         );
         let mut scratch = PlanScratch::default();
-        let (seq, plan) = plans.next(&mut Vec::new(), &mut scratch).unwrap();
+        let (seq, plan, planning_seconds) = plans.next(&mut Vec::new(), &mut scratch).unwrap();
+        assert!(
+            planning_seconds > 0.0,
+            "the first call planned the first chunk"
+        );
         assert_eq!(seq, 0);
         assert!(plan.is_ok());
         assert!(

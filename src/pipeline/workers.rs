@@ -8,7 +8,7 @@ use std::time::Instant;
 use crossbeam_channel::{bounded, select, Receiver, Sender};
 
 use super::helping::{Helper, Lending};
-use super::plans::Plans;
+use super::plans::{NextPlan, Plans};
 use super::scheduling::GATHER_THREAD_NAME;
 use super::LoaderConfig;
 use crate::batch::{plan_sections_into, BatchShape, Gatherer, Sections};
@@ -30,6 +30,9 @@ pub(crate) struct Filled {
     /// Seconds its worker was blocked for a free staging buffer before gathering it (zero
     /// when the waiting thread gathered it: that one never waits for a buffer).
     pub(crate) buffer_wait_seconds: f64,
+    /// Seconds its thread spent planning a chunk of batches just before taking its plan
+    /// ([`NextPlan::planning_seconds`]).
+    pub(crate) planning_seconds: f64,
 }
 
 /// Asks the pipeline's threads to stop: a flag they check between batches, and a channel
@@ -160,10 +163,11 @@ fn gather_batches(
         let Some((mut buffer, waited)) = take_buffer(pool, stop) else {
             return;
         };
-        let Some((seq, plan, sections)) = plans.next_in(&mut buffer, &mut scratch) else {
+        let Some(next) = plans.next_in(&mut buffer, &mut scratch) else {
             return; // the buffer goes back as it drops
         };
-        let mut item = gather_plan(&mut gatherer, config, pool, plans, (buffer, sections), plan);
+        let seq = next.seq;
+        let mut item = gather_plan(&mut gatherer, config, pool, plans, buffer, next);
         if let Ok(filled) = &mut item {
             filled.buffer_wait_seconds = waited;
         }
@@ -187,17 +191,24 @@ fn take_buffer(pool: &StagingPool, stop: &Stop) -> Option<(StagingBuffer, f64)> 
     }
 }
 
-/// Gathers `plan` into the buffer, its section table written into the one given (the
-/// table its last batch had, see [`BatchVectors`](crate::device::staging::BatchVectors));
-/// an error ends the epoch for every worker.
+/// Gathers `next`'s plan into `buffer`, its section table written into the one `next`
+/// holds (the table the buffer's last batch had, see
+/// [`BatchVectors`](crate::device::staging::BatchVectors)), and passes its planning
+/// seconds on; an error ends the epoch for every worker.
 pub(crate) fn gather_plan(
     gatherer: &mut Gatherer<'_>,
     config: &LoaderConfig,
     pool: &StagingPool,
     plans: &Plans<'_>,
-    (mut buffer, mut sections): (StagingBuffer, Sections),
-    plan: Result<BatchPlan>,
+    mut buffer: StagingBuffer,
+    next: NextPlan,
 ) -> Result<Filled> {
+    let NextPlan {
+        plan,
+        mut sections,
+        planning_seconds,
+        ..
+    } = next;
     let started = std::time::Instant::now();
     let types = plans.view.dataset().manifest().schema.types;
     let filled = plan.and_then(|plan| {
@@ -223,6 +234,7 @@ pub(crate) fn gather_plan(
             gather_seconds: started.elapsed().as_secs_f64(),
             gathered_while_waiting: false,
             buffer_wait_seconds: 0.0,
+            planning_seconds,
         }),
         Err(e) => {
             plans.fail();
