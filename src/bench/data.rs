@@ -4,9 +4,8 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use crate::convert::{convert, ConvertOptions, Phase, Silent, TaskSlice};
+use crate::convert::{convert_in_one_go, ConvertOptions};
 use crate::error::Result;
-use crate::source::InputSet;
 use crate::synth::{write_dataset, SynthOptions};
 
 /// Where bench data is kept: `SHARDIFY_BENCH_DATA`, else `target/bench-data` of this
@@ -58,15 +57,7 @@ pub fn converted(root: &Path, events: u64, files: u32) -> Result<PathBuf> {
             seed: 1,
             ..ConvertOptions::default()
         };
-        let inputs = InputSet::discover(&src, Some("train"))?;
-        convert(
-            &inputs,
-            &out,
-            &options,
-            Phase::All,
-            TaskSlice::default(),
-            &Silent,
-        )?;
+        convert_in_one_go(&src, Some("train"), &out, &options)?;
     }
     Ok(out)
 }

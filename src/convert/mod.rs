@@ -222,6 +222,26 @@ pub struct PlannedUnits {
     pub meta_split: bool,
 }
 
+/// Converts the inputs of `split` found under `input` (see [`InputSet::discover`]) into
+/// `out` in this process: every phase and every task, without progress output. What a
+/// benchmark or a test wants; the `shardify convert` command runs [`convert`] itself.
+pub fn convert_in_one_go(
+    input: &Path,
+    split: Option<&str>,
+    out: &Path,
+    options: &ConvertOptions,
+) -> Result<Summary> {
+    let inputs = InputSet::discover(input, split)?;
+    convert(
+        &inputs,
+        out,
+        options,
+        Phase::All,
+        TaskSlice::default(),
+        &Silent,
+    )
+}
+
 /// Runs `phase` of the conversion of `inputs` into `out` (see the module docs).
 pub fn convert(
     inputs: &InputSet,

@@ -462,23 +462,14 @@ impl Dataset {
 /// shards of about 64 KiB (several of them), opened with lazy checksums.
 #[cfg(test)]
 pub(crate) fn small_shards_fixture(dir: &Path) -> Dataset {
-    use crate::convert::{convert, ConvertOptions, Phase, Silent, TaskSlice};
+    use crate::convert::{convert_in_one_go, ConvertOptions};
     let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/kaggle-mini");
-    let inputs = crate::source::InputSet::discover(&fixture, Some("train")).unwrap();
     let options = ConvertOptions {
         shard_target_bytes: 64 << 10,
         ..ConvertOptions::default()
     };
     let out = dir.join("ds");
-    convert(
-        &inputs,
-        &out,
-        &options,
-        Phase::All,
-        TaskSlice::default(),
-        &Silent,
-    )
-    .unwrap();
+    convert_in_one_go(&fixture, Some("train"), &out, &options).unwrap();
     Dataset::open(&out, ChecksumPolicy::Lazy).unwrap()
 }
 

@@ -7,11 +7,10 @@ use std::sync::Arc;
 
 use arrow_array::{ArrayRef, RecordBatch};
 use arrow_schema::{Field, Schema};
-use shardify::convert::{convert, ConvertOptions, Phase, Silent, Summary, TaskSlice};
+use shardify::convert::{convert_in_one_go, ConvertOptions, Summary};
 use shardify::dataset::{dump::dump, ChecksumPolicy, Dataset};
 use shardify::pipeline::Loader;
 use shardify::rng::Rng;
-use shardify::source::InputSet;
 use shardify::synth::{self, Codec, MetaTable, PulseTable};
 
 /// The committed fixture directory.
@@ -55,15 +54,7 @@ pub fn convert_all(
     out: &Path,
     options: &ConvertOptions,
 ) -> shardify::Result<Summary> {
-    let inputs = InputSet::discover(input, Some(split))?;
-    convert(
-        &inputs,
-        out,
-        options,
-        Phase::All,
-        TaskSlice::default(),
-        &Silent,
-    )
+    convert_in_one_go(input, Some(split), out, options)
 }
 
 /// The fixture's train split converted (seed `seed`, 2 threads) into `dir/ds` and opened
