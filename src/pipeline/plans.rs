@@ -47,8 +47,8 @@ pub(crate) struct NextPlan {
     pub(crate) plan: Result<BatchPlan>,
     /// The section table to lay it out in: the one its staging buffer's last batch had.
     pub(crate) sections: Sections,
-    /// Seconds the thread spent planning a chunk of batches before taking it (zero unless
-    /// it found few ready and planned more).
+    /// Seconds the thread spent planning chunks of batches in the call that took it (zero
+    /// unless it found fewer than [`PLANS_AHEAD`] ready and no other thread planning).
     pub(crate) planning_seconds: f64,
 }
 
@@ -64,7 +64,6 @@ struct Sampler<'a> {
 /// Batches planned and not yet taken, oldest first, and the vectors of taken ones for the
 /// next chunk: the same vectors go round for the whole epoch, each written on the planning
 /// thread and read on the taking one, never freed on another thread than their own.
-#[derive(Default)]
 struct Ready {
     plans: VecDeque<(u64, u64, Vec<EventRef>)>,
     spare: Vec<Vec<EventRef>>,

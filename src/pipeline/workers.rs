@@ -30,8 +30,8 @@ pub(crate) struct Filled {
     /// Seconds its worker was blocked for a free staging buffer before gathering it (zero
     /// when the waiting thread gathered it: that one never waits for a buffer).
     pub(crate) buffer_wait_seconds: f64,
-    /// Seconds its thread spent planning a chunk of batches just before taking its plan
-    /// ([`NextPlan::planning_seconds`]).
+    /// Seconds its thread spent planning a chunk of batches in the call that took its plan,
+    /// before gathering it ([`NextPlan::planning_seconds`]).
     pub(crate) planning_seconds: f64,
 }
 
