@@ -425,10 +425,11 @@ struct Window {
 }
 
 /// The memory a batch's events are put in stored order with: one bit per event of the
-/// window, or a radix sort's buffers. Written for every batch, so each thread that plans
-/// keeps its own ([`EpochBatches::next_reusing`]): threads planning in turn through one
-/// scratch would pass its lines from core to core with every batch, which costs most
-/// where the cores share no cache.
+/// window, or a radix sort's buffers. Written for every batch, so it is kept where the
+/// planning happens ([`EpochBatches::next_reusing`]): the loader keeps one with its
+/// sampler, which a thread takes for 16 batches at a time. Threads planning in turn, one
+/// batch each, through one scratch passed its lines from core to core with every batch,
+/// which costs most where the cores share no cache.
 #[derive(Debug, Default)]
 pub struct PlanScratch {
     bitmap: Vec<u64>,

@@ -18,9 +18,9 @@ pub struct DatasetSizes<'a> {
     views: Vec<OnceLock<Option<StoredView<'a>>>>,
     /// The first shard that failed to open, handed once to the plan that needed it.
     error: Mutex<Option<Error>>,
-    /// Whether `error` was ever set: read for every plan, so that the loader's threads,
-    /// which plan in turn, pass no lock's cache line between their cores to learn that no
-    /// shard failed.
+    /// Whether `error` was ever set: read for every plan the loader's threads take, so
+    /// that they pass no lock's cache line between their cores to learn that no shard
+    /// failed.
     failed: AtomicBool,
     /// Whether the sampler's read-ahead hints reach the kernel (a streaming loader reads
     /// the shards next; a plan made for data already in memory does not).

@@ -178,8 +178,9 @@ impl Batch {
 
     /// Seconds the thread that gathered this batch spent planning batches as it took this
     /// one's plan, before gathering it: the loader's threads plan 16 at a time, so most
-    /// batches carry zero and about one in 16 the time of a chunk. Summed over an epoch, the loader's time in the sampler
-    /// (which shardbench sets beside the sampler's time alone).
+    /// batches carry zero and about one in 16 the time of a chunk. Summed over an epoch,
+    /// the loader's time in the sampler (which shardbench sets beside the sampler's time
+    /// alone).
     pub fn planning_seconds(&self) -> f64 {
         self.planning_seconds
     }

@@ -19,17 +19,18 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, RwLock};
 
 use super::plans::Plans;
-use super::workers::{gather_plan, Filled, Stop, ThreadOwn};
+use super::workers::{gather_plan, Filled, Stop};
 use super::LoaderConfig;
+use crate::batch::Gatherer;
 use crate::device::staging::StagingPool;
 use crate::error::Result;
 
-/// What the workers lend: their plans, a gatherer and planning scratch of the waiting
-/// thread's own, and what a gather needs.
+/// What the workers lend: their plans, a gatherer of the waiting thread's own, and what a
+/// gather needs.
 pub(crate) struct Helper<'a> {
     pub(crate) plans: &'a Plans<'a>,
     /// Used by the waiting thread only (the lock is never contended).
-    pub(crate) own: Mutex<ThreadOwn<'a>>,
+    pub(crate) gatherer: Mutex<Gatherer<'a>>,
     pub(crate) config: &'a LoaderConfig,
     pub(crate) pool: &'a StagingPool,
     pub(crate) stop: &'a Stop,
@@ -88,12 +89,11 @@ impl Lending {
             return None;
         }
         let mut buffer = helper.pool.take_free()?;
-        let mut own = helper.own.lock().unwrap_or_else(|e| e.into_inner());
-        let ThreadOwn { gatherer, scratch } = &mut *own;
-        let next = helper.plans.next_in(&mut buffer, scratch)?;
+        let next = helper.plans.next_in(&mut buffer)?;
+        let mut gatherer = helper.gatherer.lock().unwrap_or_else(|e| e.into_inner());
         let seq = next.seq;
         let filled = gather_plan(
-            gatherer,
+            &mut gatherer,
             helper.config,
             helper.pool,
             helper.plans,

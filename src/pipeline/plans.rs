@@ -52,11 +52,13 @@ pub(crate) struct NextPlan {
     pub(crate) planning_seconds: f64,
 }
 
-/// The epoch's sampler, the number of the next batch it plans, and the vectors a chunk is
-/// planned in (kept from one chunk to the next).
+/// The epoch's sampler, the number of the next batch it plans, the scratch it puts a
+/// batch in stored order with, and the vectors a chunk is planned in (all kept from one
+/// chunk to the next, and on the planning thread's core for the whole chunk).
 struct Sampler<'a> {
     batches: EpochBatches<'a>,
     next_seq: u64,
+    scratch: PlanScratch,
     vectors: Vec<Vec<EventRef>>,
     chunk: Vec<(u64, u64, Vec<EventRef>)>,
 }
@@ -85,6 +87,7 @@ impl<'a> Plans<'a> {
             sampler: Mutex::new(Sampler {
                 batches: EpochBatches::new(sizes, &config.sampler, position),
                 next_seq: 0,
+                scratch: PlanScratch::default(),
                 vectors: Vec::with_capacity(PLANS_AHEAD),
                 chunk: Vec::with_capacity(PLANS_AHEAD),
             }),
@@ -103,11 +106,7 @@ impl<'a> Plans<'a> {
     /// reused), and the seconds this call spent planning; `None` at the end of the epoch
     /// or after an error. Plans the next chunk first when none is ready, or after taking
     /// one when few are and no other thread is planning.
-    fn next(
-        &self,
-        events: &mut Vec<EventRef>,
-        scratch: &mut PlanScratch,
-    ) -> Option<(u64, Result<BatchPlan>, f64)> {
+    fn next(&self, events: &mut Vec<EventRef>) -> Option<(u64, Result<BatchPlan>, f64)> {
         let mut planning_seconds = 0.0;
         let (seq, global_index) = loop {
             if self.failed.load(Ordering::Acquire) {
@@ -119,7 +118,7 @@ impl<'a> Plans<'a> {
             if let Some((taken, left)) = self.take_ready(events) {
                 if left < PLANS_AHEAD && !exhausted {
                     if let Ok(sampler) = self.sampler.try_lock() {
-                        planning_seconds += self.plan_chunk(sampler, scratch);
+                        planning_seconds += self.plan_chunk(sampler);
                     }
                 }
                 break taken;
@@ -130,7 +129,7 @@ impl<'a> Plans<'a> {
             let sampler = locked(&self.sampler);
             // Another thread may have planned while this one waited for the lock.
             if locked(&self.ready).plans.is_empty() {
-                planning_seconds += self.plan_chunk(sampler, scratch);
+                planning_seconds += self.plan_chunk(sampler);
             }
         };
         if let Some(e) = self.sizes.take_error() {
@@ -159,11 +158,7 @@ impl<'a> Plans<'a> {
 
     /// Plans up to [`PLANS_AHEAD`] batches with `sampler` (its lock held) in vectors of
     /// taken plans, and makes them ready; the seconds it took.
-    fn plan_chunk(
-        &self,
-        mut sampler: MutexGuard<'_, Sampler<'a>>,
-        scratch: &mut PlanScratch,
-    ) -> f64 {
+    fn plan_chunk(&self, mut sampler: MutexGuard<'_, Sampler<'a>>) -> f64 {
         if self.exhausted.load(Ordering::Acquire) {
             return 0.0;
         }
@@ -171,6 +166,7 @@ impl<'a> Plans<'a> {
         let Sampler {
             batches,
             next_seq,
+            scratch,
             vectors,
             chunk,
         } = &mut *sampler;
@@ -206,13 +202,9 @@ impl<'a> Plans<'a> {
 
     /// [`Plans::next`] in the vectors `buffer` kept from its last batch: the plan, and the
     /// section table to lay it out in. Without a next plan the vectors stay in the buffer.
-    pub(crate) fn next_in(
-        &self,
-        buffer: &mut StagingBuffer,
-        scratch: &mut PlanScratch,
-    ) -> Option<NextPlan> {
+    pub(crate) fn next_in(&self, buffer: &mut StagingBuffer) -> Option<NextPlan> {
         let mut vectors = buffer.take_vectors();
-        match self.next(&mut vectors.events, scratch) {
+        match self.next(&mut vectors.events) {
             Some((seq, plan, planning_seconds)) => Some(NextPlan {
                 seq,
                 plan,
@@ -248,11 +240,11 @@ mod tests {
         let start = Barrier::new(workers + 1);
         let stopped = AtomicUsize::new(0);
         let take_all = |until: &dyn Fn() -> bool| {
-            let (mut scratch, mut taken) = (PlanScratch::default(), Vec::new());
+            let mut taken = Vec::new();
             start.wait();
             while !until() {
-                let Some((seq, plan, _)) = plans.next(&mut Vec::new(), &mut scratch) else {
-                    assert!(plans.next(&mut Vec::new(), &mut scratch).is_none());
+                let Some((seq, plan, _)) = plans.next(&mut Vec::new()) else {
+                    assert!(plans.next(&mut Vec::new()).is_none());
                     break;
                 };
                 taken.push((seq, plan.expect("no shard fails")));
@@ -358,8 +350,7 @@ mod tests {
             &LoaderConfig::default(),
             SamplerState::start(0),
         );
-        let mut scratch = PlanScratch::default();
-        let (seq, plan, planning_seconds) = plans.next(&mut Vec::new(), &mut scratch).unwrap();
+        let (seq, plan, planning_seconds) = plans.next(&mut Vec::new()).unwrap();
         assert!(
             planning_seconds > 0.0,
             "the first call planned the first chunk"
@@ -371,6 +362,6 @@ mod tests {
             "a chunk was planned"
         );
         plans.fail();
-        assert!(plans.next(&mut Vec::new(), &mut scratch).is_none());
+        assert!(plans.next(&mut Vec::new()).is_none());
     }
 }

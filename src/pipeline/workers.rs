@@ -16,7 +16,7 @@ use crate::dataset::{Dataset, DatasetSizes, View};
 use crate::device::staging::{StagingBuffer, StagingPool};
 use crate::error::Result;
 use crate::prefetch::PrefetchLevel;
-use crate::sampler::{BatchPlan, PlanScratch, SamplerState};
+use crate::sampler::{BatchPlan, SamplerState};
 
 /// A gathered batch on its way to the consumer.
 pub(crate) struct Filled {
@@ -109,7 +109,7 @@ pub(crate) fn run_workers(
     if config.consumer_gathers {
         let helper = Helper {
             plans: &plans,
-            own: Mutex::new(ThreadOwn::new(dataset, config)),
+            gatherer: Mutex::new(gatherer(dataset, config)),
             config,
             pool,
             stop,
@@ -120,26 +120,13 @@ pub(crate) fn run_workers(
     }
 }
 
-/// What a gathering thread keeps for itself from one batch to the next.
-pub(crate) struct ThreadOwn<'a> {
-    /// Its gatherer, prefetching as the loader's config says.
-    pub(crate) gatherer: Gatherer<'a>,
-    /// The scratch it plans its batches in (see [`PlanScratch`]).
-    pub(crate) scratch: PlanScratch,
-}
-
-impl<'a> ThreadOwn<'a> {
-    /// A gatherer over `dataset` prefetching as `config` says (the loader resolved its
-    /// level when it started), and an empty scratch.
-    pub(crate) fn new(dataset: &'a Dataset, config: &LoaderConfig) -> ThreadOwn<'a> {
-        let level = config
-            .prefetch_level
-            .unwrap_or_else(PrefetchLevel::for_this_machine);
-        ThreadOwn {
-            gatherer: Gatherer::with_prefetch(dataset, level),
-            scratch: PlanScratch::default(),
-        }
-    }
+/// A gatherer over `dataset` prefetching as `config` says (the loader resolved its level
+/// when it started).
+fn gatherer<'a>(dataset: &'a Dataset, config: &LoaderConfig) -> Gatherer<'a> {
+    let level = config
+        .prefetch_level
+        .unwrap_or_else(PrefetchLevel::for_this_machine);
+    Gatherer::with_prefetch(dataset, level)
 }
 
 /// Takes a free buffer (one last filled on this thread's CPU when there is one), then a
@@ -155,15 +142,12 @@ fn gather_batches(
     results: Sender<(u64, Result<Filled>)>,
     stop: &Stop,
 ) {
-    let ThreadOwn {
-        mut gatherer,
-        mut scratch,
-    } = ThreadOwn::new(dataset, config);
+    let mut gatherer = gatherer(dataset, config);
     while !stop.requested() {
         let Some((mut buffer, waited)) = take_buffer(pool, stop) else {
             return;
         };
-        let Some(next) = plans.next_in(&mut buffer, &mut scratch) else {
+        let Some(next) = plans.next_in(&mut buffer) else {
             return; // the buffer goes back as it drops
         };
         let seq = next.seq;
