@@ -39,6 +39,8 @@ DELIVERED_TARGET = 0.7
 WINDOW_1_AT_FILING = 0.71
 NUMPY_TARGET = 10.0
 RUST_TARGET = 0.9
+# shardbench's `CachePlacement`s, and the word for a row whose placement was not timed.
+PLACEMENTS = ("shared", "split", "changed", "untimed")
 TORCH_ROW = "shardify -> torch tensors"
 NUMPY_ROW = "numpy block shuffle"
 
@@ -102,9 +104,9 @@ def summarise(rows: list[dict]) -> list[dict]:
     """Per placement and window: the rows, their median delivered / memcpy, how many reached
     the target, and the medians of the scattered-copy bound over memcpy and of the loader
     over the bound's pace (where the host's placement moves the bound itself, the loader's
-    share of it says whether the loader lost anything of its own); placements in the order
-    first met, windows ascending."""
-    placements = list(dict.fromkeys(row["placement"] for row in rows))
+    share of it says whether the loader lost anything of its own); shared, split, then rows
+    that moved during their epochs or were not timed, windows ascending."""
+    placements = [p for p in PLACEMENTS if any(row["placement"] == p for row in rows)]
     summary = []
     for placement in placements:
         for window in WINDOWS:

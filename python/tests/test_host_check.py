@@ -57,6 +57,10 @@ def test_host_check_reports_each_row_its_medians_and_verdicts(binaries, torch, t
     # The summary: every row in one group (its placement and window), each group's median.
     summary = report["summary"]
     assert sum(s["rows"] for s in summary) == len(rows)
+    # Shared first, then split, then rows that moved or were not timed; windows ascending.
+    order = ["shared", "split", "changed", "untimed"]
+    keys = [(order.index(s["placement"]), s["window"]) for s in summary]
+    assert keys == sorted(keys) and len(set(keys)) == len(keys), summary
     for s in summary:
         group = [r for r in rows if (r["placement"], r["window"]) == (s["placement"], s["window"])]
         ratios = [r["delivered_over_memcpy"] for r in group]
