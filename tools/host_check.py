@@ -169,10 +169,11 @@ def verdicts(summary: list[dict], peers: dict | None) -> list[dict]:
     return out
 
 
-def print_report(machine: dict, args: argparse.Namespace, rows: list[dict],
+def print_report(at: str | None, machine: dict, args: argparse.Namespace, rows: list[dict],
                  summary: list[dict], peers: dict | None, judged: list[dict]) -> None:
-    """The rows, the medians per placement and window, Python's figures and the verdicts."""
-    print(f"commit {commit()}; {machine['cpu_model']} ({machine['cpu_signature']}), "
+    """The commit measured (`at`), the rows, the medians per placement and window, Python's
+    figures and the verdicts."""
+    print(f"commit {at}; {machine['cpu_model']} ({machine['cpu_signature']}), "
           f"{machine['cpus']} CPUs; {args.events} events, {args.runs} shardbench runs of "
           f"{args.epochs} epochs (logs and reports in {args.work})")
     print(f"{'run':>3} {'window':>6} {'placement':>10} {'delivered/memcpy':>17} "
@@ -217,6 +218,7 @@ def main() -> None:
     for name in ("shardify", "shardify-gen", "shardbench"):
         if not (args.bin / name).exists():
             ap.error(f"no {args.bin / name}: build first (cargo build --release --bins)")
+    at = commit()  # read before the runs: the tree may change while they run
     args.work.mkdir(parents=True, exist_ok=True)
     progress(f"data: {args.events} events under {args.work} (made once)")
     source, dataset = prepare(args.work, args.events, args.bin)
@@ -243,10 +245,10 @@ def main() -> None:
         peers = peers_figures(json.loads(peers_path.read_text()))
     summary = summarise(rows)
     judged = verdicts(summary, peers)
-    print_report(machine, args, rows, summary, peers, judged)
+    print_report(at, machine, args, rows, summary, peers, judged)
     if args.json:
         args.json.write_text(json.dumps({
-            "machine": machine, "commit": commit(), "rows": rows, "summary": summary,
+            "machine": machine, "commit": at, "rows": rows, "summary": summary,
             "peers": peers, "verdicts": judged}, indent=1))
 
 
