@@ -60,14 +60,14 @@ struct Sampler<'a> {
     next_seq: u64,
     scratch: PlanScratch,
     vectors: Vec<Vec<EventRef>>,
-    chunk: Vec<(u64, u64, Vec<EventRef>)>,
+    chunk: Vec<(u64, BatchPlan)>,
 }
 
-/// Batches planned and not yet taken, oldest first, and the vectors of taken ones for the
-/// next chunk: the same vectors go round for the whole epoch, each written on the planning
+/// Batches planned and not yet taken, oldest first, each with its number, and the vectors
+/// of taken ones for the next chunk: the same vectors go round for the whole epoch, each written on the planning
 /// thread and read on the taking one, never freed on another thread than their own.
 struct Ready {
-    plans: VecDeque<(u64, u64, Vec<EventRef>)>,
+    plans: VecDeque<(u64, BatchPlan)>,
     spare: Vec<Vec<EventRef>>,
 }
 
@@ -149,11 +149,11 @@ impl<'a> Plans<'a> {
     /// and how many plans are left ready; `None` when none is.
     fn take_ready(&self, events: &mut Vec<EventRef>) -> Option<((u64, u64), usize)> {
         let mut ready = locked(&self.ready);
-        let (seq, global_index, planned) = ready.plans.pop_front()?;
+        let (seq, planned) = ready.plans.pop_front()?;
         events.clear();
-        events.extend_from_slice(&planned);
-        ready.spare.push(planned);
-        Some(((seq, global_index), ready.plans.len()))
+        events.extend_from_slice(&planned.events);
+        ready.spare.push(planned.events);
+        Some(((seq, planned.global_index), ready.plans.len()))
     }
 
     /// Plans up to [`PLANS_AHEAD`] batches with `sampler` (its lock held) in vectors of
@@ -186,7 +186,7 @@ impl<'a> Plans<'a> {
                 last = true;
                 break;
             };
-            chunk.push((*next_seq, plan.global_index, plan.events));
+            chunk.push((*next_seq, plan));
             *next_seq += 1;
         }
         let mut ready = locked(&self.ready);
