@@ -45,6 +45,12 @@ TORCH_ROW = "shardify -> torch tensors"
 NUMPY_ROW = "numpy block shuffle"
 
 
+def delivered_target(window: int) -> float:
+    """The least delivered / memcpy that meets the issue's target at `window`: 0.7 at the
+    wide windows, the figure at filing at window 1."""
+    return DELIVERED_TARGET if window in WIDE_WINDOWS else WINDOW_1_AT_FILING
+
+
 def progress(step: str) -> None:
     """What the check does now, on stderr (a run takes minutes)."""
     print(f"host_check: {step}", file=sys.stderr, flush=True)
@@ -119,7 +125,8 @@ def summarise(rows: list[dict]) -> list[dict]:
                 "window": window,
                 "rows": len(group),
                 "median_delivered_over_memcpy": statistics.median(ratios),
-                "rows_at_target": sum(r >= DELIVERED_TARGET for r in ratios),
+                "target": delivered_target(window),
+                "rows_at_target": sum(r >= delivered_target(window) for r in ratios),
                 "median_bound_over_memcpy": median_of(group, "bound_over_memcpy"),
                 "median_loader_over_bound": median_of(group, "loader_over_bound"),
             })
@@ -152,12 +159,12 @@ def verdicts(summary: list[dict], peers: dict | None) -> list[dict]:
     out = []
     for s in summary:
         wide = s["window"] in WIDE_WINDOWS
-        bound = DELIVERED_TARGET if wide else WINDOW_1_AT_FILING
-        words = ">= 0.7 of memcpy" if wide else "not under 0.71 (at filing)"
+        words = (f">= {DELIVERED_TARGET} of memcpy" if wide
+                 else f"not under {WINDOW_1_AT_FILING} (at filing)")
         out.append({
             "target": f"window {s['window']}, {s['placement']}: delivered {words}",
             "figure": s["median_delivered_over_memcpy"],
-            "holds": s["median_delivered_over_memcpy"] >= bound,
+            "holds": s["median_delivered_over_memcpy"] >= s["target"],
         })
     if peers is not None:
         out.append({"target": "Python, window 16: >= 10x the numpy block shuffle",
@@ -185,7 +192,7 @@ def print_report(at: str | None, machine: dict, args: argparse.Namespace, rows: 
     for s in summary:
         line = (f"{s['placement']}, window {s['window']}: median "
                 f"{s['median_delivered_over_memcpy']:.2f} over {s['rows']} rows, "
-                f"{s['rows_at_target']} at {DELIVERED_TARGET} or more")
+                f"{s['rows_at_target']} at {s['target']} or more")
         if s["median_bound_over_memcpy"] is not None and s["median_loader_over_bound"] is not None:
             line += (f"; the scattered-copy bound {s['median_bound_over_memcpy']:.2f} of memcpy, "
                      f"the loader at {s['median_loader_over_bound']:.2f} of its pace")
