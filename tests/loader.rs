@@ -283,6 +283,80 @@ fn batches_do_not_depend_on_which_thread_gathers_them() {
     );
 }
 
+/// Every gather holds a permit, and a loader has one for each worker or each core,
+/// whichever is more: the waiting thread gathers in a worker's place, never beside all of
+/// them. On a thread pinned to one CPU (the loader's threads inherit the pinning) a loader
+/// of one worker has one permit: the permit was held, never twice at once, and the batches
+/// are those of the worker alone.
+#[test]
+fn with_as_many_workers_as_cores_no_more_threads_gather_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = dataset(dir.path());
+    // A thread of its own, so that the pinning stays out of the other tests' threads.
+    std::thread::spawn(move || {
+        if !pin_to_one_cpu() {
+            eprintln!("skipped: this thread cannot be pinned to one CPU here");
+            return;
+        }
+        let run = |gathers: bool, e: u64| {
+            let config = LoaderConfig {
+                consumer_gathers: gathers,
+                ..config(Batching::Events(1), 1)
+            };
+            let mut loader = Loader::new(ds.clone(), config, SamplerState::start(e)).unwrap();
+            let batches: Vec<_> = loader
+                .by_ref()
+                .map(|b| {
+                    let b = b.unwrap();
+                    (b.plan().clone(), b.bytes().to_vec())
+                })
+                .collect();
+            (batches, loader.most_gathering_at_once())
+        };
+        for e in 0..2 {
+            let (alone, (most_alone, permits_alone)) = run(false, e);
+            let (helped, (most, permits)) = run(true, e);
+            assert_eq!(alone.len() as u64, ds.manifest().totals.events);
+            assert!(
+                alone == helped,
+                "epoch {e}: the permits changed the batches"
+            );
+            assert_eq!((permits_alone, permits), (1, 1), "one worker on one core");
+            assert_eq!(
+                (most_alone, most),
+                (1, 1),
+                "epoch {e}: permits held at once"
+            );
+        }
+    })
+    .join()
+    .unwrap();
+}
+
+/// Pins the calling thread to the CPU it runs on; false where it cannot be (or on a system
+/// without `sched_setaffinity`).
+fn pin_to_one_cpu() -> bool {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: `sched_getcpu` takes no arguments and touches no memory of ours.
+        let cpu = unsafe { libc::sched_getcpu() };
+        let Ok(cpu) = usize::try_from(cpu) else {
+            return false;
+        };
+        // SAFETY: a `cpu_set_t` is plain bits; all zeros is the empty set.
+        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        // SAFETY: `cpu` is a CPU number the kernel just gave, below `CPU_SETSIZE`; the set is
+        // ours, and `sched_setaffinity` reads exactly its size for the calling thread (0).
+        let pinned = unsafe {
+            libc::CPU_SET(cpu, &mut set);
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0
+        };
+        pinned && std::thread::available_parallelism().is_ok_and(|n| n.get() == 1)
+    }
+    #[cfg(not(target_os = "linux"))]
+    false
+}
+
 /// `next_within` lets a caller poll (Python checks for Ctrl-C between polls): it gives the
 /// same batches as `next`, and the waiting thread starts no gather once the wait is over, so
 /// polling with no wait at all never gathers while waiting.

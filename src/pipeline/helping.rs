@@ -18,6 +18,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, RwLock};
 
+use super::permits::GatherPermits;
 use super::plans::Plans;
 use super::workers::{gather_plan, Filled, Stop};
 use super::LoaderConfig;
@@ -48,15 +49,30 @@ unsafe impl Send for LentHelper {}
 unsafe impl Sync for LentHelper {}
 
 /// The hand-over point between the workers and the thread that waits for their batches.
-#[derive(Default)]
 pub(crate) struct Lending {
     /// The helper on loan, while the workers run.
     lent: RwLock<Option<LentHelper>>,
     /// Batches gathered by the waiting thread.
     gathered: AtomicU64,
+    /// What every gather holds, the waiting thread's included.
+    permits: GatherPermits,
 }
 
 impl Lending {
+    /// Nothing on loan yet; gathers hold `permits`.
+    pub(crate) fn new(permits: GatherPermits) -> Lending {
+        Lending {
+            lent: RwLock::new(None),
+            gathered: AtomicU64::new(0),
+            permits,
+        }
+    }
+
+    /// The permits every gather holds.
+    pub(crate) fn permits(&self) -> &GatherPermits {
+        &self.permits
+    }
+
     /// Lends `helper` to [`Lending::gather_next`] while `work` runs, and takes it back
     /// before returning (or unwinding), once no gather uses it any more.
     pub(crate) fn lend_while<R>(&self, helper: &Helper<'_>, work: impl FnOnce() -> R) -> R {
@@ -75,9 +91,10 @@ impl Lending {
     }
 
     /// Gathers the epoch's next batch on the calling thread: `None` when nothing is on
-    /// loan (the workers have not started or have finished), no staging buffer is free,
-    /// the plans have run out, or a stop was requested. Like a worker, it takes a buffer
-    /// before a plan, so the oldest batch in flight always owns one.
+    /// loan (the workers have not started or have finished), no staging buffer or no
+    /// gathering permit is free, the plans have run out, or a stop was requested. Like a
+    /// worker, it takes a buffer and a permit before a plan, so the oldest batch in flight
+    /// always owns a buffer and is being gathered.
     pub(crate) fn gather_next(&self) -> Option<(u64, Result<Filled>)> {
         let lent = self.lent.read().unwrap_or_else(|e| e.into_inner());
         // SAFETY: the pointer was made from a live `&Helper` in `lend_while`, which takes it
@@ -89,6 +106,7 @@ impl Lending {
             return None;
         }
         let mut buffer = helper.pool.take_free()?;
+        let permit = self.permits.try_acquire()?;
         let next = helper.plans.next_in(&mut buffer)?;
         let mut gatherer = helper.gatherer.lock().unwrap_or_else(|e| e.into_inner());
         let seq = next.seq;
@@ -104,6 +122,7 @@ impl Lending {
             gathered_while_waiting: true,
             ..filled
         });
+        drop(permit);
         self.gathered.fetch_add(1, Ordering::Relaxed);
         Some((seq, filled))
     }

@@ -28,6 +28,7 @@ mod batches_ahead;
 mod delivered;
 mod helping;
 mod in_order;
+mod permits;
 mod plans;
 mod scheduling;
 mod staging_budget;
@@ -58,6 +59,7 @@ use crate::prefetch::PrefetchLevel;
 use crate::sampler::{self, SamplerConfig, SamplerState};
 use helping::Lending;
 use in_order::InOrder;
+use permits::GatherPermits;
 use staging_budget::check_staging_fits_with;
 use uploader::{upload_batches, Uploaded};
 use workers::{run_workers, Filled, Stop};
@@ -337,7 +339,10 @@ impl Loader {
             }
         };
         let stop = Arc::new(Stop::new());
-        let lending = Arc::new(Lending::default());
+        let lending = Arc::new(Lending::new(GatherPermits::for_loader(
+            config.workers,
+            crate::cores::available_cores(),
+        )));
         // Unbounded: the staging pool already bounds the batches in flight (a worker takes
         // a buffer before a plan). A queue bounded at `ahead` made the worker holding the
         // oldest batch block on it, full of later batches, and then wait for a core to be
@@ -427,6 +432,14 @@ impl Loader {
     /// ([`LoaderConfig::consumer_gathers`]), not by a worker.
     pub fn gathered_while_waiting(&self) -> u64 {
         self.lending.gathered()
+    }
+
+    /// The most threads that gathered at once so far, and how many may: as many as the
+    /// workers, or the cores where there are more cores, the waiting thread included
+    /// (it gathers in a worker's place, never beside all of them).
+    pub fn most_gathering_at_once(&self) -> (usize, usize) {
+        let permits = self.lending.permits();
+        (permits.most_held(), permits.count())
     }
 
     /// Device buffer allocations so far (0 on the CPU; constant in the steady state).

@@ -8,6 +8,7 @@ use std::time::Instant;
 use crossbeam_channel::{bounded, select, Receiver, Sender};
 
 use super::helping::{Helper, Lending};
+use super::permits::GatherPermits;
 use super::plans::{NextPlan, Plans};
 use super::scheduling::GATHER_THREAD_NAME;
 use super::LoaderConfig;
@@ -81,6 +82,7 @@ pub(crate) fn run_workers(
     let dataset = view.dataset();
     let workers = config.workers;
     let plans = Plans::new(view, &sizes, config, position);
+    let permits = lending.permits();
     // This thread gathers too (it is named as a gathering thread where it is spawned); the
     // ones it starts below inherit its policy (Linux threads start under their creator's).
     if let Err(e) = config.worker_scheduling.apply_to_current_thread() {
@@ -96,14 +98,14 @@ pub(crate) fn run_workers(
                 let spawned = std::thread::Builder::new()
                     .name(GATHER_THREAD_NAME.to_string())
                     .spawn_scoped(scope, move || {
-                        gather_batches(dataset, config, pool, plans, results, stop)
+                        gather_batches(dataset, config, pool, plans, permits, results, stop)
                     });
                 if let Err(e) = spawned {
                     // The threads already running gather the epoch; this one is not needed.
                     tracing::warn!("gathering thread not started: {e}");
                 }
             }
-            gather_batches(dataset, config, pool, &plans, results, stop);
+            gather_batches(dataset, config, pool, &plans, permits, results, stop);
         })
     };
     if config.consumer_gathers {
@@ -130,7 +132,8 @@ fn gatherer<'a>(dataset: &'a Dataset, config: &LoaderConfig) -> Gatherer<'a> {
 }
 
 /// Takes a free buffer (one last filled on this thread's CPU when there is one), then a
-/// plan, gathers, and sends the result; until the plans run out, an error, or a stop. The
+/// gathering permit, then a plan, gathers, and sends the result; until the plans run out,
+/// an error, or a stop. The
 /// pool is tried first and only waited on (with the stop signal) when it is empty; the
 /// results' channel is unbounded (the pool bounds the batches in flight), so a send never
 /// waits: the steady state takes no shared lock.
@@ -139,6 +142,7 @@ fn gather_batches(
     config: &LoaderConfig,
     pool: &StagingPool,
     plans: &Plans<'_>,
+    permits: &GatherPermits,
     results: Sender<(u64, Result<Filled>)>,
     stop: &Stop,
 ) {
@@ -147,11 +151,15 @@ fn gather_batches(
         let Some((mut buffer, waited)) = take_buffer(pool, stop) else {
             return;
         };
+        let Some(permit) = permits.acquire(&stop.signal) else {
+            return;
+        };
         let Some(next) = plans.next_in(&mut buffer) else {
-            return; // the buffer goes back as it drops
+            return; // the buffer and the permit go back as they drop
         };
         let seq = next.seq;
         let mut item = gather_plan(&mut gatherer, config, pool, plans, buffer, next);
+        drop(permit);
         if let Ok(filled) = &mut item {
             filled.buffer_wait_seconds = waited;
         }
