@@ -355,9 +355,15 @@ fn quick_report_is_complete_and_consistent() {
         // The workers' time blocked for a staging buffer, per batch, as the stage line gives it.
         let buffer = l["buffer_wait_seconds_per_batch"].as_f64().unwrap();
         assert!(buffer >= 0.0, "{l}");
+        // Then the time they waited for a gathering permit (the waiting thread gathering
+        // in a worker's place).
+        let permit = l["permit_wait_seconds_per_batch"].as_f64().unwrap();
+        assert!(permit >= 0.0, "{l}");
         let said = format!(
-            "(blocked for a free staging buffer {:.1} µs; planning it ",
-            buffer * 1e6
+            "(blocked for a free staging buffer {:.1} µs; waiting for a gathering permit \
+             {:.1} µs; planning it ",
+            buffer * 1e6,
+            permit * 1e6
         );
         assert!(table.contains(&said), "{said} missing: {table}");
         // The sampler's share of it: the loader's threads' planning, per batch, as the

@@ -166,12 +166,17 @@ pub struct LoaderFigures {
     /// Worker time per batch outside the gather: the workers' seconds per epoch (threads
     /// x epoch seconds) less the seconds they spent gathering (the waiting thread's gathers
     /// left out), over the epoch's batches.
-    /// Planning, hand-offs, and time without a core or blocked for a staging buffer.
+    /// Planning, hand-offs, and time without a core, blocked for a staging buffer or waiting
+    /// for a gathering permit.
     pub outside_gather_seconds_per_batch: Option<f64>,
     /// The part of it the workers spent blocked for a free staging buffer, per batch
     /// ([`Batch::buffer_wait_seconds`](crate::pipeline::Batch::buffer_wait_seconds)): the
     /// batches ahead were all gathered, or waited behind one still being gathered.
     pub buffer_wait_seconds_per_batch: Option<f64>,
+    /// The part the workers then waited for a gathering permit, per batch
+    /// ([`Batch::permit_wait_seconds`](crate::pipeline::Batch::permit_wait_seconds)): the
+    /// waiting thread was gathering in a worker's place.
+    pub permit_wait_seconds_per_batch: Option<f64>,
     /// One thread planning the first measured epoch's batches as the workers plan them
     /// ([`planning`]): the sampler's share of their time outside the gather.
     pub planning: Option<Planning>,
@@ -323,6 +328,8 @@ struct EpochRun {
     gather_while_waiting: (f64, usize),
     /// The workers' seconds blocked for a staging buffer, summed over the epoch's batches.
     buffer_wait: f64,
+    /// The workers' seconds waiting for a gathering permit, summed over the epoch's batches.
+    permit_wait: f64,
     /// The loader's threads' seconds planning, summed over the epoch's batches.
     planning: f64,
     /// The process's CPU seconds during the epoch (`None` where the system does not say).
@@ -430,6 +437,7 @@ fn run_epoch(
         gather: 0.0,
         gather_while_waiting: (0.0, 0),
         buffer_wait: 0.0,
+        permit_wait: 0.0,
         planning: 0.0,
         cpu_seconds: None,
         wait: 0.0,
@@ -454,6 +462,7 @@ fn run_epoch(
             run.gather_while_waiting.1 += 1;
         }
         run.buffer_wait += batch.buffer_wait_seconds();
+        run.permit_wait += batch.permit_wait_seconds();
         run.planning += batch.planning_seconds();
         run.compute += consumer.consume(&mut batch)?;
         if let Some(copy) = batch.device() {
@@ -590,6 +599,7 @@ fn figures(
         gather_stages: None,
         outside_gather_seconds_per_batch: None,
         buffer_wait_seconds_per_batch: None,
+        permit_wait_seconds_per_batch: None,
         planning: None,
         planning_in_loader_seconds_per_batch: None,
         measured_epoch_allocations: None,
@@ -764,6 +774,8 @@ pub fn run(
         );
         f.buffer_wait_seconds_per_batch =
             Some(epochs.iter().map(|e| e.buffer_wait).sum::<f64>() / batches.max(1) as f64);
+        f.permit_wait_seconds_per_batch =
+            Some(epochs.iter().map(|e| e.permit_wait).sum::<f64>() / batches.max(1) as f64);
         f.planning_in_loader_seconds_per_batch =
             Some(epochs.iter().map(|e| e.planning).sum::<f64>() / batches.max(1) as f64);
         f.planning = Some(planning(&dataset, &sampler(config, window), measured[0])?);
@@ -994,6 +1006,12 @@ fn stage_line(l: &LoaderFigures) -> String {
             parts.push(format!(
                 "blocked for a free staging buffer {:.1} µs",
                 buffer * 1e6
+            ));
+        }
+        if let Some(permit) = l.permit_wait_seconds_per_batch {
+            parts.push(format!(
+                "waiting for a gathering permit {:.1} µs",
+                permit * 1e6
             ));
         }
         if let Some(in_loader) = l.planning_in_loader_seconds_per_batch {

@@ -30,6 +30,7 @@ pub struct Batch {
     gather_seconds: f64,
     gathered_while_waiting: bool,
     buffer_wait_seconds: f64,
+    permit_wait_seconds: f64,
     planning_seconds: f64,
     layout: BatchLayout,
 }
@@ -77,6 +78,7 @@ impl Batch {
             gather_seconds: filled.gather_seconds,
             gathered_while_waiting: filled.gathered_while_waiting,
             buffer_wait_seconds: filled.buffer_wait_seconds,
+            permit_wait_seconds: filled.permit_wait_seconds,
             planning_seconds: filled.planning_seconds,
             layout,
         }
@@ -174,6 +176,15 @@ impl Batch {
     /// idle, which shardbench sums per batch.
     pub fn buffer_wait_seconds(&self) -> f64 {
         self.buffer_wait_seconds
+    }
+
+    /// Seconds the worker that gathered this batch then waited for a gathering permit
+    /// (zero when the waiting thread gathered it): as many threads as the loader has
+    /// permits were gathering, the waiting thread among them in a worker's place (see
+    /// [`Loader::most_gathering_at_once`](super::Loader::most_gathering_at_once)). Summed
+    /// per batch by shardbench.
+    pub fn permit_wait_seconds(&self) -> f64 {
+        self.permit_wait_seconds
     }
 
     /// Seconds the thread that gathered this batch spent planning batches as it took this

@@ -13,6 +13,7 @@
 //! cold page cache) keeps them all gathering.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Instant;
 
 use crossbeam_channel::{bounded, select, Receiver, Sender};
 
@@ -62,14 +63,18 @@ impl GatherPermits {
         self.count
     }
 
-    /// A permit, waiting for one to be given back when none is free; `None` once `stop`
-    /// is signalled (its sender dropped) before one is.
-    pub(crate) fn acquire(&self, stop: &Receiver<()>) -> Option<Permit<'_>> {
+    /// A permit and the seconds spent blocked for it, waiting for one to be given back
+    /// when none is free (the clock is read only then); `None` once `stop` is signalled
+    /// (its sender dropped) before one is.
+    pub(crate) fn acquire(&self, stop: &Receiver<()>) -> Option<(Permit<'_>, f64)> {
         if let Some(permit) = self.try_acquire() {
-            return Some(permit);
+            return Some((permit, 0.0));
         }
+        let blocked = Instant::now();
         select! {
-            recv(self.take) -> taken => taken.ok().map(|()| self.held()),
+            recv(self.take) -> taken => taken
+                .ok()
+                .map(|()| (self.held(), blocked.elapsed().as_secs_f64())),
             recv(stop) -> _ => None,
         }
     }
@@ -107,7 +112,8 @@ mod tests {
     fn no_more_permits_are_held_than_there_are() {
         let permits = GatherPermits::new(2);
         let (_stop_tx, stop) = bounded::<()>(0);
-        let first = permits.acquire(&stop).expect("a free permit");
+        let (first, waited) = permits.acquire(&stop).expect("a free permit");
+        assert_eq!(waited, 0.0, "a free permit is taken without waiting");
         let second = permits.try_acquire().expect("the other free permit");
         assert!(permits.try_acquire().is_none(), "a third permit out of two");
         assert_eq!(permits.most_held(), 2);
@@ -129,11 +135,12 @@ mod tests {
         let (stop_tx, stop) = bounded::<()>(0);
         let held = permits.try_acquire().unwrap();
         std::thread::scope(|scope| {
-            let waiter = scope.spawn(|| permits.acquire(&stop).is_some());
+            let waiter = scope.spawn(|| permits.acquire(&stop).map(|(_, waited)| waited));
             std::thread::sleep(PAUSE);
             assert!(!waiter.is_finished(), "took a permit while none was free");
             drop(held);
-            assert!(waiter.join().unwrap(), "the permit given back was taken");
+            let waited = waiter.join().unwrap().expect("the permit given back");
+            assert!(waited >= 0.9 * PAUSE.as_secs_f64(), "waited {waited} s");
         });
         let held = permits.try_acquire().expect("given back by the waiter");
         std::thread::scope(|scope| {

@@ -31,6 +31,9 @@ pub(crate) struct Filled {
     /// Seconds its worker was blocked for a free staging buffer before gathering it (zero
     /// when the waiting thread gathered it: that one never waits for a buffer).
     pub(crate) buffer_wait_seconds: f64,
+    /// Seconds its worker then waited for a gathering permit ([`GatherPermits`]; zero
+    /// when the waiting thread gathered it: that one only takes a free one).
+    pub(crate) permit_wait_seconds: f64,
     /// Seconds its thread spent planning a chunk of batches in the call that took its plan,
     /// before gathering it ([`NextPlan::planning_seconds`]).
     pub(crate) planning_seconds: f64,
@@ -151,7 +154,7 @@ fn gather_batches(
         let Some((mut buffer, waited)) = take_buffer(pool, stop) else {
             return;
         };
-        let Some(permit) = permits.acquire(&stop.signal) else {
+        let Some((permit, permit_waited)) = permits.acquire(&stop.signal) else {
             return;
         };
         let Some(next) = plans.next_in(&mut buffer) else {
@@ -162,6 +165,7 @@ fn gather_batches(
         drop(permit);
         if let Ok(filled) = &mut item {
             filled.buffer_wait_seconds = waited;
+            filled.permit_wait_seconds = permit_waited;
         }
         let failed = item.is_err();
         if results.send((seq, item)).is_err() || failed {
@@ -226,6 +230,7 @@ pub(crate) fn gather_plan(
             gather_seconds: started.elapsed().as_secs_f64(),
             gathered_while_waiting: false,
             buffer_wait_seconds: 0.0,
+            permit_wait_seconds: 0.0,
             planning_seconds,
         }),
         Err(e) => {
