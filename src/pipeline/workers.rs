@@ -136,10 +136,9 @@ fn gatherer<'a>(dataset: &'a Dataset, config: &LoaderConfig) -> Gatherer<'a> {
 
 /// Takes a free buffer (one last filled on this thread's CPU when there is one), then a
 /// gathering permit, then a plan, gathers, and sends the result; until the plans run out,
-/// an error, or a stop. The
-/// pool is tried first and only waited on (with the stop signal) when it is empty; the
-/// results' channel is unbounded (the pool bounds the batches in flight), so a send never
-/// waits: the steady state takes no shared lock.
+/// an error, or a stop. The pool and the permits are tried first and only waited on (with
+/// the stop signal) when none is free; the results' channel is unbounded (the pool bounds
+/// the batches in flight), so a send never waits: the steady state takes no shared lock.
 fn gather_batches(
     dataset: &Dataset,
     config: &LoaderConfig,
