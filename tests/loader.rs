@@ -334,15 +334,14 @@ fn with_as_many_workers_as_cores_no_more_threads_gather_at_once() {
 }
 
 /// Pins the calling thread to the CPU it runs on; false where it cannot be (or on a system
-/// without `sched_setaffinity`).
+/// without `sched_setaffinity`), or where the loader would still count more than one core.
 fn pin_to_one_cpu() -> bool {
     #[cfg(target_os = "linux")]
     {
-        // SAFETY: `sched_getcpu` takes no arguments and touches no memory of ours.
-        let cpu = unsafe { libc::sched_getcpu() };
-        let Ok(cpu) = usize::try_from(cpu) else {
+        let Some(cpu) = shardify::cores::current_cpu() else {
             return false;
         };
+        let cpu = cpu as usize;
         // SAFETY: a `cpu_set_t` is plain bits; all zeros is the empty set.
         let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
         // SAFETY: `cpu` is a CPU number the kernel just gave, below `CPU_SETSIZE`; the set is
@@ -351,7 +350,7 @@ fn pin_to_one_cpu() -> bool {
             libc::CPU_SET(cpu, &mut set);
             libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0
         };
-        pinned && std::thread::available_parallelism().is_ok_and(|n| n.get() == 1)
+        pinned && shardify::cores::available_cores() == 1
     }
     #[cfg(not(target_os = "linux"))]
     false

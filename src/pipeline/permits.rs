@@ -13,9 +13,10 @@
 //! cold page cache) keeps them all gathering.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Instant;
 
-use crossbeam_channel::{bounded, select, Receiver, Sender};
+use crossbeam_channel::{bounded, Receiver, Sender};
+
+use super::workers::free_now_or_blocked;
 
 /// The permits of one loader: a channel holding the free ones.
 pub(crate) struct GatherPermits {
@@ -67,16 +68,7 @@ impl GatherPermits {
     /// when none is free (the clock is read only then); `None` once `stop` is signalled
     /// (its sender dropped) before one is.
     pub(crate) fn acquire(&self, stop: &Receiver<()>) -> Option<(Permit<'_>, f64)> {
-        if let Some(permit) = self.try_acquire() {
-            return Some((permit, 0.0));
-        }
-        let blocked = Instant::now();
-        select! {
-            recv(self.take) -> taken => taken
-                .ok()
-                .map(|()| (self.held(), blocked.elapsed().as_secs_f64())),
-            recv(stop) -> _ => None,
-        }
+        free_now_or_blocked(self.try_acquire(), &self.take, stop, |()| self.held())
     }
 
     /// A permit if one is free now.

@@ -64,8 +64,9 @@ struct Sampler<'a> {
 }
 
 /// Batches planned and not yet taken, oldest first, each with its number, and the vectors
-/// of taken ones for the next chunk: the same vectors go round for the whole epoch, each written on the planning
-/// thread and read on the taking one, never freed on another thread than their own.
+/// of taken ones for the next chunk: the same vectors go round for the whole epoch, each
+/// written on the planning thread and read on the taking one, never freed on another
+/// thread than their own.
 struct Ready {
     plans: VecDeque<(u64, BatchPlan)>,
     spare: Vec<Vec<EventRef>>,

@@ -176,13 +176,27 @@ fn gather_batches(
 /// A free staging buffer (one last filled on this thread's CPU when there is one) and the
 /// seconds spent blocked for it; `None` at a stop. The clock is read only when none is free.
 fn take_buffer(pool: &StagingPool, stop: &Stop) -> Option<(StagingBuffer, f64)> {
-    if let Some(buffer) = pool.take_free() {
-        return Some((buffer, 0.0));
+    free_now_or_blocked(pool.take_free(), pool.free(), &stop.signal, |buffer| buffer)
+}
+
+/// `now` when it holds one, with no time blocked; else the first that `wait` receives,
+/// made into one by `made`, with the seconds spent blocked for it (the clock is read only
+/// then); `None` once `stop` is signalled (its sender dropped) or `wait` disconnects first.
+pub(super) fn free_now_or_blocked<T, R>(
+    now: Option<T>,
+    wait: &Receiver<R>,
+    stop: &Receiver<()>,
+    made: impl FnOnce(R) -> T,
+) -> Option<(T, f64)> {
+    if let Some(free) = now {
+        return Some((free, 0.0));
     }
     let blocked = Instant::now();
     select! {
-        recv(pool.free()) -> b => b.ok().map(|b| (b, blocked.elapsed().as_secs_f64())),
-        recv(stop.signal) -> _ => None,
+        recv(wait) -> received => received
+            .ok()
+            .map(|r| (made(r), blocked.elapsed().as_secs_f64())),
+        recv(stop) -> _ => None,
     }
 }
 
