@@ -194,13 +194,15 @@ const PREFETCH_FOR_WRITING_BYTES: usize = 4096;
 /// (`prefetchw`): lines another core holds are claimed all at once, where the stores that
 /// follow would each wait for their own. Memory about to be overwritten, so `region` may
 /// be uninitialised. Does nothing on CPUs without the instruction (CPUID's PRFCHW flag)
-/// and on other architectures than x86-64.
+/// and on other architectures than x86-64. Returns how many bytes of `region` it claimed
+/// (0 where it did nothing): an empty region claims nothing.
 #[inline]
-pub fn prefetch_for_writing<T>(region: &[std::mem::MaybeUninit<T>]) {
+pub fn prefetch_for_writing<T>(region: &[std::mem::MaybeUninit<T>]) -> usize {
+    let claimed = std::mem::size_of_val(region).min(PREFETCH_FOR_WRITING_BYTES);
     #[cfg(target_arch = "x86_64")]
     if prefetchw_supported() {
         let start = region.as_ptr() as usize;
-        let end = start + std::mem::size_of_val(region).min(PREFETCH_FOR_WRITING_BYTES);
+        let end = start + claimed;
         let mut line = start & !63;
         while line < end {
             // SAFETY: a prefetch is only a hint: it never faults (not even on an unmapped
@@ -215,9 +217,10 @@ pub fn prefetch_for_writing<T>(region: &[std::mem::MaybeUninit<T>]) {
             }
             line += 64;
         }
+        return claimed;
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = region;
+    let _ = (region, claimed);
+    0
 }
 
 /// Whether this CPU has `prefetchw`: CPUID leaf 0x8000_0001, ECX bit 8 (PRFCHW, which

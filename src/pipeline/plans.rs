@@ -179,9 +179,7 @@ impl<'a> Plans<'a> {
         let mut last = false;
         while chunk.len() < PLANS_AHEAD {
             let mut events = vectors.pop().unwrap_or_default();
-            // Its lines were last read on the thread that took its plan: claimed for
-            // writing all at once rather than one store miss after another.
-            prefetch_for_writing(events.spare_capacity_mut());
+            emptied_and_claimed(&mut events);
             let Some(plan) = batches.next_reusing(&mut events, scratch) else {
                 vectors.push(events);
                 last = true;
@@ -223,6 +221,17 @@ impl<'a> Plans<'a> {
     pub(crate) fn fail(&self) {
         self.failed.store(true, Ordering::Release);
     }
+}
+
+/// Empties a taken plan's vector and claims its memory for writing, all at once rather
+/// than one store miss after another (its lines were last read on the thread that took
+/// the plan, which may be another core); returns the bytes claimed. The vector comes back
+/// holding the taken plan's events, so it is emptied first: the room past them, all the
+/// claim covered before (3e3273e to 2026-11-28), is none (docs/results.md, "The plans'
+/// vectors claimed again").
+fn emptied_and_claimed(events: &mut Vec<EventRef>) -> usize {
+    events.clear();
+    prefetch_for_writing(events.spare_capacity_mut())
 }
 
 #[cfg(test)]
@@ -337,6 +346,31 @@ mod tests {
                     assert_eq!(plan, expected, "plan {i}, {sampler:?}, {workers} workers");
                 }
             }
+        }
+    }
+
+    #[test]
+    fn a_taken_plans_vector_is_claimed_whole_for_the_next_plan() {
+        // As a taken plan's vector comes back: full, with no room past its events.
+        let event = EventRef { shard: 1, index: 2 };
+        let mut events = vec![event; 256];
+        events.shrink_to_fit();
+        let capacity = events.capacity();
+        let claimed = emptied_and_claimed(&mut events);
+        assert!(events.is_empty());
+        assert_eq!(events.capacity(), capacity, "its memory kept");
+        let whole = std::mem::size_of_val(events.spare_capacity_mut());
+        assert_eq!(
+            prefetch_for_writing::<u8>(&[]),
+            0,
+            "an empty region claims nothing"
+        );
+        let line = [std::mem::MaybeUninit::<u8>::uninit(); 64];
+        if prefetch_for_writing(&line) == 64 {
+            assert_eq!(claimed, whole, "the whole vector claimed (2 KiB)");
+        } else {
+            eprintln!("no prefetchw on this CPU: nothing is claimed");
+            assert_eq!(claimed, 0);
         }
     }
 
