@@ -200,7 +200,7 @@ const PREFETCH_FOR_WRITING_BYTES: usize = 4096;
 pub fn prefetch_for_writing<T>(region: &[std::mem::MaybeUninit<T>]) -> usize {
     let claimed = std::mem::size_of_val(region).min(PREFETCH_FOR_WRITING_BYTES);
     #[cfg(target_arch = "x86_64")]
-    if prefetchw_supported() {
+    if claimed > 0 && prefetchw_supported() {
         let start = region.as_ptr() as usize;
         let end = start + claimed;
         let mut line = start & !63;
