@@ -120,13 +120,14 @@ def summarise(rows: list[dict]) -> list[dict]:
             if not group:
                 continue
             ratios = [r["delivered_over_memcpy"] for r in group]
+            target = delivered_target(window)
             summary.append({
                 "placement": placement,
                 "window": window,
                 "rows": len(group),
                 "median_delivered_over_memcpy": statistics.median(ratios),
-                "target": delivered_target(window),
-                "rows_at_target": sum(r >= delivered_target(window) for r in ratios),
+                "target": target,
+                "rows_at_target": sum(r >= target for r in ratios),
                 "median_bound_over_memcpy": median_of(group, "bound_over_memcpy"),
                 "median_loader_over_bound": median_of(group, "loader_over_bound"),
             })
