@@ -145,6 +145,8 @@ fn quick_report_is_complete_and_consistent() {
             && table.contains(" after); a cache line between two threads and back ")
             && table.contains("; epoch by epoch over the memcpy just before and after each ")
             && table.contains("; copying the same events' pieces")
+            && table
+                .contains("; the same threads gathering the same batches without the pipeline ")
             && table.contains("first epoch (pool growing)")
             && table.contains("; waited")
             && table.contains("one thread gathers an event in")
@@ -285,6 +287,18 @@ fn quick_report_is_complete_and_consistent() {
             .collect();
         let at_pace = epoch_bytes / copy_seconds / 1e9 / shardify::bench::median(&between);
         assert!((bound / at_pace - 1.0).abs() < 1e-9, "{l}");
+        // The bare gather: the same batches' delivered bytes at its pace against the same
+        // memcpy, and the loader's pace against it.
+        let bare_seconds = l["bare_gather_seconds"].as_f64().unwrap();
+        assert!(bare_seconds > 0.0, "{l}");
+        let bare = l["bare_gather_bound_ratio_to_memcpy"].as_f64().unwrap();
+        let at_pace = epoch_bytes / bare_seconds / 1e9 / shardify::bench::median(&between);
+        assert!((bare / at_pace - 1.0).abs() < 1e-9, "{l}");
+        let ratio = l["ratio_to_bare_gather"].as_f64().unwrap();
+        assert!(
+            (ratio * epoch_seconds / bare_seconds - 1.0).abs() < 1e-9,
+            "{l}"
+        );
         // Stored bytes (the pieces) are fewer than delivered ones (positions added).
         let stored = l["scattered_copy_gb_per_s"].as_f64().unwrap() * copy_seconds * 1e9;
         assert!(
@@ -867,6 +881,44 @@ fn planning_counts_the_batches_and_events_the_loader_delivers() {
             (p.seconds_per_batch() * p.batches as f64 / p.seconds - 1.0).abs() < 1e-12,
             "{p:?}"
         );
+    }
+}
+
+#[test]
+fn the_bare_gather_gathers_every_batch_the_loader_delivers_once() {
+    use shardify::bench::stages::bare_gather;
+    use shardify::device::DeviceChoice;
+    use shardify::pipeline::{Loader, LoaderConfig};
+    use shardify::sampler::SamplerState;
+    let dir = tempfile::tempdir().unwrap();
+    let dataset = fixture_dataset(dir.path(), 1, shardify::dataset::ChecksumPolicy::Full);
+    for (window, positions, threads, rotation) in
+        [(1, true, 1, 0), (4, true, 2, 6), (16, false, 3, 1)]
+    {
+        let sampler = small_batches(7, window);
+        let config = LoaderConfig {
+            sampler: sampler.clone(),
+            device: DeviceChoice::Cpu,
+            dom_positions: positions,
+            ..LoaderConfig::default()
+        };
+        let loader = Loader::new(dataset.clone(), config, SamplerState::start(0)).unwrap();
+        let (mut plans, mut bytes) = (Vec::new(), 0);
+        for batch in loader {
+            let batch = batch.unwrap();
+            plans.push(batch.plan().clone());
+            bytes += batch.sections().payload_bytes();
+        }
+        let delivered = (plans.len(), bytes);
+        let level = PrefetchLevel::L2;
+        let bare = bare_gather(&dataset, &plans, positions, threads, rotation, level).unwrap();
+        // Every batch once between the threads, the bytes the loader delivered for them.
+        assert_eq!(
+            (bare.batches, bare.bytes),
+            delivered,
+            "window {window}, {threads} threads"
+        );
+        assert!(bare.seconds > 0.0, "{bare:?}");
     }
 }
 

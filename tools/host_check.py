@@ -15,7 +15,9 @@ Python that runs this (`bash tools/test-all.sh`, the README's test command, does
 
 Prints every shardbench row (its window, where the host placed the two threads' caches, the
 median of its epochs' delivered bytes over the memcpy around each, events/s), then per
-placement and window the median over the runs, and each target with its figure: delivered
+placement and window the median over the runs (with the scattered-copy bound's and the bare
+gather's share of memcpy, and the loader's of their paces: a target the bare gather misses
+too is the gather's to reach, not the pipeline's), and each target with its figure: delivered
 >= 0.7 of memcpy at windows 4, 16 and 64; window 1 against the 0.71 the issue was filed at
 (on a Zen 5: on another CPU a guide, not a measurement of "not lower"); through Python
 >= 10x the numpy block shuffle and >= 0.9x the Rust loader (paired rounds). A placement's
@@ -102,6 +104,8 @@ def shardbench_rows(report: dict, run_number: int) -> list[dict]:
         "memcpy_at_start_gb_per_s": report["memcpy_gb_per_s"],
         "bound_over_memcpy": row.get("scattered_copy_bound_ratio_to_memcpy"),
         "loader_over_bound": row.get("ratio_to_scattered_copy"),
+        "bare_gather_over_memcpy": row.get("bare_gather_bound_ratio_to_memcpy"),
+        "loader_over_bare_gather": row.get("ratio_to_bare_gather"),
         "cpus_busy": row.get("cpus_busy"),
     } for row in report["loaders"] if row.get("window") is not None]
 
@@ -110,8 +114,10 @@ def summarise(rows: list[dict]) -> list[dict]:
     """Per placement and window: the rows, their median delivered / memcpy, how many reached
     the target, and the medians of the scattered-copy bound over memcpy and of the loader
     over the bound's pace (where the host's placement moves the bound itself, the loader's
-    share of it says whether the loader lost anything of its own); shared, split, then rows
-    that moved during their epochs or were not timed, windows ascending."""
+    share of it says whether the loader lost anything of its own), and the same two of the
+    bare gather (the loader's threads gathering the same batches without the pipeline: where
+    it is under the target, the gather, not the pipeline, is what misses); shared, split,
+    then rows that moved during their epochs or were not timed, windows ascending."""
     placements = [p for p in PLACEMENTS if any(row["placement"] == p for row in rows)]
     summary = []
     for placement in placements:
@@ -130,13 +136,15 @@ def summarise(rows: list[dict]) -> list[dict]:
                 "rows_at_target": sum(r >= target for r in ratios),
                 "median_bound_over_memcpy": median_of(group, "bound_over_memcpy"),
                 "median_loader_over_bound": median_of(group, "loader_over_bound"),
+                "median_bare_gather_over_memcpy": median_of(group, "bare_gather_over_memcpy"),
+                "median_loader_over_bare_gather": median_of(group, "loader_over_bare_gather"),
             })
     return summary
 
 
 def median_of(rows: list[dict], key: str) -> float | None:
     """The median of `key` over the rows that have it; `None` where none has."""
-    known = [r[key] for r in rows if r[key] is not None]
+    known = [r[key] for r in rows if r.get(key) is not None]
     return statistics.median(known) if known else None
 
 
@@ -166,6 +174,7 @@ def verdicts(summary: list[dict], peers: dict | None) -> list[dict]:
             "target": f"window {s['window']}, {s['placement']}: delivered {words}",
             "figure": s["median_delivered_over_memcpy"],
             "holds": s["median_delivered_over_memcpy"] >= s["target"],
+            "bare_gather": s["median_bare_gather_over_memcpy"],
         })
     if peers is not None:
         out.append({"target": "Python, window 16: >= 10x the numpy block shuffle",
@@ -197,6 +206,10 @@ def print_report(at: str | None, machine: dict, args: argparse.Namespace, rows: 
         if s["median_bound_over_memcpy"] is not None and s["median_loader_over_bound"] is not None:
             line += (f"; the scattered-copy bound {s['median_bound_over_memcpy']:.2f} of memcpy, "
                      f"the loader at {s['median_loader_over_bound']:.2f} of its pace")
+        if (s["median_bare_gather_over_memcpy"] is not None
+                and s["median_loader_over_bare_gather"] is not None):
+            line += (f"; the bare gather {s['median_bare_gather_over_memcpy']:.2f} of memcpy, "
+                     f"the loader at {s['median_loader_over_bare_gather']:.2f} of its pace")
         print(line)
     if peers is not None:
         rounds = ", ".join(f"{r:.2f}" for r in peers["paired_rounds"])
@@ -205,7 +218,10 @@ def print_report(at: str | None, machine: dict, args: argparse.Namespace, rows: 
               f"({peers['numpy_events_per_s'] / 1e3:.0f}k), {peers['torch_over_rust_paired']:.2f}x "
               f"the Rust loader paired (rounds {rounds})")
     for v in judged:
-        print(f"{'holds' if v['holds'] else 'MISSED'}: {v['target']} ({v['figure']:.2f})")
+        bare = v.get("bare_gather")
+        alone = (f"; the gather alone, without the pipeline, {bare:.2f}"
+                 if bare is not None else "")
+        print(f"{'holds' if v['holds'] else 'MISSED'}: {v['target']} ({v['figure']:.2f}{alone})")
 
 
 def main() -> None:

@@ -50,6 +50,8 @@ def test_host_check_reports_each_row_its_medians_and_verdicts(binaries, torch, t
         assert r["placement"] == (row["cache_placement"] or "untimed"), r
         assert r["bound_over_memcpy"] == row["scattered_copy_bound_ratio_to_memcpy"], r
         assert r["loader_over_bound"] == row["ratio_to_scattered_copy"], r
+        assert r["bare_gather_over_memcpy"] == row["bare_gather_bound_ratio_to_memcpy"] > 0, r
+        assert r["loader_over_bare_gather"] == row["ratio_to_bare_gather"] > 0, r
         # As the issue measures: 2 workers on the CPU, the epochs asked for, no baselines.
         assert bench["workers"] == 2 and bench["machine"]["device"].startswith("cpu"), bench
         assert len(row["paired_ratios_to_memcpy"]) == 2, row
@@ -73,6 +75,10 @@ def test_host_check_reports_each_row_its_medians_and_verdicts(binaries, torch, t
         assert f"{s['rows_at_target']} at {target} or more" in done.stdout, s
         bounds = [r["loader_over_bound"] for r in group if r["loader_over_bound"] is not None]
         assert s["median_loader_over_bound"] == (statistics.median(bounds) if bounds else None)
+        bare = [r["bare_gather_over_memcpy"] for r in group]
+        assert s["median_bare_gather_over_memcpy"] == statistics.median(bare), s
+        paces = [r["loader_over_bare_gather"] for r in group]
+        assert s["median_loader_over_bare_gather"] == statistics.median(paces), s
     # Python's figures, as peers.py's report has them.
     peers = json.loads((work / "peers.json").read_text())
     numpy = next(row for row in peers["loaders"] if row["name"] == "numpy block shuffle")
@@ -88,6 +94,8 @@ def test_host_check_reports_each_row_its_medians_and_verdicts(binaries, torch, t
         bound = 0.71 if s["window"] == 1 else 0.7
         assert v["holds"] == (v["figure"] >= bound), v
         assert f"window {s['window']}, {s['placement']}: " in v["target"], v
+        assert v["bare_gather"] == s["median_bare_gather_over_memcpy"], (v, s)
+        assert f"the gather alone, without the pipeline, {v['bare_gather']:.2f})" in done.stdout
     assert verdicts[-2]["holds"] == (report["peers"]["torch_over_numpy"] >= 10)
     assert verdicts[-1]["holds"] == (report["peers"]["torch_over_rust_paired"] >= 0.9)
     printed = [line for line in done.stdout.splitlines()

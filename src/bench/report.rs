@@ -12,8 +12,8 @@ use super::hand_off::{cache_line_round_trip_ns, CachePlacement, SPLIT_ROUND_TRIP
 use super::machine::Machine;
 use super::quality::{quality, EventInfo, Quality};
 use super::stages::{
-    cold_read_gb_per_s, copy_stage_gb_per_s, gather_stages, largest_batch_bytes, planning,
-    scattered_copy, shard_read_gb_per_s, Consumer, GatherStages, GpuBounds, Planning,
+    bare_gather, cold_read_gb_per_s, copy_stage_gb_per_s, gather_stages, largest_batch_bytes,
+    planning, scattered_copy, shard_read_gb_per_s, Consumer, GatherStages, GpuBounds, Planning,
 };
 use super::{median, median_of, memcpy_gb_per_s};
 use crate::batch::BatchLayout;
@@ -160,6 +160,19 @@ pub struct LoaderFigures {
     /// The loader's pace against that bound: `scattered_copy_seconds` / the loader's
     /// seconds per epoch (1 would be a loader as fast as the bare copy).
     pub ratio_to_scattered_copy: Option<f64>,
+    /// Seconds the loader's gather alone takes for one epoch's batches, the same batches,
+    /// same run: its workers' count of threads gathering alternate batches into their own
+    /// staging buffers, with no planning, hand-offs or waiting thread
+    /// ([`super::stages::bare_gather`]). What the pipeline adds is the loader's time over
+    /// this.
+    pub bare_gather_seconds: Option<f64>,
+    /// That bound in delivered terms: one epoch's delivered bytes at the bare gather's pace
+    /// over the median of the memcpy measured between the epochs. Where it is under a
+    /// target, no pipeline around this gather reaches the target in this run.
+    pub bare_gather_bound_ratio_to_memcpy: Option<f64>,
+    /// The loader's pace against the bare gather's: `bare_gather_seconds` / the loader's
+    /// seconds per epoch (1 would be a pipeline that costs nothing).
+    pub ratio_to_bare_gather: Option<f64>,
     /// One thread's time per epoch on each part of the gather, the same batches, same run
     /// ([`gather_stages`]): what remains to be made faster.
     pub gather_stages: Option<GatherStages>,
@@ -596,6 +609,9 @@ fn figures(
         scattered_copy_seconds: None,
         scattered_copy_bound_ratio_to_memcpy: None,
         ratio_to_scattered_copy: None,
+        bare_gather_seconds: None,
+        bare_gather_bound_ratio_to_memcpy: None,
+        ratio_to_bare_gather: None,
         gather_stages: None,
         outside_gather_seconds_per_batch: None,
         buffer_wait_seconds_per_batch: None,
@@ -760,11 +776,24 @@ pub fn run(
         f.scattered_copy_bound_ratio_to_memcpy =
             Some(epoch_bytes / scattered.seconds.max(1e-12) / 1e9 / memcpy_between);
         f.ratio_to_scattered_copy = Some(scattered.seconds / epoch_seconds.max(1e-12));
+        let staging_buffers = loader_config(config, window, variant).staging_buffers(&placement);
+        let bare = bare_gather(
+            &dataset,
+            &epochs[0].plans,
+            config.dom_positions,
+            config.workers,
+            staging_buffers / config.workers.max(1),
+            prefetch_level,
+        )?;
+        f.bare_gather_seconds = Some(bare.seconds);
+        f.bare_gather_bound_ratio_to_memcpy =
+            Some(bare.bytes as f64 / bare.seconds.max(1e-12) / 1e9 / memcpy_between);
+        f.ratio_to_bare_gather = Some(bare.seconds / epoch_seconds.max(1e-12));
         f.gather_stages = Some(gather_stages(
             &dataset,
             &epochs[0].plans,
             config.dom_positions,
-            loader_config(config, window, variant).staging_buffers(&placement),
+            staging_buffers,
             prefetch_level,
         )?);
         let worker_gather = gather - gather_while_waiting;
@@ -959,6 +988,16 @@ fn stage_line(l: &LoaderFigures) -> String {
     ) {
         out += &format!(
             "; copying the same events' pieces {} per epoch (bound: delivered at that pace = {bound:.2} of memcpy between the epochs), the loader at {r:.2} of that pace",
+            duration(s)
+        );
+    }
+    if let (Some(s), Some(bound), Some(r)) = (
+        l.bare_gather_seconds,
+        l.bare_gather_bound_ratio_to_memcpy,
+        l.ratio_to_bare_gather,
+    ) {
+        out += &format!(
+            "; the same threads gathering the same batches without the pipeline {} per epoch (bound: {bound:.2} of memcpy between the epochs), the loader at {r:.2} of that pace",
             duration(s)
         );
     }

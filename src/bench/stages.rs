@@ -237,6 +237,101 @@ pub fn scattered_copy(
     })
 }
 
+/// Passes of [`bare_gather`] timed, after one untimed pass (as [`scattered_copy`]).
+const BARE_GATHER_PASSES: usize = 5;
+
+/// Staging buffers each thread of [`bare_gather`] writes in turn, at the fewest: as many
+/// as the one-off program that first measured the bound gave each thread.
+const BARE_GATHER_ROTATION: usize = 4;
+
+/// One timed pass of [`bare_gather`].
+#[derive(Debug, Clone, Copy)]
+pub struct BareGather {
+    /// Seconds the pass took (the median of [`BARE_GATHER_PASSES`] timed passes).
+    pub seconds: f64,
+    /// Batches the threads gathered in a pass, all of them together.
+    pub batches: usize,
+    /// Bytes of the packed batches' sections they wrote in a pass (padding left out): what
+    /// a loader delivers for them.
+    pub bytes: usize,
+}
+
+/// `threads` threads gathering one epoch's batches, `plans` (located, as a loader
+/// delivered them), with no pipeline: each thread with its own [`Gatherer`] gathers every
+/// `threads`-th batch (as the loader's threads take them in turn), locating and laying each
+/// out as the loader does, into its own turn of `rotation` staging buffers (at least
+/// [`BARE_GATHER_ROTATION`]) allocated and written before the clock. No planning, no
+/// hand-offs, no thread waiting for batches: the loader's own gather is the whole of its
+/// work, so this bounds the loader with those threads from above, where
+/// [`scattered_copy`] leaves the gather's computing out. The median of
+/// [`BARE_GATHER_PASSES`] passes after one untimed pass.
+pub fn bare_gather(
+    dataset: &Dataset,
+    plans: &[crate::sampler::BatchPlan],
+    dom_positions: bool,
+    threads: usize,
+    rotation: usize,
+    level: PrefetchLevel,
+) -> Result<BareGather> {
+    let types = dataset.manifest().schema.types;
+    let (mut largest, mut bytes) = (1, 0);
+    let mut gatherer = Gatherer::with_prefetch(dataset, level);
+    for plan in plans {
+        let shape = gatherer.shape(plan)?;
+        let sections = plan_sections(BatchLayout::Packed, shape, &types, dom_positions);
+        largest = largest.max(sections.total);
+        bytes += sections.payload_bytes();
+    }
+    let threads = threads.max(1);
+    let rotation = rotation.max(BARE_GATHER_ROTATION);
+    let mut turns: Vec<(Gatherer<'_>, Vec<PlainMemory>)> = (0..threads)
+        .map(|_| {
+            let buffers = (0..rotation).map(|_| PlainMemory::new(largest)).collect();
+            (Gatherer::with_prefetch(dataset, level), buffers)
+        })
+        .collect();
+    let mut batches = 0;
+    let mut pass = || {
+        let started = Instant::now();
+        let gathered: Vec<Result<usize>> = std::thread::scope(|s| {
+            let handles: Vec<_> = turns
+                .iter_mut()
+                .enumerate()
+                .map(|(t, (gatherer, buffers))| {
+                    s.spawn(move || {
+                        let mut gathered = 0;
+                        for plan in plans.iter().skip(t).step_by(threads) {
+                            let shape = gatherer.shape(plan)?;
+                            let sections =
+                                plan_sections(BatchLayout::Packed, shape, &types, dom_positions);
+                            let turn = gathered % buffers.len();
+                            let buffer = buffers[turn].bytes_mut();
+                            gatherer.gather(plan, BatchLayout::Packed, &sections, buffer)?;
+                            gathered += 1;
+                        }
+                        std::hint::black_box(&buffers);
+                        Ok(gathered)
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+                .collect()
+        });
+        let seconds = started.elapsed().as_secs_f64();
+        batches = gathered.into_iter().sum::<Result<usize>>()?;
+        Ok::<_, crate::Error>(seconds)
+    };
+    pass()?;
+    let seconds = median_of(BARE_GATHER_PASSES, pass)?;
+    Ok(BareGather {
+        seconds,
+        batches,
+        bytes,
+    })
+}
+
 /// One thread planning one epoch as the loader's workers plan it (each batch under their
 /// lock, then located in its shards): the part of their time outside the gather that the
 /// sampler takes.
