@@ -144,7 +144,7 @@ def summarise(rows: list[dict]) -> list[dict]:
 
 def median_of(rows: list[dict], key: str) -> float | None:
     """The median of `key` over the rows that have it; `None` where none has."""
-    known = [r[key] for r in rows if r.get(key) is not None]
+    known = [r[key] for r in rows if r[key] is not None]
     return statistics.median(known) if known else None
 
 

@@ -244,7 +244,7 @@ const BARE_GATHER_PASSES: usize = 5;
 /// as the one-off program that first measured the bound gave each thread.
 const BARE_GATHER_ROTATION: usize = 4;
 
-/// One timed pass of [`bare_gather`].
+/// What [`bare_gather`] measured.
 #[derive(Debug, Clone, Copy)]
 pub struct BareGather {
     /// Seconds the pass took (the median of [`BARE_GATHER_PASSES`] timed passes).
@@ -264,7 +264,8 @@ pub struct BareGather {
 /// hand-offs, no thread waiting for batches: the loader's own gather is the whole of its
 /// work, so this bounds the loader with those threads from above, where
 /// [`scattered_copy`] leaves the gather's computing out. The median of
-/// [`BARE_GATHER_PASSES`] passes after one untimed pass.
+/// [`BARE_GATHER_PASSES`] passes after one untimed pass, measured after the loader's
+/// epochs: where the machine's pace moved in between, a loader can read above it.
 pub fn bare_gather(
     dataset: &Dataset,
     plans: &[crate::sampler::BatchPlan],
