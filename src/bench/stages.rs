@@ -247,7 +247,7 @@ const BARE_GATHER_ROTATION: usize = 4;
 /// What [`bare_gather`] measured.
 #[derive(Debug, Clone, Copy)]
 pub struct BareGather {
-    /// Seconds the pass took (the median of [`BARE_GATHER_PASSES`] timed passes).
+    /// Seconds the pass took (the median of `BARE_GATHER_PASSES` timed passes).
     pub seconds: f64,
     /// Batches the threads gathered in a pass, all of them together.
     pub batches: usize,
@@ -260,11 +260,11 @@ pub struct BareGather {
 /// delivered them), with no pipeline: each thread with its own [`Gatherer`] gathers every
 /// `threads`-th batch (as the loader's threads take them in turn), locating and laying each
 /// out as the loader does, into its own turn of `rotation` staging buffers (at least
-/// [`BARE_GATHER_ROTATION`]) allocated and written before the clock. No planning, no
+/// `BARE_GATHER_ROTATION`) allocated and written before the clock. No planning, no
 /// hand-offs, no thread waiting for batches: the loader's own gather is the whole of its
 /// work, so this bounds the loader with those threads from above, where
 /// [`scattered_copy`] leaves the gather's computing out. The median of
-/// [`BARE_GATHER_PASSES`] passes after one untimed pass, measured after the loader's
+/// `BARE_GATHER_PASSES` passes after one untimed pass, measured after the loader's
 /// epochs: where the machine's pace moved in between, a loader can read above it.
 pub fn bare_gather(
     dataset: &Dataset,
