@@ -981,25 +981,29 @@ fn stage_line(l: &LoaderFigures) -> String {
             );
         }
     }
-    if let (Some(s), Some(bound), Some(r)) = (
-        l.scattered_copy_seconds,
-        l.scattered_copy_bound_ratio_to_memcpy,
-        l.ratio_to_scattered_copy,
-    ) {
-        out += &format!(
-            "; copying the same events' pieces {} per epoch (bound: delivered at that pace = {bound:.2} of memcpy between the epochs), the loader at {r:.2} of that pace",
-            duration(s)
-        );
-    }
-    if let (Some(s), Some(bound), Some(r)) = (
-        l.bare_gather_seconds,
-        l.bare_gather_bound_ratio_to_memcpy,
-        l.ratio_to_bare_gather,
-    ) {
-        out += &format!(
-            "; the same threads gathering the same batches without the pipeline {} per epoch (bound: {bound:.2} of memcpy between the epochs), the loader at {r:.2} of that pace",
-            duration(s)
-        );
+    let bounds = [
+        (
+            "copying the same events' pieces",
+            "delivered at that pace = ",
+            l.scattered_copy_seconds,
+            l.scattered_copy_bound_ratio_to_memcpy,
+            l.ratio_to_scattered_copy,
+        ),
+        (
+            "the same threads gathering the same batches without the pipeline",
+            "",
+            l.bare_gather_seconds,
+            l.bare_gather_bound_ratio_to_memcpy,
+            l.ratio_to_bare_gather,
+        ),
+    ];
+    for (what, delivered, seconds, bound, r) in bounds {
+        if let (Some(s), Some(bound), Some(r)) = (seconds, bound, r) {
+            out += &format!(
+                "; {what} {} per epoch (bound: {delivered}{bound:.2} of memcpy between the epochs), the loader at {r:.2} of that pace",
+                duration(s)
+            );
+        }
     }
     if let Some(first) = l.first_epoch_events_per_s {
         out += &format!("; first epoch (pool growing) {:.2}M events/s", first / 1e6);
