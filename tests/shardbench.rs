@@ -886,14 +886,16 @@ fn planning_counts_the_batches_and_events_the_loader_delivers() {
 
 #[test]
 fn the_bare_gather_gathers_every_batch_the_loader_delivers_once() {
-    use shardify::bench::stages::bare_gather;
+    use shardify::bench::stages::BareGather;
+    use shardify::device::staging::{plain_allocator, StagingPool};
     use shardify::device::DeviceChoice;
     use shardify::pipeline::{Loader, LoaderConfig};
     use shardify::sampler::SamplerState;
     let dir = tempfile::tempdir().unwrap();
     let dataset = fixture_dataset(dir.path(), 1, shardify::dataset::ChecksumPolicy::Full);
-    for (window, positions, threads, rotation) in
-        [(1, true, 1, 0), (4, true, 2, 6), (16, false, 3, 1)]
+    // Fewer buffers than threads leaves the extra threads out.
+    for (window, positions, threads, buffers) in
+        [(1, true, 1, 1), (4, true, 2, 6), (16, false, 3, 2)]
     {
         let sampler = small_batches(7, window);
         let config = LoaderConfig {
@@ -902,24 +904,54 @@ fn the_bare_gather_gathers_every_batch_the_loader_delivers_once() {
             dom_positions: positions,
             ..LoaderConfig::default()
         };
-        let loader = Loader::new(dataset.clone(), config, SamplerState::start(0)).unwrap();
-        let (mut plans, mut bytes) = (Vec::new(), 0);
-        for batch in loader {
+        let mut loader = Loader::new(dataset.clone(), config, SamplerState::start(0)).unwrap();
+        let (mut plans, mut bytes, mut largest) = (Vec::new(), 0, 0);
+        for batch in loader.by_ref() {
             let batch = batch.unwrap();
             plans.push(batch.plan().clone());
             bytes += batch.sections().payload_bytes();
+            largest = largest.max(batch.sections().total);
         }
         let delivered = (plans.len(), bytes);
-        let level = PrefetchLevel::L2;
-        let bare = bare_gather(&dataset, &plans, positions, threads, rotation, level).unwrap();
-        // Every batch once between the threads, the bytes the loader delivered for them.
-        assert_eq!(
-            (bare.batches, bare.bytes),
-            delivered,
-            "window {window}, {threads} threads"
-        );
-        assert!(bare.seconds > 0.0, "{bare:?}");
+        // In the loader's own buffers, grown to its largest batch, as shardbench runs it.
+        let pool = loader.staging_pool().clone();
+        drop(loader);
+        pool.reserve(largest);
+        let mut taken: Vec<_> = pool.free().try_iter().take(buffers).collect();
+        assert_eq!(taken.len(), buffers);
+        let mut bare = BareGather::new(&dataset, threads, positions, PrefetchLevel::L2);
+        for _ in 0..2 {
+            let pass = bare.pass(&plans, &mut taken).unwrap();
+            // Every batch once between the threads, the bytes the loader delivered.
+            assert_eq!(
+                (pass.batches, pass.bytes),
+                delivered,
+                "window {window}, {threads} threads, {buffers} buffers"
+            );
+            assert!(pass.seconds > 0.0, "{pass:?}");
+        }
+        // Each buffer written is marked as gathered on a CPU, as a worker marks it.
+        if shardify::cores::current_cpu().is_some() {
+            let written = taken.iter().filter(|b| b.gathered_on().is_some()).count();
+            assert_eq!(written, buffers.min(plans.len()), "{buffers} buffers");
+        }
     }
+    // A buffer too small for a batch is an error, and no buffer none.
+    let small = StagingPool::new(1, 64, plain_allocator());
+    let mut tiny: Vec<_> = small.free().try_iter().collect();
+    let plans: Vec<_> = {
+        let config = LoaderConfig {
+            device: DeviceChoice::Cpu,
+            ..LoaderConfig::default()
+        };
+        let loader = Loader::new(dataset.clone(), config, SamplerState::start(0)).unwrap();
+        loader.map(|b| b.unwrap().plan().clone()).collect()
+    };
+    let mut bare = BareGather::new(&dataset, 2, true, PrefetchLevel::L2);
+    let error = bare.pass(&plans, &mut tiny).unwrap_err().to_string();
+    assert!(error.contains("too small"), "{error}");
+    let error = bare.pass(&plans, &mut []).unwrap_err().to_string();
+    assert!(error.contains("at least one staging buffer"), "{error}");
 }
 
 #[test]

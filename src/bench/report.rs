@@ -12,8 +12,8 @@ use super::hand_off::{cache_line_round_trip_ns, CachePlacement, SPLIT_ROUND_TRIP
 use super::machine::Machine;
 use super::quality::{quality, EventInfo, Quality};
 use super::stages::{
-    bare_gather, cold_read_gb_per_s, copy_stage_gb_per_s, gather_stages, largest_batch_bytes,
-    planning, scattered_copy, shard_read_gb_per_s, Consumer, GatherStages, GpuBounds, Planning,
+    cold_read_gb_per_s, copy_stage_gb_per_s, gather_stages, largest_batch_bytes, planning,
+    scattered_copy, shard_read_gb_per_s, BareGather, Consumer, GatherStages, GpuBounds, Planning,
 };
 use super::{median, median_of, memcpy_gb_per_s};
 use crate::batch::BatchLayout;
@@ -160,11 +160,11 @@ pub struct LoaderFigures {
     /// The loader's pace against that bound: `scattered_copy_seconds` / the loader's
     /// seconds per epoch (1 would be a loader as fast as the bare copy).
     pub ratio_to_scattered_copy: Option<f64>,
-    /// Seconds the loader's gather alone takes for one epoch's batches, the same batches,
-    /// same run: its workers' count of threads gathering alternate batches into their own
-    /// staging buffers, with no planning, hand-offs or waiting thread
-    /// ([`super::stages::bare_gather`]). What the pipeline adds is the loader's time over
-    /// this.
+    /// Seconds the loader's gather alone takes for the first measured epoch's batches,
+    /// same run: its workers' count of threads gathering alternate batches into the
+    /// loader's staging buffers, with no planning, hand-offs or waiting thread
+    /// ([`BareGather`]); one pass after each measured epoch, the median. What the pipeline
+    /// adds is the loader's time over this.
     pub bare_gather_seconds: Option<f64>,
     /// That bound in delivered terms: one epoch's delivered bytes at the bare gather's pace
     /// over the median of the memcpy measured between the epochs. Where it is under a
@@ -715,11 +715,26 @@ pub fn run(
         let round_trip_before = cache_line_round_trip_ns();
         let mut between = vec![memcpy.measure_settled()?];
         let mut epochs = Vec::with_capacity(measured.len());
+        let mut bare = BareGather::new(
+            &dataset,
+            config.workers,
+            config.dom_positions,
+            prefetch_level,
+        );
+        let mut bare_passes = Vec::with_capacity(measured.len());
         for &e in &measured {
             // Only the first two epochs' plans are read again (quality, stages).
             epochs.push(epoch(e, e < 2, &mut pool)?);
             between.push(memcpy.measure()?);
+            // The bare gather of the first measured epoch's batches, in the buffers the
+            // epoch left free (all of them: its loader is gone), so each pass shares its
+            // epoch's moment as the memcpy does.
+            if let Some(pool) = &pool {
+                let mut buffers: Vec<_> = pool.free().try_iter().collect();
+                bare_passes.push(bare.pass(&epochs[0].plans, &mut buffers)?);
+            }
         }
+        drop(bare);
         let round_trip_after = cache_line_round_trip_ns();
         let memcpy_around = [between[0], between[between.len() - 1]];
         let memcpy_between = median(&between);
@@ -776,24 +791,18 @@ pub fn run(
         f.scattered_copy_bound_ratio_to_memcpy =
             Some(epoch_bytes / scattered.seconds.max(1e-12) / 1e9 / memcpy_between);
         f.ratio_to_scattered_copy = Some(scattered.seconds / epoch_seconds.max(1e-12));
-        let staging_buffers = loader_config(config, window, variant).staging_buffers(&placement);
-        let bare = bare_gather(
-            &dataset,
-            &epochs[0].plans,
-            config.dom_positions,
-            config.workers,
-            staging_buffers / config.workers.max(1),
-            prefetch_level,
-        )?;
-        f.bare_gather_seconds = Some(bare.seconds);
-        f.bare_gather_bound_ratio_to_memcpy =
-            Some(bare.bytes as f64 / bare.seconds.max(1e-12) / 1e9 / memcpy_between);
-        f.ratio_to_bare_gather = Some(bare.seconds / epoch_seconds.max(1e-12));
+        if let Some(first) = bare_passes.first() {
+            let seconds = median(&bare_passes.iter().map(|p| p.seconds).collect::<Vec<_>>());
+            f.bare_gather_seconds = Some(seconds);
+            f.bare_gather_bound_ratio_to_memcpy =
+                Some(first.bytes as f64 / seconds.max(1e-12) / 1e9 / memcpy_between);
+            f.ratio_to_bare_gather = Some(seconds / epoch_seconds.max(1e-12));
+        }
         f.gather_stages = Some(gather_stages(
             &dataset,
             &epochs[0].plans,
             config.dom_positions,
-            staging_buffers,
+            loader_config(config, window, variant).staging_buffers(&placement),
             prefetch_level,
         )?);
         let worker_gather = gather - gather_while_waiting;

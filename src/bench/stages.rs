@@ -13,7 +13,7 @@ use crate::batch::{plan_sections, BatchLayout, Gatherer, Sections};
 use crate::dataset::huge_pages::mapped_bytes;
 use crate::dataset::{Dataset, DatasetSizes, View};
 use crate::device::cuda::{elapsed_ms, BusyWork, CudaDevice, H2dProbe, PinnedMemory};
-use crate::device::staging::{HostMemory, PlainMemory};
+use crate::device::staging::{HostMemory, PlainMemory, StagingBuffer};
 use crate::device::transfer::DeviceSlots;
 use crate::device::Placement;
 use crate::error::Result;
@@ -237,81 +237,99 @@ pub fn scattered_copy(
     })
 }
 
-/// Passes of [`bare_gather`] timed, after one untimed pass (as [`scattered_copy`]).
-const BARE_GATHER_PASSES: usize = 5;
+/// The loader's gather without its pipeline: as many threads as it has workers, each
+/// with a [`Gatherer`] of its own (kept from pass to pass), gathering alternate batches of
+/// an epoch (as the loader's threads take them in turn), locating and laying each out as
+/// the loader does, into the loader's own staging buffers. No planning, no hand-offs, no
+/// thread waiting for batches: the gather is the whole of its work, so it bounds the loader
+/// with those threads from above, where [`scattered_copy`] leaves the gather's computing
+/// out. shardbench runs one pass after each measured epoch, in the pool's buffers that
+/// epoch left free, so the bound shares the epochs' moments and placement as the memcpy
+/// between them does.
+pub struct BareGather<'a> {
+    gatherers: Vec<Gatherer<'a>>,
+    types: crate::format::StorageTypes,
+    dom_positions: bool,
+}
 
-/// Staging buffers each thread of [`bare_gather`] writes in turn, at the fewest: as many
-/// as the one-off program that first measured the bound gave each thread.
-const BARE_GATHER_ROTATION: usize = 4;
-
-/// What [`bare_gather`] measured.
+/// One pass of a [`BareGather`].
 #[derive(Debug, Clone, Copy)]
-pub struct BareGather {
-    /// Seconds the pass took (the median of `BARE_GATHER_PASSES` timed passes).
+pub struct BarePass {
+    /// Seconds the pass took, its threads' start and end included.
     pub seconds: f64,
-    /// Batches the threads gathered in a pass, all of them together.
+    /// Batches its threads gathered, all of them together.
     pub batches: usize,
-    /// Bytes of the packed batches' sections they wrote in a pass (padding left out): what
-    /// a loader delivers for them.
+    /// Bytes of the packed batches' sections they wrote (padding left out): what a loader
+    /// delivers for them.
     pub bytes: usize,
 }
 
-/// `threads` threads gathering one epoch's batches, `plans` (located, as a loader
-/// delivered them), with no pipeline: each thread with its own [`Gatherer`] gathers every
-/// `threads`-th batch (as the loader's threads take them in turn), locating and laying each
-/// out as the loader does, into its own turn of `rotation` staging buffers (at least
-/// `BARE_GATHER_ROTATION`) allocated and written before the clock. No planning, no
-/// hand-offs, no thread waiting for batches: the loader's own gather is the whole of its
-/// work, so this bounds the loader with those threads from above, where
-/// [`scattered_copy`] leaves the gather's computing out. The median of
-/// `BARE_GATHER_PASSES` passes after one untimed pass, measured after the loader's
-/// epochs: where the machine's pace moved in between, a loader can read above it.
-pub fn bare_gather(
-    dataset: &Dataset,
-    plans: &[crate::sampler::BatchPlan],
-    dom_positions: bool,
-    threads: usize,
-    rotation: usize,
-    level: PrefetchLevel,
-) -> Result<BareGather> {
-    let types = dataset.manifest().schema.types;
-    let (mut largest, mut bytes) = (1, 0);
-    let mut gatherer = Gatherer::with_prefetch(dataset, level);
-    for plan in plans {
-        let shape = gatherer.shape(plan)?;
-        let sections = plan_sections(BatchLayout::Packed, shape, &types, dom_positions);
-        largest = largest.max(sections.total);
-        bytes += sections.payload_bytes();
+impl<'a> BareGather<'a> {
+    /// `threads` (at least 1) gatherers over `dataset` prefetching into the caches of
+    /// `level`, laying batches out with `dom_positions` or not.
+    pub fn new(
+        dataset: &'a Dataset,
+        threads: usize,
+        dom_positions: bool,
+        level: PrefetchLevel,
+    ) -> BareGather<'a> {
+        BareGather {
+            gatherers: (0..threads.max(1))
+                .map(|_| Gatherer::with_prefetch(dataset, level))
+                .collect(),
+            types: dataset.manifest().schema.types,
+            dom_positions,
+        }
     }
-    let threads = threads.max(1);
-    let rotation = rotation.max(BARE_GATHER_ROTATION);
-    let mut turns: Vec<(Gatherer<'_>, Vec<PlainMemory>)> = (0..threads)
-        .map(|_| {
-            let buffers = (0..rotation).map(|_| PlainMemory::new(largest)).collect();
-            (Gatherer::with_prefetch(dataset, level), buffers)
-        })
-        .collect();
-    let mut batches = 0;
-    let mut pass = || {
+
+    /// Gathers `plans` (located, as a loader delivered them) once: thread `t` of the
+    /// first `min(threads, buffers)` gathers batches `t`, `t + threads`, ... into
+    /// buffers `t`, `t + threads`, ... of `buffers` in turn, each marked as gathered on
+    /// its CPU (as a worker marks it). A buffer too small for a batch is an error.
+    pub fn pass(
+        &mut self,
+        plans: &[crate::sampler::BatchPlan],
+        buffers: &mut [StagingBuffer],
+    ) -> Result<BarePass> {
+        let threads = self.gatherers.len().min(buffers.len());
+        if threads == 0 {
+            return Err(crate::Error::config(
+                "buffers",
+                "the bare gather needs at least one staging buffer",
+            ));
+        }
+        let mut turns: Vec<Vec<&mut StagingBuffer>> = (0..threads).map(|_| Vec::new()).collect();
+        for (i, buffer) in buffers.iter_mut().enumerate() {
+            turns[i % threads].push(buffer);
+        }
+        let (types, dom_positions) = (self.types, self.dom_positions);
         let started = Instant::now();
-        let gathered: Vec<Result<usize>> = std::thread::scope(|s| {
-            let handles: Vec<_> = turns
+        let gathered: Vec<Result<(usize, usize)>> = std::thread::scope(|s| {
+            let handles: Vec<_> = self
+                .gatherers
                 .iter_mut()
+                .zip(turns)
                 .enumerate()
-                .map(|(t, (gatherer, buffers))| {
+                .map(|(t, (gatherer, mut buffers))| {
                     s.spawn(move || {
-                        let mut gathered = 0;
+                        let (mut batches, mut bytes) = (0, 0);
                         for plan in plans.iter().skip(t).step_by(threads) {
                             let shape = gatherer.shape(plan)?;
                             let sections =
                                 plan_sections(BatchLayout::Packed, shape, &types, dom_positions);
-                            let turn = gathered % buffers.len();
-                            let buffer = buffers[turn].bytes_mut();
-                            gatherer.gather(plan, BatchLayout::Packed, &sections, buffer)?;
-                            gathered += 1;
+                            let turn = batches % buffers.len();
+                            let buffer = &mut buffers[turn];
+                            gatherer.gather(
+                                plan,
+                                BatchLayout::Packed,
+                                &sections,
+                                buffer.bytes_mut(),
+                            )?;
+                            buffer.mark_gathered_here();
+                            batches += 1;
+                            bytes += sections.payload_bytes();
                         }
-                        std::hint::black_box(&buffers);
-                        Ok(gathered)
+                        Ok((batches, bytes))
                     })
                 })
                 .collect();
@@ -321,16 +339,18 @@ pub fn bare_gather(
                 .collect()
         });
         let seconds = started.elapsed().as_secs_f64();
-        batches = gathered.into_iter().sum::<Result<usize>>()?;
-        Ok::<_, crate::Error>(seconds)
-    };
-    pass()?;
-    let seconds = median_of(BARE_GATHER_PASSES, pass)?;
-    Ok(BareGather {
-        seconds,
-        batches,
-        bytes,
-    })
+        let mut pass = BarePass {
+            seconds,
+            batches: 0,
+            bytes: 0,
+        };
+        for thread in gathered {
+            let (batches, bytes) = thread?;
+            pass.batches += batches;
+            pass.bytes += bytes;
+        }
+        Ok(pass)
+    }
 }
 
 /// One thread planning one epoch as the loader's workers plan it (each batch under their
