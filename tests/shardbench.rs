@@ -893,10 +893,7 @@ fn the_bare_gather_gathers_every_batch_the_loader_delivers_once() {
     use shardify::sampler::SamplerState;
     let dir = tempfile::tempdir().unwrap();
     let dataset = fixture_dataset(dir.path(), 1, shardify::dataset::ChecksumPolicy::Full);
-    // Fewer buffers than threads leaves the extra threads out.
-    for (window, positions, threads, buffers) in
-        [(1, true, 1, 1), (4, true, 2, 6), (16, false, 3, 2)]
-    {
+    for (window, positions, threads) in [(1, true, 1), (4, true, 2), (16, false, 3)] {
         let sampler = small_batches(7, window);
         let config = LoaderConfig {
             sampler: sampler.clone(),
@@ -917,28 +914,24 @@ fn the_bare_gather_gathers_every_batch_the_loader_delivers_once() {
         let pool = loader.staging_pool().clone();
         drop(loader);
         pool.reserve(largest);
-        let mut taken: Vec<_> = pool.free().try_iter().take(buffers).collect();
-        assert_eq!(taken.len(), buffers);
+        let (allocations, free) = (pool.allocations(), pool.free().len());
         let mut bare = BareGather::new(&dataset, threads, positions, PrefetchLevel::L2);
         for _ in 0..2 {
-            let pass = bare.pass(&plans, &mut taken).unwrap();
+            let pass = bare.pass(&plans, &pool).unwrap();
             // Every batch once between the threads, the bytes the loader delivered.
             assert_eq!(
                 (pass.batches, pass.bytes),
                 delivered,
-                "window {window}, {threads} threads, {buffers} buffers"
+                "window {window}, {threads} threads"
             );
             assert!(pass.seconds > 0.0, "{pass:?}");
         }
-        // Each buffer written is marked as gathered on a CPU, as a worker marks it.
-        if shardify::cores::current_cpu().is_some() {
-            let written = taken.iter().filter(|b| b.gathered_on().is_some()).count();
-            assert_eq!(written, buffers.min(plans.len()), "{buffers} buffers");
-        }
+        // In the pool's own buffers, each given back: none allocated, all free again.
+        assert_eq!((pool.allocations(), pool.free().len()), (allocations, free));
+        assert!(free > 0);
     }
-    // A buffer too small for a batch is an error, and no buffer none.
+    // Fewer free buffers than threads is an error, and so is a buffer too small.
     let small = StagingPool::new(1, 64, plain_allocator());
-    let mut tiny: Vec<_> = small.free().try_iter().collect();
     let plans: Vec<_> = {
         let config = LoaderConfig {
             device: DeviceChoice::Cpu,
@@ -948,10 +941,22 @@ fn the_bare_gather_gathers_every_batch_the_loader_delivers_once() {
         loader.map(|b| b.unwrap().plan().clone()).collect()
     };
     let mut bare = BareGather::new(&dataset, 2, true, PrefetchLevel::L2);
-    let error = bare.pass(&plans, &mut tiny).unwrap_err().to_string();
+    let error = bare.pass(&plans, &small).unwrap_err().to_string();
+    assert!(
+        error.contains("a free staging buffer for each of its 2 threads"),
+        "{error}"
+    );
+    let mut one = BareGather::new(&dataset, 1, true, PrefetchLevel::L2);
+    let error = one.pass(&plans, &small).unwrap_err().to_string();
     assert!(error.contains("too small"), "{error}");
-    let error = bare.pass(&plans, &mut []).unwrap_err().to_string();
-    assert!(error.contains("at least one staging buffer"), "{error}");
+    // The buffer went back: taken out, none is left.
+    let taken: Vec<_> = small.free().try_iter().collect();
+    assert_eq!(taken.len(), 1);
+    let error = one.pass(&plans, &small).unwrap_err().to_string();
+    assert!(
+        error.contains("a free staging buffer for each of its 1 threads"),
+        "{error}"
+    );
 }
 
 #[test]

@@ -726,12 +726,11 @@ pub fn run(
             // Only the first two epochs' plans are read again (quality, stages).
             epochs.push(epoch(e, e < 2, &mut pool)?);
             between.push(memcpy.measure()?);
-            // The bare gather of the first measured epoch's batches, in the buffers the
-            // epoch left free (all of them: its loader is gone), so each pass shares its
-            // epoch's moment as the memcpy does.
+            // The bare gather of the first measured epoch's batches, in the loader's pool
+            // (its loader gone, every buffer free), so each pass shares its epoch's moment
+            // as the memcpy does.
             if let Some(pool) = &pool {
-                let mut buffers: Vec<_> = pool.free().try_iter().collect();
-                bare_passes.push(bare.pass(&epochs[0].plans, &mut buffers)?);
+                bare_passes.push(bare.pass(&epochs[0].plans, pool)?);
             }
         }
         drop(bare);

@@ -13,7 +13,7 @@ use crate::batch::{plan_sections, BatchLayout, Gatherer, Sections};
 use crate::dataset::huge_pages::mapped_bytes;
 use crate::dataset::{Dataset, DatasetSizes, View};
 use crate::device::cuda::{elapsed_ms, BusyWork, CudaDevice, H2dProbe, PinnedMemory};
-use crate::device::staging::{HostMemory, PlainMemory, StagingBuffer};
+use crate::device::staging::{HostMemory, PlainMemory, StagingPool};
 use crate::device::transfer::DeviceSlots;
 use crate::device::Placement;
 use crate::error::Result;
@@ -240,7 +240,7 @@ pub fn scattered_copy(
 /// The loader's gather without its pipeline: as many threads as it has workers, each
 /// with a [`Gatherer`] of its own (kept from pass to pass), gathering alternate batches of
 /// an epoch (as the loader's threads take them in turn), locating and laying each out as
-/// the loader does, into the loader's own staging buffers. No planning, no hand-offs, no
+/// the loader does, into the loader's own staging buffers taken as its workers take them. No planning, no hand-offs, no
 /// thread waiting for batches: the gather is the whole of its work, so it bounds the loader
 /// with those threads from above, where [`scattered_copy`] leaves the gather's computing
 /// out. shardbench runs one pass after each measured epoch, in the pool's buffers that
@@ -282,25 +282,24 @@ impl<'a> BareGather<'a> {
         }
     }
 
-    /// Gathers `plans` (located, as a loader delivered them) once: thread `t` of the
-    /// first `min(threads, buffers)` gathers batches `t`, `t + threads`, ... into
-    /// buffers `t`, `t + threads`, ... of `buffers` in turn, each marked as gathered on
-    /// its CPU (as a worker marks it). A buffer too small for a batch is an error.
+    /// Gathers `plans` (located, as a loader delivered them) once: thread `t` gathers
+    /// batches `t`, `t + threads`, ..., each into a free buffer of `pool` taken as a worker
+    /// takes one ([`StagingPool::take_free`]: one its CPU filled last, where there is one),
+    /// marked as gathered on its CPU and given back at once. A buffer too small for a
+    /// batch is an error, and so is a pool with fewer free buffers than threads.
     pub fn pass(
         &mut self,
         plans: &[crate::sampler::BatchPlan],
-        buffers: &mut [StagingBuffer],
+        pool: &StagingPool,
     ) -> Result<BarePass> {
-        let threads = self.gatherers.len().min(buffers.len());
-        if threads == 0 {
+        let threads = self.gatherers.len();
+        if pool.free().len() < threads {
             return Err(crate::Error::config(
-                "buffers",
-                "the bare gather needs at least one staging buffer",
+                "staging pool",
+                format!(
+                    "the bare gather needs a free staging buffer for each of its {threads} threads"
+                ),
             ));
-        }
-        let mut turns: Vec<Vec<&mut StagingBuffer>> = (0..threads).map(|_| Vec::new()).collect();
-        for (i, buffer) in buffers.iter_mut().enumerate() {
-            turns[i % threads].push(buffer);
         }
         let (types, dom_positions) = (self.types, self.dom_positions);
         let started = Instant::now();
@@ -308,17 +307,16 @@ impl<'a> BareGather<'a> {
             let handles: Vec<_> = self
                 .gatherers
                 .iter_mut()
-                .zip(turns)
                 .enumerate()
-                .map(|(t, (gatherer, mut buffers))| {
+                .map(|(t, gatherer)| {
                     s.spawn(move || {
                         let (mut batches, mut bytes) = (0, 0);
                         for plan in plans.iter().skip(t).step_by(threads) {
                             let shape = gatherer.shape(plan)?;
                             let sections =
                                 plan_sections(BatchLayout::Packed, shape, &types, dom_positions);
-                            let turn = batches % buffers.len();
-                            let buffer = &mut buffers[turn];
+                            // Each thread holds one at a time: never none free.
+                            let mut buffer = pool.take_free().expect("a free buffer a thread");
                             gatherer.gather(
                                 plan,
                                 BatchLayout::Packed,
