@@ -166,12 +166,14 @@ pub struct LoaderFigures {
     /// ([`BareGather`]); one pass after each measured epoch, the median. What the pipeline
     /// adds is the loader's time over this.
     pub bare_gather_seconds: Option<f64>,
+    /// Each pass's seconds, in the order they ran: one after each measured epoch.
+    pub bare_gather_pass_seconds: Option<Vec<f64>>,
     /// That bound in delivered terms: one epoch's delivered bytes at the bare gather's pace
     /// over the median of the memcpy measured between the epochs. Where it is under a
     /// target, no pipeline around this gather reaches the target in this run.
     pub bare_gather_bound_ratio_to_memcpy: Option<f64>,
-    /// The loader's pace against the bare gather's: `bare_gather_seconds` / the loader's
-    /// seconds per epoch (1 would be a pipeline that costs nothing).
+    /// The loader's pace against the bare gather's: each pass's seconds over those of the
+    /// epoch just before it, the median (1 would be a pipeline that costs nothing).
     pub ratio_to_bare_gather: Option<f64>,
     /// One thread's time per epoch on each part of the gather, the same batches, same run
     /// ([`gather_stages`]): what remains to be made faster.
@@ -610,6 +612,7 @@ fn figures(
         scattered_copy_bound_ratio_to_memcpy: None,
         ratio_to_scattered_copy: None,
         bare_gather_seconds: None,
+        bare_gather_pass_seconds: None,
         bare_gather_bound_ratio_to_memcpy: None,
         ratio_to_bare_gather: None,
         gather_stages: None,
@@ -791,11 +794,20 @@ pub fn run(
             Some(epoch_bytes / scattered.seconds.max(1e-12) / 1e9 / memcpy_between);
         f.ratio_to_scattered_copy = Some(scattered.seconds / epoch_seconds.max(1e-12));
         if let Some(first) = bare_passes.first() {
-            let seconds = median(&bare_passes.iter().map(|p| p.seconds).collect::<Vec<_>>());
+            let passes: Vec<f64> = bare_passes.iter().map(|p| p.seconds).collect();
+            let seconds = median(&passes);
             f.bare_gather_seconds = Some(seconds);
+            f.bare_gather_pass_seconds = Some(passes);
             f.bare_gather_bound_ratio_to_memcpy =
                 Some(first.bytes as f64 / seconds.max(1e-12) / 1e9 / memcpy_between);
-            f.ratio_to_bare_gather = Some(seconds / epoch_seconds.max(1e-12));
+            // Each pass over the epoch just before it, the median: paired as the memcpy
+            // ratios are, where the mean epoch against the median pass moved with outliers.
+            let paired: Vec<f64> = bare_passes
+                .iter()
+                .zip(&epochs)
+                .map(|(pass, epoch)| pass.seconds / epoch.throughput.seconds.max(1e-12))
+                .collect();
+            f.ratio_to_bare_gather = Some(median(&paired));
         }
         f.gather_stages = Some(gather_stages(
             &dataset,
