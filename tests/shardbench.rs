@@ -251,12 +251,7 @@ fn quick_report_is_complete_and_consistent() {
             2.0 * epoch_bytes
         );
         // The bound measured around the row's epochs, and the ratio against their mean.
-        let around: Vec<f64> = l["memcpy_around_gb_per_s"]
-            .as_array()
-            .unwrap_or_else(|| panic!("memcpy_around_gb_per_s missing: {l}"))
-            .iter()
-            .map(|v| v.as_f64().unwrap())
-            .collect();
+        let around = numbers(l, "memcpy_around_gb_per_s");
         assert!(around.len() == 2 && around.iter().all(|&v| v > 0.0), "{l}");
         let ratio = l["ratio_to_memcpy_around"].as_f64().unwrap();
         let expected = l["gb_per_s"].as_f64().unwrap() / ((around[0] + around[1]) / 2.0);
@@ -279,12 +274,7 @@ fn quick_report_is_complete_and_consistent() {
         let bound = l["scattered_copy_bound_ratio_to_memcpy"].as_f64().unwrap();
         // Against the memcpy measured between the epochs (their median), which the paired
         // ratios divide by too, not the run's first memcpy.
-        let between: Vec<f64> = l["memcpy_between_epochs_gb_per_s"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_f64().unwrap())
-            .collect();
+        let between = numbers(l, "memcpy_between_epochs_gb_per_s");
         let at_pace = epoch_bytes / copy_seconds / 1e9 / shardify::bench::median(&between);
         assert!((bound / at_pace - 1.0).abs() < 1e-9, "{l}");
         // The bare gather: the same batches' delivered bytes at its pace against the same
@@ -296,20 +286,13 @@ fn quick_report_is_complete_and_consistent() {
         assert!((bare / at_pace - 1.0).abs() < 1e-9, "{l}");
         // One pass after each measured epoch, their median; the loader's pace against it
         // pass by pass over the epoch just before, the median.
-        let passes: Vec<f64> = l["bare_gather_pass_seconds"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|s| s.as_f64().unwrap())
-            .collect();
+        let passes = numbers(l, "bare_gather_pass_seconds");
         assert_eq!(passes.len(), 2, "{l}");
         assert_eq!(bare_seconds, shardify::bench::median(&passes), "{l}");
-        let paired: Vec<f64> = l["epoch_gb_per_s"]
-            .as_array()
-            .unwrap()
+        let paired: Vec<f64> = numbers(l, "epoch_gb_per_s")
             .iter()
             .zip(&passes)
-            .map(|(gb, pass)| pass / (epoch_bytes / gb.as_f64().unwrap() / 1e9))
+            .map(|(gb, pass)| pass / (epoch_bytes / gb / 1e9))
             .collect();
         let ratio = l["ratio_to_bare_gather"].as_f64().unwrap();
         assert!(
@@ -457,14 +440,6 @@ fn every_measured_epoch_is_paired_with_the_memcpy_just_before_and_after_it() {
     let (table, r) = quick_report(&ds, &json, &["--no-baselines", "--epochs", "3"]);
     let loaders = r["loaders"].as_array().unwrap();
     assert_eq!(loaders.len(), 2, "windows 1 and 4, no baselines");
-    let numbers = |l: &Value, key: &str| -> Vec<f64> {
-        l[key]
-            .as_array()
-            .unwrap_or_else(|| panic!("{key} missing: {l}"))
-            .iter()
-            .map(|v| v.as_f64().unwrap())
-            .collect()
-    };
     for l in loaders {
         assert_eq!(l["events"], 900, "three whole epochs of 300 events: {l}");
         let epochs = numbers(l, "epoch_gb_per_s");
@@ -523,6 +498,16 @@ fn every_measured_epoch_is_paired_with_the_memcpy_just_before_and_after_it() {
 
 fn smallest(values: &[f64]) -> f64 {
     values.iter().copied().fold(f64::INFINITY, f64::min)
+}
+
+/// The numbers of `l`'s list `key` (a missing list names the key and the row).
+fn numbers(l: &Value, key: &str) -> Vec<f64> {
+    l[key]
+        .as_array()
+        .unwrap_or_else(|| panic!("{key} missing: {l}"))
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .collect()
 }
 
 fn largest(values: &[f64]) -> f64 {
