@@ -240,12 +240,11 @@ pub fn scattered_copy(
 /// The loader's gather without its pipeline: as many threads as it has workers, each
 /// with a [`Gatherer`] of its own (kept from pass to pass), gathering alternate batches of
 /// an epoch (as the loader's threads take them in turn), locating and laying each out as
-/// the loader does, into the loader's own staging buffers taken as its workers take them. No planning, no hand-offs, no
-/// thread waiting for batches: the gather is the whole of its work, so it bounds the loader
-/// with those threads from above, where [`scattered_copy`] leaves the gather's computing
-/// out. shardbench runs one pass after each measured epoch, in the pool's buffers that
-/// epoch left free, so the bound shares the epochs' moments and placement as the memcpy
-/// between them does.
+/// the loader does, into the loader's own staging buffers, taken as its workers take them.
+/// No planning, no hand-offs, no thread waiting for batches: the gather is the whole of its
+/// work, so it bounds the loader with those threads from above, where [`scattered_copy`]
+/// leaves the gather's computing out. shardbench runs one pass after each measured epoch,
+/// so the bound shares the epochs' moments and placement as the memcpy between them does.
 pub struct BareGather<'a> {
     gatherers: Vec<Gatherer<'a>>,
     types: crate::format::StorageTypes,
@@ -315,8 +314,14 @@ impl<'a> BareGather<'a> {
                             let shape = gatherer.shape(plan)?;
                             let sections =
                                 plan_sections(BatchLayout::Packed, shape, &types, dom_positions);
-                            // Each thread holds one at a time: never none free.
-                            let mut buffer = pool.take_free().expect("a free buffer a thread");
+                            // Each thread holds one at a time, so one is free unless
+                            // another user of the pool took it meanwhile.
+                            let mut buffer = pool.take_free().ok_or_else(|| {
+                                crate::Error::config(
+                                    "staging pool",
+                                    "the bare gather found no free staging buffer",
+                                )
+                            })?;
                             gatherer.gather(
                                 plan,
                                 BatchLayout::Packed,
