@@ -2,12 +2,13 @@
 
     python tools/host_check.py [--work DIR] [--events N] [--runs R] [--epochs E]
                                [--peers-seconds S] [--peers-rounds K] [--no-peers]
-                               [--bin DIR] [--json FILE]
+                               [--layout columns|records] [--bin DIR] [--json FILE]
 
 Makes once, and keeps under --work (target/host-check): N events with the real statistics
 (`shardify-gen --events N --files 8`, 320k by default) and their conversion (`shardify convert
 --split train --seed 1`). Then R times (3): copies the dataset afresh (`shardify copy`, so
-every run reads pages of the same age, as the results in docs/results.md were taken) and runs
+every run reads pages of the same age, as the results in docs/results.md were taken; in the
+layout --layout names, `columns` by default, as `convert` writes) and runs
 `shardbench COPY --no-baselines --windows 1,4,16,64 --workers 2 --device cpu --epochs E` (9);
 then once `tools/peers/peers.py SOURCE --dataset COPY --window 16` (S seconds a loader, 6; K
 rounds, 5). Build first: `cargo build --release --bins`, and the package installed in the
@@ -22,8 +23,8 @@ too is the gather's to reach, not the pipeline's), and each target with its figu
 (on a Zen 5: on another CPU a guide, not a measurement of "not lower"); through Python
 >= 10x the numpy block shuffle and >= 0.9x the Rust loader (paired rounds). A placement's
 verdict stands only for that placement: ratios to memcpy of a shared-L3 row and a split row
-do not compare (shardbench's `CachePlacement`). --json writes every row, the summary, the
-Python figures and the verdicts.
+do not compare (shardbench's `CachePlacement`). --json writes the layout, every row, the
+summary, the Python figures and the verdicts.
 """
 
 import argparse
@@ -85,11 +86,12 @@ def prepare(work: Path, events: int, binaries: Path) -> tuple[Path, Path]:
     return source, dataset
 
 
-def fresh_copy(dataset: Path, work: Path, binaries: Path) -> Path:
-    """`dataset` copied again by `shardify copy` (the last copy removed first)."""
+def fresh_copy(dataset: Path, work: Path, binaries: Path, layout: str) -> Path:
+    """`dataset` copied again by `shardify copy` in `layout` (the last copy removed first)."""
     copy = work / f"{dataset.name}-copy"
     shutil.rmtree(copy, ignore_errors=True)
-    run([str(binaries / "shardify"), "copy", str(dataset), str(copy)], work / "copy.log")
+    run([str(binaries / "shardify"), "copy", str(dataset), str(copy), "--layout", layout],
+        work / "copy.log")
     return copy
 
 
@@ -191,8 +193,9 @@ def print_report(at: str | None, machine: dict, args: argparse.Namespace, rows: 
     """The commit measured (`at`), the rows, the medians per placement and window, Python's
     figures and the verdicts."""
     print(f"commit {at}; {machine['cpu_model']} ({machine['cpu_signature']}), "
-          f"{machine['cpus']} CPUs; {args.events} events, {args.runs} shardbench runs of "
-          f"{args.epochs} epochs (logs and reports in {args.work})")
+          f"{machine['cpus']} CPUs; {args.events} events in the {args.layout} layout, "
+          f"{args.runs} shardbench runs of {args.epochs} epochs (logs and reports in "
+          f"{args.work})")
     print(f"{'run':>3} {'window':>6} {'placement':>10} {'delivered/memcpy':>17} "
           f"{'events/s':>10} {'memcpy at start':>16} (GB/s)")
     for r in rows:
@@ -234,6 +237,8 @@ def main() -> None:
     ap.add_argument("--peers-seconds", type=float, default=6.0)
     ap.add_argument("--peers-rounds", type=int, default=5)
     ap.add_argument("--no-peers", action="store_true", help="shardbench's targets alone")
+    ap.add_argument("--layout", choices=("columns", "records"), default="columns",
+                    help="the copies' shard layout (shardify copy --layout)")
     ap.add_argument("--bin", type=Path, default=REPO / "target" / "release")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
@@ -249,7 +254,7 @@ def main() -> None:
     rows, machine = [], None
     for number in range(1, args.runs + 1):
         progress(f"shardbench run {number} of {args.runs}")
-        copy = fresh_copy(dataset, args.work, args.bin)
+        copy = fresh_copy(dataset, args.work, args.bin, args.layout)
         report_path = args.work / f"shardbench-{number}.json"
         run([str(args.bin / "shardbench"), str(copy), "--no-baselines", "--windows",
              ",".join(map(str, WINDOWS)), "--workers", "2", "--device", "cpu", "--epochs",
@@ -260,7 +265,7 @@ def main() -> None:
     peers = None
     if not args.no_peers:
         progress("peers.py")
-        copy = fresh_copy(dataset, args.work, args.bin)
+        copy = fresh_copy(dataset, args.work, args.bin, args.layout)
         peers_path = args.work / "peers.json"
         run([sys.executable, str(REPO / "tools" / "peers" / "peers.py"), str(source),
              "--dataset", str(copy), "--window", "16", "--seconds", str(args.peers_seconds),
@@ -272,8 +277,8 @@ def main() -> None:
     print_report(at, machine, args, rows, summary, peers, judged)
     if args.json:
         args.json.write_text(json.dumps({
-            "machine": machine, "commit": at, "rows": rows, "summary": summary,
-            "peers": peers, "verdicts": judged}, indent=1))
+            "machine": machine, "commit": at, "layout": args.layout, "rows": rows,
+            "summary": summary, "peers": peers, "verdicts": judged}, indent=1))
 
 
 def commit() -> str | None:

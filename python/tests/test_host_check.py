@@ -103,17 +103,32 @@ def test_host_check_reports_each_row_its_medians_and_verdicts(binaries, torch, t
     assert len(printed) == len(verdicts), done.stdout
     assert report["machine"]["cpus"] > 0 and report["commit"], report
     assert done.stdout.startswith(f"commit {report['commit']}; "), done.stdout
+    # The copies measured are in the columns layout unless asked otherwise.
+    assert report["layout"] == "columns" and "events in the columns layout" in done.stdout
+    assert copy_layout(work) == "columns"
 
-    # Again with the data kept: neither generated nor converted a second time.
+    # Again with the data kept: neither generated nor converted a second time; the copy
+    # in the records layout, as asked.
     made = [(work / "gen3000.done").stat().st_mtime_ns,
             (work / "ds3000" / "manifest.json").stat().st_mtime_ns]
-    again = host_check(work, "--runs", "1", "--no-peers", "--json", str(out))
+    again = host_check(work, "--runs", "1", "--no-peers", "--layout", "records",
+                       "--json", str(out))
     assert again.returncode == 0, again.stdout + again.stderr
     assert made == [(work / "gen3000.done").stat().st_mtime_ns,
                     (work / "ds3000" / "manifest.json").stat().st_mtime_ns]
     report = json.loads(out.read_text())
     assert report["peers"] is None and len(report["rows"]) == 4
+    assert all(r["events_per_s"] > 0 for r in report["rows"]), report["rows"]
     assert len(report["verdicts"]) == len(report["summary"])
+    assert report["layout"] == "records" and "events in the records layout" in again.stdout
+    assert copy_layout(work) == "records"
+
+
+def copy_layout(work: Path) -> str:
+    """The layout of the dataset copy host_check measured last (`columns` when the manifest
+    names none)."""
+    manifest = json.loads((work / "ds3000-copy" / "manifest.json").read_text())
+    return manifest["schema"].get("layout", "columns")
 
 
 def test_host_check_names_the_step_that_failed_and_its_log(tmp_path):
