@@ -45,6 +45,7 @@ RUST_TARGET = 0.9
 # shardbench's `CachePlacement`s, and the word for a row whose placement was not timed.
 PLACEMENTS = ("shared", "split", "changed", "untimed")
 TORCH_ROW = "shardify -> torch tensors"
+RUST_ROW = "shardify, Rust loader alone (bound)"
 NUMPY_ROW = "numpy block shuffle"
 
 
@@ -152,12 +153,15 @@ def median_of(rows: list[dict], key: str) -> float | None:
 
 def peers_figures(report: dict) -> dict:
     """Through Python: torch tensors over the numpy block shuffle (events/s, same run) and
-    over the Rust loader (the median of the paired rounds), as peers.py prints them."""
+    over the Rust loader (the median of the paired rounds), as peers.py prints them, with
+    the Rust loader's own events/s."""
     numpy = next(row for row in report["loaders"] if row["name"] == NUMPY_ROW)
     torch = next(row for row in report["shardify"] if row["name"] == TORCH_ROW)
+    rust = next(row for row in report["shardify"] if row["name"] == RUST_ROW)
     return {
         "numpy_events_per_s": numpy["events_per_s"],
         "torch_events_per_s": torch["events_per_s"],
+        "rust_events_per_s": rust["events_per_s"],
         "torch_over_numpy": torch["events_per_s"] / numpy["events_per_s"],
         "torch_over_rust_paired": torch["median_paired_ratio_to_rust"],
         "paired_rounds": torch["paired_ratios_to_rust"],
@@ -219,7 +223,8 @@ def print_report(at: str | None, machine: dict, args: argparse.Namespace, rows: 
         print(f"Python: torch tensors {peers['torch_events_per_s'] / 1e6:.2f}M events/s, "
               f"{peers['torch_over_numpy']:.1f}x the numpy block shuffle "
               f"({peers['numpy_events_per_s'] / 1e3:.0f}k), {peers['torch_over_rust_paired']:.2f}x "
-              f"the Rust loader paired (rounds {rounds})")
+              f"the Rust loader paired (rounds {rounds}; the Rust loader alone "
+              f"{peers['rust_events_per_s'] / 1e6:.2f}M events/s)")
     for v in judged:
         bare = v.get("bare_gather")
         alone = (f"; the gather alone, without the pipeline, {bare:.2f}"

@@ -83,8 +83,12 @@ def test_host_check_reports_each_row_its_medians_and_verdicts(binaries, torch, t
     peers = json.loads((work / "peers.json").read_text())
     numpy = next(row for row in peers["loaders"] if row["name"] == "numpy block shuffle")
     torch_row = next(row for row in peers["shardify"] if row["name"] == "shardify -> torch tensors")
+    rust_row = next(row for row in peers["shardify"]
+                    if row["name"] == "shardify, Rust loader alone (bound)")
     assert report["peers"]["torch_over_numpy"] == torch_row["events_per_s"] / numpy["events_per_s"]
     assert report["peers"]["torch_over_rust_paired"] == torch_row["median_paired_ratio_to_rust"]
+    assert report["peers"]["rust_events_per_s"] == rust_row["events_per_s"] > 0
+    assert f"the Rust loader alone {rust_row['events_per_s'] / 1e6:.2f}M events/s" in done.stdout
     # A verdict per group and two for Python, each holding exactly when its figure reaches
     # its target; every one printed.
     verdicts = report["verdicts"]
