@@ -21,10 +21,11 @@ gather's share of memcpy, and the loader's of their paces: a target the bare gat
 too is the gather's to reach, not the pipeline's), and each target with its figure: delivered
 >= 0.7 of memcpy at windows 4, 16 and 64; window 1 against the 0.71 the issue was filed at
 (on a Zen 5: on another CPU a guide, not a measurement of "not lower"); through Python
->= 10x the numpy block shuffle and >= 0.9x the Rust loader (paired rounds). A placement's
-verdict stands only for that placement: ratios to memcpy of a shared-L3 row and a split row
-do not compare (shardbench's `CachePlacement`). --json writes the layout, every row, the
-summary, the Python figures and the verdicts.
+>= 10x the numpy block shuffle and >= 0.9x the Rust loader (paired rounds), the Rust
+loader's own events/s beside them. A placement's verdict stands only for that placement:
+ratios to memcpy of a shared-L3 row and a split row do not compare (shardbench's
+`CachePlacement`). --json writes the layout, every row, the summary, the Python figures and
+the verdicts.
 """
 
 import argparse
