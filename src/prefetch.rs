@@ -122,7 +122,7 @@ impl std::fmt::Display for PrefetchLevel {
 }
 
 /// This CPU's vendor string and family (`None` on other architectures than x86-64).
-fn cpu_signature() -> Option<(String, u32)> {
+pub(crate) fn cpu_signature() -> Option<(String, u32)> {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::x86_64::__cpuid;

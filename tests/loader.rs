@@ -708,10 +708,11 @@ fn epoch_error(dir: &Path, policy: ChecksumPolicy) -> (String, bool) {
 }
 
 /// The gather visits events in storage order and copies runs at once; whatever the order,
-/// duplicates, shards or runs of a plan, every event must land at its batch position.
+/// duplicates, shards or runs of a plan, every event must land at its batch position, the
+/// same bytes from a records copy and from a columns shard copied in one pass or two.
 #[test]
 fn the_gather_places_every_event_of_any_plan() {
-    use shardify::batch::{plan_sections, sections, Gatherer};
+    use shardify::batch::{plan_sections, sections, ColumnsPasses, Gatherer};
     use shardify::device::staging::{HostMemory, PlainMemory};
     use shardify::sampler::{BatchPlan, EventRef};
 
@@ -719,12 +720,23 @@ fn the_gather_places_every_event_of_any_plan() {
     let ds = dataset(dir.path());
     assert!(ds.shard_count() >= 2, "the plans below mix shards");
     let e = |shard, index| EventRef { shard, index };
+    // Every event of the first two shards, scrambled (a stride coprime to the count):
+    // runs of one event each, many more than the gather prefetches ahead.
+    let shard_events = |s: usize| ds.manifest().shards[s].events as u32;
+    let every: Vec<EventRef> = (0..2)
+        .flat_map(|s| (0..shard_events(s)).map(move |i| e(s as u32, i)))
+        .collect();
+    let scrambled = (0..every.len())
+        .map(|k| every[k * 7919 % every.len()])
+        .collect();
+    assert!(every.len() > 50 && !every.len().is_multiple_of(7919));
     let plans: Vec<Vec<EventRef>> = vec![
         (0..10).rev().map(|i| e(0, i)).collect(), // consecutive, descending in storage
         vec![e(1, 5), e(0, 5), e(1, 6), e(0, 6), e(0, 7)], // shards interleaved
         vec![e(0, 3), e(0, 3), e(0, 4), e(0, 3)], // duplicates
         vec![e(0, 10), e(0, 11), e(0, 12), e(1, 0), e(1, 1), e(0, 13)], // runs, then a break
         vec![e(1, 2)],
+        scrambled,
     ];
     let types = ds.manifest().schema.types;
     let mut gatherer = Gatherer::new(&ds);
@@ -737,6 +749,9 @@ fn the_gather_places_every_event_of_any_plan() {
     let records = Dataset::open(&records, ChecksumPolicy::Full).unwrap();
     let mut from_records = Gatherer::new(&records);
     let mut records_buffer = PlainMemory::new(1 << 20);
+    let mut in_passes = [ColumnsPasses::One, ColumnsPasses::Two]
+        .map(|passes| (passes, Gatherer::new(&ds).with_columns_passes(passes)));
+    let mut passes_buffer = PlainMemory::new(1 << 20);
     for (k, events) in plans.into_iter().enumerate() {
         let plan = BatchPlan {
             global_index: k as u64,
@@ -756,6 +771,16 @@ fn the_gather_places_every_event_of_any_plan() {
             bytes[..s.total] == records_buffer.bytes()[..s.total],
             "plan {k}: the records copy gathered other bytes"
         );
+        for (passes, columns) in in_passes.iter_mut() {
+            passes_buffer.bytes_mut().fill(0xa5);
+            columns
+                .gather(&plan, BatchLayout::Packed, &s, passes_buffer.bytes_mut())
+                .unwrap();
+            assert!(
+                bytes[..s.total] == passes_buffer.bytes()[..s.total],
+                "plan {k}: {passes} pass(es) gathered other bytes"
+            );
+        }
         let section = |name| {
             let info = s.get(name).unwrap();
             &bytes[info.offset..info.offset + info.len]

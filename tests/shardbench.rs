@@ -8,6 +8,7 @@ use std::process::{Command, Output};
 
 use common::*;
 use serde_json::Value;
+use shardify::batch::ColumnsPasses;
 use shardify::cores::available_cores;
 use shardify::pipeline::default_prefetch;
 use shardify::prefetch::{PrefetchLevel, PREFETCH_LEVEL_VAR};
@@ -713,13 +714,22 @@ fn the_prefetch_level_comes_from_the_flag_the_environment_or_the_cpu_and_is_repo
     assert_eq!(l1["prefetch_level"], "l1");
     assert_eq!(from_env["prefetch_level"], other.name());
     assert_eq!(from_flag["prefetch_level"], machine.name());
+    // The passes are this machine's, whatever the level.
+    let passes = ColumnsPasses::for_this_machine();
+    let copied = match passes {
+        ColumnsPasses::One => "columns shards copied in one pass",
+        ColumnsPasses::Two => "columns shards copied in two passes",
+    };
     let said = |level: &str, instruction: &str| {
-        format!(" batches prepared ahead, prefetching into {level} ({instruction})\n")
+        format!(" batches prepared ahead, prefetching into {level} ({instruction}), {copied}\n")
     };
     let machine_said = said(&machine.name().to_uppercase(), machine.instruction());
     assert!(table.contains(&machine_said), "{table}");
     assert!(l2_table.contains(&said("L2", "prefetcht1")), "{l2_table}");
     assert!(l1_table.contains(&said("L1", "prefetcht0")), "{l1_table}");
+    for report in [&default, &l1, &l2, &from_env] {
+        assert_eq!(report["columns_passes"], passes.name());
+    }
     // A prefetch is a hint: the batches, and so the order's figures, are the same.
     let loaders = |r: &Value| r["loaders"].as_array().unwrap().clone();
     for (a, b) in loaders(&l1).iter().zip(loaders(&l2)) {

@@ -6,8 +6,8 @@
 //! index) and groups those that follow each other both in the shard and in the batch into
 //! runs, then reads each run's first and last offsets (and its largest DOM count). Then it
 //! copies run by run, each column of a run in one piece, to its place in the batch (from a
-//! columns shard in two passes: the event- and DOM-level columns, then the pulse columns),
-//! and last looks every DOM's position up from the batch's own sensor ids, in one pass. In
+//! columns shard in one pass or, where that measured faster, in two: the event- and
+//! DOM-level columns, then the pulse columns; [`ColumnsPasses`]), and last looks every DOM's position up from the batch's own sensor ids, in one pass. In
 //! stored order a batch drawn from whole blocks (window 1, blocks the size of a batch) is
 //! one run: a handful of memcpys. In drawn order, runs are single events; copied in
 //! storage order their reads climb through each shard, which the hardware prefetcher
@@ -22,6 +22,7 @@
 //! offsets, then its record) where a columns shard has nine.
 
 use super::from_records::{copy_records, ColumnsEvent, PaddedSource};
+use super::passes::ColumnsPasses;
 use super::positions::look_up_positions;
 use super::{features_per_dom, sections, split_sections, typed, BatchLayout, BatchShape};
 use super::{Sections, SECTION_ALIGN};
@@ -55,6 +56,8 @@ pub struct Gatherer<'a> {
     located: Located,
     /// The caches its prefetches fill.
     level: PrefetchLevel,
+    /// How it copies runs from a columns shard.
+    passes: ColumnsPasses,
 }
 
 /// The validated view of each shard touched so far.
@@ -187,12 +190,14 @@ impl Headers<'_> {
 
 impl<'a> Gatherer<'a> {
     /// A gatherer over `dataset`, prefetching into the caches that suit this machine
-    /// ([`PrefetchLevel::for_this_machine`]).
+    /// ([`PrefetchLevel::for_this_machine`]) and copying from columns shards in this
+    /// machine's passes ([`ColumnsPasses::for_this_machine`]).
     pub fn new(dataset: &'a Dataset) -> Gatherer<'a> {
         Gatherer::with_prefetch(dataset, PrefetchLevel::for_this_machine())
     }
 
-    /// A gatherer over `dataset` whose prefetches fill the caches of `level`.
+    /// A gatherer over `dataset` whose prefetches fill the caches of `level` (copying in
+    /// this machine's passes).
     pub fn with_prefetch(dataset: &'a Dataset, level: PrefetchLevel) -> Gatherer<'a> {
         Gatherer {
             views: Views {
@@ -201,7 +206,14 @@ impl<'a> Gatherer<'a> {
             },
             located: Located::default(),
             level,
+            passes: ColumnsPasses::for_this_machine(),
         }
+    }
+
+    /// The same gatherer copying runs from a columns shard in `passes` (the batches are
+    /// the same bytes either way; a records shard is copied as before).
+    pub fn with_columns_passes(self, passes: ColumnsPasses) -> Gatherer<'a> {
+        Gatherer { passes, ..self }
     }
 
     /// The shape of the batch `plan` describes. Locating it here is work
@@ -423,17 +435,31 @@ impl<'a> Gatherer<'a> {
         // One loop per layout (every shard has the dataset's).
         match self.views.dataset.manifest().schema.layout {
             ShardLayout::Columns => {
-                // Two passes over the runs, each prefetching only what it reads: the DOM
-                // level, then the pulse level (see `copy_pulse_level`).
                 let view = |run: &Run| self.views.columns(run.shard);
-                let ahead = |run: &Run| prefetch_dom_level(view(run), run, self.level);
-                visit_prefetching(runs, PREFETCH_AHEAD, ahead, |run| {
-                    copy_dom_level(view(run), run, &mut out)
-                });
-                let ahead = |run: &Run| prefetch_pulse_level(view(run), run, self.level);
-                visit_prefetching(runs, PREFETCH_AHEAD, ahead, |run| {
-                    copy_pulse_level(view(run), run, &mut out)
-                });
+                match self.passes {
+                    ColumnsPasses::One => {
+                        let ahead = |run: &Run| {
+                            prefetch_dom_level(view(run), run, self.level);
+                            prefetch_pulse_level(view(run), run, self.level);
+                        };
+                        visit_prefetching(runs, PREFETCH_AHEAD, ahead, |run| {
+                            copy_dom_level(view(run), run, &mut out);
+                            copy_pulse_level(view(run), run, &mut out);
+                        });
+                    }
+                    ColumnsPasses::Two => {
+                        // Each pass prefetches only what it reads: the DOM level, then the
+                        // pulse level (see `copy_pulse_level`).
+                        let ahead = |run: &Run| prefetch_dom_level(view(run), run, self.level);
+                        visit_prefetching(runs, PREFETCH_AHEAD, ahead, |run| {
+                            copy_dom_level(view(run), run, &mut out)
+                        });
+                        let ahead = |run: &Run| prefetch_pulse_level(view(run), run, self.level);
+                        visit_prefetching(runs, PREFETCH_AHEAD, ahead, |run| {
+                            copy_pulse_level(view(run), run, &mut out)
+                        });
+                    }
+                }
             }
             ShardLayout::Records => {
                 let view = |run: &Run| self.views.records(run.shard);
@@ -558,11 +584,12 @@ fn copy_dom_level(v: &ShardView, run: &Run, out: &mut PackedOut) {
     );
 }
 
-/// Copies a run's pulse columns from a columns shard, each in one copy. A pass of their
-/// own after [`copy_dom_level`]'s: each run then has three pieces to read and write
-/// instead of seven, and the loader delivered 2-4% more events a second at window 4, 3-5%
-/// at 16 and 5-7% at 64 than with one pass over all of a run's columns (no change at
-/// window 1; 2-core Zen 4, docs/results.md, "The columns copied in two passes").
+/// Copies a run's pulse columns from a columns shard, each in one copy: right after
+/// [`copy_dom_level`] ([`ColumnsPasses::One`]), or in a pass of their own after its
+/// ([`ColumnsPasses::Two`]), where each run has three pieces to read and write instead of
+/// seven: on a 2-core Zen 4 the loader then delivered 2-4% more events a second at window
+/// 4, 3-5% at 16 and 5-7% at 64 (no change at window 1; docs/results.md, "The columns
+/// copied in two passes"), on a 2-core Zen 5 2-3% fewer ("One pass on the Zen 5").
 fn copy_pulse_level(v: &ShardView, run: &Run, out: &mut PackedOut) {
     let ((p0, p1), p_out) = (run.pulses, run.pulse_at);
     copy_elements(sized(v.pulse_time.raw()), p0, p1, out.time, p_out);

@@ -20,11 +20,13 @@
 
 mod from_records;
 mod gather;
+mod passes;
 mod positions;
 mod tensor_shape;
 mod views;
 
 pub use gather::Gatherer;
+pub use passes::ColumnsPasses;
 pub use tensor_shape::{TensorShape, MAX_SECTION_DIMS};
 pub use views::{PackedView, PaddedView};
 

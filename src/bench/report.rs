@@ -16,7 +16,7 @@ use super::stages::{
     scattered_copy, shard_read_gb_per_s, BareGather, Consumer, GatherStages, GpuBounds, Planning,
 };
 use super::{median, median_of, memcpy_gb_per_s};
-use crate::batch::BatchLayout;
+use crate::batch::{BatchLayout, ColumnsPasses};
 use crate::cores::process_cpu_seconds;
 use crate::dataset::huge_pages::shard_mapped_bytes;
 use crate::dataset::Dataset;
@@ -307,6 +307,9 @@ pub struct Report {
     pub prefetch: usize,
     /// The caches its prefetches filled (shardify), and the bounds' prefetches.
     pub prefetch_level: PrefetchLevel,
+    /// How its gather copied runs from columns shards: this machine's choice
+    /// ([`ColumnsPasses::for_this_machine`]).
+    pub columns_passes: ColumnsPasses,
     /// Their scheduling policies, in the order the rows were measured.
     pub worker_scheduling: Vec<WorkerScheduling>,
     /// Whether the waiting thread gathered, in the order the rows were measured.
@@ -925,6 +928,7 @@ pub fn run(
         workers: config.workers,
         prefetch: batches_ahead(config.prefetch, config.workers),
         prefetch_level,
+        columns_passes: ColumnsPasses::for_this_machine(),
         worker_scheduling: config.worker_scheduling.clone(),
         consumer_gathers: config.consumer_gathers.clone(),
         loaders,
@@ -1182,13 +1186,15 @@ pub fn table(report: &Report) -> String {
         report.dataset_events, report.dataset_pulses, report.machine.cpus, report.machine.describe_cpu(), report.memcpy_gb_per_s, report.memcpy_after_loaders_gb_per_s, report.simulate_compute_ms
     );
     out += &format!(
-        "batches of {} events; shardify: blocks of {} events, runs of {}, batch order {}, {} workers ({} scheduling; {}), {} batches prepared ahead, prefetching into {} ({})\n",
+        "batches of {} events; shardify: blocks of {} events, runs of {}, batch order {}, {} workers ({} scheduling; {}), {} batches prepared ahead, prefetching into {} ({}), columns shards copied in {} pass{}\n",
         report.batch_events, report.block_events, report.run_events, report.batch_order, report.workers,
         report.worker_scheduling.iter().map(|s| s.name()).collect::<Vec<_>>().join(", then "),
         report.consumer_gathers.iter().map(|&g| waiting_thread(g)).collect::<Vec<_>>().join(", then "),
         report.prefetch,
         report.prefetch_level.name().to_uppercase(),
-        report.prefetch_level.instruction()
+        report.prefetch_level.instruction(),
+        report.columns_passes,
+        if report.columns_passes == ColumnsPasses::One { "" } else { "es" }
     );
     out += &format!(
         "{:<44} {:>6} {:>11} {:>12} {:>7} {:>6} {:>7} {:>7} {:>7} {:>7} {:>6}\n",

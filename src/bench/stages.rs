@@ -9,7 +9,7 @@ use cudarc::driver::{CudaEvent, CudaStream};
 use serde::Serialize;
 
 use super::median_of;
-use crate::batch::{plan_sections, BatchLayout, Gatherer, Sections};
+use crate::batch::{plan_sections, BatchLayout, ColumnsPasses, Gatherer, Sections};
 use crate::dataset::huge_pages::mapped_bytes;
 use crate::dataset::{Dataset, DatasetSizes, View};
 use crate::device::cuda::{elapsed_ms, BusyWork, CudaDevice, H2dProbe, PinnedMemory};
@@ -81,7 +81,8 @@ impl Pass {
 /// A batch's stored pieces, per pass of the gather.
 struct BatchPieces<'a> {
     /// Per pass ([`Pass::ALL`]'s order), each event's pieces of that pass, event by event
-    /// in storage order.
+    /// in storage order (on a machine that copies a columns shard in one pass, every piece
+    /// in the first: [`batch_pieces`]).
     passes: [Vec<&'a [u8]>; Pass::ALL.len()],
     /// Events in the batch.
     events: usize,
@@ -105,25 +106,27 @@ impl BatchPieces<'_> {
 }
 
 /// Per batch of `plans`, the pieces of shard columns its events hold, in the order the
-/// gather reads them: per pass ([`pass_pieces`]), event by event in the batch's storage
-/// order.
+/// gather reads them on this machine: per pass ([`pass_pieces`]) where it copies a columns
+/// shard in two ([`ColumnsPasses::for_this_machine`]), else all of an event's pieces in
+/// the first ([`event_pieces`]); event by event in the batch's storage order.
 fn batch_pieces<'a>(
     views: &'a [StoredView<'a>],
     plans: &[crate::sampler::BatchPlan],
 ) -> Vec<BatchPieces<'a>> {
+    let two_passes = ColumnsPasses::for_this_machine() == ColumnsPasses::Two;
     let mut batches = Vec::with_capacity(plans.len());
     for plan in plans {
         let mut events = plan.events.clone();
         events.sort_unstable();
         let passes = Pass::ALL.map(|pass| {
-            let mut pieces = Vec::with_capacity(events.len() * 5);
+            let mut pieces = Vec::with_capacity(events.len() * 8);
             for e in &events {
-                pass_pieces(
-                    &views[e.shard as usize],
-                    e.index as usize,
-                    pass,
-                    &mut pieces,
-                );
+                let (v, i) = (&views[e.shard as usize], e.index as usize);
+                match (two_passes, pass) {
+                    (true, _) => pass_pieces(v, i, pass, &mut pieces),
+                    (false, Pass::DomLevel) => event_pieces(v, i, &mut pieces),
+                    (false, Pass::PulseLevel) => {}
+                }
             }
             pieces
         });
