@@ -57,10 +57,7 @@ impl PrefetchLevel {
     /// Zen 5 and on Intel's Ice Lake).
     pub fn for_this_machine() -> PrefetchLevel {
         static LEVEL: OnceLock<PrefetchLevel> = OnceLock::new();
-        *LEVEL.get_or_init(|| match cpu_signature() {
-            Some((vendor, family)) => PrefetchLevel::for_cpu(&vendor, family),
-            None => PrefetchLevel::L1,
-        })
+        *LEVEL.get_or_init(|| for_this_cpu(PrefetchLevel::for_cpu, PrefetchLevel::L1))
     }
 
     /// The level for a CPU of `vendor` (its CPUID vendor string) and `family` (CPUID's
@@ -121,8 +118,17 @@ impl std::fmt::Display for PrefetchLevel {
     }
 }
 
+/// `choose` given this CPU's vendor string and family, or `otherwise` where they cannot be
+/// read (other architectures than x86-64): how the gather's per-CPU choices are made.
+pub(crate) fn for_this_cpu<T>(choose: impl FnOnce(&str, u32) -> T, otherwise: T) -> T {
+    match cpu_signature() {
+        Some((vendor, family)) => choose(&vendor, family),
+        None => otherwise,
+    }
+}
+
 /// This CPU's vendor string and family (`None` on other architectures than x86-64).
-pub(crate) fn cpu_signature() -> Option<(String, u32)> {
+fn cpu_signature() -> Option<(String, u32)> {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::x86_64::__cpuid;

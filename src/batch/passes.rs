@@ -6,6 +6,8 @@ use std::sync::OnceLock;
 
 use serde::{Deserialize, Serialize};
 
+use crate::prefetch::for_this_cpu;
+
 /// How a columns shard's runs are copied.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -35,10 +37,7 @@ impl ColumnsPasses {
     /// pass). Detected once per process.
     pub fn for_this_machine() -> ColumnsPasses {
         static PASSES: OnceLock<ColumnsPasses> = OnceLock::new();
-        *PASSES.get_or_init(|| match crate::prefetch::cpu_signature() {
-            Some((vendor, family)) => ColumnsPasses::for_cpu(&vendor, family),
-            None => ColumnsPasses::One,
-        })
+        *PASSES.get_or_init(|| for_this_cpu(ColumnsPasses::for_cpu, ColumnsPasses::One))
     }
 
     /// The choice for a CPU of `vendor` (its CPUID vendor string) and `family` (CPUID's
