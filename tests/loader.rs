@@ -721,7 +721,7 @@ fn the_gather_places_every_event_of_any_plan() {
     assert!(ds.shard_count() >= 2, "the plans below mix shards");
     let e = |shard, index| EventRef { shard, index };
     // Every event of the first two shards, scrambled (a stride coprime to the count):
-    // runs of one event each, many more than the gather prefetches ahead.
+    // nearly every run one event, many more runs than the gather prefetches ahead.
     let shard_events = |s: usize| ds.manifest().shards[s].events as u32;
     let every: Vec<EventRef> = (0..2)
         .flat_map(|s| (0..shard_events(s)).map(move |i| e(s as u32, i)))

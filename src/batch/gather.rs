@@ -7,14 +7,14 @@
 //! runs, then reads each run's first and last offsets (and its largest DOM count). Then it
 //! copies run by run, each column of a run in one piece, to its place in the batch (from a
 //! columns shard in one pass or, where that measured faster, in two: the event- and
-//! DOM-level columns, then the pulse columns; [`ColumnsPasses`]), and last looks every DOM's position up from the batch's own sensor ids, in one pass. In
-//! stored order a batch drawn from whole blocks (window 1, blocks the size of a batch) is
-//! one run: a handful of memcpys. In drawn order, runs are single events; copied in
-//! storage order their reads climb through each shard, which the hardware prefetcher
-//! follows, and for a batch drawn from few blocks sweep those blocks almost as a memcpy
-//! would. A batch whose events are spread out gains nothing on its reads that way and loses
-//! on its scattered writes, so its runs are copied in delivery order instead
-//! ([`DENSE_EXTENT`]).
+//! DOM-level columns, then the pulse columns; [`ColumnsPasses`]), and last looks every
+//! DOM's position up from the batch's own sensor ids, in one pass. In stored order a batch
+//! drawn from whole blocks (window 1, blocks the size of a batch) is one run: a handful of
+//! memcpys. In drawn order, runs are single events; copied in storage order their reads
+//! climb through each shard, which the hardware prefetcher follows, and for a batch drawn
+//! from few blocks sweep those blocks almost as a memcpy would. A batch whose events are
+//! spread out gains nothing on its reads that way and loses on its scattered writes, so
+//! its runs are copied in delivery order instead ([`DENSE_EXTENT`]).
 //!
 //! From a records shard ([`crate::format::records`]) locating reads each run's ends in
 //! the DOM and pulse offsets of its events, and copying takes each event's record apart
