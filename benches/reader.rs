@@ -49,6 +49,7 @@ fn main() {
         cold: false,
         epochs: 2,
         prefetch_level: None,
+        columns_passes: None,
     };
     print!("{}", table(&run(dataset, None, &config).unwrap()));
 }

@@ -1,16 +1,19 @@
 //! The loader over two datasets, epochs alternated in one process:
-//! `cargo run --release --example alternate_datasets -- A B [WINDOWS] [ROUNDS] [LEVELS]`.
+//! `cargo run --release --example alternate_datasets -- A B [WINDOWS] [ROUNDS] [LEVELS]
+//! [PASSES]`.
 //!
 //! For each window (`1,4,16,64` by default), one epoch over A, one over B, and again, for
 //! ROUNDS rounds (30 by default; which goes first alternates, and a first round warming
 //! both is not counted), on the CPU with the loader's defaults (2 workers, 256-event
 //! batches). LEVELS (`l1,l2`, say) sets the caches A's and B's gathers prefetch into
-//! (the loader's choice for this machine when left out): with A and B the same dataset,
-//! it compares the two levels. Prints each dataset's mean events/s, B's ratio to A, and
-//! in how many rounds A was faster, and the same for the rounds whose two vCPUs shared a
-//! last-level cache and for those that did not (a cache-line round trip timed before and
-//! after each round, as shardbench's rows are placed: `CachePlacement`); then how much of
-//! each dataset's shards the process maps in huge pages.
+//! (the loader's choice for this machine when left out, or `-`): with A and B the same
+//! dataset, it compares the two levels. PASSES (`one,two`, say) sets, the same way, the
+//! passes A's and B's gathers copy a columns shard in. Prints each dataset's mean
+//! events/s, B's ratio to A, and in how many rounds A was faster, and the same for the
+//! rounds whose two vCPUs shared a last-level cache and for those that did not (a
+//! cache-line round trip timed before and after each round, as shardbench's rows are
+//! placed: `CachePlacement`); then how much of each dataset's shards the process maps in
+//! huge pages.
 //! Shared machines drift by a quarter from one run to the next; epochs alternated in one
 //! process drift together, so this compares two conversions of the same events (two
 //! writers, two page-cache states, two filesystems) where whole benchmark runs cannot.
@@ -19,6 +22,7 @@ use std::error::Error;
 use std::sync::Arc;
 use std::time::Instant;
 
+use shardify::batch::ColumnsPasses;
 use shardify::bench::hand_off::{cache_line_round_trip_ns, CachePlacement};
 use shardify::dataset::huge_pages::shard_mapped_bytes;
 use shardify::dataset::{ChecksumPolicy, Dataset};
@@ -66,10 +70,30 @@ fn compared(a: &[f64], b: &[f64]) -> String {
     )
 }
 
+/// A's and B's settings from `arg`, two comma-separated (`example`); none where `arg` is
+/// absent or `-`.
+fn pair<T>(
+    arg: Option<&String>,
+    name: &str,
+    example: &str,
+) -> Result<[Option<T>; 2], Box<dyn Error>>
+where
+    T: std::str::FromStr,
+    T::Err: Error + 'static,
+{
+    match arg.map(String::as_str) {
+        None | Some("-") => Ok([None, None]),
+        Some(values) => match values.split(',').collect::<Vec<_>>()[..] {
+            [a, b] => Ok([Some(a.parse()?), Some(b.parse()?)]),
+            _ => Err(format!("{name} is two values, as {example}: not {values}").into()),
+        },
+    }
+}
+
 fn main() -> Result<(), Box<dyn Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let (Some(a), Some(b)) = (args.first(), args.get(1)) else {
-        return Err("usage: alternate_datasets A B [WINDOWS] [ROUNDS] [LEVELS]".into());
+        return Err("usage: alternate_datasets A B [WINDOWS] [ROUNDS] [LEVELS] [PASSES]".into());
     };
     let windows: Vec<usize> = args
         .get(2)
@@ -78,13 +102,8 @@ fn main() -> Result<(), Box<dyn Error>> {
         .map(str::parse)
         .collect::<Result<_, _>>()?;
     let rounds: usize = args.get(3).map_or(Ok(30), |r| r.parse())?;
-    let levels: [Option<PrefetchLevel>; 2] = match args.get(4) {
-        None => [None, None],
-        Some(levels) => match levels.split(',').collect::<Vec<_>>()[..] {
-            [a, b] => [Some(a.parse()?), Some(b.parse()?)],
-            _ => return Err(format!("LEVELS is two levels, as l1,l2: not {levels}").into()),
-        },
-    };
+    let levels: [Option<PrefetchLevel>; 2] = pair(args.get(4), "LEVELS", "l1,l2")?;
+    let passes: [Option<ColumnsPasses>; 2] = pair(args.get(5), "PASSES", "one,two")?;
     let datasets = [
         Arc::new(Dataset::open(a.as_ref(), ChecksumPolicy::Full)?),
         Arc::new(Dataset::open(b.as_ref(), ChecksumPolicy::Full)?),
@@ -108,6 +127,7 @@ fn main() -> Result<(), Box<dyn Error>> {
                 let which = (turn + round) % 2;
                 let config = LoaderConfig {
                     prefetch_level: levels[which],
+                    columns_passes: passes[which],
                     ..config.clone()
                 };
                 let rate = epoch_rate(

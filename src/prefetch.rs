@@ -83,11 +83,8 @@ impl PrefetchLevel {
         variable: Option<&str>,
         machine: impl FnOnce() -> PrefetchLevel,
     ) -> Result<PrefetchLevel> {
-        match (configured, variable) {
-            (Some(level), _) => Ok(level),
-            (None, Some(value)) => PrefetchLevel::named(PREFETCH_LEVEL_VAR, value),
-            (None, None) => Ok(machine()),
-        }
+        let variable = (PREFETCH_LEVEL_VAR, variable);
+        resolve_setting(configured, variable, PrefetchLevel::named, machine)
     }
 
     /// The level `name` names (`l1` or `l2`, any case, spaces around ignored); another
@@ -115,6 +112,22 @@ impl std::str::FromStr for PrefetchLevel {
 impl std::fmt::Display for PrefetchLevel {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())
+    }
+}
+
+/// A per-machine setting of the gather, resolved as a loader resolves it: `configured` when
+/// set, else the environment variable `var` when set (its `value`, parsed by `named`, an
+/// error naming the variable when it names nothing), else `machine()`.
+pub(crate) fn resolve_setting<T>(
+    configured: Option<T>,
+    (var, value): (&'static str, Option<&str>),
+    named: impl FnOnce(&'static str, &str) -> Result<T>,
+    machine: impl FnOnce() -> T,
+) -> Result<T> {
+    match (configured, value) {
+        (Some(setting), _) => Ok(setting),
+        (None, Some(value)) => named(var, value),
+        (None, None) => Ok(machine()),
     }
 }
 

@@ -8,7 +8,7 @@ use std::process::{Command, Output};
 
 use common::*;
 use serde_json::Value;
-use shardify::batch::ColumnsPasses;
+use shardify::batch::{ColumnsPasses, COLUMNS_PASSES_VAR};
 use shardify::cores::available_cores;
 use shardify::pipeline::default_prefetch;
 use shardify::prefetch::{PrefetchLevel, PREFETCH_LEVEL_VAR};
@@ -19,18 +19,21 @@ fn quick_shardbench(ds: &Path, json: &Path, extra: &[&str]) -> Output {
     quick_shardbench_in(ds, json, extra, None)
 }
 
-/// [`quick_shardbench`] with `SHARDIFY_PREFETCH_LEVEL` set to `prefetch_level` (else
-/// unset, whatever the tests' environment holds).
+/// [`quick_shardbench`] with the variable `env` names set to its value, and
+/// `SHARDIFY_PREFETCH_LEVEL` and `SHARDIFY_COLUMNS_PASSES` otherwise unset, whatever the
+/// tests' environment holds.
 fn quick_shardbench_in(
     ds: &Path,
     json: &Path,
     extra: &[&str],
-    prefetch_level: Option<&str>,
+    env: Option<(&str, &str)>,
 ) -> Output {
     let mut command = Command::new(env!("CARGO_BIN_EXE_shardbench"));
-    command.env_remove(PREFETCH_LEVEL_VAR);
-    if let Some(level) = prefetch_level {
-        command.env(PREFETCH_LEVEL_VAR, level);
+    command
+        .env_remove(PREFETCH_LEVEL_VAR)
+        .env_remove(COLUMNS_PASSES_VAR);
+    if let Some((var, value)) = env {
+        command.env(var, value);
     }
     command
         .arg(ds)
@@ -687,11 +690,8 @@ fn the_prefetch_level_comes_from_the_flag_the_environment_or_the_cpu_and_is_repo
     let (dir, ds) = converted_fixture();
     let json = dir.path().join("report.json");
     let run = |extra: &[&str], env: Option<&str>| {
-        let out = quick_shardbench_in(&ds, &json, extra, env);
-        let stderr = String::from_utf8_lossy(&out.stderr).to_string();
-        assert!(out.status.success(), "{extra:?} {env:?}: {stderr}");
-        let report: Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
-        (String::from_utf8_lossy(&out.stdout).to_string(), report)
+        let env = env.map(|level| (PREFETCH_LEVEL_VAR, level));
+        succeeded_in(&ds, &json, extra, env)
     };
     let machine = PrefetchLevel::for_this_machine();
     let other = match machine {
@@ -737,7 +737,8 @@ fn the_prefetch_level_comes_from_the_flag_the_environment_or_the_cpu_and_is_repo
         assert_eq!(a["quality"], b["quality"]);
     }
     // A level that is neither is refused, naming where it came from.
-    let refused = quick_shardbench_in(&ds, &json, &["--no-baselines"], Some("l3"));
+    let env = Some((PREFETCH_LEVEL_VAR, "l3"));
+    let refused = quick_shardbench_in(&ds, &json, &["--no-baselines"], env);
     let stderr = String::from_utf8_lossy(&refused.stderr);
     assert!(
         !refused.status.success()
@@ -749,6 +750,78 @@ fn the_prefetch_level_comes_from_the_flag_the_environment_or_the_cpu_and_is_repo
     let stderr = String::from_utf8_lossy(&refused.stderr);
     assert!(
         !refused.status.success() && stderr.contains("--prefetch-level"),
+        "{stderr}"
+    );
+}
+
+/// [`quick_shardbench_in`], checked to succeed: its table and its JSON report.
+fn succeeded_in(
+    ds: &Path,
+    json: &Path,
+    extra: &[&str],
+    env: Option<(&str, &str)>,
+) -> (String, Value) {
+    let out = quick_shardbench_in(ds, json, extra, env);
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(out.status.success(), "{extra:?} {env:?}: {stderr}");
+    let report: Value = serde_json::from_slice(&std::fs::read(json).unwrap()).unwrap();
+    (String::from_utf8_lossy(&out.stdout).to_string(), report)
+}
+
+#[test]
+fn the_columns_passes_come_from_the_flag_the_environment_or_the_cpu_and_are_reported() {
+    let (dir, ds) = converted_fixture();
+    let json = dir.path().join("report.json");
+    let machine = ColumnsPasses::for_this_machine();
+    let other = match machine {
+        ColumnsPasses::One => ColumnsPasses::Two,
+        ColumnsPasses::Two => ColumnsPasses::One,
+    };
+    let flag = |passes: ColumnsPasses| ["--no-baselines", "--columns-passes", passes.name()];
+    let run = |extra: &[&str], env: Option<ColumnsPasses>| {
+        let env = env.map(|passes| (COLUMNS_PASSES_VAR, passes.name()));
+        succeeded_in(&ds, &json, extra, env)
+    };
+    let (table, default) = run(&["--no-baselines"], None);
+    let (one_table, one) = run(&flag(ColumnsPasses::One), None);
+    let (two_table, two) = run(&flag(ColumnsPasses::Two), None);
+    // The variable decides when the flag is not given, and the flag beats it.
+    let (_, from_env) = run(&["--no-baselines"], Some(other));
+    let (_, from_flag) = run(&flag(machine), Some(other));
+    let said = |passes: &Value| passes.as_str().unwrap().to_string();
+    assert_eq!(said(&default["columns_passes"]), machine.name());
+    assert_eq!(said(&one["columns_passes"]), "one");
+    assert_eq!(said(&two["columns_passes"]), "two");
+    assert_eq!(said(&from_env["columns_passes"]), other.name());
+    assert_eq!(said(&from_flag["columns_passes"]), machine.name());
+    let line = |words: &str| format!(", columns shards copied in {words}\n");
+    let machine_words = match machine {
+        ColumnsPasses::One => "one pass",
+        ColumnsPasses::Two => "two passes",
+    };
+    assert!(table.contains(&line(machine_words)), "{table}");
+    assert!(one_table.contains(&line("one pass")), "{one_table}");
+    assert!(two_table.contains(&line("two passes")), "{two_table}");
+    // The same batches either way, so the same order's figures.
+    let loaders = |r: &Value| r["loaders"].as_array().unwrap().clone();
+    for (a, b) in loaders(&one).iter().zip(loaders(&two)) {
+        assert_eq!(a["events"], b["events"]);
+        assert_eq!(a["quality"], b["quality"]);
+    }
+    // A name that is neither is refused, naming where it came from.
+    let env = Some((COLUMNS_PASSES_VAR, "three"));
+    let refused = quick_shardbench_in(&ds, &json, &["--no-baselines"], env);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success()
+            && stderr.contains(COLUMNS_PASSES_VAR)
+            && stderr.contains("\"three\""),
+        "{stderr}"
+    );
+    let refused = quick_shardbench(&ds, &json, &["--columns-passes", "3"]);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success() && stderr.contains("--columns-passes"),
         "{stderr}"
     );
 }
@@ -766,7 +839,7 @@ fn small_batches(seed: u64, window: usize) -> shardify::sampler::SamplerConfig {
 
 #[test]
 fn gather_stages_split_the_gather_with_and_without_positions() {
-    use shardify::bench::stages::gather_stages;
+    use shardify::bench::stages::{gather_stages, GatherWay};
     use shardify::dataset::{DatasetSizes, View};
     use shardify::sampler::{EpochBatches, SamplerState};
     let dir = tempfile::tempdir().unwrap();
@@ -779,13 +852,14 @@ fn gather_stages_split_the_gather_with_and_without_positions() {
         view.locate_plan(plan);
     }
     let m = dataset.manifest();
+    let way = |level, passes| GatherWay { level, passes };
     let settings = [
-        (true, 3, PrefetchLevel::L1),
-        (false, 1, PrefetchLevel::L2),
-        (true, 0, PrefetchLevel::L2),
+        (true, 3, way(PrefetchLevel::L1, ColumnsPasses::One)),
+        (false, 1, way(PrefetchLevel::L2, ColumnsPasses::Two)),
+        (true, 0, way(PrefetchLevel::L2, ColumnsPasses::One)),
     ];
-    for (positions, rotation, level) in settings {
-        let g = gather_stages(&dataset, &plans, positions, rotation, level).unwrap();
+    for (positions, rotation, way) in settings {
+        let g = gather_stages(&dataset, &plans, positions, rotation, way).unwrap();
         assert_eq!(
             (g.batches, g.events as u64, g.doms as u64),
             (plans.len(), m.totals.events, m.totals.doms)
@@ -898,14 +972,23 @@ fn planning_counts_the_batches_and_events_the_loader_delivers() {
 
 #[test]
 fn the_bare_gather_gathers_every_batch_the_loader_delivers_once() {
-    use shardify::bench::stages::BareGather;
+    use shardify::bench::stages::{BareGather, GatherWay};
     use shardify::device::staging::{plain_allocator, StagingPool};
     use shardify::device::DeviceChoice;
     use shardify::pipeline::{Loader, LoaderConfig};
     use shardify::sampler::SamplerState;
     let dir = tempfile::tempdir().unwrap();
     let dataset = fixture_dataset(dir.path(), 1, shardify::dataset::ChecksumPolicy::Full);
-    for (window, positions, threads) in [(1, true, 1), (4, true, 2), (16, false, 3)] {
+    let way = |passes| GatherWay {
+        level: PrefetchLevel::L2,
+        passes,
+    };
+    let settings = [
+        (1, true, 1, ColumnsPasses::One),
+        (4, true, 2, ColumnsPasses::Two),
+        (16, false, 3, ColumnsPasses::One),
+    ];
+    for (window, positions, threads, passes) in settings {
         let sampler = small_batches(7, window);
         let config = LoaderConfig {
             sampler: sampler.clone(),
@@ -927,7 +1010,7 @@ fn the_bare_gather_gathers_every_batch_the_loader_delivers_once() {
         drop(loader);
         pool.reserve(largest);
         let (allocations, free) = (pool.allocations(), pool.free().len());
-        let mut bare = BareGather::new(&dataset, threads, positions, PrefetchLevel::L2);
+        let mut bare = BareGather::new(&dataset, threads, positions, way(passes));
         for _ in 0..2 {
             let pass = bare.pass(&plans, &pool).unwrap();
             // Every batch once between the threads, the bytes the loader delivered.
@@ -952,13 +1035,13 @@ fn the_bare_gather_gathers_every_batch_the_loader_delivers_once() {
         let loader = Loader::new(dataset.clone(), config, SamplerState::start(0)).unwrap();
         loader.map(|b| b.unwrap().plan().clone()).collect()
     };
-    let mut bare = BareGather::new(&dataset, 2, true, PrefetchLevel::L2);
+    let mut bare = BareGather::new(&dataset, 2, true, way(ColumnsPasses::Two));
     let error = bare.pass(&plans, &small).unwrap_err().to_string();
     assert!(
         error.contains("a free staging buffer for each of its 2 threads"),
         "{error}"
     );
-    let mut one = BareGather::new(&dataset, 1, true, PrefetchLevel::L2);
+    let mut one = BareGather::new(&dataset, 1, true, way(ColumnsPasses::One));
     let error = one.pass(&plans, &small).unwrap_err().to_string();
     assert!(error.contains("too small"), "{error}");
     // The buffer went back: taken out, none is left.

@@ -50,6 +50,12 @@ def test_a_bad_prefetch_level_in_the_environment_is_refused_naming_it(train_dir,
         shardify.Loader(train_dir, output="numpy")
 
 
+def test_bad_columns_passes_in_the_environment_are_refused_naming_them(train_dir, monkeypatch):
+    monkeypatch.setenv("SHARDIFY_COLUMNS_PASSES", "three")
+    with pytest.raises(ValueError, match='SHARDIFY_COLUMNS_PASSES: must be one or two, not "three"'):
+        shardify.Loader(train_dir, output="numpy")
+
+
 def test_bad_checksum_policy(train_dir):
     with pytest.raises(ValueError, match="checksums"):
         shardify.Dataset(train_dir, checksums="sometimes")

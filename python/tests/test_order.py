@@ -176,3 +176,15 @@ def test_the_prefetch_level_changes_no_batch(train_dir, monkeypatch):
     into_l1 = epoch("l1")
     assert len(into_l1) > 1
     assert epoch("l2") == into_l1
+
+
+def test_the_columns_passes_change_no_batch(train_dir, monkeypatch):
+    def epoch(passes):
+        monkeypatch.setenv("SHARDIFY_COLUMNS_PASSES", passes)
+        loader = shardify.Loader(train_dir, batch_events=5, window_blocks=4, device="cpu",
+                                 output="numpy")
+        return [{name: array.tobytes() for name, array in batch.items()} for batch in loader]
+
+    in_one = epoch("one")
+    assert len(in_one) > 1
+    assert epoch("two") == in_one

@@ -26,7 +26,7 @@ mod tensor_shape;
 mod views;
 
 pub use gather::Gatherer;
-pub use passes::ColumnsPasses;
+pub use passes::{ColumnsPasses, COLUMNS_PASSES_VAR};
 pub use tensor_shape::{TensorShape, MAX_SECTION_DIMS};
 pub use views::{PackedView, PaddedView};
 

@@ -6,7 +6,12 @@ use std::sync::OnceLock;
 
 use serde::{Deserialize, Serialize};
 
-use crate::prefetch::for_this_cpu;
+use crate::error::{Error, Result};
+use crate::prefetch::{for_this_cpu, resolve_setting};
+
+/// The environment variable that overrides this machine's [`ColumnsPasses`] where a
+/// loader's configuration leaves them open: `one` or `two`.
+pub const COLUMNS_PASSES_VAR: &str = "SHARDIFY_COLUMNS_PASSES";
 
 /// How a columns shard's runs are copied.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -48,6 +53,41 @@ impl ColumnsPasses {
             _ => ColumnsPasses::One,
         }
     }
+
+    /// The passes a loader uses: `configured` when set, else [`COLUMNS_PASSES_VAR`] when
+    /// set, else [`ColumnsPasses::for_this_machine`]. A variable holding anything but `one`
+    /// or `two` is an error naming it.
+    pub fn resolve(configured: Option<ColumnsPasses>) -> Result<ColumnsPasses> {
+        let from_env = std::env::var(COLUMNS_PASSES_VAR).ok();
+        let variable = (COLUMNS_PASSES_VAR, from_env.as_deref());
+        resolve_setting(
+            configured,
+            variable,
+            ColumnsPasses::named,
+            ColumnsPasses::for_this_machine,
+        )
+    }
+
+    /// The passes `name` names (`one` or `two`, or `1` or `2`; any case, spaces around
+    /// ignored); another name is an error about `field`.
+    fn named(field: &'static str, name: &str) -> Result<ColumnsPasses> {
+        match name.trim().to_ascii_lowercase().as_str() {
+            "one" | "1" => Ok(ColumnsPasses::One),
+            "two" | "2" => Ok(ColumnsPasses::Two),
+            _ => Err(Error::config(
+                field,
+                format!("must be one or two, not {name:?}"),
+            )),
+        }
+    }
+}
+
+impl std::str::FromStr for ColumnsPasses {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<ColumnsPasses> {
+        ColumnsPasses::named("columns_passes", s)
+    }
 }
 
 impl std::fmt::Display for ColumnsPasses {
@@ -58,7 +98,8 @@ impl std::fmt::Display for ColumnsPasses {
 
 #[cfg(test)]
 mod tests {
-    use super::ColumnsPasses;
+    use super::{resolve_setting, ColumnsPasses, COLUMNS_PASSES_VAR};
+    use crate::error::Error;
 
     #[test]
     fn zen_3_and_4_copy_in_two_passes_every_other_cpu_in_one() {
@@ -78,5 +119,48 @@ mod tests {
         }
         assert_eq!(ColumnsPasses::One.to_string(), "one");
         assert_eq!(ColumnsPasses::Two.to_string(), "two");
+    }
+
+    #[test]
+    fn names_parse_and_a_bad_one_is_refused_naming_its_field() {
+        for (name, passes) in [
+            ("one", ColumnsPasses::One),
+            (" TWO ", ColumnsPasses::Two),
+            ("1", ColumnsPasses::One),
+            ("2", ColumnsPasses::Two),
+        ] {
+            assert_eq!(name.parse::<ColumnsPasses>().unwrap(), passes, "{name:?}");
+        }
+        let err = "three".parse::<ColumnsPasses>().unwrap_err();
+        assert!(
+            matches!(&err, Error::Config { field, .. } if *field == "columns_passes"),
+            "{err:?}"
+        );
+        assert!(
+            err.to_string()
+                .contains(r#"must be one or two, not "three""#),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn the_configuration_beats_the_variable_which_beats_the_machine() {
+        let machine = || ColumnsPasses::Two;
+        let resolve = |configured, value| {
+            resolve_setting(
+                configured,
+                (COLUMNS_PASSES_VAR, value),
+                ColumnsPasses::named,
+                machine,
+            )
+        };
+        let one = Some(ColumnsPasses::One);
+        assert_eq!(resolve(one, Some("two")).unwrap(), ColumnsPasses::One);
+        assert_eq!(resolve(None, Some("one")).unwrap(), ColumnsPasses::One);
+        assert_eq!(resolve(None, None).unwrap(), ColumnsPasses::Two);
+        let err = resolve(None, Some("3")).unwrap_err();
+        assert!(err.to_string().contains(COLUMNS_PASSES_VAR), "{err}");
+        // A configured value never reads the variable, however bad.
+        assert_eq!(resolve(one, Some("3")).unwrap(), ColumnsPasses::One);
     }
 }

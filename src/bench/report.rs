@@ -13,7 +13,8 @@ use super::machine::Machine;
 use super::quality::{quality, EventInfo, Quality};
 use super::stages::{
     cold_read_gb_per_s, copy_stage_gb_per_s, gather_stages, largest_batch_bytes, planning,
-    scattered_copy, shard_read_gb_per_s, BareGather, Consumer, GatherStages, GpuBounds, Planning,
+    scattered_copy, shard_read_gb_per_s, BareGather, Consumer, GatherStages, GatherWay, GpuBounds,
+    Planning,
 };
 use super::{median, median_of, memcpy_gb_per_s};
 use crate::batch::{BatchLayout, ColumnsPasses};
@@ -81,6 +82,10 @@ pub struct BenchConfig {
     /// the environment's `SHARDIFY_PREFETCH_LEVEL`, else this machine's level). The
     /// scattered-copy bound and the read floor prefetch alike.
     pub prefetch_level: Option<PrefetchLevel>,
+    /// The passes the loader copies a columns shard in (`LoaderConfig::columns_passes`;
+    /// `None`: the environment's `SHARDIFY_COLUMNS_PASSES`, else this machine's choice).
+    /// The bounds copy alike.
+    pub columns_passes: Option<ColumnsPasses>,
 }
 
 /// Figures of one loader.
@@ -307,8 +312,7 @@ pub struct Report {
     pub prefetch: usize,
     /// The caches its prefetches filled (shardify), and the bounds' prefetches.
     pub prefetch_level: PrefetchLevel,
-    /// How its gather copied runs from columns shards: this machine's choice
-    /// ([`ColumnsPasses::for_this_machine`]).
+    /// The passes its gather copied columns shards in (shardify), and the bounds'.
     pub columns_passes: ColumnsPasses,
     /// Their scheduling policies, in the order the rows were measured.
     pub worker_scheduling: Vec<WorkerScheduling>,
@@ -424,6 +428,7 @@ fn loader_config(config: &BenchConfig, window: usize, variant: Variant) -> Loade
         worker_scheduling: variant.scheduling,
         consumer_gathers: variant.consumer_gathers,
         prefetch_level: config.prefetch_level,
+        columns_passes: config.columns_passes,
     }
 }
 
@@ -650,10 +655,16 @@ pub fn run(
     source: Option<&InputSet>,
     config: &BenchConfig,
 ) -> Result<Report> {
-    // Resolved once: every loader and every bound of the run prefetch alike.
+    // Resolved once: every loader and every bound of the run prefetch and copy alike.
     let prefetch_level = PrefetchLevel::resolve(config.prefetch_level)?;
+    let columns_passes = ColumnsPasses::resolve(config.columns_passes)?;
+    let way = GatherWay {
+        level: prefetch_level,
+        passes: columns_passes,
+    };
     let config = &BenchConfig {
         prefetch_level: Some(prefetch_level),
+        columns_passes: Some(columns_passes),
         ..config.clone()
     };
     let m = dataset.manifest();
@@ -721,12 +732,7 @@ pub fn run(
         let round_trip_before = cache_line_round_trip_ns();
         let mut between = vec![memcpy.measure_settled()?];
         let mut epochs = Vec::with_capacity(measured.len());
-        let mut bare = BareGather::new(
-            &dataset,
-            config.workers,
-            config.dom_positions,
-            prefetch_level,
-        );
+        let mut bare = BareGather::new(&dataset, config.workers, config.dom_positions, way);
         let mut bare_passes = Vec::with_capacity(measured.len());
         for &e in &measured {
             // Only the first two epochs' plans are read again (quality, stages).
@@ -788,7 +794,7 @@ pub fn run(
             Some(batches_while_waiting as f64 / batches.max(1) as f64);
         f.gather_gb_per_s = Some(gather_gb);
         f.gather_ratio_to_memcpy = Some(gather_gb / memcpy_between);
-        let scattered = scattered_copy(&dataset, &epochs[0].plans, config.workers, prefetch_level)?;
+        let scattered = scattered_copy(&dataset, &epochs[0].plans, config.workers, way)?;
         let epoch_seconds = total.seconds / epochs.len() as f64;
         let epoch_bytes = total.bytes as f64 / epochs.len() as f64;
         f.scattered_copy_gb_per_s = Some(scattered.gb_per_s());
@@ -817,7 +823,7 @@ pub fn run(
             &epochs[0].plans,
             config.dom_positions,
             loader_config(config, window, variant).staging_buffers(&placement),
-            prefetch_level,
+            way,
         )?);
         let worker_gather = gather - gather_while_waiting;
         f.outside_gather_seconds_per_batch = Some(
@@ -928,7 +934,7 @@ pub fn run(
         workers: config.workers,
         prefetch: batches_ahead(config.prefetch, config.workers),
         prefetch_level,
-        columns_passes: ColumnsPasses::for_this_machine(),
+        columns_passes,
         worker_scheduling: config.worker_scheduling.clone(),
         consumer_gathers: config.consumer_gathers.clone(),
         loaders,

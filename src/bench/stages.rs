@@ -58,6 +58,24 @@ impl ScatteredCopy {
     }
 }
 
+/// How the loader under measurement gathers, which its bounds copy: the caches its
+/// prefetches fill and the passes it copies a columns shard in (a loader's
+/// `prefetch_level` and `columns_passes`, resolved).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GatherWay {
+    /// The caches the prefetches fill.
+    pub level: PrefetchLevel,
+    /// The passes over a columns shard's runs.
+    pub passes: ColumnsPasses,
+}
+
+impl GatherWay {
+    /// A gatherer over `dataset` that gathers this way.
+    fn gatherer(self, dataset: &Dataset) -> Gatherer<'_> {
+        Gatherer::with_prefetch(dataset, self.level).with_columns_passes(self.passes)
+    }
+}
+
 /// Events ahead of the one being copied or read whose pieces are prefetched, as the
 /// gather prefetches six runs ahead in each of its passes.
 const PREFETCH_EVENTS: usize = 6;
@@ -81,7 +99,7 @@ impl Pass {
 /// A batch's stored pieces, per pass of the gather.
 struct BatchPieces<'a> {
     /// Per pass ([`Pass::ALL`]'s order), each event's pieces of that pass, event by event
-    /// in storage order (on a machine that copies a columns shard in one pass, every piece
+    /// in storage order (for a gather that copies a columns shard in one pass, every piece
     /// in the first: [`batch_pieces`]).
     passes: [Vec<&'a [u8]>; Pass::ALL.len()],
     /// Events in the batch.
@@ -105,15 +123,16 @@ impl BatchPieces<'_> {
     }
 }
 
-/// Per batch of `plans`, the pieces of shard columns its events hold, in the order the
-/// gather reads them on this machine: per pass ([`pass_pieces`]) where it copies a columns
-/// shard in two ([`ColumnsPasses::for_this_machine`]), else all of an event's pieces in
-/// the first ([`event_pieces`]); event by event in the batch's storage order.
+/// Per batch of `plans`, the pieces of shard columns its events hold, in the order a
+/// gather copying a columns shard in `passes` reads them: per pass ([`pass_pieces`]) in
+/// two, else all of an event's pieces in the first ([`event_pieces`]); event by event in
+/// the batch's storage order.
 fn batch_pieces<'a>(
     views: &'a [StoredView<'a>],
     plans: &[crate::sampler::BatchPlan],
+    passes: ColumnsPasses,
 ) -> Vec<BatchPieces<'a>> {
-    let two_passes = ColumnsPasses::for_this_machine() == ColumnsPasses::Two;
+    let two_passes = passes == ColumnsPasses::Two;
     let mut batches = Vec::with_capacity(plans.len());
     for plan in plans {
         let mut events = plan.events.clone();
@@ -187,7 +206,7 @@ const SCATTERED_COPY_PASSES: usize = 5;
 
 /// Copies, with `threads` threads, exactly the pieces of shard columns the batches `plans`
 /// hold (each event's id, labels, sensor ids, DOM offsets and pulse columns), prefetching
-/// the pieces ahead as the gather does (into the caches of `level`), into one batch-sized
+/// the pieces ahead as a gather of `way` does (its passes, into its caches), into one batch-sized
 /// buffer per thread: the least any gather of these batches does, so its time bounds the
 /// loader's, where [`super::memcpy_gb_per_s`] copies bytes in batch-sized sequential
 /// pieces. It leaves out what the gather computes (offsets rebased, positions looked up
@@ -198,10 +217,11 @@ pub fn scattered_copy(
     dataset: &Dataset,
     plans: &[crate::sampler::BatchPlan],
     threads: usize,
-    level: PrefetchLevel,
+    way: GatherWay,
 ) -> Result<ScatteredCopy> {
     let views = shard_views(dataset)?;
-    let batches = batch_pieces(&views, plans);
+    let batches = batch_pieces(&views, plans, way.passes);
+    let level = way.level;
     let largest = batches
         .iter()
         .map(|b| b.all().map(<[u8]>::len).sum::<usize>())
@@ -267,18 +287,16 @@ pub struct BarePass {
 }
 
 impl<'a> BareGather<'a> {
-    /// `threads` (at least 1) gatherers over `dataset` prefetching into the caches of
-    /// `level`, laying batches out with `dom_positions` or not.
+    /// `threads` (at least 1) gatherers over `dataset` gathering the `way` given, laying
+    /// batches out with `dom_positions` or not.
     pub fn new(
         dataset: &'a Dataset,
         threads: usize,
         dom_positions: bool,
-        level: PrefetchLevel,
+        way: GatherWay,
     ) -> BareGather<'a> {
         BareGather {
-            gatherers: (0..threads.max(1))
-                .map(|_| Gatherer::with_prefetch(dataset, level))
-                .collect(),
+            gatherers: (0..threads.max(1)).map(|_| way.gatherer(dataset)).collect(),
             types: dataset.manifest().schema.types,
             dom_positions,
         }
@@ -460,16 +478,17 @@ impl GatherStages {
 
 /// Measures [`GatherStages`] over `plans` (located batches, as a loader delivered them),
 /// in the packed layout, with positions when `dom_positions`, the rotated gather into
-/// `rotation` buffers (at least one), every prefetch into the caches of `level`.
+/// `rotation` buffers (at least one), every gather and the read floor the `way` given.
 pub fn gather_stages(
     dataset: &Dataset,
     plans: &[crate::sampler::BatchPlan],
     dom_positions: bool,
     rotation: usize,
-    level: PrefetchLevel,
+    way: GatherWay,
 ) -> Result<GatherStages> {
     let types = dataset.manifest().schema.types;
-    let mut gatherer = Gatherer::with_prefetch(dataset, level);
+    let level = way.level;
+    let mut gatherer = way.gatherer(dataset);
     let shapes = plans
         .iter()
         .map(|p| gatherer.shape(p))
@@ -515,7 +534,7 @@ pub fn gather_stages(
         Ok::<_, crate::Error>(started.elapsed().as_secs_f64())
     })?;
     let views = shard_views(dataset)?;
-    let batches = batch_pieces(&views, plans);
+    let batches = batch_pieces(&views, plans, way.passes);
     let read_floor_seconds = median_of(3, || {
         let started = Instant::now();
         let mut sum = 0u64;

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use clap::Parser;
+use shardify::batch::ColumnsPasses;
 use shardify::bench::report::{run, table, BenchConfig};
 use shardify::dataset::{ChecksumPolicy, Dataset};
 use shardify::device::DeviceChoice;
@@ -57,6 +58,12 @@ struct Args {
     /// SHARDIFY_PREFETCH_LEVEL, else this CPU's level: l2 on AMD family 25, l1 elsewhere).
     #[arg(long)]
     prefetch_level: Option<PrefetchLevel>,
+    /// The passes the loader's gather copies a columns shard in, one or two, for the
+    /// loader and for the bounds it is measured against; the batches are the same bytes
+    /// either way (default: the environment's SHARDIFY_COLUMNS_PASSES, else this CPU's
+    /// choice: two on AMD family 25, one elsewhere).
+    #[arg(long)]
+    columns_passes: Option<ColumnsPasses>,
     /// Scheduling policies of the gather threads, comma-separated: batch (Linux
     /// SCHED_BATCH, the loader's default: no wake-up preemption of the consumer) and/or
     /// normal (the process's policy); each is measured at every window, in this run.
@@ -165,6 +172,7 @@ fn bench(args: Args) -> Result<()> {
         cold: args.cold,
         epochs: args.epochs as usize,
         prefetch_level: args.prefetch_level,
+        columns_passes: args.columns_passes,
     };
     let report = run(dataset, source.as_ref(), &config)?;
     // The files first: a run of minutes is not lost when stdout's reader has gone

@@ -49,7 +49,7 @@ pub use in_order::Arrival;
 pub use scheduling::{WorkerScheduling, GATHER_THREAD_NAME, UPLOAD_THREAD_NAME};
 pub use staging_budget::check_staging_fits;
 
-use crate::batch::BatchLayout;
+use crate::batch::{BatchLayout, ColumnsPasses};
 use crate::dataset::{DatasetSizes, View};
 use crate::device::staging::{plain_allocator, Allocator, StagingPool};
 use crate::device::transfer::{DeviceCopy, DeviceSlots};
@@ -119,6 +119,13 @@ pub struct LoaderConfig {
     /// delivered 22-28% more events a second there at windows 4-64, L1 elsewhere).
     #[serde(default)]
     pub prefetch_level: Option<PrefetchLevel>,
+    /// How the gathering threads copy a columns shard's runs, in one pass or two (the
+    /// batches are the same bytes either way). `None` (the default) takes the environment's
+    /// [`COLUMNS_PASSES_VAR`](crate::batch::COLUMNS_PASSES_VAR) when set, else the choice
+    /// that gathers fastest on this CPU ([`ColumnsPasses::for_this_machine`]: two on AMD's
+    /// family 25, one elsewhere).
+    #[serde(default)]
+    pub columns_passes: Option<ColumnsPasses>,
 }
 
 fn default_consumer_gathers() -> bool {
@@ -161,13 +168,22 @@ impl LoaderConfig {
         PrefetchLevel::resolve(self.prefetch_level)
     }
 
-    /// Rejects settings that cannot work (a bad [`PREFETCH_LEVEL_VAR`] among them, when
-    /// `prefetch_level` leaves the choice to it).
+    /// How the gathering threads copy a columns shard's runs: `columns_passes`, else
+    /// [`COLUMNS_PASSES_VAR`](crate::batch::COLUMNS_PASSES_VAR), else this machine's choice
+    /// ([`ColumnsPasses::resolve`]).
+    pub fn resolved_columns_passes(&self) -> Result<ColumnsPasses> {
+        ColumnsPasses::resolve(self.columns_passes)
+    }
+
+    /// Rejects settings that cannot work (a bad [`PREFETCH_LEVEL_VAR`] or
+    /// [`COLUMNS_PASSES_VAR`] among them, when the configuration leaves the choice to it).
     ///
     /// [`PREFETCH_LEVEL_VAR`]: crate::prefetch::PREFETCH_LEVEL_VAR
+    /// [`COLUMNS_PASSES_VAR`]: crate::batch::COLUMNS_PASSES_VAR
     pub fn validate(&self) -> Result<()> {
         self.sampler.validate()?;
         self.resolved_prefetch_level()?;
+        self.resolved_columns_passes()?;
         if self.workers == 0 {
             return Err(Error::config("workers", "must be at least 1"));
         }
@@ -230,6 +246,7 @@ impl Default for LoaderConfig {
             worker_scheduling: WorkerScheduling::default(),
             consumer_gathers: default_consumer_gathers(),
             prefetch_level: None,
+            columns_passes: None,
         }
     }
 }
@@ -312,9 +329,10 @@ impl Loader {
         let view = dataset.into();
         config.validate()?;
         // Resolved once, here, so that a bad environment variable is an error now and every
-        // gathering thread prefetches alike.
+        // gathering thread prefetches and copies alike.
         let config = LoaderConfig {
             prefetch_level: Some(config.resolved_prefetch_level()?),
+            columns_passes: Some(config.resolved_columns_passes()?),
             ..config
         };
         let (allocate, slots): (Allocator, _) = match placement.cuda() {

@@ -12,7 +12,7 @@ use super::permits::GatherPermits;
 use super::plans::{NextPlan, Plans};
 use super::scheduling::GATHER_THREAD_NAME;
 use super::LoaderConfig;
-use crate::batch::{plan_sections_into, BatchShape, Gatherer, Sections};
+use crate::batch::{plan_sections_into, BatchShape, ColumnsPasses, Gatherer, Sections};
 use crate::dataset::{Dataset, DatasetSizes, View};
 use crate::device::staging::{StagingBuffer, StagingPool};
 use crate::error::Result;
@@ -125,13 +125,16 @@ pub(crate) fn run_workers(
     }
 }
 
-/// A gatherer over `dataset` prefetching as `config` says (the loader resolved its level
-/// when it started).
+/// A gatherer over `dataset` prefetching and copying as `config` says (the loader resolved
+/// its level and passes when it started).
 fn gatherer<'a>(dataset: &'a Dataset, config: &LoaderConfig) -> Gatherer<'a> {
     let level = config
         .prefetch_level
         .unwrap_or_else(PrefetchLevel::for_this_machine);
-    Gatherer::with_prefetch(dataset, level)
+    let passes = config
+        .columns_passes
+        .unwrap_or_else(ColumnsPasses::for_this_machine);
+    Gatherer::with_prefetch(dataset, level).with_columns_passes(passes)
 }
 
 /// Takes a free buffer (one last filled on this thread's CPU when there is one), then a
