@@ -685,73 +685,134 @@ fn prefetch_sizes_the_loaders_staging_pool_and_never_changes_the_batches() {
     );
 }
 
-#[test]
-fn the_prefetch_level_comes_from_the_flag_the_environment_or_the_cpu_and_is_reported() {
-    let (dir, ds) = converted_fixture();
-    let json = dir.path().join("report.json");
-    let run = |extra: &[&str], env: Option<&str>| {
-        let env = env.map(|level| (PREFETCH_LEVEL_VAR, level));
-        succeeded_in(&ds, &json, extra, env)
+/// A setting of the gather that shardbench takes from its flag, else its environment
+/// variable, else the CPU, and reports on its second line and in its JSON.
+struct GatherSetting<'a> {
+    /// The flag, as `--prefetch-level`.
+    flag: &'a str,
+    /// The environment variable.
+    var: &'a str,
+    /// The report's JSON field.
+    key: &'a str,
+    /// The two values, as the flag takes them.
+    values: [&'a str; 2],
+    /// This CPU's value.
+    machine: &'a str,
+    /// A value neither takes.
+    bad: &'a str,
+    /// What the table's second line says of a value.
+    said: &'a dyn Fn(&str) -> String,
+}
+
+/// Checks `setting` on `ds`: the flag beats the variable, which beats the CPU; each run
+/// reports the value it used, in its JSON and on its second line; both values deliver the
+/// same batches; a bad value is refused from the flag and from the variable, naming where
+/// it came from. Returns every succeeding run's JSON report.
+fn check_gather_setting(ds: &Path, json: &Path, setting: &GatherSetting) -> Vec<Value> {
+    let GatherSetting {
+        flag,
+        var,
+        key,
+        values,
+        machine,
+        bad,
+        said,
+    } = *setting;
+    let other = values.into_iter().find(|v| *v != machine).unwrap();
+    let run = |value: Option<&str>, env: Option<&str>| {
+        let mut extra = vec!["--no-baselines"];
+        extra.extend(value.map(|v| [flag, v]).into_iter().flatten());
+        let (table, report) = succeeded_in(ds, json, &extra, env.map(|v| (var, v)));
+        let used = report[key].as_str().unwrap().to_string();
+        assert!(table.contains(&said(&used)), "{extra:?} {env:?}: {table}");
+        (used, report)
     };
-    let machine = PrefetchLevel::for_this_machine();
-    let other = match machine {
-        PrefetchLevel::L1 => PrefetchLevel::L2,
-        PrefetchLevel::L2 => PrefetchLevel::L1,
-    };
-    let (table, default) = run(&["--no-baselines"], None);
-    let (l2_table, l2) = run(&["--no-baselines", "--prefetch-level", "l2"], None);
-    let (l1_table, l1) = run(&["--no-baselines", "--prefetch-level", "l1"], None);
-    // The variable decides when the flag is not given, and the flag beats it.
-    let (_, from_env) = run(&["--no-baselines"], Some(other.name()));
-    let flag = ["--no-baselines", "--prefetch-level", machine.name()];
-    let (_, from_flag) = run(&flag, Some(other.name()));
-    assert_eq!(
-        default["prefetch_level"],
-        machine.name(),
-        "this CPU's level"
-    );
-    assert_eq!(l2["prefetch_level"], "l2");
-    assert_eq!(l1["prefetch_level"], "l1");
-    assert_eq!(from_env["prefetch_level"], other.name());
-    assert_eq!(from_flag["prefetch_level"], machine.name());
-    // The passes are this machine's, whatever the level.
-    let passes = ColumnsPasses::for_this_machine();
-    let copied = match passes {
-        ColumnsPasses::One => "columns shards copied in one pass",
-        ColumnsPasses::Two => "columns shards copied in two passes",
-    };
-    let said = |level: &str, instruction: &str| {
-        format!(" batches prepared ahead, prefetching into {level} ({instruction}), {copied}\n")
-    };
-    let machine_said = said(&machine.name().to_uppercase(), machine.instruction());
-    assert!(table.contains(&machine_said), "{table}");
-    assert!(l2_table.contains(&said("L2", "prefetcht1")), "{l2_table}");
-    assert!(l1_table.contains(&said("L1", "prefetcht0")), "{l1_table}");
-    for report in [&default, &l1, &l2, &from_env] {
-        assert_eq!(report["columns_passes"], passes.name());
+    let (default, _) = run(None, None);
+    assert_eq!(default, machine, "this CPU's {key}");
+    let given: Vec<_> = values.iter().map(|v| run(Some(v), None)).collect();
+    for (value, (used, _)) in values.iter().zip(&given) {
+        assert_eq!(used, value, "{flag} {value}");
     }
-    // A prefetch is a hint: the batches, and so the order's figures, are the same.
+    // The variable decides when the flag is not given, and the flag beats it.
+    assert_eq!(run(None, Some(other)).0, other, "{var}={other}");
+    assert_eq!(
+        run(Some(machine), Some(other)).0,
+        machine,
+        "{flag} over {var}"
+    );
+    // The same batches either way, and so the same order's figures.
     let loaders = |r: &Value| r["loaders"].as_array().unwrap().clone();
-    for (a, b) in loaders(&l1).iter().zip(loaders(&l2)) {
+    for (a, b) in loaders(&given[0].1).iter().zip(loaders(&given[1].1)) {
         assert_eq!(a["events"], b["events"]);
         assert_eq!(a["quality"], b["quality"]);
     }
-    // A level that is neither is refused, naming where it came from.
-    let env = Some((PREFETCH_LEVEL_VAR, "l3"));
-    let refused = quick_shardbench_in(&ds, &json, &["--no-baselines"], env);
+    let refused = quick_shardbench_in(ds, json, &["--no-baselines"], Some((var, bad)));
     let stderr = String::from_utf8_lossy(&refused.stderr);
+    let quoted = format!("{bad:?}");
     assert!(
-        !refused.status.success()
-            && stderr.contains(PREFETCH_LEVEL_VAR)
-            && stderr.contains("\"l3\""),
+        !refused.status.success() && stderr.contains(var) && stderr.contains(&quoted),
         "{stderr}"
     );
-    let refused = quick_shardbench(&ds, &json, &["--prefetch-level", "l0"]);
+    let refused = quick_shardbench(ds, json, &[flag, bad]);
     let stderr = String::from_utf8_lossy(&refused.stderr);
     assert!(
-        !refused.status.success() && stderr.contains("--prefetch-level"),
+        !refused.status.success() && stderr.contains(flag),
         "{stderr}"
     );
+    given.into_iter().map(|(_, report)| report).collect()
+}
+
+#[test]
+fn the_prefetch_level_comes_from_the_flag_the_environment_or_the_cpu_and_is_reported() {
+    let (dir, ds) = converted_fixture();
+    let said = |level: &str| {
+        let instruction = level.parse::<PrefetchLevel>().unwrap().instruction();
+        let level = level.to_uppercase();
+        format!(" batches prepared ahead, prefetching into {level} ({instruction}),")
+    };
+    let setting = GatherSetting {
+        flag: "--prefetch-level",
+        var: PREFETCH_LEVEL_VAR,
+        key: "prefetch_level",
+        values: ["l1", "l2"],
+        machine: PrefetchLevel::for_this_machine().name(),
+        bad: "l3",
+        said: &said,
+    };
+    let reports = check_gather_setting(&ds, &dir.path().join("report.json"), &setting);
+    // The passes are this machine's, whatever the level.
+    for report in reports {
+        assert_eq!(
+            report["columns_passes"],
+            ColumnsPasses::for_this_machine().name()
+        );
+    }
+}
+
+#[test]
+fn the_columns_passes_come_from_the_flag_the_environment_or_the_cpu_and_are_reported() {
+    let (dir, ds) = converted_fixture();
+    let said = |passes: &str| match passes {
+        "one" => ", columns shards copied in one pass\n".to_string(),
+        _ => format!(", columns shards copied in {passes} passes\n"),
+    };
+    let setting = GatherSetting {
+        flag: "--columns-passes",
+        var: COLUMNS_PASSES_VAR,
+        key: "columns_passes",
+        values: ["one", "two"],
+        machine: ColumnsPasses::for_this_machine().name(),
+        bad: "three",
+        said: &said,
+    };
+    let reports = check_gather_setting(&ds, &dir.path().join("report.json"), &setting);
+    // The level is this machine's, whatever the passes.
+    for report in reports {
+        assert_eq!(
+            report["prefetch_level"],
+            PrefetchLevel::for_this_machine().name()
+        );
+    }
 }
 
 /// [`quick_shardbench_in`], checked to succeed: its table and its JSON report.
@@ -766,64 +827,6 @@ fn succeeded_in(
     assert!(out.status.success(), "{extra:?} {env:?}: {stderr}");
     let report: Value = serde_json::from_slice(&std::fs::read(json).unwrap()).unwrap();
     (String::from_utf8_lossy(&out.stdout).to_string(), report)
-}
-
-#[test]
-fn the_columns_passes_come_from_the_flag_the_environment_or_the_cpu_and_are_reported() {
-    let (dir, ds) = converted_fixture();
-    let json = dir.path().join("report.json");
-    let machine = ColumnsPasses::for_this_machine();
-    let other = match machine {
-        ColumnsPasses::One => ColumnsPasses::Two,
-        ColumnsPasses::Two => ColumnsPasses::One,
-    };
-    let flag = |passes: ColumnsPasses| ["--no-baselines", "--columns-passes", passes.name()];
-    let run = |extra: &[&str], env: Option<ColumnsPasses>| {
-        let env = env.map(|passes| (COLUMNS_PASSES_VAR, passes.name()));
-        succeeded_in(&ds, &json, extra, env)
-    };
-    let (table, default) = run(&["--no-baselines"], None);
-    let (one_table, one) = run(&flag(ColumnsPasses::One), None);
-    let (two_table, two) = run(&flag(ColumnsPasses::Two), None);
-    // The variable decides when the flag is not given, and the flag beats it.
-    let (_, from_env) = run(&["--no-baselines"], Some(other));
-    let (_, from_flag) = run(&flag(machine), Some(other));
-    let said = |passes: &Value| passes.as_str().unwrap().to_string();
-    assert_eq!(said(&default["columns_passes"]), machine.name());
-    assert_eq!(said(&one["columns_passes"]), "one");
-    assert_eq!(said(&two["columns_passes"]), "two");
-    assert_eq!(said(&from_env["columns_passes"]), other.name());
-    assert_eq!(said(&from_flag["columns_passes"]), machine.name());
-    let line = |words: &str| format!(", columns shards copied in {words}\n");
-    let machine_words = match machine {
-        ColumnsPasses::One => "one pass",
-        ColumnsPasses::Two => "two passes",
-    };
-    assert!(table.contains(&line(machine_words)), "{table}");
-    assert!(one_table.contains(&line("one pass")), "{one_table}");
-    assert!(two_table.contains(&line("two passes")), "{two_table}");
-    // The same batches either way, so the same order's figures.
-    let loaders = |r: &Value| r["loaders"].as_array().unwrap().clone();
-    for (a, b) in loaders(&one).iter().zip(loaders(&two)) {
-        assert_eq!(a["events"], b["events"]);
-        assert_eq!(a["quality"], b["quality"]);
-    }
-    // A name that is neither is refused, naming where it came from.
-    let env = Some((COLUMNS_PASSES_VAR, "three"));
-    let refused = quick_shardbench_in(&ds, &json, &["--no-baselines"], env);
-    let stderr = String::from_utf8_lossy(&refused.stderr);
-    assert!(
-        !refused.status.success()
-            && stderr.contains(COLUMNS_PASSES_VAR)
-            && stderr.contains("\"three\""),
-        "{stderr}"
-    );
-    let refused = quick_shardbench(&ds, &json, &["--columns-passes", "3"]);
-    let stderr = String::from_utf8_lossy(&refused.stderr);
-    assert!(
-        !refused.status.success() && stderr.contains("--columns-passes"),
-        "{stderr}"
-    );
 }
 
 /// Batches of 32 events from blocks of 16, `window` blocks at a time.

@@ -44,15 +44,14 @@ def test_bad_environment_rank(train_dir, torch, monkeypatch):
         shardify.Loader(train_dir)
 
 
-def test_a_bad_prefetch_level_in_the_environment_is_refused_naming_it(train_dir, monkeypatch):
-    monkeypatch.setenv("SHARDIFY_PREFETCH_LEVEL", "l3")
-    with pytest.raises(ValueError, match='SHARDIFY_PREFETCH_LEVEL: must be l1 or l2, not "l3"'):
-        shardify.Loader(train_dir, output="numpy")
-
-
-def test_bad_columns_passes_in_the_environment_are_refused_naming_them(train_dir, monkeypatch):
-    monkeypatch.setenv("SHARDIFY_COLUMNS_PASSES", "three")
-    with pytest.raises(ValueError, match='SHARDIFY_COLUMNS_PASSES: must be one or two, not "three"'):
+@pytest.mark.parametrize("variable, value, expected", [
+    ("SHARDIFY_PREFETCH_LEVEL", "l3", "must be l1 or l2"),
+    ("SHARDIFY_COLUMNS_PASSES", "three", "must be one or two"),
+])
+def test_a_bad_gather_setting_in_the_environment_is_refused_naming_it(
+        train_dir, monkeypatch, variable, value, expected):
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ValueError, match=f'{variable}: {expected}, not "{value}"'):
         shardify.Loader(train_dir, output="numpy")
 
 

@@ -166,25 +166,17 @@ def test_consumer_gathers_changes_which_thread_gathers_not_the_batches(train_dir
     assert epoch(True) == sleeping
 
 
-def test_the_prefetch_level_changes_no_batch(train_dir, monkeypatch):
-    def epoch(level):
-        monkeypatch.setenv("SHARDIFY_PREFETCH_LEVEL", level)
+@pytest.mark.parametrize("variable, values", [
+    ("SHARDIFY_PREFETCH_LEVEL", ("l1", "l2")),
+    ("SHARDIFY_COLUMNS_PASSES", ("one", "two")),
+])
+def test_the_gathers_machine_settings_change_no_batch(train_dir, monkeypatch, variable, values):
+    def epoch(value):
+        monkeypatch.setenv(variable, value)
         loader = shardify.Loader(train_dir, batch_events=5, window_blocks=4, device="cpu",
                                  output="numpy")
         return [{name: array.tobytes() for name, array in batch.items()} for batch in loader]
 
-    into_l1 = epoch("l1")
-    assert len(into_l1) > 1
-    assert epoch("l2") == into_l1
-
-
-def test_the_columns_passes_change_no_batch(train_dir, monkeypatch):
-    def epoch(passes):
-        monkeypatch.setenv("SHARDIFY_COLUMNS_PASSES", passes)
-        loader = shardify.Loader(train_dir, batch_events=5, window_blocks=4, device="cpu",
-                                 output="numpy")
-        return [{name: array.tobytes() for name, array in batch.items()} for batch in loader]
-
-    in_one = epoch("one")
-    assert len(in_one) > 1
-    assert epoch("two") == in_one
+    first = epoch(values[0])
+    assert len(first) > 1
+    assert epoch(values[1]) == first
