@@ -327,14 +327,15 @@ impl Loader {
         pool: Option<Arc<StagingPool>>,
     ) -> Result<Loader> {
         let view = dataset.into();
-        config.validate()?;
         // Resolved once, here, so that a bad environment variable is an error now and every
-        // gathering thread prefetches and copies alike.
+        // gathering thread prefetches and copies alike; validated resolved, so the
+        // environment is read once.
         let config = LoaderConfig {
             prefetch_level: Some(config.resolved_prefetch_level()?),
             columns_passes: Some(config.resolved_columns_passes()?),
             ..config
         };
+        config.validate()?;
         let (allocate, slots): (Allocator, _) = match placement.cuda() {
             Some(device) => (
                 device.staging_allocator(),
