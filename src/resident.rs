@@ -73,6 +73,23 @@ impl EpochPlan {
     pub fn batch_events(&self, b: usize) -> &[i64] {
         &self.events[self.starts[b] as usize..self.starts[b + 1] as usize]
     }
+
+    /// Batch `b`'s shape.
+    pub fn shape(&self, b: usize) -> BatchShape {
+        BatchShape {
+            events: (self.starts[b + 1] - self.starts[b]) as usize,
+            doms: self.doms[b] as usize,
+            pulses: self.pulses[b] as usize,
+            max_doms: self.max_doms[b] as usize,
+        }
+    }
+
+    /// Refuses the plan when one of its batches does not fit `layout`
+    /// ([`BatchShape::check_fits`]): what a streaming loader checks batch by batch, checked
+    /// once for a resident loader's epoch, before any of it is gathered.
+    pub fn check_fits(&self, layout: BatchLayout) -> Result<()> {
+        (0..self.batches()).try_for_each(|b| self.shape(b).check_fits(layout))
+    }
 }
 
 /// The global position of each shard's first event (counting the view's events), and the

@@ -6,11 +6,13 @@ use std::path::Path;
 use std::sync::Arc;
 
 use common::*;
+use shardify::batch::{BatchLayout, MAX_PACKED_ITEMS};
 use shardify::dataset::{ChecksumPolicy, Dataset, View};
 use shardify::device::DeviceChoice;
 use shardify::pipeline::{Loader, LoaderConfig};
 use shardify::resident::{plan_epoch, EpochPlan};
 use shardify::sampler::{BatchOrder, Batching, SamplerConfig, SamplerState};
+use shardify::Error;
 
 fn dataset(dir: &Path) -> Arc<Dataset> {
     fixture_dataset(dir, 5, ChecksumPolicy::Lazy)
@@ -69,16 +71,7 @@ fn assert_plan_is_the_stream(ds: &Arc<Dataset>, sampler: &SamplerConfig, positio
             &streamed[..],
             "batch {b} of {sampler:?}"
         );
-        let shape = batch.shape();
-        assert_eq!(
-            (plan.doms[b], plan.pulses[b], plan.max_doms[b]),
-            (
-                shape.doms as i64,
-                shape.pulses as i64,
-                shape.max_doms as i64
-            ),
-            "batch {b}"
-        );
+        assert_eq!(plan.shape(b), batch.shape(), "batch {b}");
     }
     assert_eq!(*plan.starts.last().unwrap() as usize, plan.events.len());
 }
@@ -110,6 +103,36 @@ fn the_plan_is_the_streaming_loaders_epoch() {
         let middle = SamplerState::at(1, 4);
         assert_plan_is_the_stream(&ds, &config, middle);
     }
+}
+
+#[test]
+fn a_plan_with_a_batch_beyond_packed_offsets_is_refused_for_the_packed_layout_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = dataset(dir.path());
+    let config = sampler(Batching::Events(10), BatchOrder::Stored, 4);
+    let mut plan = plan_epoch(&View::from(ds), &config, epoch_start(0)).unwrap();
+    let padded = BatchLayout::Padded {
+        max_doms: 8,
+        pulses_per_dom: 2,
+    };
+    plan.check_fits(BatchLayout::Packed).unwrap();
+    // The last batch's pulses one past what I32 offsets count (a plan of billions of
+    // pulses, as a batch of millions of events would make).
+    let last = plan.batches() - 1;
+    plan.pulses[last] = MAX_PACKED_ITEMS as i64 + 1;
+    match plan.check_fits(BatchLayout::Packed) {
+        Err(Error::Config { field, problem }) => {
+            assert_eq!(field, "batching");
+            assert!(
+                problem.contains(&(MAX_PACKED_ITEMS + 1).to_string()),
+                "{problem}"
+            );
+        }
+        other => panic!("expected the batching setting refused, got {other:?}"),
+    }
+    plan.check_fits(padded).unwrap();
+    plan.pulses[last] = MAX_PACKED_ITEMS as i64;
+    plan.check_fits(BatchLayout::Packed).unwrap();
 }
 
 #[test]

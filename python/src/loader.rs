@@ -538,9 +538,13 @@ impl PyLoader {
             batches_taken,
             origin,
         };
-        let (view, sampler) = (&self.view, &self.config.sampler);
+        let (view, sampler, layout) = (&self.view, &self.config.sampler, self.config.layout);
         let plan = py
-            .detach(|| plan_epoch(view, sampler, position))
+            .detach(|| {
+                let plan = plan_epoch(view, sampler, position)?;
+                plan.check_fits(layout)?;
+                Ok::<_, shardify::Error>(plan)
+            })
             .map_err(to_py)?;
         Ok((
             PyHostArray::owned(plan.events),

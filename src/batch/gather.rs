@@ -365,7 +365,7 @@ impl<'a> Gatherer<'a> {
                 "batch buffer too small or misaligned",
             ));
         }
-        self.shape(plan)?;
+        self.shape(plan)?.check_fits(layout)?;
         let mut parts = split_sections(&mut buffer[..sections.total], sections);
         let mut next = || parts.next().expect("one part per section");
         let mut headers = Headers {

@@ -6,7 +6,8 @@
 //!
 //! **Packed** (two-level CSR, like varlen attention's `cu_seqlens`): `event_id` I64 `[B]`,
 //! `event_azimuth`/`event_zenith` F64 `[B]` (NaN without labels), `event_dom_offsets` I32
-//! `[B+1]`, `dom_pulse_offsets` I32 `[D+1]` (both rebased to the batch), `dom_sensor_id`,
+//! `[B+1]`, `dom_pulse_offsets` I32 `[D+1]` (both rebased to the batch, so a packed batch
+//! holds at most [`MAX_PACKED_ITEMS`] DOMs and as many pulses), `dom_sensor_id`,
 //! `pulse_time`, `pulse_charge`, `pulse_auxiliary` in the dataset's stored dtypes (copied,
 //! never converted), and unless left out, `dom_position` `[D,3]` in the sensor table's
 //! dtype (each DOM's row of the table, looked up while gathering).
@@ -118,6 +119,31 @@ pub struct BatchShape {
     pub max_doms: usize,
 }
 
+/// The most DOMs, and the most pulses, one packed batch may hold: its offsets are I32, like
+/// a shard's ([`crate::format::shard::MAX_SHARD_ITEMS`]).
+pub const MAX_PACKED_ITEMS: usize = crate::format::shard::MAX_SHARD_ITEMS as usize;
+
+impl BatchShape {
+    /// Refuses a batch of this shape in `layout` when its offsets cannot count it: a packed
+    /// batch of more than [`MAX_PACKED_ITEMS`] DOMs or pulses (its I32 offsets would wrap).
+    /// Only a batch of millions of events gets there; the error names the `batching`
+    /// setting. A padded batch has no offsets and always passes.
+    pub fn check_fits(&self, layout: BatchLayout) -> crate::Result<()> {
+        if layout != BatchLayout::Packed || self.doms.max(self.pulses) <= MAX_PACKED_ITEMS {
+            return Ok(());
+        }
+        Err(crate::Error::config(
+            "batching",
+            format!(
+                "a batch of {} events holds {} DOMs and {} pulses, more than the packed \
+                 layout's I32 offsets count (at most {MAX_PACKED_ITEMS} of each): take \
+                 fewer events a batch, or cap its pulses with a pulse budget",
+                self.events, self.doms, self.pulses
+            ),
+        ))
+    }
+}
+
 /// The section table of a batch of `shape` in `layout`; `dom_positions: false` leaves the
 /// packed layout's `dom_position` out (for models that embed sensor ids, or look positions
 /// up themselves in [`crate::dataset::Dataset::sensor_table`]).
@@ -204,4 +230,49 @@ pub(crate) fn split_sections<'b, 's>(
 
 pub(crate) fn typed<T: Pod>(bytes: &mut [u8]) -> &mut [T] {
     try_cast_mut(bytes).expect("sections are aligned to SECTION_ALIGN and hold whole elements")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{BatchLayout, BatchShape, MAX_PACKED_ITEMS};
+    use crate::Error;
+
+    #[test]
+    fn a_packed_batch_past_its_i32_offsets_is_refused_naming_the_batching_setting() {
+        // The batch's offsets are written as i32 (gather's `rebase`).
+        assert_eq!(MAX_PACKED_ITEMS, i32::MAX as usize);
+        let padded = BatchLayout::Padded {
+            max_doms: 128,
+            pulses_per_dom: 4,
+        };
+        let largest = BatchShape {
+            events: 13_000_000,
+            doms: MAX_PACKED_ITEMS,
+            pulses: MAX_PACKED_ITEMS,
+            max_doms: 4000,
+        };
+        largest.check_fits(BatchLayout::Packed).unwrap();
+        let past = [
+            BatchShape {
+                doms: MAX_PACKED_ITEMS + 1,
+                ..largest
+            },
+            BatchShape {
+                pulses: MAX_PACKED_ITEMS + 1,
+                ..largest
+            },
+        ];
+        for shape in past {
+            match shape.check_fits(BatchLayout::Packed) {
+                Err(Error::Config { field, problem }) => {
+                    assert_eq!(field, "batching");
+                    for count in [shape.events, shape.doms, shape.pulses] {
+                        assert!(problem.contains(&count.to_string()), "{problem}");
+                    }
+                }
+                other => panic!("{shape:?}: expected a batching error, got {other:?}"),
+            }
+            shape.check_fits(padded).unwrap();
+        }
+    }
 }

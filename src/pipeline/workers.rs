@@ -225,6 +225,8 @@ pub(crate) fn gather_plan(
     let types = plans.view.dataset().manifest().schema.types;
     let filled = plan.and_then(|plan| {
         let shape = gatherer.shape(&plan)?;
+        // Refused before its buffer grows to it.
+        shape.check_fits(config.layout)?;
         plan_sections_into(
             &mut sections,
             config.layout,
