@@ -702,13 +702,16 @@ struct GatherSetting<'a> {
     bad: &'a str,
     /// What the table's second line says of a value.
     said: &'a dyn Fn(&str) -> String,
+    /// The other gather setting's JSON field and this CPU's value of it, which a run
+    /// changing this one leaves alone.
+    other_setting: (&'a str, &'a str),
 }
 
 /// Checks `setting` on `ds`: the flag beats the variable, which beats the CPU; each run
 /// reports the value it used, in its JSON and on its second line; both values deliver the
-/// same batches; a bad value is refused from the flag and from the variable, naming where
-/// it came from. Returns every succeeding run's JSON report.
-fn check_gather_setting(ds: &Path, json: &Path, setting: &GatherSetting) -> Vec<Value> {
+/// same batches, with the other setting left at this CPU's value; a bad value is refused
+/// from the flag and from the variable, naming where it came from.
+fn check_gather_setting(ds: &Path, json: &Path, setting: &GatherSetting) {
     let GatherSetting {
         flag,
         var,
@@ -717,6 +720,7 @@ fn check_gather_setting(ds: &Path, json: &Path, setting: &GatherSetting) -> Vec<
         machine,
         bad,
         said,
+        other_setting: (other_key, other_machine),
     } = *setting;
     let other = values.into_iter().find(|v| *v != machine).unwrap();
     let run = |value: Option<&str>, env: Option<&str>| {
@@ -730,8 +734,12 @@ fn check_gather_setting(ds: &Path, json: &Path, setting: &GatherSetting) -> Vec<
     let (default, _) = run(None, None);
     assert_eq!(default, machine, "this CPU's {key}");
     let given: Vec<_> = values.iter().map(|v| run(Some(v), None)).collect();
-    for (value, (used, _)) in values.iter().zip(&given) {
+    for (value, (used, report)) in values.iter().zip(&given) {
         assert_eq!(used, value, "{flag} {value}");
+        assert_eq!(
+            report[other_key], other_machine,
+            "{other_key} with {flag} {value}"
+        );
     }
     // The variable decides when the flag is not given, and the flag beats it.
     assert_eq!(run(None, Some(other)).0, other, "{var}={other}");
@@ -759,7 +767,6 @@ fn check_gather_setting(ds: &Path, json: &Path, setting: &GatherSetting) -> Vec<
         !refused.status.success() && stderr.contains(flag),
         "{stderr}"
     );
-    given.into_iter().map(|(_, report)| report).collect()
 }
 
 #[test]
@@ -778,15 +785,9 @@ fn the_prefetch_level_comes_from_the_flag_the_environment_or_the_cpu_and_is_repo
         machine: PrefetchLevel::for_this_machine().name(),
         bad: "l3",
         said: &said,
+        other_setting: ("columns_passes", ColumnsPasses::for_this_machine().name()),
     };
-    let reports = check_gather_setting(&ds, &dir.path().join("report.json"), &setting);
-    // The passes are this machine's, whatever the level.
-    for report in reports {
-        assert_eq!(
-            report["columns_passes"],
-            ColumnsPasses::for_this_machine().name()
-        );
-    }
+    check_gather_setting(&ds, &dir.path().join("report.json"), &setting);
 }
 
 #[test]
@@ -804,15 +805,9 @@ fn the_columns_passes_come_from_the_flag_the_environment_or_the_cpu_and_are_repo
         machine: ColumnsPasses::for_this_machine().name(),
         bad: "three",
         said: &said,
+        other_setting: ("prefetch_level", PrefetchLevel::for_this_machine().name()),
     };
-    let reports = check_gather_setting(&ds, &dir.path().join("report.json"), &setting);
-    // The level is this machine's, whatever the passes.
-    for report in reports {
-        assert_eq!(
-            report["prefetch_level"],
-            PrefetchLevel::for_this_machine().name()
-        );
-    }
+    check_gather_setting(&ds, &dir.path().join("report.json"), &setting);
 }
 
 /// [`quick_shardbench_in`], checked to succeed: its table and its JSON report.
