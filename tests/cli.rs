@@ -601,6 +601,14 @@ fn a_job_array_converts_to_records_and_refuses_a_phase_of_another_layout() {
     for p in ["gather", "finalize"] {
         let run = phase(p, "records");
         assert!(run.status.success(), "{p}: {}", text(&run.stderr));
+        if p == "finalize" {
+            // No input pulses/s from a run that read none.
+            let said = text(&run.stdout);
+            assert!(
+                said.contains("(every pulse read by earlier runs)"),
+                "{said}"
+            );
+        }
     }
     let manifest: Value =
         serde_json::from_slice(&std::fs::read(out.join("manifest.json")).unwrap()).unwrap();

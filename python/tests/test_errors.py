@@ -61,9 +61,14 @@ def test_bad_checksum_policy(train_dir):
 
 
 def test_a_missing_dataset_is_file_not_found(tmp_path):
-    with pytest.raises(FileNotFoundError, match="manifest.json"):
+    with pytest.raises(FileNotFoundError, match="nowhere: no such dataset directory"):
         shardify.Dataset(tmp_path / "nowhere")
     assert issubclass(FileNotFoundError, OSError)
+    # A directory that a conversion is still writing (or was killed writing) says so.
+    (tmp_path / "unfinished" / ".work").mkdir(parents=True)
+    unfinished = "manifest.json: not written yet: .* unfinished conversion"
+    with pytest.raises(FileNotFoundError, match=unfinished):
+        shardify.Dataset(tmp_path / "unfinished")
 
 
 def flip_a_pulse_byte(dataset):

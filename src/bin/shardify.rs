@@ -507,18 +507,36 @@ fn run_convert(args: ConvertArgs) -> Result<()> {
     }
     match &summary.manifest {
         Some(m) if summary.already_complete => {
-            say!("{} is already complete: {} events in {} shards", args.out().display(), m.totals.events, m.shards.len())?;
+            say!(
+                "{} is already complete: {} events in {} shards",
+                args.out().display(),
+                m.totals.events,
+                m.shards.len()
+            )?;
         }
-        Some(m) => say!(
-            "converted {} events, {} DOMs, {} pulses into {} shards, {:.1} MiB, in {:.2} s ({:.2} M input pulses/s)",
-            m.totals.events,
-            m.totals.doms,
-            m.totals.pulses,
-            m.shards.len(),
-            m.totals.bytes as f64 / (1 << 20) as f64,
-            elapsed,
-            summary.pulses_scattered as f64 / elapsed / 1e6
-        )?,
+        Some(m) => {
+            let rate = summary.pulses_scattered as f64 / elapsed / 1e6;
+            // A resumed run read only what the earlier ones left: its rate is over those.
+            let rate = if summary.pulses_scattered == m.totals.pulses {
+                format!("{rate:.2} M input pulses/s")
+            } else if summary.pulses_scattered == 0 {
+                "every pulse read by earlier runs".into()
+            } else {
+                format!(
+                    "{rate:.2} M input pulses/s over the {} pulses this run read; earlier runs read the rest",
+                    summary.pulses_scattered
+                )
+            };
+            say!(
+                "converted {} events, {} DOMs, {} pulses into {} shards, {:.1} MiB, in {:.2} s ({rate})",
+                m.totals.events,
+                m.totals.doms,
+                m.totals.pulses,
+                m.shards.len(),
+                m.totals.bytes as f64 / (1 << 20) as f64,
+                elapsed,
+            )?
+        }
         None => say!("phase done in {elapsed:.2} s")?,
     }
     if let (Phase::Plan, Some(units)) = (phase, summary.planned) {

@@ -8,6 +8,7 @@ use serde::Serialize;
 
 use crate::error::{Error, IoContext, Result};
 use crate::format::atomic::{entry_other_than, is_temp_name, write_bytes_atomic};
+use crate::format::manifest::WORK_DIR;
 use crate::format::MANIFEST_FILE;
 
 /// Paths of one conversion's output and work files.
@@ -31,7 +32,7 @@ impl WorkDir {
 
     /// `OUT/.work`.
     pub fn root(&self) -> PathBuf {
-        self.out.join(".work")
+        self.out.join(WORK_DIR)
     }
 
     /// The stored plan.
@@ -73,7 +74,7 @@ impl WorkDir {
     /// Creates the directories, refusing an output directory that holds anything else.
     pub fn prepare(&self) -> Result<()> {
         if self.out.exists() && !self.plan_file().exists() {
-            let ours = |name: &str| name == ".work" || is_temp_name(name);
+            let ours = |name: &str| name == WORK_DIR || is_temp_name(name);
             if let Some(holds) = entry_other_than(&self.out, ours)? {
                 return Err(Error::NotEmpty {
                     path: self.out.clone(),

@@ -14,6 +14,10 @@ use crate::error::{Error, IoContext, Result};
 /// The manifest's file name inside a dataset directory.
 pub const MANIFEST_FILE: &str = "manifest.json";
 
+/// The directory in which an unfinished conversion keeps its progress, inside its output
+/// directory; removed once the manifest is written.
+pub const WORK_DIR: &str = ".work";
+
 /// Conversion parameters that decide the output bytes.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Parameters {
@@ -141,9 +145,17 @@ pub struct Manifest {
 
 impl Manifest {
     /// Reads and checks `dir/manifest.json`.
+    /// A directory without a manifest is a not-found [`Error::Io`] that says what the
+    /// directory holds instead: nothing at all, an unfinished conversion (run it again to
+    /// finish it), the files of an unfinished copy, or no dataset.
     pub fn read(dir: &Path) -> Result<Manifest> {
         let path = dir.join(MANIFEST_FILE);
-        let text = std::fs::read(&path).at(&path)?;
+        let text = match std::fs::read(&path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(no_manifest(dir));
+            }
+            read => read.at(&path)?,
+        };
         Manifest::parse(&path, &text)
     }
 
@@ -206,5 +218,89 @@ impl Manifest {
         let mut text = serde_json::to_vec_pretty(self).expect("manifest serialises");
         text.push(b'\n');
         text
+    }
+}
+
+/// The not-found error for a directory `dir` without a manifest, saying what it holds
+/// instead and what to do.
+fn no_manifest(dir: &Path) -> Error {
+    let not_found = |path: &Path, text: String| {
+        Error::io(
+            path,
+            std::io::Error::new(std::io::ErrorKind::NotFound, text),
+        )
+    };
+    let entries: Vec<String> = match std::fs::read_dir(dir) {
+        Ok(entries) => entries
+            .filter_map(|entry| entry.ok()?.file_name().into_string().ok())
+            .collect(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return not_found(dir, "no such dataset directory".into());
+        }
+        Err(e) => return Error::io(dir, e),
+    };
+    let path = dir.join(MANIFEST_FILE);
+    let shown = dir.display();
+    let text = if entries.iter().any(|name| name == WORK_DIR) {
+        format!(
+            "not written yet: {shown} holds an unfinished conversion (its {WORK_DIR} \
+             directory; the manifest is written last). Run the same `shardify convert` \
+             again: it resumes where it stopped"
+        )
+    } else if let Some(data) = entries
+        .iter()
+        .find(|name| name.ends_with(".safetensors") || super::atomic::is_temp_name(name))
+    {
+        format!(
+            "missing, though {shown} holds dataset files ({data}): a copy or conversion \
+             that did not finish (the manifest is written last). Remove the directory and \
+             copy or convert again"
+        )
+    } else {
+        format!("not found; {shown} holds no shardify dataset")
+    };
+    not_found(&path, text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The path and text of the not-found error reading `dir`'s manifest gives.
+    fn not_found(dir: &Path) -> (std::path::PathBuf, String) {
+        match Manifest::read(dir) {
+            Err(Error::Io { path, source }) => {
+                assert_eq!(source.kind(), std::io::ErrorKind::NotFound, "{source}");
+                (path, source.to_string())
+            }
+            other => panic!("expected a not-found error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_directory_without_a_manifest_is_not_found_saying_what_it_holds() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("missing");
+        assert_eq!(
+            not_found(&missing),
+            (missing.clone(), "no such dataset directory".into())
+        );
+
+        let (path, text) = not_found(dir.path());
+        assert_eq!(path, dir.path().join(MANIFEST_FILE));
+        assert!(text.contains("holds no shardify dataset"), "{text}");
+
+        std::fs::write(dir.path().join("shard_00003.safetensors"), b"x").unwrap();
+        let (_, text) = not_found(dir.path());
+        assert!(
+            text.contains("dataset files (shard_00003.safetensors)"),
+            "{text}"
+        );
+        assert!(text.contains("Remove the directory"), "{text}");
+
+        std::fs::create_dir(dir.path().join(WORK_DIR)).unwrap();
+        let (_, text) = not_found(dir.path());
+        assert!(text.contains("an unfinished conversion"), "{text}");
+        assert!(text.contains("resumes where it stopped"), "{text}");
     }
 }
