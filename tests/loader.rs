@@ -9,11 +9,15 @@ use std::time::Duration;
 
 use common::*;
 use shardify::batch::{sections, BatchLayout, ColumnsPasses};
-use shardify::dataset::{ChecksumPolicy, Dataset};
+use shardify::convert::Silent;
+use shardify::dataset::copy::copy_dataset;
+use shardify::dataset::{ChecksumPolicy, Dataset, View};
 use shardify::device::{DeviceChoice, Placement};
+use shardify::format::ShardLayout;
 use shardify::pipeline::{Batch, Loader, LoaderConfig, LoaderState};
 use shardify::prefetch::PrefetchLevel;
 use shardify::sampler::{BatchOrder, Batching, SamplerConfig, SamplerState};
+use shardify::Error;
 
 fn dataset(dir: &Path) -> Arc<Dataset> {
     let out = dir.join("ds");
@@ -660,6 +664,89 @@ fn resume_continues_exactly() {
         Loader::resume(ds, other, &state).is_err(),
         "a state from another configuration is refused"
     );
+}
+
+/// The batches' bytes a loader of `view` resumed from `state` delivers.
+fn resumed_bytes(
+    view: impl Into<View>,
+    config: &LoaderConfig,
+    state: &LoaderState,
+) -> Vec<Vec<u8>> {
+    Loader::resume(view, config.clone(), state)
+        .unwrap()
+        .map(|b| b.unwrap().bytes().to_vec())
+        .collect()
+}
+
+/// The problem of the `dataset` error resuming `state` on `view` gives.
+fn refused_dataset(view: impl Into<View>, config: &LoaderConfig, state: &LoaderState) -> String {
+    match Loader::resume(view, config.clone(), state) {
+        Err(Error::Config {
+            field: "dataset",
+            problem,
+        }) => problem,
+        Err(other) => panic!("expected a dataset error, got {other}"),
+        Ok(_) => panic!("a state saved reading other events was resumed"),
+    }
+}
+
+#[test]
+fn a_state_resumes_on_a_copy_in_either_layout_and_refuses_other_events() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = dataset(dir.path());
+    let config = config(Batching::Events(7), 2);
+    let mut loader = Loader::new(ds.clone(), config.clone(), SamplerState::start(1)).unwrap();
+    loader.by_ref().take(3).for_each(|b| drop(b.unwrap()));
+    let state = loader.state();
+    drop(loader);
+    let identity = View::from(ds.clone()).identity();
+    assert_eq!(state.dataset.as_deref(), Some(identity.as_str()));
+    let rest = resumed_bytes(ds.clone(), &config, &state);
+    assert!(!rest.is_empty());
+
+    // A copy elsewhere, in the records layout: the same events, the same rest.
+    let records = dir.path().join("records");
+    copy_dataset(ds.dir(), &records, Some(ShardLayout::Records), &Silent).unwrap();
+    let records = Arc::new(Dataset::open(&records, ChecksumPolicy::Lazy).unwrap());
+    assert_eq!(View::from(records.clone()).identity(), identity);
+    assert!(resumed_bytes(records.clone(), &config, &state) == rest);
+
+    // Another conversion of the same source (another seed): refused, naming both.
+    let other = dir.path().join("other");
+    convert_all(&fixture(), "train", &other, &options(6, 2)).unwrap();
+    let other = Arc::new(Dataset::open(&other, ChecksumPolicy::Lazy).unwrap());
+    let other_identity = View::from(other.clone()).identity();
+    assert_ne!(other_identity, identity);
+    let problem = refused_dataset(other.clone(), &config, &state);
+    assert!(
+        problem.contains(&identity) && problem.contains(&other_identity),
+        "{problem}"
+    );
+
+    // A split is other events than its dataset; the same split of a copy is the same.
+    let (train, validation) = View::from(ds.clone()).split(0.25, 9).unwrap();
+    let problem = refused_dataset(train.clone(), &config, &state);
+    assert!(problem.contains("a part of"), "{problem}");
+    assert_ne!(train.identity(), validation.identity());
+    let mut loader = Loader::new(train.clone(), config.clone(), SamplerState::start(0)).unwrap();
+    loader.by_ref().take(2).for_each(|b| drop(b.unwrap()));
+    let split_state = loader.state();
+    drop(loader);
+    let (same_train, _) = View::from(records).split(0.25, 9).unwrap();
+    assert_eq!(same_train.identity(), train.identity());
+    assert!(
+        resumed_bytes(same_train, &config, &split_state)
+            == resumed_bytes(train, &config, &split_state)
+    );
+    let (other_split, _) = View::from(ds).split(0.25, 10).unwrap();
+    refused_dataset(other_split, &config, &split_state);
+
+    // A state saved before the identity was recorded resumes unchecked.
+    let mut old: serde_json::Value = serde_json::to_value(&state).unwrap();
+    old.as_object_mut().unwrap().remove("dataset").unwrap();
+    let old: LoaderState = serde_json::from_value(old).unwrap();
+    assert_eq!(old.dataset, None);
+    assert!(!resumed_bytes(other, &config, &old).is_empty());
 }
 
 #[test]

@@ -186,7 +186,9 @@ class Loader:
             raise ValueError(f'invalid output: {output!r} (expected "torch" or "numpy")')
         rank, world = _rank_world(rank, world)
         _count("rank", rank)
-        if _count("world", world) == 0 or rank >= world:
+        if _count("world", world) == 0:
+            raise ValueError("invalid world: must be at least 1")
+        if rank >= world:
             raise ValueError(f"invalid rank: rank {rank} of world {world}")
         if drop_last is None:
             drop_last = world > 1 and bool(shuffle)
@@ -278,9 +280,11 @@ class Loader:
         """Where the loader stands (after the last batch handed out, not the last
         prefetched): the epoch and ``global_batches``, the batches every rank of the world
         together has consumed (this rank's count times the world size, the ranks of a
-        data-parallel job stepping together), and the settings that decide the order. It
-        holds no rank and resumes any rank of any world size (see :meth:`load_state_dict`);
-        ``world`` and ``batches_taken`` (this rank's count) are there for information."""
+        data-parallel job stepping together), the settings that decide the order, and
+        ``dataset``, the identity of the events read (the same for a copy of the dataset at
+        any path or in either layout, another for another conversion or split). It holds no
+        rank and resumes any rank of any world size (see :meth:`load_state_dict`); ``world``
+        and ``batches_taken`` (this rank's count) are there for information."""
         epoch, origin, taken = self._batches.position()
         return {
             "epoch": epoch,
@@ -288,6 +292,7 @@ class Loader:
             "batches_taken": taken,
             "world": self.world,
             "sampler": json.loads(self._native.settings_json()),
+            "dataset": self._native.dataset_identity(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -296,9 +301,12 @@ class Loader:
         ``global_batches`` on (batch ``global_batches + r`` to rank ``r``, then round-robin),
         so no event of the epoch comes twice and none is skipped beyond what ``drop_last``
         drops. A ``ValueError`` names the field when the state was made with settings that
-        decide another order (seed, batching, blocks, window, runs, batch order, shuffle);
-        ``world`` and ``drop_last`` may differ. Save rank 0's state: at the end of an epoch
-        without ``drop_last``, other ranks may have had one batch fewer."""
+        decide another order (seed, batching, blocks, window, runs, batch order, shuffle),
+        and names ``dataset`` when it was saved reading other events (another conversion,
+        source, shard size or split; a state without ``dataset``, saved before it was
+        recorded, is not checked); ``world`` and ``drop_last`` may differ. Save rank 0's
+        state: at the end of an epoch without ``drop_last``, other ranks may have had one
+        batch fewer."""
         if not isinstance(state, dict):
             raise ValueError(f"invalid state: expected a dict, not {type(state).__name__}")
         missing = [k for k in ("epoch", "sampler") if k not in state]
@@ -310,6 +318,10 @@ class Loader:
         if not isinstance(saved, dict):
             raise ValueError("invalid state: sampler is not a dict of settings")
         self._native.check_resumable(json.dumps(saved))
+        if "dataset" in state:
+            if not isinstance(state["dataset"], str):
+                raise ValueError("invalid state: dataset is not an identity string")
+            self._native.check_dataset(state["dataset"])
         if "global_batches" in state:
             position = _count("global_batches", state["global_batches"])
         else:  # a state from before elastic resumes: this rank's count at the saved world

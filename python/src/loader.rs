@@ -490,6 +490,18 @@ impl PyLoader {
         self.config.sampler.check_resumable(&saved).map_err(to_py)
     }
 
+    /// Which events the loader reads ([`shardify::dataset::View::identity`]): what a saved
+    /// position refers to.
+    fn dataset_identity(&self) -> String {
+        self.view.identity()
+    }
+
+    /// Refuses, with a `ValueError` naming `dataset`, a state saved reading other events
+    /// (`saved`, its `dataset_identity`).
+    fn check_dataset(&self, saved: &str) -> PyResult<()> {
+        self.view.check_identity(saved).map_err(to_py)
+    }
+
     /// Staging buffers allocated since the first batch, over every epoch and seek
     /// (constant in the steady state; 0 before the first batch).
     fn staging_allocations(&self) -> PyResult<u64> {

@@ -2,7 +2,7 @@
 
 import pytest
 import shardify
-from conftest import ids, order_lines
+from conftest import FIXTURES, ids, order_lines, run_cli
 
 
 def test_resume_mid_epoch_gives_exactly_the_rest(train_dir, torch):
@@ -64,3 +64,32 @@ def test_a_state_from_other_settings_is_refused(train_dir, torch, field, other):
     loader = shardify.Loader(train_dir, **{"batch_events": 8, **other})
     with pytest.raises(ValueError, match=field):
         loader.load_state_dict(state)
+
+
+def test_a_state_resumes_on_a_copy_but_not_on_other_events(train_dir, torch, tmp_path):
+    loader = shardify.Loader(train_dir, batch_events=8)
+    it = iter(loader)
+    for _ in range(3):
+        next(it)
+    state = loader.state_dict()
+    identity = state["dataset"]
+    assert isinstance(identity, str) and len(identity) == 16
+    expected = ids(it)
+    assert expected
+    # A copy elsewhere in the other layout holds the same events: the same rest.
+    copy = tmp_path / "records"
+    shardify.copy_dataset(train_dir, copy, layout="records")
+    on_copy = shardify.Loader(copy, batch_events=8)
+    on_copy.load_state_dict(state)
+    assert ids(on_copy) == expected
+    # Another conversion of the same source, and a split: refused, streaming or resident.
+    other = tmp_path / "other"
+    run_cli("convert", str(FIXTURES), str(other), "--split", "train", "--seed", "43",
+            "--shard-size", "64KiB")
+    train, _ = shardify.Dataset(train_dir).split(0.25, 0)
+    for events, named in [(other, "other"), (train, "a part of")]:
+        for resident in (False, True):
+            refusing = shardify.Loader(events, batch_events=8, resident=resident, device="cpu")
+            with pytest.raises(ValueError, match=f"invalid dataset: .*{identity}.*{named}"):
+                refusing.load_state_dict(state)
+            assert refusing.state_dict()["global_batches"] == 0, "nothing was resumed"

@@ -23,6 +23,7 @@ use std::sync::Arc;
 use super::Dataset;
 use crate::error::{Error, Result};
 use crate::format::order::shuffle_key;
+use crate::format::pod::as_bytes;
 use crate::sampler::{BatchPlan, EventRef};
 
 /// Mixed into the split seed, so that a split never follows the stored order (which sorts
@@ -55,6 +56,8 @@ struct Subset {
     kept: Vec<Vec<u32>>,
     /// Per shard, what the kept events hold.
     counts: Vec<Counts>,
+    /// XXH3-64 of `kept` (see [`Subset::sealed`]).
+    digest: u64,
 }
 
 /// All the events of a dataset, or a part of them.
@@ -120,6 +123,43 @@ impl View {
             totals += counts;
         }
         totals
+    }
+
+    /// Which events the view holds, as 16 hex digits: its dataset's
+    /// [`Manifest::order_identity`](crate::format::Manifest::order_identity), and for a
+    /// part of it the indexes it keeps. What a saved loader position refers to: equal for
+    /// the same events of the same conversion (a copy at any path, in either layout),
+    /// different for another conversion, source, shard size or split.
+    pub fn identity(&self) -> String {
+        let dataset = self.dataset.manifest().order_identity();
+        match &self.subset {
+            None => format!("{dataset:016x}"),
+            Some(subset) => {
+                let both = [dataset, subset.digest].map(u64::to_le_bytes).concat();
+                format!("{:016x}", xxhash_rust::xxh3::xxh3_64(&both))
+            }
+        }
+    }
+
+    /// Refuses, naming the `dataset` field, a loader position `saved` for the events of
+    /// view identity `saved` (see [`View::identity`]) when it is not this view's: resumed
+    /// here, the position would not be a place in the same order.
+    pub fn check_identity(&self, saved: &str) -> Result<()> {
+        let ours = self.identity();
+        if saved == ours {
+            return Ok(());
+        }
+        let part = if self.is_whole() { "" } else { "a part of " };
+        Err(Error::config(
+            "dataset",
+            format!(
+                "the saved state was made reading other events (identity {saved}) than this \
+                 loader reads, {part}{} (identity {ours}): another conversion, source, shard \
+                 size or split orders other events. Resume on the dataset and split the \
+                 state was saved on",
+                self.dataset.dir().display()
+            ),
+        ))
     }
 
     /// The indexes (in shard `shard`) of the events the view keeps, ascending; `None` when
@@ -190,7 +230,7 @@ impl View {
         let [rest, chosen_part] = parts;
         let view = |subset: Subset| View {
             dataset: self.dataset.clone(),
-            subset: Some(Arc::new(subset)),
+            subset: Some(Arc::new(subset.sealed())),
         };
         Ok((view(rest), view(chosen_part)))
     }
@@ -222,7 +262,19 @@ impl Subset {
         Subset {
             kept: vec![Vec::new(); shards],
             counts: vec![Counts::default(); shards],
+            digest: 0,
         }
+    }
+
+    /// The subset with its digest: each shard's count of kept events, then their indexes.
+    fn sealed(mut self) -> Subset {
+        let mut hash = xxhash_rust::xxh3::Xxh3::new();
+        for kept in &self.kept {
+            hash.update(&(kept.len() as u64).to_le_bytes());
+            hash.update(as_bytes(kept));
+        }
+        self.digest = hash.digest();
+        self
     }
 
     fn keep(&mut self, shard: usize, index: u32, doms: u64, pulses: u64) {

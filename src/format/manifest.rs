@@ -208,6 +208,37 @@ impl Manifest {
         }])
     }
 
+    /// What decides which event sits where in the dataset and what it holds, as XXH3-64:
+    /// the conversion's seed, buckets and precision, its sources' contents (sizes, rows,
+    /// batch ids and fingerprints, not their paths) and every shard's counts. The same for
+    /// a copy at any path and in either layout, which deliver the same batches; another
+    /// for another conversion, source or shard size.
+    pub fn order_identity(&self) -> u64 {
+        let mut hash = xxhash_rust::xxh3::Xxh3::new();
+        let parameters = &self.parameters;
+        for n in [parameters.seed, parameters.bucket_count] {
+            hash.update(&n.to_le_bytes());
+        }
+        hash.update(&[u8::from(parameters.lossy)]);
+        let sources = &self.sources;
+        let files = sources.batches.iter().chain(&sources.meta);
+        for file in files.chain([&sources.geometry]) {
+            let rows = file.rows.unwrap_or(u64::MAX);
+            let batch = file.batch_id.unwrap_or(i64::MIN) as u64;
+            for n in [file.bytes, rows, batch] {
+                hash.update(&n.to_le_bytes());
+            }
+            hash.update(&(file.fingerprint.len() as u64).to_le_bytes());
+            hash.update(file.fingerprint.as_bytes());
+        }
+        for shard in &self.shards {
+            for n in [shard.events, shard.doms, shard.pulses] {
+                hash.update(&n.to_le_bytes());
+            }
+        }
+        hash.digest()
+    }
+
     /// Writes `dir/manifest.json` atomically.
     pub fn write(&self, dir: &Path) -> Result<()> {
         super::atomic::write_bytes_atomic(&dir.join(MANIFEST_FILE), &self.to_bytes())

@@ -260,6 +260,10 @@ pub struct LoaderState {
     /// The sampler configuration the position refers to. (The layout is not recorded: it
     /// does not change which events come in which order, so a job may resume in another.)
     pub sampler: SamplerConfig,
+    /// The events the position refers to: [`View::identity`] of the loader's dataset or
+    /// split. Absent from states saved before it was recorded, which resume unchecked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dataset: Option<String>,
 }
 
 /// Streams the batches of one epoch for one rank.
@@ -272,6 +276,8 @@ pub struct Loader {
     stop: Arc<Stop>,
     threads: Vec<JoinHandle<()>>,
     position: SamplerState,
+    /// [`View::identity`] of the events it reads, for its [`LoaderState`].
+    identity: String,
     finished: bool,
 }
 
@@ -327,6 +333,7 @@ impl Loader {
         pool: Option<Arc<StagingPool>>,
     ) -> Result<Loader> {
         let view = dataset.into();
+        let identity = view.identity();
         // Resolved once, here, so that a bad environment variable is an error now and every
         // gathering thread prefetches and copies alike; validated resolved, so the
         // environment is read once.
@@ -403,6 +410,7 @@ impl Loader {
             stop,
             threads,
             position,
+            identity,
             finished: false,
         })
     }
@@ -410,13 +418,18 @@ impl Loader {
     /// Resumes from a state saved by any rank of any world size (elastic: see
     /// [`SamplerState::resumed`]): this rank continues from the global position the saved
     /// world had reached. Refuses a state whose order settings differ, naming the field
-    /// ([`SamplerConfig::check_resumable`]); world, rank and `drop_last` may differ.
+    /// ([`SamplerConfig::check_resumable`]), and one saved reading other events (the
+    /// `dataset` field, [`View::check_identity`]); world, rank and `drop_last` may differ.
     pub fn resume(
         dataset: impl Into<View>,
         config: LoaderConfig,
         state: &LoaderState,
     ) -> Result<Loader> {
         config.sampler.check_resumable(&state.sampler)?;
+        let dataset = dataset.into();
+        if let Some(saved) = &state.dataset {
+            dataset.check_identity(saved)?;
+        }
         let position = state.position.resumed(state.sampler.world);
         Loader::new(dataset, config, position)
     }
@@ -427,6 +440,7 @@ impl Loader {
         LoaderState {
             position: self.position,
             sampler: self.config.sampler.clone(),
+            dataset: Some(self.identity.clone()),
         }
     }
 
