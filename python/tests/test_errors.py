@@ -17,6 +17,7 @@ BAD = [
     (dict(device="tpu"), "device"),
     (dict(rank=3, world=2), "rank"),
     (dict(rank=1), "rank"),
+    (dict(rank=0, world=0), "invalid world: must be at least 1"),
     (dict(workers=0), "workers"),
     (dict(prefetch=0), "prefetch"),
     # More staging buffers than the machine holds: refused, not killed for memory.
