@@ -332,7 +332,18 @@ fn order_is_the_same_global_sequence_for_any_world_and_resumes_exactly() {
         .concat(),
     );
     let rest = order_lines(&[&[ds.as_str()], &common[..], &["--resume", &state]].concat());
-    assert_eq!([first, rest].concat(), whole);
+    assert_eq!([first.clone(), rest].concat(), whole);
+    // A state file named without a directory is written into the current one.
+    let stop = ["--stop-after", "4", "--save-state", "bare.json"];
+    let bare = Command::new(env!("CARGO_BIN_EXE_shardify"))
+        .args([&["order", ds.as_str()], &common[..], &stop[..]].concat())
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(bare.status.success(), "{}", text(&bare.stderr));
+    assert_eq!(text(&bare.stdout).lines().count(), first.len());
+    let saved = std::fs::read(dir.path().join("bare.json")).unwrap();
+    assert_eq!(saved, std::fs::read(&state).unwrap(), "the same state");
     // Elastic: two ranks take 3 batches each and rank 0 saves its state; three ranks resume
     // from it and deal the remaining global batches, from the 7th, round-robin.
     let ranks = |world: usize, extra: &[&str]| -> Vec<Vec<String>> {

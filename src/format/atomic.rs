@@ -71,7 +71,7 @@ pub fn write_atomic<T>(
         }
         std::fs::rename(&temp, target).at(target)?;
         if durability == Durability::Now {
-            sync_dir(target.parent().unwrap_or(Path::new(".")))?;
+            sync_dir(directory_of(target))?;
         }
         Ok(value)
     })();
@@ -79,6 +79,14 @@ pub fn write_atomic<T>(
         let _ = std::fs::remove_file(&temp);
     }
     result
+}
+
+/// The directory `path` is in: `.` for a bare file name (whose `parent()` is empty).
+fn directory_of(path: &Path) -> &Path {
+    match path.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent,
+        _ => Path::new("."),
+    }
 }
 
 /// Creates `target` atomically and durably with `bytes`.
@@ -128,6 +136,14 @@ pub fn sync_dir(dir: &Path) -> Result<()> {
 mod tests {
     use super::*;
     use crate::error::Error;
+
+    #[test]
+    fn a_bare_file_name_is_in_the_current_directory() {
+        assert_eq!(directory_of(Path::new("state.json")), Path::new("."));
+        assert_eq!(directory_of(Path::new("./state.json")), Path::new("."));
+        assert_eq!(directory_of(Path::new("a/b/state.json")), Path::new("a/b"));
+        assert_eq!(directory_of(Path::new("/state.json")), Path::new("/"));
+    }
 
     #[test]
     fn failed_write_leaves_nothing() {
