@@ -105,6 +105,20 @@ pub fn dir_files(dir: &Path) -> BTreeMap<String, Vec<u8>> {
     files
 }
 
+/// What opening `dir`, a directory without a manifest, says: the message of its not-found
+/// error on `dir/manifest.json` (failing the test on any other outcome).
+pub fn why_no_dataset(dir: &Path) -> String {
+    match Dataset::open(dir, ChecksumPolicy::Lazy) {
+        Err(shardify::Error::Io { path, source }) => {
+            assert_eq!(path, dir.join("manifest.json"));
+            assert_eq!(source.kind(), std::io::ErrorKind::NotFound);
+            source.to_string()
+        }
+        Err(other) => panic!("expected a not-found error, got {other:?}"),
+        Ok(_) => panic!("{} opened as a dataset", dir.display()),
+    }
+}
+
 /// The dump of a dataset, one string per event.
 pub fn dump_lines(dir: &Path) -> Vec<String> {
     let dataset = Dataset::open(dir, ChecksumPolicy::Full).unwrap();
