@@ -48,18 +48,37 @@ def _rank_world(rank: int | None, world: int | None) -> tuple[int, int]:
     return 0, 1
 
 
-def _device_name(device: Any) -> str:
-    """``"auto" | "cpu" | "cuda" | "cuda:N"``, or a ``torch.device``, as the loader's name."""
+def _device_name(device: Any, output: str) -> str:
+    """``"auto" | "cpu" | "cuda" | "cuda:N"``, or a ``torch.device``, as the loader's name.
+    For torch output, ``auto`` (when torch sees a GPU) and ``cuda`` without an index mean
+    torch's current CUDA device, as ``"cuda"`` does in torch: the device a DDP rank chose
+    with ``torch.cuda.set_device(local_rank)``, not every rank's device 0."""
+    name: str
     if isinstance(device, str):
-        return device
-    kind, index = getattr(device, "type", None), getattr(device, "index", None)
-    if kind == "cpu":
-        return "cpu"
-    if kind == "cuda":
-        return f"cuda:{index or 0}"
-    raise ValueError(
-        f"invalid device: {device!r} (expected auto, cpu, cuda, cuda:N or a torch.device)"
-    )
+        name = device
+    else:
+        kind, index = getattr(device, "type", None), getattr(device, "index", None)
+        if kind == "cpu":
+            return "cpu"
+        if kind != "cuda":
+            raise ValueError(
+                f"invalid device: {device!r} (expected auto, cpu, cuda, cuda:N or a "
+                "torch.device)")
+        name = "cuda" if index is None else f"cuda:{index}"
+    if name in ("auto", "cuda") and output == "torch":
+        current = _torch_current_cuda()
+        if current is not None:
+            return f"cuda:{current}"
+    return name
+
+
+def _torch_current_cuda() -> int | None:
+    """torch's current CUDA device, or None when torch sees none."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    return torch.cuda.current_device()
 
 
 class Loader:
@@ -192,7 +211,7 @@ class Loader:
             raise ValueError(f"invalid rank: rank {rank} of world {world}")
         if drop_last is None:
             drop_last = world > 1 and bool(shuffle)
-        device = _device_name(device)
+        device = _device_name(device, output)
         if output == "numpy":
             if resident:
                 raise ValueError(
@@ -413,11 +432,12 @@ def _resident_device(device: str) -> tuple[Any, str]:
     """The torch device a resident loader holds the dataset on, and on the CPU why."""
     import torch
 
-    if device == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda", 0), ""
-        return torch.device("cpu"), "torch sees no CUDA device"
-    if device == "cuda":
+    if device in ("auto", "cuda"):
+        current = _torch_current_cuda()
+        if current is not None:
+            return torch.device("cuda", current), ""
+        if device == "auto":
+            return torch.device("cpu"), "torch sees no CUDA device"
         device = "cuda:0"
     reason = "requested" if device == "cpu" else ""
     try:

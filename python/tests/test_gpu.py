@@ -37,6 +37,23 @@ def test_a_device_epoch_equals_the_cpu_epoch(train_dir, torch, cuda):
             assert torch.equal(got[name], want[name]), name
 
 
+def test_auto_and_cuda_follow_torchs_current_device(train_dir, torch, cuda):
+    last = torch.cuda.device_count() - 1  # device 0 on a one-GPU machine
+    previous = torch.cuda.current_device()
+    torch.cuda.set_device(last)
+    try:
+        expected = torch.device("cuda", last)
+        for device in ("auto", "cuda", torch.device("cuda")):
+            loader = shardify.Loader(train_dir, batch_events=16, device=device)
+            assert loader.device == expected, device
+            assert next(iter(loader))["pulse_time"].device == expected
+        resident = shardify.Loader(train_dir, batch_events=16, resident=True)
+        assert resident.device == expected
+        assert next(iter(resident))["pulse_time"].device == expected
+    finally:
+        torch.cuda.set_device(previous)
+
+
 def test_work_on_the_current_stream_sees_complete_batches(train_dir, torch, cuda):
     expected = [float(b["pulse_charge"].double().sum()) for b in host_epoch(train_dir)]
     stream = torch.cuda.Stream(cuda)
