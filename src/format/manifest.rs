@@ -145,6 +145,7 @@ pub struct Manifest {
 
 impl Manifest {
     /// Reads and checks `dir/manifest.json`.
+    ///
     /// A directory without a manifest is a not-found [`Error::Io`] that says what the
     /// directory holds instead: nothing at all, an unfinished conversion (run it again to
     /// finish it), the files of an unfinished copy, or no dataset.
