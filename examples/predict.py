@@ -54,6 +54,8 @@ def main() -> None:
     distributed = "WORLD_SIZE" in os.environ
     use_gpu = args.device != "cpu" and torch.cuda.is_available()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if use_gpu:
+        torch.cuda.set_device(local_rank)  # NCCL's and the loader's device ("auto" follows it)
     device = torch.device("cuda", local_rank) if use_gpu else torch.device("cpu")
     if distributed:
         dist.init_process_group("nccl" if use_gpu else "gloo")
