@@ -131,8 +131,9 @@ class Loader:
       workers on a 16-core GPU machine 4 batches ahead left the loop waiting for data.
       Workers and prefetched batches whose buffers need more than the machine's (or the
       job's cgroup's) memory raise ``ValueError`` here, before anything is allocated.
-    * ``device`` ("auto"): ``"auto"`` (``cuda:0`` when a GPU is usable, else the CPU),
-      ``"cpu"``, ``"cuda:N"`` or a ``torch.device``. On a GPU batches are copied
+    * ``device`` ("auto"): ``"auto"`` (torch's current CUDA device when torch sees one,
+      else the CPU), ``"cpu"``, ``"cuda"`` (torch's current device), ``"cuda:N"`` or a
+      ``torch.device``. On a GPU batches are copied
       asynchronously from pinned staging buffers onto the device, ordered before torch's
       current stream.
     * ``output`` ("torch"): ``"torch"`` tensors or ``"numpy"`` arrays (host only; torch is
