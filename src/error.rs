@@ -110,6 +110,14 @@ pub enum Error {
         /// The name of an entry it holds.
         holds: String,
     },
+    /// Another conversion is writing into the output directory: a whole conversion, its
+    /// plan and its finalize each write alone; only a job array's scatter and gather tasks
+    /// share it.
+    #[error("{path}: another `shardify convert` is writing into this directory (a whole conversion, its plan and its finalize phase each need it alone; a job array's scatter and gather tasks share it): wait for it to end, or stop it and run this again")]
+    Busy {
+        /// The output directory.
+        path: PathBuf,
+    },
     /// A shard file (or the sensor table) is malformed or does not match the manifest.
     #[error("shard {path}: {problem}")]
     Shard {

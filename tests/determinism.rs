@@ -6,8 +6,10 @@ mod common;
 use std::process::Command;
 
 use common::*;
+use shardify::convert::work::WorkDir;
 use shardify::convert::{convert, Phase, Silent, TaskSlice};
 use shardify::source::InputSet;
+use shardify::Error;
 
 #[test]
 fn same_seed_same_bytes_whatever_the_threads() {
@@ -80,6 +82,54 @@ fn job_array_phases_give_the_same_bytes() {
     .unwrap();
     assert!(s.manifest.is_some());
     assert!(dir_files(&out) == dir_files(&reference));
+}
+
+/// A conversion run's phase `phase` of `slice` into `out`, refused as [`Error::Busy`]
+/// (failing the test otherwise).
+fn assert_busy(out: &std::path::Path, phase: Phase, slice: TaskSlice) {
+    let inputs = InputSet::discover(&fixture(), Some("train")).unwrap();
+    match convert(&inputs, out, &options(2, 1), phase, slice, &Silent) {
+        Err(Error::Busy { path }) => assert_eq!(path, out),
+        other => panic!("{phase:?} {slice:?}: expected Busy, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_run_that_writes_alone_is_refused_while_another_run_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let reference = dir.path().join("ref");
+    convert_all(&fixture(), "train", &reference, &options(2, 2)).unwrap();
+    let inputs = InputSet::discover(&fixture(), Some("train")).unwrap();
+    let out = dir.path().join("o");
+    let run = |phase, slice| convert(&inputs, &out, &options(2, 1), phase, slice, &Silent);
+    run(Phase::Plan, TaskSlice::default()).unwrap();
+    let work = WorkDir::new(&out);
+    let (first, second) = (
+        TaskSlice { index: 0, count: 2 },
+        TaskSlice { index: 1, count: 2 },
+    );
+    {
+        // A job array's task is writing: another task may, a whole run or a finalize not.
+        let _task = work.lock(false).unwrap();
+        run(Phase::Scatter, first).unwrap();
+        assert_busy(&out, Phase::All, TaskSlice::default());
+        assert_busy(&out, Phase::Finalize, TaskSlice::default());
+        assert_busy(&out, Phase::Plan, TaskSlice::default());
+    }
+    {
+        // A whole run is writing: nothing else may.
+        let _whole = work.lock(true).unwrap();
+        assert_busy(&out, Phase::Scatter, second);
+        assert_busy(&out, Phase::All, TaskSlice::default());
+    }
+    // Unlocked, the conversion finishes: the same files as one undisturbed run.
+    let s = convert_all(&fixture(), "train", &out, &options(2, 2)).unwrap();
+    assert!(
+        s.units_skipped >= 1,
+        "the task's scatter units are not redone"
+    );
+    assert!(dir_files(&out) == dir_files(&reference));
+    assert!(!out.join(".work").exists());
 }
 
 #[test]

@@ -149,6 +149,14 @@ pub enum Phase {
     Finalize,
 }
 
+impl Phase {
+    /// Whether the phase writes into the output directory alone (a whole conversion, its
+    /// plan, its finalize), not beside other tasks of a job array (scatter, gather).
+    pub fn writes_alone(self) -> bool {
+        !matches!(self, Phase::Scatter | Phase::Gather)
+    }
+}
+
 /// The units one task of a job array takes: those whose number is `index` modulo `count`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TaskSlice {
@@ -300,23 +308,19 @@ fn run_phases(
         meta_split: plan.meta_split,
     });
     if work.is_finished() {
-        let manifest = Manifest::read(out)?;
-        if manifest.parameters != plan.parameters || manifest.sources != plan.sources {
-            return Err(Error::Layout {
-                path: out.to_path_buf(),
-                problem: "holds a finished dataset made from other inputs or parameters; refusing to overwrite it".into(),
-            });
-        }
-        // A run killed after the manifest but before the clean-up leaves work files behind.
-        work.clean_up()?;
-        summary.already_complete = true;
-        summary.manifest = Some(manifest);
-        return Ok(summary);
+        return already_complete(&plan, &work, summary);
     }
     if matches!(phase, Phase::All | Phase::Plan) {
         plan.check_free_space(out)?;
     }
     work.prepare()?;
+    // Held until this run returns: no other run writes here meanwhile, unless both are
+    // tasks of a job array.
+    let _lock = work.lock(phase.writes_alone())?;
+    if work.is_finished() {
+        // Finished by another run between the check above and the lock.
+        return already_complete(&plan, &work, summary);
+    }
     plan.store_or_check(&work)?;
     let run = Run {
         inputs,
@@ -510,6 +514,25 @@ fn load_spill_indexes(plan: &Plan, work: &WorkDir) -> Result<Vec<SpillIndex>> {
 
 /// Writes the sensor table and the manifest; returns the manifest and the bytes of spill
 /// files the conversion wrote.
+/// The summary of a run that finds the dataset `plan` describes already finished in
+/// `work`'s output directory (a finished dataset from other inputs or parameters is an
+/// error), after removing the work files of a run killed between its manifest and its
+/// clean-up.
+fn already_complete(plan: &Plan, work: &WorkDir, mut summary: Summary) -> Result<Summary> {
+    let out = work.out();
+    let manifest = Manifest::read(out)?;
+    if manifest.parameters != plan.parameters || manifest.sources != plan.sources {
+        return Err(Error::Layout {
+            path: out.to_path_buf(),
+            problem: "holds a finished dataset made from other inputs or parameters; refusing to overwrite it".into(),
+        });
+    }
+    work.clean_up()?;
+    summary.already_complete = true;
+    summary.manifest = Some(manifest);
+    Ok(summary)
+}
+
 fn finalize(plan: &Plan, geometry: &Geometry, work: &WorkDir) -> Result<(Manifest, u64)> {
     let indexes = load_spill_indexes(plan, work)?;
     let mut shards = Vec::new();

@@ -108,19 +108,68 @@ impl WorkDir {
         )
     }
 
-    /// Removes the work directory and any temp file left in the output directory.
+    /// Removes the work directory and any temp file left in the output directory. What
+    /// another run removes meanwhile (two runs that both found the dataset finished) is
+    /// not an error.
     pub fn clean_up(&self) -> Result<()> {
+        let gone = |result: std::io::Result<()>, path: &Path| match result {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            other => other.at(path),
+        };
         let root = self.root();
-        if root.exists() {
-            std::fs::remove_dir_all(&root).at(&root)?;
-        }
+        gone(std::fs::remove_dir_all(&root), &root)?;
         for entry in std::fs::read_dir(&self.out).at(&self.out)? {
             let entry = entry.at(&self.out)?;
             if is_temp_name(&entry.file_name().to_string_lossy()) {
                 let path = entry.path();
-                std::fs::remove_file(&path).at(&path)?;
+                gone(std::fs::remove_file(&path), &path)?;
             }
         }
         Ok(())
     }
+
+    /// Locks the work directory (it must exist: [`WorkDir::prepare`]) for this run, until
+    /// the lock is dropped: `alone` for a run that writes alone, else shared with the other
+    /// tasks of a job array. Another run holding it in a way that excludes this one is
+    /// [`Error::Busy`]. A filesystem without locks (some cluster filesystems) leaves the
+    /// run unguarded, as before locks existed: its units are still written atomically.
+    pub fn lock(&self, alone: bool) -> Result<WorkLock> {
+        let path = self.root().join(LOCK_FILE);
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .at(&path)?;
+        let locked = if alone {
+            file.try_lock()
+        } else {
+            file.try_lock_shared()
+        };
+        match locked {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(Error::Busy {
+                    path: self.out.clone(),
+                })
+            }
+            Err(std::fs::TryLockError::Error(e)) => {
+                tracing::warn!(
+                    "{}: cannot lock ({e}); other conversions into {} are not kept out",
+                    path.display(),
+                    self.out.display()
+                );
+            }
+        }
+        Ok(WorkLock { _file: file })
+    }
+}
+
+/// The file in the work directory that [`WorkDir::lock`] locks.
+const LOCK_FILE: &str = "lock";
+
+/// A run's lock on a work directory ([`WorkDir::lock`]), released when dropped (or when the
+/// process ends, however it ends).
+#[derive(Debug)]
+pub struct WorkLock {
+    _file: std::fs::File,
 }
