@@ -512,8 +512,6 @@ fn load_spill_indexes(plan: &Plan, work: &WorkDir) -> Result<Vec<SpillIndex>> {
         .collect()
 }
 
-/// Writes the sensor table and the manifest; returns the manifest and the bytes of spill
-/// files the conversion wrote.
 /// The summary of a run that finds the dataset `plan` describes already finished in
 /// `work`'s output directory (a finished dataset from other inputs or parameters is an
 /// error), after removing the work files of a run killed between its manifest and its
@@ -533,6 +531,8 @@ fn already_complete(plan: &Plan, work: &WorkDir, mut summary: Summary) -> Result
     Ok(summary)
 }
 
+/// Writes the sensor table and the manifest; returns the manifest and the bytes of spill
+/// files the conversion wrote.
 fn finalize(plan: &Plan, geometry: &Geometry, work: &WorkDir) -> Result<(Manifest, u64)> {
     let indexes = load_spill_indexes(plan, work)?;
     let mut shards = Vec::new();

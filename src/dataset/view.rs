@@ -141,9 +141,9 @@ impl View {
         }
     }
 
-    /// Refuses, naming the `dataset` field, a loader position `saved` for the events of
-    /// view identity `saved` (see [`View::identity`]) when it is not this view's: resumed
-    /// here, the position would not be a place in the same order.
+    /// Refuses, naming the `dataset` field, a loader position saved on events of another
+    /// identity (`saved`, a [`View::identity`]) than this view's: resumed here, the
+    /// position would not be a place in the same order.
     pub fn check_identity(&self, saved: &str) -> Result<()> {
         let ours = self.identity();
         if saved == ours {
