@@ -13,23 +13,48 @@ if TYPE_CHECKING:
     import numpy as np
 
 
+# How a Dataset is made again where it is unpickled: ("open", absolute path, checksums), or
+# ("split", the recipe of the dataset split, fraction, seed, 0 for the rest or 1 for the
+# chosen part).
+_Recipe = tuple[Any, ...]
+
+
 class Dataset:
     """An opened dataset directory.
 
     ``checksums`` is when shard checksums are verified: ``"full"`` (every shard now),
     ``"lazy"`` (each shard when first read; the default) or ``"off"``. A damaged dataset
     raises :class:`shardify.DatasetError`, a missing one :class:`FileNotFoundError`.
+
+    A Dataset pickles (for ``multiprocessing``'s spawn, ``torch.multiprocessing.spawn``,
+    Ray): unpickled, it opens the same directory again (and makes a split again), and
+    raises :class:`shardify.DatasetError` if the events found there are no longer the ones
+    it held (:attr:`identity`).
     """
 
     def __init__(self, path: str | os.PathLike[str], checksums: str = "lazy"):
         self._native = _native.Dataset(os.fspath(path), checksums)
+        self._recipe: _Recipe = ("open", os.path.abspath(os.fspath(path)), checksums)
 
     @classmethod
-    def _of(cls, native: _native.Dataset) -> Dataset:
-        """A Dataset over a native dataset or split."""
+    def _of(cls, native: _native.Dataset, recipe: _Recipe) -> Dataset:
+        """A Dataset over a native dataset or split, made again elsewhere by ``recipe``."""
         view = cls.__new__(cls)
         view._native = native
+        view._recipe = recipe
         return view
+
+    @staticmethod
+    def _made(recipe: _Recipe) -> Dataset:
+        """The Dataset ``recipe`` describes, opened (and split) now."""
+        if recipe[0] == "open":
+            return Dataset(recipe[1], recipe[2])
+        _, parent, fraction, seed, side = recipe
+        parts: tuple[Dataset, Dataset] = Dataset._made(parent).split(fraction, seed)
+        return parts[side]
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _unpickled_dataset, (self._recipe, self.identity)
 
     def split(self, fraction: float, seed: int = 0) -> tuple[Dataset, Dataset]:
         """Two disjoint views that together hold every event: ``(rest, chosen)``, where
@@ -48,7 +73,15 @@ class Dataset:
         if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
             raise ValueError(f"invalid seed: expected a non-negative integer, not {seed!r}")
         rest, chosen = self._native.split(float(fraction), seed)
-        return Dataset._of(rest), Dataset._of(chosen)
+        return (Dataset._of(rest, ("split", self._recipe, float(fraction), seed, 0)),
+                Dataset._of(chosen, ("split", self._recipe, float(fraction), seed, 1)))
+
+    @property
+    def identity(self) -> str:
+        """Which events this holds, as 16 hex digits: the same for a copy of the dataset at
+        any path or in either layout, another for another conversion, source, shard size or
+        split. What a loader's ``state_dict()["dataset"]`` records."""
+        return self._native.identity
 
     @property
     def whole(self) -> bool:
@@ -139,3 +172,15 @@ def copy_dataset(
         os.fspath(source), os.fspath(destination), layout
     )
     return {"shards": shards, "bytes": nbytes, "seconds": seconds}
+
+
+def _unpickled_dataset(recipe: _Recipe, identity: str) -> Dataset:
+    """A pickled Dataset made again: the same directory (and split), refused if it no longer
+    holds the events it held when pickled."""
+    dataset = Dataset._made(recipe)
+    if dataset.identity != identity:
+        raise _native.DatasetError(
+            f"{dataset.path}: the dataset changed since this Dataset was pickled (identity "
+            f"{identity} then, {dataset.identity} now): converted or copied again into the "
+            "same directory?")
+    return dataset

@@ -168,6 +168,11 @@ class Loader:
     epoch; ``state_dict()`` / ``load_state_dict()`` checkpoint and resume mid-epoch, at any
     world size (the global position is recorded). Errors: ``ValueError`` naming the
     argument, :class:`shardify.DatasetError` naming the shard.
+
+    A loader pickles (``multiprocessing``'s spawn, ``torch.multiprocessing.spawn``, Ray):
+    unpickled, it is made again with the same arguments on the same dataset (rank, world
+    and device resolved where it is unpickled, when they were left to be found) and
+    resumed at its position (``state_dict``); batches held elsewhere stay where they are.
     """
 
     def __init__(
@@ -198,6 +203,11 @@ class Loader:
         dom_positions: bool = True,
         resident: bool = False,
     ):
+        # What a pickled loader is made again with: the arguments as given (rank, world and
+        # device left to be found are found again by the process that unpickles it).
+        self._arguments: dict[str, Any] = {
+            name: value for name, value in locals().items()
+            if name not in ("self", "dataset_or_path")}
         if isinstance(dataset_or_path, Dataset):
             dataset = dataset_or_path
         else:
@@ -349,6 +359,9 @@ class Loader:
                 "world", saved.get("world", self.world))
         self._batches.seek(_count("epoch", state["epoch"]), position, 0)
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _unpickled_loader, (self.dataset, self._arguments, self.state_dict())
+
     @property
     def staging_allocations(self) -> int:
         """Batch buffers allocated since the first batch, over all epochs and seeks: the
@@ -427,6 +440,15 @@ class _TorchBatches(_Streaming):
             if batch is None:
                 return
             yield batch
+
+
+def _unpickled_loader(dataset: Dataset, arguments: dict[str, Any],
+                      state: dict[str, Any]) -> Loader:
+    """A pickled loader made again: the same arguments, on the same dataset, at its saved
+    position."""
+    loader = Loader(dataset, **arguments)
+    loader.load_state_dict(state)
+    return loader
 
 
 def _resident_device(device: str) -> tuple[Any, str]:

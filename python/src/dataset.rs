@@ -63,6 +63,13 @@ impl PyDataset {
         Ok((PyDataset { view: rest }, PyDataset { view: chosen }))
     }
 
+    /// Which events this holds (`shardify::dataset::View::identity`): the same for a copy
+    /// at any path or in either layout, another for another conversion or split.
+    #[getter]
+    fn identity(&self) -> String {
+        self.view.identity()
+    }
+
     /// Whether this holds every event of its dataset (not a split).
     #[getter]
     fn whole(&self) -> bool {
