@@ -171,8 +171,10 @@ class Loader:
 
     A loader pickles (``multiprocessing``'s spawn, ``torch.multiprocessing.spawn``, Ray):
     unpickled, it is made again with the same arguments on the same dataset (rank, world
-    and device resolved where it is unpickled, when they were left to be found) and
-    resumed at its position (``state_dict``); batches held elsewhere stay where they are.
+    and device resolved where and when it is unpickled, when they were left to be found:
+    a rank of ``torch.multiprocessing.spawn`` unpickles before its process group exists,
+    so make the loader there, or pass ``rank`` and ``world``) and resumed at its position
+    (``state_dict``); batches held elsewhere stay where they are.
     """
 
     def __init__(
