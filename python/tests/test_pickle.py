@@ -65,3 +65,10 @@ def test_a_dataset_whose_directory_changed_is_refused(tmp_path):
     run_cli("convert", str(FIXTURES), str(out), "--split", "train", "--seed", "2")
     with pytest.raises(shardify.DatasetError, match="changed since this Dataset was pickled"):
         pickle.loads(pickled)
+
+
+def test_a_loader_given_its_rank_keeps_it(train_dir):
+    loader = shardify.Loader(train_dir, output="numpy", batch_events=8, rank=1, world=2)
+    copy = pickle.loads(pickle.dumps(loader))
+    assert (copy.rank, copy.world, copy.drop_last) == (1, 2, True)
+    assert ids(copy) == ids(loader)
