@@ -3,9 +3,11 @@
 mod common;
 
 use std::process::{Command, Output};
+use std::sync::Arc;
 
 use common::*;
 use serde_json::Value;
+use shardify::dataset::{ChecksumPolicy, Dataset, View};
 
 fn shardify(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_shardify"))
@@ -48,6 +50,15 @@ fn convert_inspect_dump_verify() {
     let v: Value = serde_json::from_slice(&inspect.stdout).unwrap();
     assert_eq!(v["inspection"]["events"], 300);
     assert_eq!(v["parameters"]["seed"], 3);
+    // The identity a loader's saved state names, in both forms of the report.
+    let dataset = Arc::new(Dataset::open(&out, ChecksumPolicy::Lazy).unwrap());
+    let identity = View::from(dataset).identity();
+    assert_eq!(v["identity"], identity.as_str());
+    let plain = text(&shardify(&["inspect", &o]).stdout);
+    assert!(
+        plain.contains(&format!("identity     {identity}\n")),
+        "{plain}"
+    );
     let ppe = &v["inspection"]["pulses_per_event"];
     assert!(
         ppe["min"].as_u64().unwrap() >= 5

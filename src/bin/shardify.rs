@@ -12,7 +12,9 @@ use indicatif::{ProgressBar, ProgressStyle};
 use shardify::batch::BatchLayout;
 use shardify::convert::{convert, ConvertOptions, Phase, Progress, TaskSlice};
 use shardify::dataset::copy::copy_dataset;
-use shardify::dataset::{dump::dump, inspect::inspect, verify::verify, ChecksumPolicy, Dataset};
+use shardify::dataset::{
+    dump::dump, inspect::inspect, verify::verify, ChecksumPolicy, Dataset, View,
+};
 use shardify::device::DeviceChoice;
 use shardify::format::ShardLayout;
 use shardify::pipeline::{Loader, LoaderConfig, LoaderState};
@@ -579,11 +581,13 @@ fn peak_memory_bytes() -> Option<u64> {
 }
 
 fn run_inspect(dir: PathBuf, json: bool) -> Result<()> {
-    let dataset = Dataset::open(&dir, ChecksumPolicy::Lazy)?;
+    let dataset = Arc::new(Dataset::open(&dir, ChecksumPolicy::Lazy)?);
     let report = inspect(&dataset)?;
     let m = dataset.manifest();
+    // What a saved loader state names as its `dataset`.
+    let identity = View::from(dataset.clone()).identity();
     if json {
-        let value = serde_json::json!({"inspection": report, "parameters": m.parameters, "schema": m.schema});
+        let value = serde_json::json!({"inspection": report, "parameters": m.parameters, "schema": m.schema, "identity": identity});
         say!("{}", serde_json::to_string_pretty(&value)?)?;
         return Ok(());
     }
@@ -598,6 +602,7 @@ fn run_inspect(dir: PathBuf, json: bool) -> Result<()> {
     )?;
     say!("seed         {}", m.parameters.seed)?;
     say!("sources      {} batch files", m.sources.batches.len())?;
+    say!("identity     {identity}")?;
     say!("               min   median      mean      p99      max")?;
     for (name, d) in [
         ("pulses/event", report.pulses_per_event),
