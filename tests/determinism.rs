@@ -7,7 +7,7 @@ use std::process::Command;
 
 use common::*;
 use shardify::convert::work::WorkDir;
-use shardify::convert::{convert, Phase, Silent, TaskSlice};
+use shardify::convert::{convert, Phase, Silent, Summary, TaskSlice};
 use shardify::source::InputSet;
 use shardify::Error;
 
@@ -40,12 +40,19 @@ fn same_seed_same_bytes_whatever_the_threads() {
     assert_eq!(a, b, "...of the same events");
 }
 
+/// The fixture's train inputs and their conversion with `seed` (two threads) into
+/// `dir/ref`: the files a conversion run in pieces must end as.
+fn fixture_reference(dir: &std::path::Path, seed: u64) -> (std::path::PathBuf, InputSet) {
+    let reference = dir.join("ref");
+    convert_all(&fixture(), "train", &reference, &options(seed, 2)).unwrap();
+    let inputs = InputSet::discover(&fixture(), Some("train")).unwrap();
+    (reference, inputs)
+}
+
 #[test]
 fn job_array_phases_give_the_same_bytes() {
     let dir = tempfile::tempdir().unwrap();
-    let reference = dir.path().join("ref");
-    convert_all(&fixture(), "train", &reference, &options(9, 2)).unwrap();
-    let inputs = InputSet::discover(&fixture(), Some("train")).unwrap();
+    let (reference, inputs) = fixture_reference(dir.path(), 9);
     let out = dir.path().join("array");
     let opts = options(9, 1);
     convert(
@@ -84,22 +91,18 @@ fn job_array_phases_give_the_same_bytes() {
     assert!(dir_files(&out) == dir_files(&reference));
 }
 
-/// A conversion run's phase `phase` of `slice` into `out`, refused as [`Error::Busy`]
-/// (failing the test otherwise).
-fn assert_busy(out: &std::path::Path, phase: Phase, slice: TaskSlice) {
-    let inputs = InputSet::discover(&fixture(), Some("train")).unwrap();
-    match convert(&inputs, out, &options(2, 1), phase, slice, &Silent) {
+/// Checks that a conversion run into `out` (`what` it ran) was refused as [`Error::Busy`].
+fn assert_busy(run: shardify::Result<Summary>, out: &std::path::Path, what: &str) {
+    match run {
         Err(Error::Busy { path }) => assert_eq!(path, out),
-        other => panic!("{phase:?} {slice:?}: expected Busy, got {other:?}"),
+        other => panic!("{what}: expected Busy, got {other:?}"),
     }
 }
 
 #[test]
 fn a_run_that_writes_alone_is_refused_while_another_run_writes() {
     let dir = tempfile::tempdir().unwrap();
-    let reference = dir.path().join("ref");
-    convert_all(&fixture(), "train", &reference, &options(2, 2)).unwrap();
-    let inputs = InputSet::discover(&fixture(), Some("train")).unwrap();
+    let (reference, inputs) = fixture_reference(dir.path(), 2);
     let out = dir.path().join("o");
     let run = |phase, slice| convert(&inputs, &out, &options(2, 1), phase, slice, &Silent);
     run(Phase::Plan, TaskSlice::default()).unwrap();
@@ -112,15 +115,19 @@ fn a_run_that_writes_alone_is_refused_while_another_run_writes() {
         // A job array's task is writing: another task may, a whole run or a finalize not.
         let _task = work.lock(false).unwrap();
         run(Phase::Scatter, first).unwrap();
-        assert_busy(&out, Phase::All, TaskSlice::default());
-        assert_busy(&out, Phase::Finalize, TaskSlice::default());
-        assert_busy(&out, Phase::Plan, TaskSlice::default());
+        for phase in [Phase::All, Phase::Finalize, Phase::Plan] {
+            assert_busy(
+                run(phase, TaskSlice::default()),
+                &out,
+                &format!("{phase:?}"),
+            );
+        }
     }
     {
         // A whole run is writing: nothing else may.
         let _whole = work.lock(true).unwrap();
-        assert_busy(&out, Phase::Scatter, second);
-        assert_busy(&out, Phase::All, TaskSlice::default());
+        assert_busy(run(Phase::Scatter, second), &out, "a scatter task");
+        assert_busy(run(Phase::All, TaskSlice::default()), &out, "All");
     }
     // Unlocked, the conversion finishes: the same files as one undisturbed run.
     let s = convert_all(&fixture(), "train", &out, &options(2, 2)).unwrap();
@@ -156,9 +163,7 @@ fn gather_before_scatter_is_refused_with_a_clear_message() {
 #[test]
 fn leftovers_of_a_crash_are_never_mistaken_for_output() {
     let dir = tempfile::tempdir().unwrap();
-    let reference = dir.path().join("ref");
-    convert_all(&fixture(), "train", &reference, &options(2, 2)).unwrap();
-    let inputs = InputSet::discover(&fixture(), Some("train")).unwrap();
+    let (reference, inputs) = fixture_reference(dir.path(), 2);
     let out = dir.path().join("o");
     // Half of the scatter units, then debris of a crash: temp files with garbage.
     convert(

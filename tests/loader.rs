@@ -636,10 +636,7 @@ fn resume_continues_exactly() {
         },
         2,
     );
-    let whole: Vec<Vec<u8>> = epoch(&ds, &config, 4)
-        .iter()
-        .map(|b| b.bytes().to_vec())
-        .collect();
+    let whole = epoch_bytes(&ds, &config, 4);
     let mut loader = Loader::new(ds.clone(), config.clone(), SamplerState::start(4)).unwrap();
     let first: Vec<Vec<u8>> = loader
         .by_ref()
@@ -650,10 +647,7 @@ fn resume_continues_exactly() {
     drop(loader);
     let state: LoaderState = serde_json::from_str(&saved).unwrap();
     assert_eq!(state.position, SamplerState::at(4, 5));
-    let rest: Vec<Vec<u8>> = Loader::resume(ds.clone(), config.clone(), &state)
-        .unwrap()
-        .map(|b| b.unwrap().bytes().to_vec())
-        .collect();
+    let rest = resumed_bytes(ds.clone(), &config, &state);
     assert!(
         [first, rest].concat() == whole,
         "resumed batches differ from the uninterrupted epoch"
