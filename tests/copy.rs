@@ -182,11 +182,12 @@ fn the_command_copies_and_reports_or_fails_with_the_files_name() {
     assert!(out.contains("checksums match"), "{out}");
     assert_eq!(dump_lines(&copy), dump_lines(&ds));
 
-    let again = run(&copy);
-    assert_eq!(again.status.code(), Some(1));
-    let err = String::from_utf8_lossy(&again.stderr);
+    let taken = directory_holding(dir.path().join("taken"), "results.csv", b"precious");
+    let refused = run(&taken);
+    assert_eq!(refused.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&refused.stderr);
     assert!(
-        err.contains(&copy.display().to_string()) && err.contains("is not empty"),
+        err.contains(&taken.display().to_string()) && err.contains("is not empty"),
         "{err}"
     );
 }

@@ -148,8 +148,9 @@ def copy_dataset(
     destination: str | os.PathLike[str],
     layout: str | None = None,
 ) -> dict[str, Any]:
-    """Copies the dataset in ``source`` to ``destination`` (a new or empty directory), such
-    as a node's local disk before training: what ``shardify copy`` does.
+    """Copies the dataset in ``source`` to ``destination`` (a new or empty directory, or
+    one this copy was made or stopped in), such as a node's local disk before training:
+    what ``shardify copy`` does.
 
     ``layout="records"`` writes the copy's shards with each event's pieces side by side,
     which a loader reading events at random (windows of 4 blocks and more) gathers faster,
@@ -161,17 +162,26 @@ def copy_dataset(
     (a damaged one raises :class:`shardify.DatasetError` and nothing is left behind), the
     manifest is written last, and the copy is cached in huge pages where the filesystem
     supports them, which ``cp`` loses (the loader ran 9-15% faster at window 64 from such a
-    copy than from ``cp``'s: docs/results.md, "Copies in huge pages"). A destination that
-    holds anything raises :class:`FileExistsError`. Returns ``{"shards", "bytes",
-    "seconds"}``::
+    copy than from ``cp``'s: docs/results.md, "Copies in huge pages").
 
-        if local_rank == 0:
-            shardify.copy_dataset("/project/icecube/ds", "/tmp/ds")
+    Running the same copy again is cheap and safe, so every rank of a node may call it,
+    and a requeued job may call it again: a copy into the same destination under way in
+    another process is waited for; a destination that holds this copy finished is kept
+    as it is (``"outcome": "present"``); a copy stopped partway (a killed process, a
+    preempted job) is finished, keeping the files it copied whose sizes and checksums
+    match (``"resumed"``). A destination that holds anything else raises
+    :class:`FileExistsError` and is left as it was. Returns ``{"shards", "bytes",
+    "written", "outcome", "kept", "seconds"}``: the dataset's shards and bytes, the bytes
+    this call wrote, ``"copied"``, ``"resumed"`` or ``"present"``, the files left as they
+    were found::
+
+        shardify.copy_dataset("/project/icecube/ds", "/tmp/ds")  # on every rank
     """
-    shards, nbytes, seconds = _native.copy_dataset(
+    shards, nbytes, written, outcome, kept, seconds = _native.copy_dataset(
         os.fspath(source), os.fspath(destination), layout
     )
-    return {"shards": shards, "bytes": nbytes, "seconds": seconds}
+    return {"shards": shards, "bytes": nbytes, "written": written, "outcome": outcome,
+            "kept": kept, "seconds": seconds}
 
 
 def _unpickled_dataset(recipe: _Recipe, identity: str) -> Dataset:

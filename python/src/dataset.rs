@@ -213,10 +213,11 @@ impl PyDataset {
     }
 }
 
-/// Copies the dataset in `source` to `destination` (absent or an empty directory), every
-/// file checked against its checksum on the way, its shards written again in `layout`
-/// (`"columns"` or `"records"`) when given (`shardify::dataset::copy`); returns the shards
-/// copied, the bytes and the seconds it took.
+/// Copies the dataset in `source` to `destination` (absent, empty, or holding this copy
+/// stopped or finished), every file checked against its checksum on the way, its shards
+/// written again in `layout` (`"columns"` or `"records"`) when given
+/// (`shardify::dataset::copy`); returns the dataset's shards and bytes, the bytes written,
+/// the outcome's name, the files kept and the seconds it took.
 #[pyfunction]
 #[pyo3(signature = (source, destination, layout=None))]
 pub fn copy_dataset(
@@ -224,7 +225,7 @@ pub fn copy_dataset(
     source: PathBuf,
     destination: PathBuf,
     layout: Option<&str>,
-) -> PyResult<(usize, u64, f64)> {
+) -> PyResult<(usize, u64, u64, &'static str, usize, f64)> {
     let layout = layout
         .map(|name| {
             ShardLayout::from_name(name).ok_or_else(|| {
@@ -239,5 +240,12 @@ pub fn copy_dataset(
     let report = py
         .detach(|| copy::copy_dataset(&source, &destination, layout, &Silent))
         .map_err(to_py)?;
-    Ok((report.shards, report.bytes, report.seconds))
+    Ok((
+        report.shards,
+        report.bytes,
+        report.written,
+        report.outcome.name(),
+        report.kept,
+        report.seconds,
+    ))
 }

@@ -18,12 +18,50 @@ def test_a_copy_holds_the_same_files_and_loads_the_same_batches(train_dir, tmp_p
     assert report["shards"] == len(shardify.Dataset(train_dir).manifest["shards"]) == 4
     assert report["bytes"] == sum(len(b) for b in files(train_dir).values())
     assert report["seconds"] > 0
+    assert (report["outcome"], report["written"], report["kept"]) == ("copied", report["bytes"], 0)
     batches = [shardify.Loader(d, batch_events=32, output="numpy", seed=3)
                for d in (train_dir, copy)]
     for ours, theirs in zip(*batches, strict=True):
         assert ours.keys() == theirs.keys()
         for name in ours:
             assert (ours[name] == theirs[name]).all(), name
+
+
+def stamps(directory):
+    """Each file's inode and modification time: what writing it again changes."""
+    return {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in directory.iterdir()}
+
+
+def test_the_same_copy_again_is_there_and_writes_nothing(train_dir, tmp_path):
+    copy = tmp_path / "ds"
+    first = shardify.copy_dataset(train_dir, copy)
+    before = stamps(copy)
+    again = shardify.copy_dataset(train_dir, copy)
+    assert (again["outcome"], again["written"], again["kept"]) == ("present", 0, 5)
+    assert (again["shards"], again["bytes"]) == (first["shards"], first["bytes"])
+    assert stamps(copy) == before
+
+
+def test_a_stopped_copy_is_finished_keeping_what_it_copied(train_dir, tmp_path):
+    """A copy stopped before its manifest (here: one shard and the manifest missing, and
+    the marker a stopped copy leaves, written as docs/converting.md describes it)."""
+    import json
+
+    copy = tmp_path / "ds"
+    shardify.copy_dataset(train_dir, copy)
+    (copy / "manifest.json").unlink()
+    gone = shardify.Dataset(train_dir).manifest["shards"][2]["file"]
+    (copy / gone).unlink()
+    marker = {"identity": shardify.Dataset(train_dir).identity, "layout": "columns",
+              "source": str(train_dir)}
+    (copy / ".tmp.copy.json").write_text(json.dumps(marker))
+    with pytest.raises(FileNotFoundError, match="a copy that did not finish"):
+        shardify.Dataset(copy)
+    report = shardify.copy_dataset(train_dir, copy)
+    assert (report["outcome"], report["kept"]) == ("resumed", 4)
+    manifest = (train_dir / "manifest.json").stat().st_size
+    assert report["written"] == (train_dir / gone).stat().st_size + manifest
+    assert files(copy) == files(train_dir)
 
 
 def test_a_destination_that_holds_anything_raises_file_exists(train_dir, tmp_path):

@@ -120,6 +120,7 @@ struct Args {
 }
 
 fn main() -> std::process::ExitCode {
+    console::log_to_stderr();
     // A closed stdout ends the run quietly with the status `shardify` gives it (141).
     std::process::ExitCode::from(console::exit_status(bench(Args::parse())))
 }

@@ -11,7 +11,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use shardify::batch::BatchLayout;
 use shardify::convert::{convert, ConvertOptions, Phase, Progress, TaskSlice};
-use shardify::dataset::copy::copy_dataset;
+use shardify::dataset::copy::{copy_dataset, CopyOutcome};
 use shardify::dataset::{
     dump::dump, inspect::inspect, verify::verify, ChecksumPolicy, Dataset, View,
 };
@@ -63,11 +63,13 @@ enum Command {
     /// Print, one line per batch, the event ids a rank receives, in order.
     Order(OrderArgs),
     /// Copy a dataset to another directory (a node's local disk), checking every file's
-    /// checksum on the way; the copy is cached in huge pages where `cp`'s is not.
+    /// checksum on the way; the copy is cached in huge pages where `cp`'s is not. Run
+    /// again, it finds the copy there or finishes a stopped one; it waits for another copy
+    /// into the same directory.
     Copy {
         /// Dataset directory to copy.
         dataset: PathBuf,
-        /// New directory (absent or empty).
+        /// New directory (absent or empty), or one this copy was made or stopped in.
         destination: PathBuf,
         /// Write the shards in this layout: `records` stores each event's pieces side by
         /// side (faster to load at random, but its DOM and pulse data are no longer plain
@@ -768,16 +770,35 @@ fn run_copy(dataset: PathBuf, destination: PathBuf, layout: Option<LayoutArg>) -
         Some(layout) => format!(" ({} layout)", layout.name()),
         None => String::new(),
     };
-    say!(
-        "{} -> {}{how}: {} shards, the sensor table and the manifest, {:.1} MB in {:.2} s \
-         ({:.0} MB/s); checksums match",
-        dataset.display(),
-        destination.display(),
+    let files = format!(
+        "{} shards, the sensor table and the manifest, {:.1} MB",
         report.shards,
-        report.bytes as f64 / 1e6,
-        report.seconds,
-        report.bytes as f64 / 1e6 / report.seconds.max(1e-9),
-    )?;
+        report.bytes as f64 / 1e6
+    );
+    let (from, to) = (dataset.display(), destination.display());
+    let rate = |bytes: u64| {
+        format!(
+            "{:.2} s ({:.0} MB/s)",
+            report.seconds,
+            bytes as f64 / 1e6 / report.seconds.max(1e-9)
+        )
+    };
+    match report.outcome {
+        CopyOutcome::Present => {
+            say!("{to} holds this copy of {from}{how} already ({files}): nothing copied")?
+        }
+        CopyOutcome::Copied => say!(
+            "{from} -> {to}{how}: {files} in {}; checksums match",
+            rate(report.bytes)
+        )?,
+        CopyOutcome::Resumed => say!(
+            "{from} -> {to}{how}: {files}, finishing a stopped copy: {} files kept (sizes \
+             and checksums match), {:.1} MB written in {}; checksums match",
+            report.kept,
+            report.written as f64 / 1e6,
+            rate(report.written)
+        )?,
+    }
     Ok(())
 }
 
@@ -790,11 +811,7 @@ fn main() -> std::process::ExitCode {
 /// when stdout's reader has gone); returns the exit status. The Python package's
 /// `shardify` console script calls this too, so both installs behave the same.
 pub fn run_cli(args: impl IntoIterator<Item = std::ffi::OsString>) -> u8 {
-    // A second call in one process (the Python package) keeps the first subscriber.
-    let _ = tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .try_init();
+    console::log_to_stderr();
     let cli = match Cli::try_parse_from(args) {
         Ok(cli) => cli,
         Err(e) => {

@@ -8,6 +8,7 @@ use serde::Serialize;
 
 use crate::error::{Error, IoContext, Result};
 use crate::format::atomic::{entry_other_than, is_temp_name, write_bytes_atomic};
+use crate::format::lock::{try_lock, TryLock};
 use crate::format::manifest::WORK_DIR;
 use crate::format::MANIFEST_FILE;
 
@@ -140,19 +141,14 @@ impl WorkDir {
             .append(true)
             .open(&path)
             .at(&path)?;
-        let locked = if alone {
-            file.try_lock()
-        } else {
-            file.try_lock_shared()
-        };
-        match locked {
-            Ok(()) => {}
-            Err(std::fs::TryLockError::WouldBlock) => {
+        match try_lock(&file, alone) {
+            TryLock::Held => {}
+            TryLock::Taken => {
                 return Err(Error::Busy {
                     path: self.out.clone(),
                 })
             }
-            Err(std::fs::TryLockError::Error(e)) => {
+            TryLock::Unsupported(e) => {
                 tracing::warn!(
                     "{}: cannot lock ({e}); other conversions into {} are not kept out",
                     path.display(),

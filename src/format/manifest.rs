@@ -18,6 +18,11 @@ pub const MANIFEST_FILE: &str = "manifest.json";
 /// directory; removed once the manifest is written.
 pub const WORK_DIR: &str = ".work";
 
+/// The file in which an unfinished `shardify copy` names what it copies, inside its
+/// destination; a temp file's name, so it never passes for a dataset's. Removed once the
+/// manifest is written.
+pub const COPY_MARKER: &str = ".tmp.copy.json";
+
 /// Conversion parameters that decide the output bytes.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Parameters {
@@ -150,6 +155,11 @@ impl Manifest {
     /// directory holds instead: nothing at all, an unfinished conversion (run it again to
     /// finish it), the files of an unfinished copy, or no dataset.
     pub fn read(dir: &Path) -> Result<Manifest> {
+        Manifest::read_with_bytes(dir).map(|(manifest, _)| manifest)
+    }
+
+    /// [`Manifest::read`], with the file's bytes as read.
+    pub fn read_with_bytes(dir: &Path) -> Result<(Manifest, Vec<u8>)> {
         let path = dir.join(MANIFEST_FILE);
         let text = match std::fs::read(&path) {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -157,7 +167,7 @@ impl Manifest {
             }
             read => read.at(&path)?,
         };
-        Manifest::parse(&path, &text)
+        Ok((Manifest::parse(&path, &text)?, text))
     }
 
     /// Parses and checks `text`, the contents of the manifest at `path` (named in errors).
@@ -279,6 +289,12 @@ fn no_manifest(dir: &Path) -> Error {
              directory; the manifest is written last). Run the same `shardify convert` \
              again: it resumes where it stopped"
         )
+    } else if entries.iter().any(|name| name == COPY_MARKER) {
+        format!(
+            "not written yet: {shown} holds a copy that did not finish (its {COPY_MARKER}; \
+             the manifest is written last). Run the same `shardify copy` again: it keeps \
+             the files already copied and checked"
+        )
     } else if let Some(data) = entries
         .iter()
         .find(|name| name.ends_with(".safetensors") || super::atomic::is_temp_name(name))
@@ -329,6 +345,14 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("Remove the directory"), "{text}");
+
+        std::fs::write(dir.path().join(COPY_MARKER), b"{}").unwrap();
+        let (_, text) = not_found(dir.path());
+        assert!(text.contains("a copy that did not finish"), "{text}");
+        assert!(
+            text.contains("Run the same `shardify copy` again"),
+            "{text}"
+        );
 
         std::fs::create_dir(dir.path().join(WORK_DIR)).unwrap();
         let (_, text) = not_found(dir.path());

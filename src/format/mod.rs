@@ -6,6 +6,7 @@ pub mod atomic;
 pub mod checksum;
 pub mod chunked;
 pub mod columns;
+pub mod lock;
 pub mod manifest;
 pub mod names;
 pub mod order;

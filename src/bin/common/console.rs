@@ -21,6 +21,24 @@ macro_rules! tell {
     }};
 }
 
+/// Sends the library's warnings to stderr, as ` WARN <text>` lines: each names a fallback
+/// the run took (a filesystem without locks, a damaged work file done again, a copy waiting
+/// for another) or a slow path the user can avoid. `RUST_LOG` chooses other levels
+/// (`RUST_LOG=error` silences them, `RUST_LOG=info` adds e.g. why no GPU is used).
+pub fn log_to_stderr() {
+    let filter = tracing_subscriber::EnvFilter::builder()
+        .with_default_directive(tracing_subscriber::filter::LevelFilter::WARN.into())
+        .from_env_lossy();
+    // A second call in one process (the Python package) keeps the first subscriber.
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(filter)
+        .without_time()
+        .with_target(false)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .try_init();
+}
+
 /// The exit status of a command whose stdout's reader went away: the status a shell
 /// reports for a command ended by SIGPIPE (128 + 13), so that `set -o pipefail` still sees
 /// that the output was cut short, as it does for `cat` or `yes`.

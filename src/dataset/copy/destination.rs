@@ -1,0 +1,298 @@
+//! A copy's destination: locked for the copy's whole run, then asked what it holds before
+//! anything is written into it, so that running the same copy again (a requeued job, every
+//! rank of a node at once) finds the copy made, finishes a stopped one, or waits for one
+//! under way, and never writes over what it did not make.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::Finished;
+use crate::error::{Error, IoContext, Result};
+use crate::format::atomic::{is_temp_name, write_bytes_atomic};
+use crate::format::lock::{try_lock, TryLock};
+use crate::format::manifest::{DataFile, COPY_MARKER};
+use crate::format::{Manifest, ShardLayout, MANIFEST_FILE};
+
+/// What a copy makes: a dataset's events in a layout. A stopped copy's destination keeps
+/// it in [`COPY_MARKER`], so that the copy run again knows the files there as its own.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(super) struct CopyOf {
+    /// The source's [`Manifest::order_identity`], hex.
+    pub identity: String,
+    /// The copy's layout.
+    pub layout: ShardLayout,
+    /// The source directory, for people reading the file.
+    pub source: PathBuf,
+}
+
+impl CopyOf {
+    /// A copy of `manifest`'s dataset, read from `source`, in `layout`.
+    pub fn new(manifest: &Manifest, source: &Path, layout: ShardLayout) -> CopyOf {
+        CopyOf {
+            identity: format!("{:016x}", manifest.order_identity()),
+            layout,
+            source: source.to_path_buf(),
+        }
+    }
+
+    /// Whether the dataset `manifest` describes is this copy's result.
+    fn made(&self, manifest: &Manifest) -> bool {
+        format!("{:016x}", manifest.order_identity()) == self.identity
+            && manifest.schema.layout == self.layout
+    }
+}
+
+/// What a locked destination holds.
+#[derive(Debug)]
+pub(super) enum Holds {
+    /// Nothing (temp files of stopped runs at most): the copy starts afresh.
+    Nothing,
+    /// A stopped copy of the same dataset in the same layout: the files it finished are
+    /// the copy's own.
+    StoppedCopy,
+    /// The whole copy, finished by an earlier or concurrent run: every file its manifest
+    /// lists at its size.
+    Copy(Finished),
+}
+
+/// A copy's destination directory, locked against every other copy until dropped.
+#[derive(Debug)]
+pub(super) struct Destination {
+    path: PathBuf,
+    /// The topmost directory this copy created for it, if any.
+    created: Option<PathBuf>,
+    /// The open directory whose lock is held (`None` where the filesystem keeps no locks).
+    _lock: Option<File>,
+}
+
+impl Destination {
+    /// Creates `path` if it is missing and locks it, waiting while another copy holds it
+    /// (saying so once): that copy ends with the dataset there or with nothing there, and
+    /// this one then sees which.
+    pub fn lock(path: &Path) -> Result<Destination> {
+        loop {
+            let created = create(path)?;
+            let lock = match File::open(path) {
+                Ok(dir) => lock_waiting(path, dir)?,
+                Err(e) => {
+                    tracing::warn!(
+                        "{}: cannot open the directory to lock it ({e}); other copies into \
+                         it are not kept out",
+                        path.display()
+                    );
+                    None
+                }
+            };
+            // A copy that failed while this one waited removed the directory it had
+            // created: lock the one at `path` now.
+            if lock.as_ref().is_none_or(|dir| still_at(path, dir)) {
+                return Ok(Destination {
+                    path: path.to_path_buf(),
+                    created,
+                    _lock: lock,
+                });
+            }
+        }
+    }
+
+    /// The destination directory.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// What the destination holds, for a copy making `copy` of the files `listed`; an
+    /// error where it holds anything else, which the copy leaves as it is.
+    pub fn holds(&self, copy: &CopyOf, listed: &[DataFile]) -> Result<Holds> {
+        let mut names = Vec::new();
+        let mut marked = false;
+        for entry in std::fs::read_dir(&self.path).at(&self.path)? {
+            let name = entry.at(&self.path)?.file_name();
+            let name = name.to_string_lossy().into_owned();
+            if name == COPY_MARKER {
+                marked = true;
+            } else if !is_temp_name(&name) {
+                names.push(name);
+            }
+        }
+        names.sort();
+        if names.iter().any(|name| name == MANIFEST_FILE) {
+            return self.finished_copy(copy);
+        }
+        let Some(first) = names.first() else {
+            return Ok(Holds::Nothing);
+        };
+        let refused = |holds: String| Error::NotEmpty {
+            path: self.path.clone(),
+            holds,
+        };
+        if !marked {
+            return Err(refused(first.clone()));
+        }
+        let marker = self.path.join(COPY_MARKER);
+        let stopped: CopyOf = std::fs::read(&marker)
+            .ok()
+            .and_then(|bytes| serde_json::from_slice(&bytes).ok())
+            .ok_or_else(|| refused(format!("{first}, and a damaged {COPY_MARKER}")))?;
+        if stopped.identity != copy.identity || stopped.layout != copy.layout {
+            return Err(refused(format!(
+                "a stopped copy of another dataset or layout: {} in the {} layout, from {}; \
+                 this copy makes {} in the {} layout",
+                stopped.identity,
+                stopped.layout.name(),
+                stopped.source.display(),
+                copy.identity,
+                copy.layout.name()
+            )));
+        }
+        match names
+            .iter()
+            .find(|name| !listed.iter().any(|f| f.file == *name))
+        {
+            Some(foreign) => Err(refused(foreign.clone())),
+            None => Ok(Holds::StoppedCopy),
+        }
+    }
+
+    /// The destination's manifest if it is `copy`'s result with every file it lists at
+    /// its size; an error that says what it holds instead.
+    fn finished_copy(&self, copy: &CopyOf) -> Result<Holds> {
+        let manifest = Manifest::read(&self.path)?;
+        if !copy.made(&manifest) {
+            let identity = format!("{:016x}", manifest.order_identity());
+            let held = manifest.schema.layout.name();
+            let holds = if identity == copy.identity {
+                format!(
+                    "this dataset in the {held} layout, where this copy writes the {} \
+                     layout: copy into another directory",
+                    copy.layout.name()
+                )
+            } else {
+                format!(
+                    "another dataset: {identity} ({} events, seed {}), where this copy makes \
+                     {}",
+                    manifest.totals.events, manifest.parameters.seed, copy.identity
+                )
+            };
+            return Err(Error::NotEmpty {
+                path: self.path.clone(),
+                holds,
+            });
+        }
+        let manifest_path = self.path.join(MANIFEST_FILE);
+        let mut bytes = std::fs::metadata(&manifest_path).at(&manifest_path)?.len();
+        for file in manifest.data_files() {
+            bytes += file.bytes;
+            let path = self.path.join(file.file);
+            let found = std::fs::metadata(&path).map(|m| m.len()).ok();
+            if found != Some(file.bytes) {
+                let found = found.map_or("missing".to_string(), |n| format!("{n} bytes"));
+                return Err(Error::Layout {
+                    path: self.path.clone(),
+                    problem: format!(
+                        "holds this copy's manifest, but {} is {found} where the manifest \
+                         says {} bytes: changed since it was copied? Remove the directory \
+                         and copy again",
+                        file.file, file.bytes
+                    ),
+                });
+            }
+        }
+        Ok(Holds::Copy(Finished {
+            shards: manifest.shards.len(),
+            bytes,
+            kept: manifest.data_files().count(),
+            written: 0,
+        }))
+    }
+
+    /// Records, before any file is copied, that the files named in the manifest are
+    /// `copy`'s own ([`COPY_MARKER`]).
+    pub fn mark(&self, copy: &CopyOf) -> Result<()> {
+        let bytes = serde_json::to_vec_pretty(copy).expect("a copy's marker serialises");
+        write_bytes_atomic(&self.path.join(COPY_MARKER), &bytes)
+    }
+
+    /// Removes the temp files of this and earlier runs (the marker among them), once the
+    /// manifest is written; what cannot be removed is left, harmless.
+    pub fn clean_up(&self) {
+        let Ok(entries) = std::fs::read_dir(&self.path) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            if is_temp_name(&entry.file_name().to_string_lossy()) {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
+    }
+
+    /// Removes what a failed copy made: the files it lists (no other run's: the
+    /// destination held none of their names but a stopped run of this copy's), its temp
+    /// files, and the directories it created.
+    pub fn undo(&self, files: &[DataFile]) {
+        for file in files {
+            let _ = std::fs::remove_file(self.path.join(file.file));
+        }
+        self.clean_up();
+        let Some(topmost) = &self.created else { return };
+        for dir in self.path.ancestors() {
+            // `remove_dir` removes only empty directories: nothing the copy did not make.
+            if std::fs::remove_dir(dir).is_err() || dir == topmost {
+                return;
+            }
+        }
+    }
+}
+
+/// Creates `path` (and its missing parents) unless it is a directory already; returns the
+/// topmost directory it created, if any.
+fn create(path: &Path) -> Result<Option<PathBuf>> {
+    if path.is_dir() {
+        return Ok(None);
+    }
+    if path.exists() {
+        return Err(Error::Layout {
+            path: path.to_path_buf(),
+            problem: "the destination exists and is not a directory".into(),
+        });
+    }
+    let topmost = path
+        .ancestors()
+        .take_while(|dir| !dir.as_os_str().is_empty() && !dir.exists())
+        .last()
+        .map(Path::to_path_buf);
+    std::fs::create_dir_all(path).at(path)?;
+    Ok(topmost)
+}
+
+/// Locks the open directory `dir` (at `path`), waiting while another copy holds it.
+fn lock_waiting(path: &Path, dir: File) -> Result<Option<File>> {
+    match try_lock(&dir, true) {
+        TryLock::Held => Ok(Some(dir)),
+        TryLock::Taken => {
+            tracing::warn!(
+                "{}: another `shardify copy` is writing into it; waiting for it to end",
+                path.display()
+            );
+            dir.lock().at(path)?;
+            Ok(Some(dir))
+        }
+        TryLock::Unsupported(e) => {
+            tracing::warn!(
+                "{}: cannot lock ({e}); other copies into it are not kept out",
+                path.display()
+            );
+            Ok(None)
+        }
+    }
+}
+
+/// Whether the open directory `dir` is still the one at `path`.
+fn still_at(path: &Path, dir: &File) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (std::fs::metadata(path), dir.metadata()) {
+        (Ok(now), Ok(locked)) => (now.dev(), now.ino()) == (locked.dev(), locked.ino()),
+        _ => false,
+    }
+}

@@ -1,0 +1,394 @@
+//! `shardify copy`: a dataset copied to another directory (a node's local disk before a
+//! training job), checked on the way and laid out in the page cache as `convert` lays it.
+//!
+//! Why not `cp`: the loader reads shards through memory maps at random, which goes faster
+//! when the page cache holds them in huge pages (one TLB entry per 2 MiB). A filesystem
+//! that caches files in large folios gives a file huge pages where it was written in
+//! aligned 2 MiB pieces, as `convert` writes shards ([`crate::format::chunked`]); `cp`
+//! copies in the kernel or in smaller pieces. Measured on ext4 (kernel 6.18): `cp`'s copy
+//! 0% mapped in huge pages, this copy 99%, and the loader 9-15% faster at window 64 on it
+//! (docs/results.md, "Copies in huge pages").
+//!
+//! Each file is read once: its XXH3 is computed on the way and compared with the manifest's
+//! before the copy gets its name, so a damaged source never becomes a copy that looks
+//! valid. The manifest is written last, once every file is on stable storage: a copy
+//! stopped before that has no manifest and no dataset opens it. On an error, the files
+//! this copy made are removed again.
+//!
+//! The same copy run again is cheap and safe (`destination.rs`): a destination locked by
+//! another copy is waited for; one that holds the finished copy is kept as it is; a copy
+//! stopped partway (a killed process, a preempted job) is finished, keeping each file it
+//! copied whose size and checksum match the source's. A destination that holds anything
+//! else is refused and left as it was.
+//!
+//! With another layout than the source's ([`ShardLayout`]), each shard is written again in
+//! that layout instead of copied ([`crate::convert::relayout`]): read through the source's
+//! checked views, written in the same aligned chunks, then opened and validated in full
+//! before the manifest (the source's, with the new layout and the new files' sizes and
+//! checksums) names it. A stopped copy of that kind writes every shard again.
+
+mod destination;
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::path::Path;
+use std::time::Instant;
+
+use rayon::prelude::*;
+
+use self::destination::{CopyOf, Destination, Holds};
+use super::{ChecksumPolicy, Dataset, FirstRead, Shard};
+use crate::convert::relayout::write_view;
+use crate::convert::Progress;
+use crate::error::{Error, IoContext, Result};
+use crate::format::atomic::{sync_dir, sync_file, write_atomic, write_bytes_atomic, Durability};
+use crate::format::checksum::{self, Checksum};
+use crate::format::chunked::MAPPED_FILE_CHUNK;
+use crate::format::manifest::DataFile;
+use crate::format::{Manifest, ShardEntry, ShardLayout, ShardProblem, MANIFEST_FILE};
+
+/// Bytes read from the source at a time, per file copied at once: whole chunks of the
+/// copy.
+const READ_BUFFER: usize = 4 * MAPPED_FILE_CHUNK;
+
+/// What [`copy_dataset`] did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CopyReport {
+    /// The dataset's shards (with them come the sensor table and the manifest).
+    pub shards: usize,
+    /// The bytes of all the dataset's files, the manifest's included.
+    pub bytes: u64,
+    /// The bytes this run wrote: `bytes` for a whole copy, less for a resumed one, 0 where
+    /// the copy was there already.
+    pub written: u64,
+    /// The files (shards and the sensor table) left as this run found them: those a
+    /// stopped copy had finished, or all of them where the copy was there already.
+    pub kept: usize,
+    /// What the destination held, and so what this run did.
+    pub outcome: CopyOutcome,
+    /// Wall time.
+    pub seconds: f64,
+}
+
+/// What a [`copy_dataset`] run found and did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CopyOutcome {
+    /// Copied every file.
+    Copied,
+    /// Finished a stopped copy, keeping the files it had copied (size and checksum
+    /// checked).
+    Resumed,
+    /// The destination held the finished copy already: nothing written.
+    Present,
+}
+
+impl CopyOutcome {
+    /// Its name in Python's report and in JSON: `copied`, `resumed` or `present`.
+    pub fn name(self) -> &'static str {
+        match self {
+            CopyOutcome::Copied => "copied",
+            CopyOutcome::Resumed => "resumed",
+            CopyOutcome::Present => "present",
+        }
+    }
+}
+
+/// Copies the dataset in `source` to `destination`: every file the manifest lists, each
+/// checked against its recorded size and checksum, then the manifest itself, byte for
+/// byte; or, with a `layout` other than the source's, its shards written again in that
+/// layout (see the module's documentation). `destination` must be missing, empty, or hold
+/// this copy finished (nothing is written) or stopped (it is finished); anything else is
+/// [`Error::NotEmpty`] and left as it was. Another copy into `destination` is waited for.
+/// Files are copied in parallel on rayon's pool; `progress` hears of phase `"copy"`, one
+/// unit per file (with its pulses). Files in `source` the manifest does not list are not
+/// copied.
+pub fn copy_dataset(
+    source: &Path,
+    destination: &Path,
+    layout: Option<ShardLayout>,
+    progress: &dyn Progress,
+) -> Result<CopyReport> {
+    let started = Instant::now();
+    let (manifest, manifest_bytes) = Manifest::read_with_bytes(source)?;
+    let copy = CopyOf::new(&manifest, source, layout.unwrap_or(manifest.schema.layout));
+    let relayout = (copy.layout != manifest.schema.layout).then_some(copy.layout);
+    // Opened only to write shards again: each checked (checksum, then structure) as it is
+    // first read.
+    let dataset = relayout
+        .map(|_| Dataset::open(source, ChecksumPolicy::Lazy))
+        .transpose()?;
+    let files: Vec<DataFile> = manifest.data_files().collect();
+    let destination = Destination::lock(destination)?;
+    let report = |done: Finished, outcome| CopyReport {
+        shards: done.shards,
+        bytes: done.bytes,
+        written: done.written,
+        kept: done.kept,
+        outcome,
+        seconds: started.elapsed().as_secs_f64(),
+    };
+    let resuming = match destination.holds(&copy, &files)? {
+        Holds::Copy(present) => {
+            destination.clean_up();
+            return Ok(report(present, CopyOutcome::Present));
+        }
+        Holds::StoppedCopy => true,
+        Holds::Nothing => false,
+    };
+    let copied = destination.mark(&copy).and_then(|()| {
+        let run = CopyRun {
+            source,
+            destination: destination.path(),
+            dataset: dataset.as_ref(),
+            relayout,
+            keep_copied: resuming,
+            progress,
+        };
+        run.copy_all(&manifest, manifest_bytes, &files)
+    });
+    let done = match copied {
+        Ok(done) => done,
+        Err(e) => {
+            destination.undo(&files);
+            return Err(e);
+        }
+    };
+    destination.clean_up();
+    let outcome = if resuming {
+        CopyOutcome::Resumed
+    } else {
+        CopyOutcome::Copied
+    };
+    Ok(report(done, outcome))
+}
+
+/// A finished copy's files: its shards, the bytes of all its files (the manifest's
+/// included), the files a run kept as it found them and the bytes it wrote.
+#[derive(Debug)]
+struct Finished {
+    shards: usize,
+    bytes: u64,
+    kept: usize,
+    written: u64,
+}
+
+/// One run's copy of a dataset's files into a locked destination.
+struct CopyRun<'a> {
+    source: &'a Path,
+    destination: &'a Path,
+    /// The source opened, for a copy in another layout.
+    dataset: Option<&'a Dataset>,
+    relayout: Option<ShardLayout>,
+    /// Whether files a stopped run copied byte for byte are kept where their size and
+    /// checksum match (shards it wrote in another layout are written again).
+    keep_copied: bool,
+    progress: &'a dyn Progress,
+}
+
+/// What a file's copy did.
+enum FileCopy {
+    /// Copied byte for byte (its size).
+    Copied(u64),
+    /// Written again in another layout: its manifest entry.
+    Written(ShardEntry),
+    /// Kept as a stopped run copied it.
+    Kept,
+}
+
+impl CopyRun<'_> {
+    /// Copies (or keeps, or writes again) every file, syncs them, then writes the
+    /// manifest: the source's `manifest_bytes`, or for another layout its manifest with the
+    /// new shards. Returns that manifest, the files kept and the bytes written.
+    fn copy_all(
+        &self,
+        manifest: &Manifest,
+        mut manifest_bytes: Vec<u8>,
+        files: &[DataFile],
+    ) -> Result<Finished> {
+        self.progress.begin("copy", files.len() as u64);
+        let copied = files
+            .par_iter()
+            .enumerate()
+            .map(|(i, file)| {
+                let done = self.copy_one(i, file);
+                self.progress.advance(file.pulses);
+                done
+            })
+            .collect::<Result<Vec<FileCopy>>>();
+        self.progress.end();
+        let copied = copied?;
+        let mut written_manifest = manifest.clone();
+        if let Some(layout) = self.relayout {
+            written_manifest.schema.layout = layout;
+            written_manifest.shards = copied
+                .iter()
+                .filter_map(|c| match c {
+                    FileCopy::Written(entry) => Some(entry.clone()),
+                    _ => None,
+                })
+                .collect();
+            written_manifest.totals.bytes = written_manifest.shards.iter().map(|s| s.bytes).sum();
+            manifest_bytes = written_manifest.to_bytes();
+        }
+        let kept = copied
+            .iter()
+            .filter(|c| matches!(c, FileCopy::Kept))
+            .count();
+        let written: u64 = copied
+            .iter()
+            .map(|c| match c {
+                FileCopy::Copied(bytes) => *bytes,
+                FileCopy::Written(entry) => entry.bytes,
+                FileCopy::Kept => 0,
+            })
+            .sum();
+        // The copies were not synced one by one: sync them all before the manifest
+        // declares the dataset complete, as `convert` does.
+        files
+            .par_iter()
+            .map(|f| sync_file(&self.destination.join(f.file)))
+            .collect::<Result<Vec<()>>>()?;
+        sync_dir(self.destination)?;
+        write_bytes_atomic(&self.destination.join(MANIFEST_FILE), &manifest_bytes)?;
+        let manifest_len = manifest_bytes.len() as u64;
+        Ok(Finished {
+            shards: written_manifest.shards.len(),
+            bytes: written_manifest.data_files().map(|f| f.bytes).sum::<u64>() + manifest_len,
+            kept,
+            written: written + manifest_len,
+        })
+    }
+
+    /// Copies file `i` of the manifest's, `file`, or keeps a stopped run's copy of it.
+    fn copy_one(&self, i: usize, file: &DataFile) -> Result<FileCopy> {
+        if let (Some(dataset), Some(layout)) = (self.dataset, self.relayout) {
+            if i < dataset.shard_count() {
+                return write_shard_as(dataset, i, self.destination, layout).map(FileCopy::Written);
+            }
+        }
+        if self.keep_copied && copied_already(self.destination, file)? {
+            return Ok(FileCopy::Kept);
+        }
+        copy_file(self.source, self.destination, file)?;
+        Ok(FileCopy::Copied(file.bytes))
+    }
+}
+
+/// Whether `destination` holds `file` at its size and checksum, as a stopped copy left it.
+fn copied_already(destination: &Path, file: &DataFile) -> Result<bool> {
+    let path = destination.join(file.file);
+    match std::fs::metadata(&path) {
+        Ok(m) if m.len() == file.bytes => {}
+        Ok(_) => return Ok(false),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(Error::io(&path, e)),
+    }
+    Ok(checksum::of_file(&path)? == file.xxh3)
+}
+
+/// Copies `file` from `source` into `destination` in aligned chunks, checking its size and
+/// checksum before it gets its name.
+fn copy_file(source: &Path, destination: &Path, file: &DataFile) -> Result<()> {
+    let from = source.join(file.file);
+    let mut input = File::open(&from).at(&from)?;
+    let mut hasher = Checksum::new();
+    let mut buffer = vec![0u8; READ_BUFFER];
+    let target = destination.join(file.file);
+    write_atomic(&target, Durability::Deferred, |out| {
+        let mut bytes = 0u64;
+        loop {
+            let n = match input.read(&mut buffer) {
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                read => read.at(&from)?,
+            };
+            if n == 0 {
+                break;
+            }
+            hasher.update(&buffer[..n]);
+            out.write_all(&buffer[..n]).at(&target)?;
+            bytes += n as u64;
+        }
+        if bytes != file.bytes {
+            return Err(Error::shard(
+                &from,
+                ShardProblem::Size {
+                    found: bytes,
+                    expected: file.bytes,
+                },
+            ));
+        }
+        checksum::check(&from, hasher.hex(), file.xxh3)
+    })
+}
+
+/// Writes shard `i` of `dataset` into `destination` in `layout`, then opens the written
+/// file and validates it in full; returns its manifest entry.
+fn write_shard_as(
+    dataset: &Dataset,
+    i: usize,
+    destination: &Path,
+    layout: ShardLayout,
+) -> Result<ShardEntry> {
+    let shard = dataset.shard(i)?;
+    let columns = shard.columns()?;
+    let entry = &dataset.manifest().shards[i];
+    let target = destination.join(&entry.file);
+    let written = write_view(&target, &columns.view(), &shard.header().metadata, layout)?;
+    let rows = dataset.sensor_table().rows();
+    Shard::open(&target, &written, rows, layout, FirstRead::Structure)?;
+    Ok(written)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A file of `len` pseudo-random bytes at `dir/name`.
+    fn random_file(dir: &Path, name: &str, len: usize) -> Vec<u8> {
+        let mut rng = crate::rng::Rng::new(len as u64);
+        let bytes: Vec<u8> = (0..len).map(|_| rng.next_u64() as u8).collect();
+        std::fs::write(dir.join(name), &bytes).unwrap();
+        bytes
+    }
+
+    #[test]
+    fn a_file_of_several_reads_is_copied_whole_and_checked() {
+        let (src, dst) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        // Several reads, and a last chunk that is not whole.
+        let len = 2 * READ_BUFFER + MAPPED_FILE_CHUNK + 12_345;
+        let bytes = random_file(src.path(), "f", len);
+        let xxh3 = checksum::of_bytes(&bytes);
+        let file = DataFile {
+            file: "f",
+            bytes: len as u64,
+            xxh3: &xxh3,
+            pulses: 0,
+        };
+        copy_file(src.path(), dst.path(), &file).unwrap();
+        assert!(std::fs::read(dst.path().join("f")).unwrap() == bytes);
+
+        // The same file against another checksum or size: an error, and no file.
+        let other = dst.path().join("other");
+        std::fs::create_dir(&other).unwrap();
+        let wrong_sum = DataFile {
+            xxh3: "0000000000000000",
+            ..file
+        };
+        assert!(matches!(
+            copy_file(src.path(), &other, &wrong_sum),
+            Err(Error::Checksum { found, .. }) if found == xxh3
+        ));
+        let wrong_size = DataFile {
+            bytes: len as u64 + 1,
+            ..file
+        };
+        assert!(matches!(
+            copy_file(src.path(), &other, &wrong_size),
+            Err(Error::Shard {
+                problem: ShardProblem::Size { found, .. },
+                ..
+            }) if found == len as u64
+        ));
+        assert_eq!(std::fs::read_dir(&other).unwrap().count(), 0);
+    }
+}
