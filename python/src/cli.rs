@@ -10,5 +10,7 @@ mod command;
 /// exactly as the compiled binary would.
 #[pyfunction]
 pub fn run_cli(py: Python<'_>, argv: Vec<String>) -> u8 {
-    py.detach(|| command::run_cli(argv.into_iter().map(Into::into)))
+    py.detach(|| {
+        crate::log::printing_to_stderr(|| command::run_cli(argv.into_iter().map(Into::into)))
+    })
 }

@@ -49,7 +49,9 @@ impl PyDataset {
     #[pyo3(signature = (path, checksums = "lazy"))]
     fn new(py: Python<'_>, path: PathBuf, checksums: &str) -> PyResult<Self> {
         let policy = checksum_policy(checksums).map_err(to_py)?;
-        let dataset = py.detach(|| Dataset::open(&path, policy)).map_err(to_py)?;
+        let dataset = py.detach(|| Dataset::open(&path, policy));
+        crate::log::relay(py);
+        let dataset = dataset.map_err(to_py)?;
         Ok(PyDataset {
             view: View::from(Arc::new(dataset)),
         })
@@ -237,9 +239,9 @@ pub fn copy_dataset(
         })
         .transpose()
         .map_err(to_py)?;
-    let report = py
-        .detach(|| copy::copy_dataset(&source, &destination, layout, &Silent))
-        .map_err(to_py)?;
+    let report = py.detach(|| copy::copy_dataset(&source, &destination, layout, &Silent));
+    crate::log::relay(py);
+    let report = report.map_err(to_py)?;
     Ok((
         report.shards,
         report.bytes,

@@ -19,6 +19,7 @@ mod dataset;
 mod errors;
 mod exchange;
 mod loader;
+mod log;
 mod machine;
 mod process;
 
@@ -27,6 +28,7 @@ use pyo3::prelude::*;
 /// The native module.
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    log::install();
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("DatasetError", m.py().get_type::<errors::DatasetError>())?;
     m.add_class::<dataset::PyDataset>()?;

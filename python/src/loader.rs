@@ -207,6 +207,7 @@ impl PyLoader {
             }
         };
         progress.position = loader.state().position;
+        crate::log::relay(py);
         match arrival {
             Arrival::Ready(Ok(batch)) => Ok(Some(batch)),
             Arrival::Ready(Err(e)) => {
@@ -328,6 +329,7 @@ impl PyLoader {
         config.validate().map_err(to_py)?;
         let choice = config.device;
         let placement = py.detach(|| Placement::resolve(choice)).map_err(to_py)?;
+        crate::log::relay(py);
         check_staging_fits(&dataset.view, &config, &placement).map_err(to_py)?;
         let keys = handed_out(&dataset.view, &config)
             .into_iter()

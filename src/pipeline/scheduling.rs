@@ -26,7 +26,7 @@ pub const UPLOAD_THREAD_NAME: &str = "shardify-upload";
 pub enum WorkerScheduling {
     /// Linux `SCHED_BATCH` (the default): same CPU share, no wake-up preemption of the
     /// consumer. Elsewhere, or where the kernel refuses (a seccomp filter), the threads
-    /// keep the process's policy and a warning is logged once per epoch.
+    /// keep the process's policy and a warning is logged once per process.
     #[default]
     Batch,
     /// The process's own policy, unchanged (inherited from the thread that made the

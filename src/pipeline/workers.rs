@@ -89,10 +89,14 @@ pub(crate) fn run_workers(
     // This thread gathers too (it is named as a gathering thread where it is spawned); the
     // ones it starts below inherit its policy (Linux threads start under their creator's).
     if let Err(e) = config.worker_scheduling.apply_to_current_thread() {
-        tracing::warn!(
-            "gathering threads keep the process's scheduling policy ({} refused: {e})",
-            config.worker_scheduling.name()
-        );
+        // Said once: every epoch's threads would meet the same refusal.
+        static SAID: std::sync::Once = std::sync::Once::new();
+        SAID.call_once(|| {
+            tracing::warn!(
+                "gathering threads keep the process's scheduling policy ({} refused: {e})",
+                config.worker_scheduling.name()
+            )
+        });
     }
     let gather_all = || {
         std::thread::scope(|scope| {

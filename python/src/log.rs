@@ -1,0 +1,141 @@
+//! The library's warnings, handed to Python's `logging`. The crate reports fallbacks it
+//! took (pageable staging memory, a file read instead of mapped, a refused scheduling
+//! policy, a copy waiting for another) through `tracing`, often on a gathering thread that
+//! does not hold the GIL. A layer keeps each event here, and the next call from Python that
+//! holds the GIL anyway (a batch, a loader or dataset made, a copy) hands them to the
+//! logger named after the event's module (`shardify.dataset.copy.destination`, under
+//! `shardify`): no Rust thread ever waits for the GIL, so a Python thread that holds it
+//! while it waits for a gathering thread cannot deadlock. Python's default handler prints
+//! warnings to stderr; `logging.getLogger("shardify")` configures them.
+//!
+//! The console script prints them to stderr at once instead ([`printing_to_stderr`]), as the
+//! `shardify` binary does.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+
+use pyo3::prelude::*;
+use tracing::field::{Field, Visit};
+use tracing::{Event, Level, Subscriber};
+use tracing_subscriber::filter::LevelFilter;
+use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
+use tracing_subscriber::util::SubscriberInitExt;
+
+/// At most this many events wait for Python; later ones are counted, not kept.
+const KEPT_AT_MOST: usize = 256;
+
+/// One event: its `logging` level, logger name and message.
+type Record = (u32, String, String);
+
+/// Events not handed to Python yet, and how many were dropped past [`KEPT_AT_MOST`].
+static WAITING: Mutex<(Vec<Record>, u64)> = Mutex::new((Vec::new(), 0));
+/// Whether [`WAITING`] holds anything: the one load a batch pays when nothing does.
+static ANY_WAITING: AtomicBool = AtomicBool::new(false);
+/// Set by the console script: events go to stderr when they happen.
+static TO_STDERR: AtomicBool = AtomicBool::new(false);
+
+/// Makes the layer the process's `tracing` subscriber (once; a subscriber set before is
+/// kept), passing on INFO and above.
+pub fn install() {
+    let _ = tracing_subscriber::registry()
+        .with(Relay.with_filter(LevelFilter::INFO))
+        .try_init();
+}
+
+/// Runs `command` with events printed to stderr when they happen (WARN and above, as the
+/// `shardify` binary prints them), not kept for Python.
+pub fn printing_to_stderr<T>(command: impl FnOnce() -> T) -> T {
+    TO_STDERR.store(true, Ordering::Relaxed);
+    let result = command();
+    TO_STDERR.store(false, Ordering::Relaxed);
+    result
+}
+
+/// Hands the events kept since the last call to Python's `logging`. A logging handler's
+/// own error is printed by `logging` as usual, never raised into the caller.
+pub fn relay(py: Python<'_>) {
+    // A plain load first: a batch with nothing to hand over costs no read-modify-write.
+    if !ANY_WAITING.load(Ordering::Relaxed) || !ANY_WAITING.swap(false, Ordering::Acquire) {
+        return;
+    }
+    let (records, dropped) = {
+        let mut waiting = WAITING.lock().unwrap_or_else(|e| e.into_inner());
+        (
+            std::mem::take(&mut waiting.0),
+            std::mem::take(&mut waiting.1),
+        )
+    };
+    let Ok(get_logger) = py
+        .import("logging")
+        .and_then(|logging| logging.getattr("getLogger"))
+    else {
+        return;
+    };
+    let log = |level: u32, name: &str, message: &str| {
+        let logged = get_logger
+            .call1((name,))
+            .and_then(|logger| logger.call_method1("log", (level, message)));
+        if let Err(e) = logged {
+            e.print(py);
+        }
+    };
+    for (level, name, message) in &records {
+        log(*level, name, message);
+    }
+    if dropped > 0 {
+        let text = format!("{dropped} more warnings from the Rust side were dropped");
+        log(logging_level(Level::WARN), "shardify", &text);
+    }
+}
+
+/// `logging`'s number for `level`.
+fn logging_level(level: Level) -> u32 {
+    match level {
+        Level::ERROR => 40,
+        Level::WARN => 30,
+        Level::INFO => 20,
+        _ => 10,
+    }
+}
+
+/// The `tracing` layer that keeps events for [`relay`].
+struct Relay;
+
+impl<S: Subscriber> Layer<S> for Relay {
+    fn on_event(&self, event: &Event<'_>, _: Context<'_, S>) {
+        let metadata = event.metadata();
+        let mut message = Message(String::new());
+        event.record(&mut message);
+        let level = *metadata.level();
+        if TO_STDERR.load(Ordering::Relaxed) {
+            if level <= Level::WARN {
+                use std::io::Write as _;
+                let _ = writeln!(std::io::stderr(), "{level:>5} {}", message.0);
+            }
+            return;
+        }
+        let name = metadata.target().replace("::", ".");
+        let mut waiting = WAITING.lock().unwrap_or_else(|e| e.into_inner());
+        if waiting.0.len() < KEPT_AT_MOST {
+            waiting.0.push((logging_level(level), name, message.0));
+        } else {
+            waiting.1 += 1;
+        }
+        ANY_WAITING.store(true, Ordering::Release);
+    }
+}
+
+/// An event's text: its message, then its other fields as `name=value`.
+struct Message(String);
+
+impl Visit for Message {
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        use std::fmt::Write as _;
+        let gap = if self.0.is_empty() { "" } else { " " };
+        let _ = if field.name() == "message" {
+            write!(self.0, "{gap}{value:?}")
+        } else {
+            write!(self.0, "{gap}{}={value:?}", field.name())
+        };
+    }
+}
