@@ -160,11 +160,14 @@ pub enum Error {
         /// What is wrong.
         problem: String,
     },
-    /// The output's filesystem cannot hold what the conversion will write.
-    #[error("{path}: the conversion needs about {needed} bytes more (spill files and shards) but the filesystem has {available} free; free some space or write elsewhere")]
+    /// The output's filesystem cannot hold what a conversion or copy will write.
+    #[error("{path}: {what} needs about {needed} bytes more ({:.1} GB) but the filesystem has {available} free ({:.1} GB); free some space or write elsewhere", *needed as f64 / 1e9, *available as f64 / 1e9)]
     NoSpace {
         /// The output directory.
         path: PathBuf,
+        /// The writer and what it writes ("the conversion (spill files and shards)",
+        /// "the copy").
+        what: String,
         /// Estimated bytes still to be written.
         needed: u64,
         /// Bytes free for this user.

@@ -348,3 +348,30 @@ fn converting_to_records_writes_the_shards_a_records_copy_holds() {
     assert_eq!(ma, mb);
     assert_eq!(mb.schema.layout, ShardLayout::Records);
 }
+
+#[test]
+fn a_copy_the_destination_cannot_hold_is_refused_before_it_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = fixture_ds(dir.path());
+    // A source that says its first shard is an exabyte.
+    let huge: u64 = 1 << 60;
+    edit_manifest(&ds, |m| {
+        let bytes = &mut m["shards"][0]["bytes"];
+        let was = bytes.as_u64().unwrap();
+        *bytes = huge.into();
+        let total = &mut m["totals"]["bytes"];
+        *total = (total.as_u64().unwrap() - was + huge).into();
+    });
+    let copy = dir.path().join("new/copy");
+    match copy_dataset(&ds, &copy, None, &Silent) {
+        Err(Error::NoSpace {
+            path, what, needed, ..
+        }) => {
+            assert_eq!((path, what.as_str()), (copy.clone(), "the copy"));
+            assert!(needed > huge, "{needed}");
+        }
+        other => panic!("expected a no-space error, got {other:?}"),
+    }
+    // Refused before anything was written: not even the directories are left.
+    assert!(!dir.path().join("new").exists());
+}

@@ -13,6 +13,7 @@ use super::ConvertOptions;
 use crate::error::{Error, IoContext, Result};
 use crate::format::checksum;
 use crate::format::manifest::{Parameters, SourceFile, Sources, FORMAT_VERSION};
+use crate::format::space::check_space;
 use crate::source::columns::ParquetSource;
 use crate::source::{has_labels, Geometry, InputSet};
 
@@ -176,14 +177,7 @@ impl Plan {
     pub fn check_free_space(&self, out: &Path) -> Result<()> {
         let estimate = self.total_pulses * (SPILL_BYTES_PER_PULSE + SHARD_BYTES_PER_PULSE);
         let needed = estimate.saturating_sub(bytes_under(out));
-        match free_bytes(out) {
-            Some(available) if available < needed => Err(Error::NoSpace {
-                path: out.to_path_buf(),
-                needed,
-                available,
-            }),
-            _ => Ok(()),
-        }
+        check_space(out, needed, "the conversion (spill files and shards)")
     }
 
     /// The path of batch `batch_id` as given.
@@ -208,32 +202,6 @@ fn bytes_under(dir: &Path) -> u64 {
             _ => entry.metadata().map_or(0, |m| m.len()),
         })
         .sum()
-}
-
-/// Bytes free for an unprivileged user in the filesystem of `path` (of its nearest existing
-/// ancestor when it does not exist yet).
-#[cfg(unix)]
-fn free_bytes(path: &Path) -> Option<u64> {
-    use std::os::unix::ffi::OsStrExt;
-    let absolute = std::path::absolute(path).ok()?;
-    let path = absolute.ancestors().find(|p| p.exists())?;
-    let c_path = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
-    let mut stats = std::mem::MaybeUninit::<libc::statvfs>::uninit();
-    // SAFETY: `c_path` is a NUL-terminated string and `stats` points to writable memory of
-    // the right type, which statvfs fills when it returns 0.
-    let stats = unsafe {
-        if libc::statvfs(c_path.as_ptr(), stats.as_mut_ptr()) != 0 {
-            return None;
-        }
-        stats.assume_init()
-    };
-    Some((stats.f_bavail as u64).saturating_mul(stats.f_frsize as u64))
-}
-
-/// Free space is not checked on this platform.
-#[cfg(not(unix))]
-fn free_bytes(_: &Path) -> Option<u64> {
-    None
 }
 
 /// The first field (a dotted path) whose value differs between `a` and `b`, with both

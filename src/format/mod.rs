@@ -15,6 +15,7 @@ pub mod records;
 pub mod safetensors;
 pub mod sensor_table;
 pub mod shard;
+pub mod space;
 
 use std::collections::BTreeMap;
 

@@ -13,6 +13,7 @@ use crate::error::{Error, IoContext, Result};
 use crate::format::atomic::{is_temp_name, write_bytes_atomic};
 use crate::format::lock::{try_lock, TryLock};
 use crate::format::manifest::{DataFile, COPY_MARKER};
+use crate::format::space::check_space;
 use crate::format::{Manifest, ShardLayout, MANIFEST_FILE};
 
 /// What a copy makes: a dataset's events in a layout. A stopped copy's destination keeps
@@ -227,6 +228,35 @@ impl Destination {
         }
     }
 
+    /// Refuses with [`Error::NoSpace`] a copy of `files` and a manifest of
+    /// `manifest_bytes` that the destination's filesystem cannot hold, counting the files
+    /// already there at their sizes as written (a stopped copy's). In another layout a
+    /// shard's size differs by a few percent: this is an estimate, which an unlucky copy
+    /// may still meet as an error at its end.
+    pub fn check_space(&self, files: &[DataFile], manifest_bytes: u64) -> Result<()> {
+        let present = |file: &DataFile| {
+            std::fs::metadata(self.path.join(file.file)).is_ok_and(|m| m.len() == file.bytes)
+        };
+        let needed: u64 = files
+            .iter()
+            .filter(|file| !present(file))
+            .map(|file| file.bytes)
+            .sum();
+        check_space(&self.path, needed + manifest_bytes, "the copy")
+    }
+
+    /// Removes the directories this copy created, while they are empty: what a copy
+    /// refused before writing anything leaves.
+    pub fn remove_created(&self) {
+        let Some(topmost) = &self.created else { return };
+        for dir in self.path.ancestors() {
+            // `remove_dir` removes only empty directories: nothing the copy did not make.
+            if std::fs::remove_dir(dir).is_err() || dir == topmost {
+                return;
+            }
+        }
+    }
+
     /// Removes what a failed copy made: the files it lists (no other run's: the
     /// destination held none of their names but a stopped run of this copy's), its temp
     /// files, and the directories it created.
@@ -235,13 +265,7 @@ impl Destination {
             let _ = std::fs::remove_file(self.path.join(file.file));
         }
         self.clean_up();
-        let Some(topmost) = &self.created else { return };
-        for dir in self.path.ancestors() {
-            // `remove_dir` removes only empty directories: nothing the copy did not make.
-            if std::fs::remove_dir(dir).is_err() || dir == topmost {
-                return;
-            }
-        }
+        self.remove_created();
     }
 }
 

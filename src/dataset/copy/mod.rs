@@ -135,6 +135,10 @@ pub fn copy_dataset(
         Holds::StoppedCopy => true,
         Holds::Nothing => false,
     };
+    if let Err(e) = destination.check_space(&files, manifest_bytes.len() as u64) {
+        destination.remove_created();
+        return Err(e);
+    }
     let copied = destination.mark(&copy).and_then(|()| {
         let run = CopyRun {
             source,
