@@ -207,7 +207,6 @@ impl PyLoader {
             }
         };
         progress.position = loader.state().position;
-        crate::log::relay(py);
         match arrival {
             Arrival::Ready(Ok(batch)) => Ok(Some(batch)),
             Arrival::Ready(Err(e)) => {
@@ -223,12 +222,17 @@ impl PyLoader {
 
     /// The next batch, shared by whatever will view it, or `None` at the epoch's end.
     fn next_shared(&self, py: Python<'_>) -> PyResult<Option<SharedBatch>> {
-        let mut guard = self.progress()?;
-        let progress = guard.get_mut().map_err(forked)?;
-        let ordinal = progress.placement.cuda().map(|d| d.ordinal());
-        Ok(self
-            .next_delivered(py, progress)?
-            .map(|batch| Arc::new(ProcessBound::new(Delivered::new(batch, ordinal)))))
+        let next = {
+            let mut guard = self.progress()?;
+            let progress = guard.get_mut().map_err(forked)?;
+            let ordinal = progress.placement.cuda().map(|d| d.ordinal());
+            self.next_delivered(py, progress).map(|batch| {
+                batch.map(|batch| Arc::new(ProcessBound::new(Delivered::new(batch, ordinal))))
+            })
+        };
+        // With the loader's lock released: a logging handler may call back into it.
+        crate::log::relay(py);
+        next
     }
 
     /// The sections a batch hands out, in buffer order.
@@ -439,12 +443,20 @@ impl PyLoader {
         let progress = guard.get_mut().map_err(forked)?;
         let started = std::time::Instant::now();
         let (mut batches, mut events, mut pulses) = (0, 0, 0);
-        while let Some(batch) = self.next_delivered(py, progress)? {
-            batches += 1;
-            events += batch.shape().events as u64;
-            pulses += batch.shape().pulses as u64;
-        }
-        Ok((batches, events, pulses, started.elapsed().as_secs_f64()))
+        let drained = loop {
+            match self.next_delivered(py, progress) {
+                Ok(Some(batch)) => {
+                    batches += 1;
+                    events += batch.shape().events as u64;
+                    pulses += batch.shape().pulses as u64;
+                }
+                Ok(None) => break Ok((batches, events, pulses, started.elapsed().as_secs_f64())),
+                Err(e) => break Err(e),
+            }
+        };
+        drop(guard);
+        crate::log::relay(py);
+        drained
     }
 
     /// (epoch, origin, batches handed out since): where the next batch comes from (see
