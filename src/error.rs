@@ -161,7 +161,7 @@ pub enum Error {
         problem: String,
     },
     /// The output's filesystem cannot hold what a conversion or copy will write.
-    #[error("{path}: {what} needs about {needed} bytes more ({:.1} GB) but the filesystem has {available} free ({:.1} GB); free some space or write elsewhere", *needed as f64 / 1e9, *available as f64 / 1e9)]
+    #[error("{path}: {what} needs about {needed} bytes more ({}) but the filesystem has {available} free ({}); free some space or write elsewhere", in_units(*needed), in_units(*available))]
     NoSpace {
         /// The output directory.
         path: PathBuf,
@@ -263,6 +263,22 @@ impl<T> IoContext<T> for std::io::Result<T> {
     }
 }
 
+/// `bytes` in the largest decimal unit that keeps a whole number in front: "65.5 kB",
+/// "1.2 TB".
+fn in_units(bytes: u64) -> String {
+    const UNITS: [&str; 6] = ["B", "kB", "MB", "GB", "TB", "PB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1000.0 && unit + 1 < UNITS.len() {
+        value /= 1000.0;
+        unit += 1;
+    }
+    match unit {
+        0 => format!("{bytes} B"),
+        _ => format!("{value:.1} {}", UNITS[unit]),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -274,5 +290,22 @@ mod tests {
         let text = chain_text(&error);
         assert_eq!(text.matches("os error 28").count(), 1, "{text}");
         assert!(text.starts_with("out/shard_00001.safetensors: "), "{text}");
+    }
+
+    #[test]
+    fn sizes_read_in_the_largest_unit_that_keeps_a_whole_number() {
+        let read: Vec<String> = [0, 999, 65_536, 1_500_000, 562_400_000_000, u64::MAX]
+            .into_iter()
+            .map(in_units)
+            .collect();
+        let expected = [
+            "0 B",
+            "999 B",
+            "65.5 kB",
+            "1.5 MB",
+            "562.4 GB",
+            "18446.7 PB",
+        ];
+        assert_eq!(read, expected);
     }
 }

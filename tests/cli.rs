@@ -532,10 +532,32 @@ fn a_conversion_that_cannot_fit_stops_before_writing() {
     assert!(!run.status.success());
     let stderr = text(&run.stderr);
     assert!(
-        stderr.contains("the conversion needs about") && stderr.contains("has 65536 free"),
+        stderr.contains("the conversion (spill files and shards) needs about")
+            && stderr.contains("has 65536 free (65.5 kB)"),
         "{stderr}"
     );
     assert!(!out.exists(), "nothing written");
+
+    // Nor does a copy of a dataset larger than the filesystem.
+    let elsewhere = tempfile::tempdir().unwrap();
+    let ds = elsewhere.path().join("ds");
+    let converted = shardify(&[
+        "convert",
+        fixture().to_str().unwrap(),
+        ds.to_str().unwrap(),
+        "--split",
+        "train",
+    ]);
+    assert!(converted.status.success(), "{}", text(&converted.stderr));
+    let copy = small.0.join("copy");
+    let run = shardify(&["copy", ds.to_str().unwrap(), copy.to_str().unwrap()]);
+    assert!(!run.status.success());
+    let stderr = text(&run.stderr);
+    assert!(
+        stderr.contains("the copy needs about") && stderr.contains("has 65536 free"),
+        "{stderr}"
+    );
+    assert!(!copy.exists(), "nothing written");
 }
 
 #[test]

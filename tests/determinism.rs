@@ -8,6 +8,7 @@ use std::process::Command;
 use common::*;
 use shardify::convert::work::WorkDir;
 use shardify::convert::{convert, Phase, Silent, Summary, TaskSlice};
+use shardify::format::Manifest;
 use shardify::source::InputSet;
 use shardify::Error;
 
@@ -559,4 +560,90 @@ fn slurm_array_tasks_take_their_slice_from_the_scheduler() {
     let stderr = String::from_utf8_lossy(&wrong.stderr);
     assert!(!wrong.status.success());
     assert!(stderr.contains("modulo 3 is 2 would never run"), "{stderr}");
+}
+
+/// A copy of the fixture's files at `to`.
+fn copy_of_the_fixture(to: &std::path::Path) -> std::path::PathBuf {
+    let copied = Command::new("cp")
+        .arg("-r")
+        .arg(fixture())
+        .arg(to)
+        .status()
+        .unwrap();
+    assert!(copied.success());
+    to.to_path_buf()
+}
+
+#[test]
+fn inputs_read_from_another_place_are_the_same_conversion_when_they_hold_the_same() {
+    let dir = tempfile::tempdir().unwrap();
+    let (reference, inputs) = fixture_reference(dir.path(), 6);
+    // The inputs staged again elsewhere, as a requeued job or another node would.
+    let moved = copy_of_the_fixture(&dir.path().join("staged-again"));
+    let out = dir.path().join("out");
+    let opts = options(6, 2);
+    for phase in [Phase::Plan, Phase::Scatter] {
+        convert(&inputs, &out, &opts, phase, TaskSlice::default(), &Silent).unwrap();
+    }
+    let finished = convert_all(&moved, "train", &out, &opts).unwrap();
+    assert!(!finished.already_complete && finished.manifest.is_some());
+    // The same shards; the lineage names the files where the last run read them.
+    let (ours, theirs) = (dir_files(&out), dir_files(&reference));
+    assert_eq!(
+        ours.keys().collect::<Vec<_>>(),
+        theirs.keys().collect::<Vec<_>>()
+    );
+    for (name, bytes) in &theirs {
+        assert!(
+            name == "manifest.json" || ours[name] == *bytes,
+            "{name} differs"
+        );
+    }
+    let (ours, theirs) = (
+        Manifest::read(&out).unwrap(),
+        Manifest::read(&reference).unwrap(),
+    );
+    assert_eq!(ours.sources.by_content(), theirs.sources.by_content());
+    assert_eq!(
+        (&ours.shards, &ours.parameters),
+        (&theirs.shards, &theirs.parameters)
+    );
+    let staged = moved.canonicalize().unwrap();
+    assert!(ours.sources.batches[0]
+        .path
+        .starts_with(staged.to_str().unwrap()));
+    // Run again from the first place: the same dataset, finished.
+    assert!(
+        convert_all(&fixture(), "train", &out, &opts)
+            .unwrap()
+            .already_complete
+    );
+
+    // Inputs that hold something else are another conversion, named by the field.
+    let batches = moved.join("train");
+    std::fs::copy(
+        batches.join("batch_3.parquet"),
+        batches.join("batch_2.parquet"),
+    )
+    .unwrap();
+    let planned = dir.path().join("planned");
+    convert(
+        &inputs,
+        &planned,
+        &opts,
+        Phase::Plan,
+        TaskSlice::default(),
+        &Silent,
+    )
+    .unwrap();
+    for target in [&planned, &out] {
+        match convert_all(&moved, "train", target, &opts) {
+            Err(e) => {
+                let text = e.to_string();
+                assert!(text.contains("`sources.batches[1]."), "{text}");
+                assert!(text.contains("there and"), "{text}");
+            }
+            Ok(summary) => panic!("other inputs accepted: {summary:?}"),
+        }
+    }
 }

@@ -29,7 +29,7 @@ use rayon::prelude::*;
 
 use crate::error::{Error, Result};
 use crate::format::atomic::{sync_dir, sync_file};
-use crate::format::manifest::{Schema, Totals, FORMAT, FORMAT_VERSION};
+use crate::format::manifest::{Parameters, Schema, Sources, Totals, FORMAT, FORMAT_VERSION};
 use crate::format::{Manifest, SensorTable, ShardLayout};
 use crate::source::{Geometry, InputSet};
 use bucket_shard::{bucket_memory, storage_types, BucketRecord, GatherScratch};
@@ -519,10 +519,22 @@ fn load_spill_indexes(plan: &Plan, work: &WorkDir) -> Result<Vec<SpillIndex>> {
 fn already_complete(plan: &Plan, work: &WorkDir, mut summary: Summary) -> Result<Summary> {
     let out = work.out();
     let manifest = Manifest::read(out)?;
-    if manifest.parameters != plan.parameters || manifest.sources != plan.sources {
+    let same_sources = manifest.sources.by_content() == plan.sources.by_content();
+    if manifest.parameters != plan.parameters || !same_sources {
+        let made = |parameters: &Parameters, sources: &Sources| serde_json::json!({"parameters": parameters, "sources": sources.by_content()});
+        let difference = plan::first_difference(
+            &made(&manifest.parameters, &manifest.sources),
+            &made(&plan.parameters, &plan.sources),
+        )
+        .map_or(String::new(), |(field, there, here)| {
+            format!(" (`{field}` is {there} there and {here} here)")
+        });
         return Err(Error::Layout {
             path: out.to_path_buf(),
-            problem: "holds a finished dataset made from other inputs or parameters; refusing to overwrite it".into(),
+            problem: format!(
+                "holds a finished dataset made from other inputs or parameters{difference}; \
+                 refusing to overwrite it: convert into another directory, or remove this one"
+            ),
         });
     }
     work.clean_up()?;

@@ -147,13 +147,25 @@ impl Plan {
         Ok((plan, geometry))
     }
 
-    /// Stores the plan in `work`, or checks it against the one stored by an earlier task.
+    /// This plan with its sources' paths left out ([`Sources::by_content`]): what every run
+    /// of one conversion must agree on.
+    fn by_content(&self) -> Plan {
+        Plan {
+            sources: self.sources.by_content(),
+            ..self.clone()
+        }
+    }
+
+    /// Stores the plan in `work`, or checks it against the one stored by an earlier task
+    /// (inputs read from another place are the same inputs if they hold the same).
     pub fn store_or_check(&self, work: &WorkDir) -> Result<()> {
         let path = work.plan_file();
         if path.exists() {
             let stored: Plan = work.read_json(&path)?;
-            if stored != *self {
-                let as_json = |plan: &Plan| serde_json::to_value(plan).expect("a plan serialises");
+            if stored.by_content() != self.by_content() {
+                let as_json = |plan: &Plan| {
+                    serde_json::to_value(plan.by_content()).expect("a plan serialises")
+                };
                 let (field, there, here) = first_difference(&as_json(&stored), &as_json(self))
                     .unwrap_or_else(|| ("plan".into(), "?".into(), "?".into()));
                 return Err(Error::manifest(
@@ -206,7 +218,7 @@ fn bytes_under(dir: &Path) -> u64 {
 
 /// The first field (a dotted path) whose value differs between `a` and `b`, with both
 /// values.
-fn first_difference(
+pub(super) fn first_difference(
     a: &serde_json::Value,
     b: &serde_json::Value,
 ) -> Option<(String, String, String)> {

@@ -70,6 +70,23 @@ pub struct Sources {
     pub geometry: SourceFile,
 }
 
+impl Sources {
+    /// The same files by what they hold, their paths left out: where a requeued job or
+    /// another node of a job array reads the inputs from may change, what they hold may
+    /// not (their sizes, rows, batch ids and fingerprints).
+    pub fn by_content(&self) -> Sources {
+        let unplaced = |file: &SourceFile| SourceFile {
+            path: String::new(),
+            ..file.clone()
+        };
+        Sources {
+            batches: self.batches.iter().map(unplaced).collect(),
+            meta: self.meta.iter().map(unplaced).collect(),
+            geometry: unplaced(&self.geometry),
+        }
+    }
+}
+
 /// How the data is laid out, in words and types.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Schema {
