@@ -521,14 +521,13 @@ fn a_conversion_that_cannot_fit_stops_before_writing() {
         println!("SKIPPED: cannot mount a 64 KiB tmpfs here (needs root)");
         return;
     };
+    let fixture = fixture();
+    let convert_into = |out: &std::path::Path| {
+        let args = ["convert", fixture.to_str().unwrap(), out.to_str().unwrap()];
+        shardify(&[&args[..], &["--split", "train"]].concat())
+    };
     let out = small.0.join("out");
-    let run = shardify(&[
-        "convert",
-        fixture().to_str().unwrap(),
-        out.to_str().unwrap(),
-        "--split",
-        "train",
-    ]);
+    let run = convert_into(&out);
     assert!(!run.status.success());
     let stderr = text(&run.stderr);
     assert!(
@@ -541,13 +540,7 @@ fn a_conversion_that_cannot_fit_stops_before_writing() {
     // Nor does a copy of a dataset larger than the filesystem.
     let elsewhere = tempfile::tempdir().unwrap();
     let ds = elsewhere.path().join("ds");
-    let converted = shardify(&[
-        "convert",
-        fixture().to_str().unwrap(),
-        ds.to_str().unwrap(),
-        "--split",
-        "train",
-    ]);
+    let converted = convert_into(&ds);
     assert!(converted.status.success(), "{}", text(&converted.stderr));
     let copy = small.0.join("copy");
     let run = shardify(&["copy", ds.to_str().unwrap(), copy.to_str().unwrap()]);

@@ -62,6 +62,16 @@ fn stopped_copy(ds: &Path, to: &Path, layout: Option<ShardLayout>) {
     assert!(why_no_dataset(to).contains("a copy that did not finish"));
 }
 
+/// The fixture converted into `dir/ds`, and its copy into `dir/copy` stopped before its
+/// manifest: (the temp dir, the dataset, the copy).
+fn a_stopped_copy_of_the_fixture() -> (tempfile::TempDir, PathBuf, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = converted(dir.path(), "ds", 3);
+    let copy = dir.path().join("copy");
+    stopped_copy(&ds, &copy, None);
+    (dir, ds, copy)
+}
+
 /// The names of the dataset's shards and sensor table.
 fn data_files(ds: &Path) -> Vec<String> {
     let manifest = Manifest::read(ds).unwrap();
@@ -115,10 +125,7 @@ fn the_same_copy_again_finds_it_there_and_writes_nothing() {
 
 #[test]
 fn a_stopped_copy_is_finished_keeping_the_files_it_checked() {
-    let dir = tempfile::tempdir().unwrap();
-    let ds = converted(dir.path(), "ds", 3);
-    let copy = dir.path().join("copy");
-    stopped_copy(&ds, &copy, None);
+    let (_dir, ds, copy) = a_stopped_copy_of_the_fixture();
     // Since the stop: one file damaged (same size), one gone, a temp file of a copy
     // stopped in the middle of a file.
     let files = data_files(&ds);
@@ -322,10 +329,7 @@ fn the_command_waits_for_another_copy_then_finds_the_copy_there() {
 
 #[test]
 fn the_command_finishes_a_stopped_copy_saying_what_it_kept() {
-    let dir = tempfile::tempdir().unwrap();
-    let ds = converted(dir.path(), "ds", 3);
-    let copy = dir.path().join("copy");
-    stopped_copy(&ds, &copy, None);
+    let (_dir, ds, copy) = a_stopped_copy_of_the_fixture();
     let files = data_files(&ds);
     std::fs::remove_file(copy.join(&files[0])).unwrap();
     let done = Command::new(env!("CARGO_BIN_EXE_shardify"))
