@@ -259,8 +259,14 @@ impl Destination {
 
     /// Removes what a failed copy made: the files it lists (no other run's: the
     /// destination held none of their names but a stopped run of this copy's), its temp
-    /// files, and the directories it created.
+    /// files, and the directories it created; nothing once a manifest names the files.
     pub fn undo(&self, files: &[DataFile]) {
+        // A manifest is renamed in after every file: whoever wrote it (this copy, whose
+        // last sync then failed, or another one on a filesystem without locks), the files
+        // it names are whole and stay.
+        if self.path.join(MANIFEST_FILE).exists() {
+            return;
+        }
         for file in files {
             let _ = std::fs::remove_file(self.path.join(file.file));
         }
@@ -318,5 +324,34 @@ fn still_at(path: &Path, dir: &File) -> bool {
     match (std::fs::metadata(path), dir.metadata()) {
         (Ok(now), Ok(locked)) => (now.dev(), now.ino()) == (locked.dev(), locked.ino()),
         _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_copy_removes_its_files_unless_a_manifest_names_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("made/copy");
+        let destination = Destination::lock(&path).unwrap();
+        let file = DataFile {
+            file: "shard_00000.safetensors",
+            bytes: 1,
+            xxh3: "0",
+            pulses: 0,
+        };
+        let write = |name: &str| std::fs::write(path.join(name), b"x").unwrap();
+        write(file.file);
+        write(MANIFEST_FILE);
+        destination.undo(&[file]);
+        assert!(path.join(file.file).exists() && path.join(MANIFEST_FILE).exists());
+
+        std::fs::remove_file(path.join(MANIFEST_FILE)).unwrap();
+        write(COPY_MARKER);
+        destination.undo(&[file]);
+        // The files, the marker and the directories this copy created are gone.
+        assert!(!dir.path().join("made").exists());
     }
 }
