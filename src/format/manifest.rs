@@ -5,6 +5,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+use super::lock::TryLock;
 use super::records::ShardLayout;
 use super::sensor_table::SensorTableEntry;
 use super::shard::{ShardEntry, StorageTypes};
@@ -170,7 +171,8 @@ impl Manifest {
     ///
     /// A directory without a manifest is a not-found [`Error::Io`] that says what the
     /// directory holds instead: nothing at all, an unfinished conversion (run it again to
-    /// finish it), the files of an unfinished copy, or no dataset.
+    /// finish it), a copy under way (wait for it) or stopped (run it again), the files of
+    /// an unfinished copy, or no dataset.
     pub fn read(dir: &Path) -> Result<Manifest> {
         Manifest::read_with_bytes(dir).map(|(manifest, _)| manifest)
     }
@@ -280,6 +282,13 @@ impl Manifest {
     }
 }
 
+/// Whether a `shardify copy` holds the lock on `dir` now. Asked with a shared lock, let
+/// go at once: a copy that starts meanwhile waits for it, never fails.
+fn copy_under_way(dir: &Path) -> bool {
+    std::fs::File::open(dir)
+        .is_ok_and(|opened| matches!(super::lock::try_lock(&opened, false), TryLock::Taken))
+}
+
 /// The not-found error for a directory `dir` without a manifest, saying what it holds
 /// instead and what to do.
 fn no_manifest(dir: &Path) -> Error {
@@ -305,6 +314,13 @@ fn no_manifest(dir: &Path) -> Error {
             "not written yet: {shown} holds an unfinished conversion (its {WORK_DIR} \
              directory; the manifest is written last). Run the same `shardify convert` \
              again: it resumes where it stopped"
+        )
+    } else if entries.iter().any(|name| name == COPY_MARKER) && copy_under_way(dir) {
+        format!(
+            "not written yet: a `shardify copy` is writing {shown} now (it holds the \
+             directory's lock; the manifest is written last). Wait for it to end: \
+             `shardify copy` or `shardify.copy_dataset` run with the same arguments waits for \
+             it and returns once the copy is there"
         )
     } else if entries.iter().any(|name| name == COPY_MARKER) {
         format!(
@@ -370,6 +386,13 @@ mod tests {
             text.contains("Run the same `shardify copy` again"),
             "{text}"
         );
+        // The same files while a copy holds the directory's lock.
+        let copying = std::fs::File::open(dir.path()).unwrap();
+        copying.try_lock().unwrap();
+        let (_, text) = not_found(dir.path());
+        assert!(text.contains("a `shardify copy` is writing"), "{text}");
+        assert!(text.contains("waits for it"), "{text}");
+        drop(copying);
 
         std::fs::create_dir(dir.path().join(WORK_DIR)).unwrap();
         let (_, text) = not_found(dir.path());
