@@ -173,10 +173,28 @@ fn a_stopped_copy_in_another_layout_is_finished_in_it_and_refused_in_another() {
     }
     assert!(dir_files(&records) == before);
 
-    // In its own layout it is finished: every shard written again (their checksums are
-    // nowhere to check them against), the sensor table kept.
+    // In its own layout it is finished, keeping each shard that still matches the entry
+    // recorded when it was written: not one damaged since (same size), nor one whose entry
+    // is gone.
+    let files = data_files(&ds);
+    assert!(files.len() >= 4, "{files:?}");
+    let record = |name: &str| records.join(format!(".tmp.copy.{name}.json"));
+    for name in &files[..files.len() - 1] {
+        assert!(record(name).exists(), "no entry recorded for {name}");
+    }
+    flip_last_byte(&records.join(&files[0]));
+    std::fs::remove_file(record(&files[1])).unwrap();
+    let kept = file_stamps(&records)[&files[2]];
     let report = copy_dataset(&ds, &records, Some(ShardLayout::Records), &Silent).unwrap();
-    assert_eq!((report.outcome, report.kept), (CopyOutcome::Resumed, 1));
+    assert_eq!(
+        (report.outcome, report.kept),
+        (CopyOutcome::Resumed, files.len() - 2)
+    );
+    assert_eq!(
+        file_stamps(&records)[&files[2]],
+        kept,
+        "a kept shard was written again"
+    );
     let whole = dir.path().join("whole");
     copy_dataset(&ds, &whole, Some(ShardLayout::Records), &Silent).unwrap();
     assert_same_files(&records, &whole);

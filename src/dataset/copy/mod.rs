@@ -25,7 +25,8 @@
 //! that layout instead of copied ([`crate::convert::relayout`]): read through the source's
 //! checked views, written in the same aligned chunks, then opened and validated in full
 //! before the manifest (the source's, with the new layout and the new files' sizes and
-//! checksums) names it. A stopped copy of that kind writes every shard again.
+//! checksums) names it. Each shard written leaves its entry beside it, so that a stopped
+//! copy of that kind, run again, keeps the shards that still match their entries.
 
 mod destination;
 
@@ -41,7 +42,9 @@ use super::{ChecksumPolicy, Dataset, FirstRead, Shard};
 use crate::convert::relayout::write_view;
 use crate::convert::Progress;
 use crate::error::{Error, IoContext, Result};
-use crate::format::atomic::{sync_dir, sync_file, write_atomic, write_bytes_atomic, Durability};
+use crate::format::atomic::{
+    sync_dir, sync_file, write_atomic, write_bytes_atomic, Durability, TEMP_PREFIX,
+};
 use crate::format::checksum::{self, Checksum};
 use crate::format::chunked::MAPPED_FILE_CHUNK;
 use crate::format::manifest::DataFile;
@@ -183,8 +186,8 @@ struct CopyRun<'a> {
     /// The source opened, for a copy in another layout.
     dataset: Option<&'a Dataset>,
     relayout: Option<ShardLayout>,
-    /// Whether files a stopped run copied byte for byte are kept where their size and
-    /// checksum match (shards it wrote in another layout are written again).
+    /// Whether the files a stopped run copied, or wrote in another layout, are kept where
+    /// their size and checksum match.
     keep_copied: bool,
     progress: &'a dyn Progress,
 }
@@ -195,8 +198,8 @@ enum FileCopy {
     Copied(u64),
     /// Written again in another layout: its manifest entry.
     Written(ShardEntry),
-    /// Kept as a stopped run copied it.
-    Kept,
+    /// Kept as a stopped run copied it, or wrote it in another layout (its entry).
+    Kept(Option<ShardEntry>),
 }
 
 impl CopyRun<'_> {
@@ -227,7 +230,7 @@ impl CopyRun<'_> {
             written_manifest.shards = copied
                 .iter()
                 .filter_map(|c| match c {
-                    FileCopy::Written(entry) => Some(entry.clone()),
+                    FileCopy::Written(entry) | FileCopy::Kept(Some(entry)) => Some(entry.clone()),
                     _ => None,
                 })
                 .collect();
@@ -236,14 +239,14 @@ impl CopyRun<'_> {
         }
         let kept = copied
             .iter()
-            .filter(|c| matches!(c, FileCopy::Kept))
+            .filter(|c| matches!(c, FileCopy::Kept(_)))
             .count();
         let written: u64 = copied
             .iter()
             .map(|c| match c {
                 FileCopy::Copied(bytes) => *bytes,
                 FileCopy::Written(entry) => entry.bytes,
-                FileCopy::Kept => 0,
+                FileCopy::Kept(_) => 0,
             })
             .sum();
         // The copies were not synced one by one: sync them all before the manifest
@@ -267,27 +270,61 @@ impl CopyRun<'_> {
     fn copy_one(&self, i: usize, file: &DataFile) -> Result<FileCopy> {
         if let (Some(dataset), Some(layout)) = (self.dataset, self.relayout) {
             if i < dataset.shard_count() {
-                return write_shard_as(dataset, i, self.destination, layout).map(FileCopy::Written);
+                return self.write_again(dataset, i, file, layout);
             }
         }
-        if self.keep_copied && copied_already(self.destination, file)? {
-            return Ok(FileCopy::Kept);
+        if self.keep_copied && holds_whole(self.destination, file.file, file.bytes, file.xxh3)? {
+            return Ok(FileCopy::Kept(None));
         }
         copy_file(self.source, self.destination, file)?;
         Ok(FileCopy::Copied(file.bytes))
     }
+
+    /// Writes shard `i` (`file`) again in `layout`, or keeps the one a stopped run wrote:
+    /// each shard written leaves its manifest entry beside it ([`written_record`]), and a
+    /// shard that still matches its entry's size and checksum is the one written then.
+    fn write_again(
+        &self,
+        dataset: &Dataset,
+        i: usize,
+        file: &DataFile,
+        layout: ShardLayout,
+    ) -> Result<FileCopy> {
+        let record = written_record(self.destination, file.file);
+        if self.keep_copied {
+            let recorded: Option<ShardEntry> = std::fs::read(&record)
+                .ok()
+                .and_then(|bytes| serde_json::from_slice(&bytes).ok());
+            if let Some(entry) = recorded.filter(|entry| entry.file == file.file) {
+                if holds_whole(self.destination, &entry.file, entry.bytes, &entry.xxh3)? {
+                    return Ok(FileCopy::Kept(Some(entry)));
+                }
+            }
+        }
+        let entry = write_shard_as(dataset, i, self.destination, layout)?;
+        let recorded = serde_json::to_vec(&entry).expect("a shard entry serialises");
+        write_bytes_atomic(&record, &recorded)?;
+        Ok(FileCopy::Written(entry))
+    }
 }
 
-/// Whether `destination` holds `file` at its size and checksum, as a stopped copy left it.
-fn copied_already(destination: &Path, file: &DataFile) -> Result<bool> {
-    let path = destination.join(file.file);
+/// Where a copy into another layout records the manifest entry of shard `name` once it
+/// is written: a temp file's name, removed with the others when the copy is finished.
+fn written_record(destination: &Path, name: &str) -> std::path::PathBuf {
+    destination.join(format!("{TEMP_PREFIX}copy.{name}.json"))
+}
+
+/// Whether `destination` holds file `name` at `bytes` and checksum `xxh3`, as a stopped
+/// copy left it.
+fn holds_whole(destination: &Path, name: &str, bytes: u64, xxh3: &str) -> Result<bool> {
+    let path = destination.join(name);
     match std::fs::metadata(&path) {
-        Ok(m) if m.len() == file.bytes => {}
+        Ok(m) if m.len() == bytes => {}
         Ok(_) => return Ok(false),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
         Err(e) => return Err(Error::io(&path, e)),
     }
-    Ok(checksum::of_file(&path)? == file.xxh3)
+    Ok(checksum::of_file(&path)? == xxh3)
 }
 
 /// Copies `file` from `source` into `destination` in aligned chunks, checking its size and
