@@ -50,7 +50,7 @@ impl PyDataset {
     fn new(py: Python<'_>, path: PathBuf, checksums: &str) -> PyResult<Self> {
         let policy = checksum_policy(checksums).map_err(to_py)?;
         let dataset = py.detach(|| Dataset::open(&path, policy));
-        crate::log::relay(py);
+        crate::log::relay(py)?;
         let dataset = dataset.map_err(to_py)?;
         Ok(PyDataset {
             view: View::from(Arc::new(dataset)),
@@ -239,9 +239,18 @@ pub fn copy_dataset(
         })
         .transpose()
         .map_err(to_py)?;
-    let report = py.detach(|| copy::copy_dataset(&source, &destination, layout, &Silent));
-    crate::log::relay(py);
-    let report = report.map_err(to_py)?;
+    let report = loop {
+        let report = py.detach(|| copy::copy_dataset(&source, &destination, layout, &Silent));
+        crate::log::relay(py)?;
+        match report {
+            // A signal ended a wait for another copy: Ctrl-C raises `KeyboardInterrupt`;
+            // after any other signal Python handled, the copy (safe to run again) goes on.
+            Err(Error::Io { source, .. }) if source.kind() == std::io::ErrorKind::Interrupted => {
+                py.check_signals()?;
+            }
+            report => break report.map_err(to_py)?,
+        }
+    };
     Ok((
         report.shards,
         report.bytes,

@@ -231,7 +231,7 @@ impl PyLoader {
             })
         };
         // With the loader's lock released: a logging handler may call back into it.
-        crate::log::relay(py);
+        crate::log::relay(py)?;
         next
     }
 
@@ -333,7 +333,7 @@ impl PyLoader {
         config.validate().map_err(to_py)?;
         let choice = config.device;
         let placement = py.detach(|| Placement::resolve(choice)).map_err(to_py)?;
-        crate::log::relay(py);
+        crate::log::relay(py)?;
         check_staging_fits(&dataset.view, &config, &placement).map_err(to_py)?;
         let keys = handed_out(&dataset.view, &config)
             .into_iter()
@@ -455,7 +455,7 @@ impl PyLoader {
             }
         };
         drop(guard);
-        crate::log::relay(py);
+        crate::log::relay(py)?;
         drained
     }
 

@@ -51,12 +51,14 @@ pub fn printing_to_stderr<T>(command: impl FnOnce() -> T) -> T {
     result
 }
 
-/// Hands the events kept since the last call to Python's `logging`. A logging handler's
-/// own error is printed by `logging` as usual, never raised into the caller.
-pub fn relay(py: Python<'_>) {
+/// Hands the events kept since the last call to Python's `logging`. An error a handler
+/// raises is `logging`'s to report (it prints it); what escapes it (`KeyboardInterrupt`
+/// from a Ctrl-C that arrived while Rust ran) is returned, the events not yet handed over
+/// dropped.
+pub fn relay(py: Python<'_>) -> PyResult<()> {
     // A plain load first: a batch with nothing to hand over costs no read-modify-write.
     if !ANY_WAITING.load(Ordering::Relaxed) || !ANY_WAITING.swap(false, Ordering::Acquire) {
-        return;
+        return Ok(());
     }
     let (records, dropped) = {
         let mut waiting = WAITING.lock().unwrap_or_else(|e| e.into_inner());
@@ -65,27 +67,21 @@ pub fn relay(py: Python<'_>) {
             std::mem::take(&mut waiting.1),
         )
     };
-    let Ok(get_logger) = py
-        .import("logging")
-        .and_then(|logging| logging.getattr("getLogger"))
-    else {
-        return;
-    };
+    let get_logger = py.import("logging")?.getattr("getLogger")?;
     let log = |level: u32, name: &str, message: &str| {
-        let logged = get_logger
-            .call1((name,))
-            .and_then(|logger| logger.call_method1("log", (level, message)));
-        if let Err(e) = logged {
-            e.print(py);
-        }
+        get_logger
+            .call1((name,))?
+            .call_method1("log", (level, message))
+            .map(drop)
     };
     for (level, name, message) in &records {
-        log(*level, name, message);
+        log(*level, name, message)?;
     }
     if dropped > 0 {
         let text = format!("{dropped} more warnings from the Rust side were dropped");
-        log(logging_level(Level::WARN), "shardify", &text);
+        log(logging_level(Level::WARN), "shardify", &text)?;
     }
+    Ok(())
 }
 
 /// `logging`'s number for `level`.

@@ -4,10 +4,13 @@ install), and helpers that read the shards independently with ``safetensors.nump
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +26,18 @@ def shardify_command() -> str:
     script = Path(sys.executable).parent / "shardify"
     assert script.exists(), f"the package's console script is missing: {script}"
     return str(script)
+
+
+@contextmanager
+def locked_as_a_copy_would(directory: Path) -> Iterator[None]:
+    """Makes ``directory`` and holds the lock a copy into it takes (flock on the directory)."""
+    directory.mkdir()
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def run_cli(*args: str) -> str:

@@ -1,9 +1,14 @@
 """``shardify.copy_dataset`` and ``shardify copy``: the same dataset elsewhere, byte for
 byte, or an exception and nothing left behind."""
 
+import signal
+import subprocess
+import sys
+import time
+
 import pytest
 import shardify
-from conftest import run_cli
+from conftest import locked_as_a_copy_would, run_cli
 from test_errors import flip_a_pulse_byte
 
 
@@ -158,3 +163,25 @@ def test_records_decode_by_the_documented_layout(train_dir, tmp_path):
                 np.testing.assert_array_equal(raw[at:at + size].view(dtype), expected)
                 at += size
         assert at == len(raw)
+
+
+def test_ctrl_c_ends_a_copy_waiting_for_another(train_dir, tmp_path):
+    """A copy waiting for another's lock (in flock, the GIL released) ends on Ctrl-C with
+    ``KeyboardInterrupt``, leaving nothing; another signal Python handles lets it wait on."""
+    copy = tmp_path / "copy"
+    script = ("import signal, shardify\n"
+              "signal.signal(signal.SIGUSR1, lambda *_: print('usr1', flush=True))\n"
+              f"shardify.copy_dataset({str(train_dir)!r}, {str(copy)!r})\n")
+    with locked_as_a_copy_would(copy):
+        waiting = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True)
+        time.sleep(1.0)
+        waiting.send_signal(signal.SIGUSR1)
+        time.sleep(0.5)
+        assert waiting.poll() is None, waiting.communicate()
+        waiting.send_signal(signal.SIGINT)
+        out, err = waiting.communicate(timeout=30)
+    assert "usr1" in out
+    assert waiting.returncode != 0 and "KeyboardInterrupt" in err, err
+    assert "Interrupted system call" not in err
+    assert list(copy.iterdir()) == []

@@ -1,30 +1,15 @@
 """The Rust side's warnings reach Python's ``logging`` (logger ``shardify.<module>``) at the
 next call that holds the GIL, and the console script's stderr at once."""
 
-import fcntl
 import logging
-import os
 import subprocess
 import threading
 import time
-from contextlib import contextmanager
 
 import shardify
-from conftest import shardify_command
+from conftest import locked_as_a_copy_would, shardify_command
 
 WAITING = "another `shardify copy` is writing into it; waiting for it to end"
-
-
-@contextmanager
-def locked_as_a_copy_would(directory):
-    """Holds the lock a copy into ``directory`` takes (flock on the directory)."""
-    directory.mkdir()
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
 
 
 def test_a_copy_waiting_for_another_logs_a_warning(train_dir, tmp_path, caplog):
