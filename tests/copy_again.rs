@@ -13,7 +13,9 @@ use std::process::{Command, Stdio};
 
 use common::*;
 use shardify::convert::{Progress, Silent};
-use shardify::dataset::copy::{copy_dataset, CopyOutcome, CopyReport};
+use shardify::dataset::copy::{
+    copy_dataset, copy_dataset_with, CopyOptions, CopyOutcome, CopyReport,
+};
 use shardify::error::Error;
 use shardify::format::manifest::COPY_MARKER;
 use shardify::format::{Manifest, ShardLayout};
@@ -370,4 +372,59 @@ fn the_command_finishes_a_stopped_copy_saying_what_it_kept() {
         "{out}"
     );
     assert_same_files(&copy, &ds);
+}
+
+/// A copy of `ds` into `to` in `layout`, with `check`.
+fn copy_checked(ds: &Path, to: &Path, layout: Option<ShardLayout>) -> CopyReport {
+    let options = CopyOptions {
+        layout,
+        check: true,
+    };
+    copy_dataset_with(ds, to, &options, &Silent).unwrap()
+}
+
+#[test]
+fn a_finished_copy_checked_copies_again_what_differs() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = converted(dir.path(), "ds", 3);
+    let copy = dir.path().join("copy");
+    copy_dataset(&ds, &copy, None, &Silent).unwrap();
+    let files = data_files(&ds);
+    flip_last_byte(&copy.join(&files[0]));
+    std::fs::remove_file(copy.join(&files[1])).unwrap();
+    // By sizes alone, the missing file is seen and the way out named.
+    match copy_dataset(&ds, &copy, None, &Silent) {
+        Err(Error::Layout { problem, .. }) => assert!(problem.contains("--check"), "{problem}"),
+        other => panic!("expected a layout error, got {other:?}"),
+    }
+    let stamps = file_stamps(&copy);
+    let report = copy_checked(&ds, &copy, None);
+    assert_eq!(
+        (report.outcome, report.kept),
+        (CopyOutcome::Repaired, files.len() - 2)
+    );
+    let size = |name: &str| std::fs::metadata(ds.join(name)).unwrap().len();
+    assert_eq!(report.written, size(&files[0]) + size(&files[1]));
+    let after = file_stamps(&copy);
+    for name in [&files[2], &"manifest.json".to_string()] {
+        assert_eq!(after[name], stamps[name], "{name} was written again");
+    }
+    assert_same_files(&copy, &ds);
+    // Checked again: nothing differs, nothing written.
+    let repaired = file_stamps(&copy);
+    let again = copy_checked(&ds, &copy, None);
+    assert_eq!((again.outcome, again.written), (CopyOutcome::Present, 0));
+    assert_eq!(file_stamps(&copy), repaired);
+
+    // A records copy is checked against its own manifest's checksums.
+    let records = dir.path().join("records");
+    copy_dataset(&ds, &records, Some(ShardLayout::Records), &Silent).unwrap();
+    let whole = dir_files(&records);
+    flip_last_byte(&records.join(&files[2]));
+    let report = copy_checked(&ds, &records, Some(ShardLayout::Records));
+    assert_eq!(
+        (report.outcome, report.kept),
+        (CopyOutcome::Repaired, files.len() - 1)
+    );
+    assert!(dir_files(&records) == whole);
 }

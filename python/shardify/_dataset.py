@@ -147,6 +147,7 @@ def copy_dataset(
     source: str | os.PathLike[str],
     destination: str | os.PathLike[str],
     layout: str | None = None,
+    check: bool = False,
 ) -> dict[str, Any]:
     """Copies the dataset in ``source`` to ``destination`` (a new or empty directory, or
     one this copy was made or stopped in), such as a node's local disk before training:
@@ -170,15 +171,18 @@ def copy_dataset(
     as it is (``"outcome": "present"``); a copy stopped partway (a killed process, a
     preempted job) is finished, keeping the files it copied whose sizes and checksums
     match (``"resumed"``). A destination that holds anything else raises
-    :class:`FileExistsError` and is left as it was. Returns ``{"shards", "bytes",
-    "written", "outcome", "kept", "seconds"}``: the dataset's shards and bytes, the bytes
-    this call wrote, ``"copied"``, ``"resumed"`` or ``"present"``, the files left as they
-    were found::
+    :class:`FileExistsError` and is left as it was. A finished copy is recognised by its
+    files' sizes; ``check=True`` reads every file and compares it with the manifest's
+    checksum instead, copying again the ones that differ or are missing (``"repaired"``):
+    the way out of a :class:`shardify.DatasetError` checksum mismatch in a copy. Returns
+    ``{"shards", "bytes", "written", "outcome", "kept", "seconds"}``: the dataset's shards
+    and bytes, the bytes this call wrote, ``"copied"``, ``"resumed"``, ``"present"`` or
+    ``"repaired"``, the files left as they were found::
 
         shardify.copy_dataset("/project/icecube/ds", "/tmp/ds")  # on every rank
     """
     shards, nbytes, written, outcome, kept, seconds = _native.copy_dataset(
-        os.fspath(source), os.fspath(destination), layout
+        os.fspath(source), os.fspath(destination), layout, check
     )
     return {"shards": shards, "bytes": nbytes, "written": written, "outcome": outcome,
             "kept": kept, "seconds": seconds}

@@ -149,4 +149,5 @@ def copy_dataset(
     source: str | PathLike[str],
     destination: str | PathLike[str],
     layout: str | None = None,
+    check: bool = False,
 ) -> tuple[int, int, int, str, int, float]: ...

@@ -218,15 +218,17 @@ impl PyDataset {
 /// Copies the dataset in `source` to `destination` (absent, empty, or holding this copy
 /// stopped or finished), every file checked against its checksum on the way, its shards
 /// written again in `layout` (`"columns"` or `"records"`) when given
-/// (`shardify::dataset::copy`); returns the dataset's shards and bytes, the bytes written,
+/// (`shardify::dataset::copy`), a finished copy read file by file and repaired with
+/// `check`; returns the dataset's shards and bytes, the bytes written,
 /// the outcome's name, the files kept and the seconds it took.
 #[pyfunction]
-#[pyo3(signature = (source, destination, layout=None))]
+#[pyo3(signature = (source, destination, layout=None, check=false))]
 pub fn copy_dataset(
     py: Python<'_>,
     source: PathBuf,
     destination: PathBuf,
     layout: Option<&str>,
+    check: bool,
 ) -> PyResult<(usize, u64, u64, &'static str, usize, f64)> {
     let layout = layout
         .map(|name| {
@@ -240,7 +242,9 @@ pub fn copy_dataset(
         .transpose()
         .map_err(to_py)?;
     let report = loop {
-        let report = py.detach(|| copy::copy_dataset(&source, &destination, layout, &Silent));
+        let options = copy::CopyOptions { layout, check };
+        let report =
+            py.detach(|| copy::copy_dataset_with(&source, &destination, &options, &Silent));
         crate::log::relay(py)?;
         match report {
             // A signal ended a wait for another copy: Ctrl-C raises `KeyboardInterrupt`;

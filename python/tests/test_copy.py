@@ -69,6 +69,22 @@ def test_a_stopped_copy_is_finished_keeping_what_it_copied(train_dir, tmp_path):
     assert files(copy) == files(train_dir)
 
 
+def test_a_damaged_copy_is_repaired_by_a_checked_copy(train_dir, tmp_path):
+    copy = tmp_path / "ds"
+    shardify.copy_dataset(train_dir, copy)
+    damaged = flip_a_pulse_byte(copy)
+    with pytest.raises(shardify.DatasetError, match="checksum"):
+        for _ in shardify.Loader(copy, batch_events=32, output="numpy"):
+            pass
+    # By sizes, the copy is there; read file by file, the damaged one is copied again.
+    assert shardify.copy_dataset(train_dir, copy)["outcome"] == "present"
+    report = shardify.copy_dataset(train_dir, copy, check=True)
+    assert (report["outcome"], report["kept"]) == ("repaired", 4)
+    assert report["written"] == damaged.stat().st_size
+    assert files(copy) == files(train_dir)
+    assert shardify.copy_dataset(train_dir, copy, check=True)["outcome"] == "present"
+
+
 def test_a_destination_that_holds_anything_raises_file_exists(train_dir, tmp_path):
     (tmp_path / "mine.txt").write_text("keep")
     with pytest.raises(FileExistsError, match="mine.txt"):

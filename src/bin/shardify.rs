@@ -11,7 +11,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use shardify::batch::BatchLayout;
 use shardify::convert::{convert, ConvertOptions, Phase, Progress, TaskSlice};
-use shardify::dataset::copy::{copy_dataset, CopyOutcome};
+use shardify::dataset::copy::{copy_dataset_with, CopyOptions, CopyOutcome};
 use shardify::dataset::{
     dump::dump, inspect::inspect, verify::verify, ChecksumPolicy, Dataset, View,
 };
@@ -76,6 +76,12 @@ enum Command {
         /// safetensors arrays), `columns` as `convert` writes them. Default: the source's.
         #[arg(long, value_enum)]
         layout: Option<LayoutArg>,
+        /// With the copy finished in DESTINATION already, read every file and compare it
+        /// with the manifest's checksum, copying again the ones that differ or are missing
+        /// (reads the whole copy; without it a finished copy is checked by its files'
+        /// sizes).
+        #[arg(long)]
+        check: bool,
     },
     /// Check checksums and every invariant; with --against, compare with the source.
     Verify {
@@ -763,9 +769,15 @@ fn run_verify(dir: PathBuf, against: Option<PathBuf>, split: Option<String>) -> 
     Ok(())
 }
 
-fn run_copy(dataset: PathBuf, destination: PathBuf, layout: Option<LayoutArg>) -> Result<()> {
+fn run_copy(
+    dataset: PathBuf,
+    destination: PathBuf,
+    layout: Option<LayoutArg>,
+    check: bool,
+) -> Result<()> {
     let layout = layout.map(ShardLayout::from);
-    let report = copy_dataset(&dataset, &destination, layout, &Reporter::new())?;
+    let options = CopyOptions { layout, check };
+    let report = copy_dataset_with(&dataset, &destination, &options, &Reporter::new())?;
     let how = match layout {
         Some(layout) => format!(" ({} layout)", layout.name()),
         None => String::new(),
@@ -785,8 +797,20 @@ fn run_copy(dataset: PathBuf, destination: PathBuf, layout: Option<LayoutArg>) -
     };
     match report.outcome {
         CopyOutcome::Present => {
-            say!("{to} holds this copy of {from}{how} already ({files}): nothing copied")?
+            let checked = if check {
+                "; every file's checksum matches"
+            } else {
+                ""
+            };
+            say!("{to} holds this copy of {from}{how} already ({files}): nothing copied{checked}")?
         }
+        CopyOutcome::Repaired => say!(
+            "{from} -> {to}{how}: {files}, checked: {} files matched, {:.1} MB copied again in \
+             {}; checksums match",
+            report.kept,
+            report.written as f64 / 1e6,
+            rate(report.written)
+        )?,
         CopyOutcome::Copied => say!(
             "{from} -> {to}{how}: {files} in {}; checksums match",
             rate(report.bytes)
@@ -848,6 +872,7 @@ fn run(command: Command) -> Result<()> {
             dataset,
             destination,
             layout,
-        } => run_copy(dataset, destination, layout),
+            check,
+        } => run_copy(dataset, destination, layout, check),
     }
 }

@@ -14,7 +14,7 @@ use crate::format::atomic::{is_temp_name, write_bytes_atomic};
 use crate::format::lock::{try_lock, TryLock};
 use crate::format::manifest::{DataFile, COPY_MARKER};
 use crate::format::space::check_space;
-use crate::format::{Manifest, ShardLayout, MANIFEST_FILE};
+use crate::format::{Manifest, ShardEntry, ShardLayout, MANIFEST_FILE};
 
 /// What a copy makes: a dataset's events in a layout. A stopped copy's destination keeps
 /// it in [`COPY_MARKER`], so that the copy run again knows the files there as its own.
@@ -56,6 +56,8 @@ pub(super) enum Holds {
     /// The whole copy, finished by an earlier or concurrent run: every file its manifest
     /// lists at its size.
     Copy(Finished),
+    /// The whole copy, finished, to be checked file by file: its manifest's shards.
+    CopyToCheck(Vec<ShardEntry>),
 }
 
 /// A copy's destination directory, locked against every other copy until dropped.
@@ -105,7 +107,8 @@ impl Destination {
 
     /// What the destination holds, for a copy making `copy` of the files `listed`; an
     /// error where it holds anything else, which the copy leaves as it is.
-    pub fn holds(&self, copy: &CopyOf, listed: &[DataFile]) -> Result<Holds> {
+    /// With `check`, a finished copy is [`Holds::CopyToCheck`], whatever its files' sizes.
+    pub fn holds(&self, copy: &CopyOf, listed: &[DataFile], check: bool) -> Result<Holds> {
         let mut names = Vec::new();
         let mut marked = false;
         for entry in std::fs::read_dir(&self.path).at(&self.path)? {
@@ -119,7 +122,7 @@ impl Destination {
         }
         names.sort();
         if names.iter().any(|name| name == MANIFEST_FILE) {
-            return self.finished_copy(copy);
+            return self.finished_copy(copy, check);
         }
         let Some(first) = names.first() else {
             return Ok(Holds::Nothing);
@@ -157,8 +160,8 @@ impl Destination {
     }
 
     /// The destination's manifest if it is `copy`'s result with every file it lists at
-    /// its size; an error that says what it holds instead.
-    fn finished_copy(&self, copy: &CopyOf) -> Result<Holds> {
+    /// its size (or, to `check`, at any); an error that says what it holds instead.
+    fn finished_copy(&self, copy: &CopyOf, check: bool) -> Result<Holds> {
         let manifest = Manifest::read(&self.path)?;
         if !copy.made(&manifest) {
             let identity = format!("{:016x}", manifest.order_identity());
@@ -181,6 +184,9 @@ impl Destination {
                 holds,
             });
         }
+        if check {
+            return Ok(Holds::CopyToCheck(manifest.shards));
+        }
         let manifest_path = self.path.join(MANIFEST_FILE);
         let mut bytes = std::fs::metadata(&manifest_path).at(&manifest_path)?.len();
         for file in manifest.data_files() {
@@ -193,8 +199,8 @@ impl Destination {
                     path: self.path.clone(),
                     problem: format!(
                         "holds this copy's manifest, but {} is {found} where the manifest \
-                         says {} bytes: changed since it was copied? Remove the directory \
-                         and copy again",
+                         says {} bytes: changed since it was copied? Copy again with \
+                         --check (Python: check=True), which copies what differs",
                         file.file, file.bytes
                     ),
                 });

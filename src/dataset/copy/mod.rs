@@ -83,15 +83,31 @@ pub enum CopyOutcome {
     Resumed,
     /// The destination held the finished copy already: nothing written.
     Present,
+    /// The destination held the finished copy, checked file by file
+    /// ([`CopyOptions::check`]): the files that differed were copied again.
+    Repaired,
+}
+
+/// How [`copy_dataset_with`] copies.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CopyOptions {
+    /// The copy's layout (`None`: the source's).
+    pub layout: Option<ShardLayout>,
+    /// With a finished copy in the destination, read every file and compare it with the
+    /// manifest's checksum, copying again the ones that differ or are missing; without it
+    /// a finished copy is checked by its files' sizes only, which is instant.
+    pub check: bool,
 }
 
 impl CopyOutcome {
-    /// Its name in Python's report and in JSON: `copied`, `resumed` or `present`.
+    /// Its name in Python's report and in JSON: `copied`, `resumed`, `present` or
+    /// `repaired`.
     pub fn name(self) -> &'static str {
         match self {
             CopyOutcome::Copied => "copied",
             CopyOutcome::Resumed => "resumed",
             CopyOutcome::Present => "present",
+            CopyOutcome::Repaired => "repaired",
         }
     }
 }
@@ -111,7 +127,23 @@ pub fn copy_dataset(
     layout: Option<ShardLayout>,
     progress: &dyn Progress,
 ) -> Result<CopyReport> {
+    let options = CopyOptions {
+        layout,
+        check: false,
+    };
+    copy_dataset_with(source, destination, &options, progress)
+}
+
+/// [`copy_dataset`] with every option: `options.check` reads a finished copy in
+/// `destination` file by file and repairs it.
+pub fn copy_dataset_with(
+    source: &Path,
+    destination: &Path,
+    options: &CopyOptions,
+    progress: &dyn Progress,
+) -> Result<CopyReport> {
     let started = Instant::now();
+    let layout = options.layout;
     let (manifest, manifest_bytes) = Manifest::read_with_bytes(source)?;
     let copy = CopyOf::new(&manifest, source, layout.unwrap_or(manifest.schema.layout));
     let relayout = (copy.layout != manifest.schema.layout).then_some(copy.layout);
@@ -130,13 +162,14 @@ pub fn copy_dataset(
         outcome,
         seconds: started.elapsed().as_secs_f64(),
     };
-    let resuming = match destination.holds(&copy, &files)? {
+    let (resuming, outcome, known) = match destination.holds(&copy, &files, options.check)? {
         Holds::Copy(present) => {
             destination.clean_up();
             return Ok(report(present, CopyOutcome::Present));
         }
-        Holds::StoppedCopy => true,
-        Holds::Nothing => false,
+        Holds::CopyToCheck(shards) => (true, CopyOutcome::Repaired, shards),
+        Holds::StoppedCopy => (true, CopyOutcome::Resumed, Vec::new()),
+        Holds::Nothing => (false, CopyOutcome::Copied, Vec::new()),
     };
     if let Err(e) = destination.check_space(&files, manifest_bytes.len() as u64) {
         destination.remove_created();
@@ -149,6 +182,7 @@ pub fn copy_dataset(
             dataset: dataset.as_ref(),
             relayout,
             keep_copied: resuming,
+            known: &known,
             progress,
         };
         run.copy_all(&manifest, manifest_bytes, &files)
@@ -161,10 +195,9 @@ pub fn copy_dataset(
         }
     };
     destination.clean_up();
-    let outcome = if resuming {
-        CopyOutcome::Resumed
-    } else {
-        CopyOutcome::Copied
+    let outcome = match outcome {
+        CopyOutcome::Repaired if done.written == 0 => CopyOutcome::Present,
+        outcome => outcome,
     };
     Ok(report(done, outcome))
 }
@@ -189,6 +222,9 @@ struct CopyRun<'a> {
     /// Whether the files a stopped run copied, or wrote in another layout, are kept where
     /// their size and checksum match.
     keep_copied: bool,
+    /// The entries of shards written in another layout that a finished copy's manifest
+    /// names (the ones a stopped copy wrote are recorded beside them).
+    known: &'a [ShardEntry],
     progress: &'a dyn Progress,
 }
 
@@ -256,13 +292,18 @@ impl CopyRun<'_> {
             .map(|f| sync_file(&self.destination.join(f.file)))
             .collect::<Result<Vec<()>>>()?;
         sync_dir(self.destination)?;
-        write_bytes_atomic(&self.destination.join(MANIFEST_FILE), &manifest_bytes)?;
+        let manifest_path = self.destination.join(MANIFEST_FILE);
         let manifest_len = manifest_bytes.len() as u64;
+        // A checked copy's manifest, the same bytes, is left as it is.
+        let unchanged = std::fs::read(&manifest_path).is_ok_and(|held| held == manifest_bytes);
+        if !unchanged {
+            write_bytes_atomic(&manifest_path, &manifest_bytes)?;
+        }
         Ok(Finished {
             shards: written_manifest.shards.len(),
             bytes: written_manifest.data_files().map(|f| f.bytes).sum::<u64>() + manifest_len,
             kept,
-            written: written + manifest_len,
+            written: written + if unchanged { 0 } else { manifest_len },
         })
     }
 
@@ -294,7 +335,8 @@ impl CopyRun<'_> {
         if self.keep_copied {
             let recorded: Option<ShardEntry> = std::fs::read(&record)
                 .ok()
-                .and_then(|bytes| serde_json::from_slice(&bytes).ok());
+                .and_then(|bytes| serde_json::from_slice(&bytes).ok())
+                .or_else(|| self.known.iter().find(|e| e.file == file.file).cloned());
             if let Some(entry) = recorded.filter(|entry| entry.file == file.file) {
                 if holds_whole(self.destination, &entry.file, entry.bytes, &entry.xxh3)? {
                     return Ok(FileCopy::Kept(Some(entry)));
