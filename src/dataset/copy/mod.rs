@@ -18,8 +18,9 @@
 //! The same copy run again is cheap and safe (`destination.rs`): a destination locked by
 //! another copy is waited for; one that holds the finished copy is kept as it is; a copy
 //! stopped partway (a killed process, a preempted job) is finished, keeping each file it
-//! copied whose size and checksum match the source's. A destination that holds anything
-//! else is refused and left as it was.
+//! copied whose size and checksum match the source's; with [`CopyOptions::check`] a
+//! finished copy is read file by file and what differs is copied again. A destination that
+//! holds anything else is refused and left as it was.
 //!
 //! With another layout than the source's ([`ShardLayout`]), each shard is written again in
 //! that layout instead of copied ([`crate::convert::relayout`]): read through the source's
