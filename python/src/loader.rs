@@ -186,7 +186,7 @@ impl PyLoader {
             || progress
                 .running
                 .as_ref()
-                .is_some_and(|l| l.state().position != progress.position);
+                .is_some_and(|l| l.current_position() != progress.position);
         if stale || progress.running.is_none() {
             progress.running = None; // stops and joins the old epoch's threads first
             let (view, config) = (self.view.clone(), self.config.clone());
@@ -206,7 +206,7 @@ impl PyLoader {
                 arrival => break arrival,
             }
         };
-        progress.position = loader.state().position;
+        progress.position = loader.current_position();
         match arrival {
             Arrival::Ready(Ok(batch)) => Ok(Some(batch)),
             Arrival::Ready(Err(e)) => {

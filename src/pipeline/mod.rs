@@ -438,10 +438,16 @@ impl Loader {
     /// the epoch is over).
     pub fn state(&self) -> LoaderState {
         LoaderState {
-            position: self.position,
+            position: self.current_position(),
             sampler: self.config.sampler.clone(),
             dataset: Some(self.identity.clone()),
         }
+    }
+
+    /// [`Loader::state`]'s position alone, without the settings and identity it copies
+    /// (named apart from `Iterator::position`): what a caller asks after every batch.
+    pub fn current_position(&self) -> SamplerState {
+        self.position
     }
 
     /// The device batches go to (and, on the CPU, why).
