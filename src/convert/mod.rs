@@ -519,20 +519,13 @@ fn load_spill_indexes(plan: &Plan, work: &WorkDir) -> Result<Vec<SpillIndex>> {
 fn already_complete(plan: &Plan, work: &WorkDir, mut summary: Summary) -> Result<Summary> {
     let out = work.out();
     let manifest = Manifest::read(out)?;
-    let same_sources = manifest.sources.by_content() == plan.sources.by_content();
-    if manifest.parameters != plan.parameters || !same_sources {
-        let made = |parameters: &Parameters, sources: &Sources| serde_json::json!({"parameters": parameters, "sources": sources.by_content()});
-        let difference = plan::first_difference(
-            &made(&manifest.parameters, &manifest.sources),
-            &made(&plan.parameters, &plan.sources),
-        )
-        .map_or(String::new(), |(field, there, here)| {
-            format!(" (`{field}` is {there} there and {here} here)")
-        });
+    let made = |parameters: &Parameters, sources: &Sources| serde_json::json!({"parameters": parameters, "sources": sources.by_content()});
+    let there = made(&manifest.parameters, &manifest.sources);
+    if let Some(difference) = plan::difference(&there, &made(&plan.parameters, &plan.sources)) {
         return Err(Error::Layout {
             path: out.to_path_buf(),
             problem: format!(
-                "holds a finished dataset made from other inputs or parameters{difference}; \
+                "holds a finished dataset made from other inputs or parameters ({difference}); \
                  refusing to overwrite it: convert into another directory, or remove this one"
             ),
         });

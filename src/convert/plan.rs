@@ -162,18 +162,13 @@ impl Plan {
         let path = work.plan_file();
         if path.exists() {
             let stored: Plan = work.read_json(&path)?;
-            if stored.by_content() != self.by_content() {
-                let as_json = |plan: &Plan| {
-                    serde_json::to_value(plan.by_content()).expect("a plan serialises")
-                };
-                let (field, there, here) = first_difference(&as_json(&stored), &as_json(self))
-                    .unwrap_or_else(|| ("plan".into(), "?".into(), "?".into()));
+            if let Some(difference) = difference(&stored.by_content(), &self.by_content()) {
                 return Err(Error::manifest(
                     &path,
                     format!(
                         "an unfinished conversion with other inputs or parameters is in {}: \
-                         `{field}` is {there} there and {here} here; rerun with the same \
-                         inputs and parameters, or remove that directory",
+                         {difference}; rerun with the same inputs and parameters, or remove \
+                         that directory",
                         work.out().display()
                     ),
                 ));
@@ -216,9 +211,18 @@ fn bytes_under(dir: &Path) -> u64 {
         .sum()
 }
 
+/// How `there` (what a directory holds) and `here` (what this run would make) differ, as
+/// "`field` is X there and Y here" for the first field that does; `None` where they
+/// serialise alike.
+pub(super) fn difference<T: Serialize>(there: &T, here: &T) -> Option<String> {
+    let as_json = |value: &T| serde_json::to_value(value).expect("plans and manifests serialise");
+    first_difference(&as_json(there), &as_json(here))
+        .map(|(field, there, here)| format!("`{field}` is {there} there and {here} here"))
+}
+
 /// The first field (a dotted path) whose value differs between `a` and `b`, with both
 /// values.
-pub(super) fn first_difference(
+fn first_difference(
     a: &serde_json::Value,
     b: &serde_json::Value,
 ) -> Option<(String, String, String)> {
