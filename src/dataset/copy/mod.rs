@@ -147,12 +147,13 @@ pub fn copy_dataset_with(
     let layout = options.layout;
     let (manifest, manifest_bytes) = Manifest::read_with_bytes(source)?;
     let copy = CopyOf::new(&manifest, source, layout.unwrap_or(manifest.schema.layout));
-    let relayout = (copy.layout != manifest.schema.layout).then_some(copy.layout);
-    // Opened only to write shards again: each checked (checksum, then structure) as it is
-    // first read.
-    let dataset = relayout
-        .map(|_| Dataset::open(source, ChecksumPolicy::Lazy))
-        .transpose()?;
+    // The source opened only to write shards again in another layout: each checked
+    // (checksum, then structure) as it is first read.
+    let relayout = if copy.layout != manifest.schema.layout {
+        Some((Dataset::open(source, ChecksumPolicy::Lazy)?, copy.layout))
+    } else {
+        None
+    };
     let files: Vec<DataFile> = manifest.data_files().collect();
     let destination = Destination::lock(destination)?;
     let report = |done: Finished, outcome| CopyReport {
@@ -163,14 +164,14 @@ pub fn copy_dataset_with(
         outcome,
         seconds: started.elapsed().as_secs_f64(),
     };
-    let (resuming, outcome, known) = match destination.holds(&copy, &files, options.check)? {
+    let (outcome, known) = match destination.holds(&copy, &files, options.check)? {
         Holds::Copy(present) => {
             destination.clean_up();
             return Ok(report(present, CopyOutcome::Present));
         }
-        Holds::CopyToCheck(shards) => (true, CopyOutcome::Repaired, shards),
-        Holds::StoppedCopy => (true, CopyOutcome::Resumed, Vec::new()),
-        Holds::Nothing => (false, CopyOutcome::Copied, Vec::new()),
+        Holds::CopyToCheck(shards) => (CopyOutcome::Repaired, shards),
+        Holds::StoppedCopy => (CopyOutcome::Resumed, Vec::new()),
+        Holds::Nothing => (CopyOutcome::Copied, Vec::new()),
     };
     if let Err(e) = destination.check_space(&files, manifest_bytes.len() as u64) {
         destination.remove_created();
@@ -180,9 +181,10 @@ pub fn copy_dataset_with(
         let run = CopyRun {
             source,
             destination: destination.path(),
-            dataset: dataset.as_ref(),
-            relayout,
-            keep_copied: resuming,
+            relayout: relayout
+                .as_ref()
+                .map(|(dataset, layout)| (dataset, *layout)),
+            keep_copied: outcome != CopyOutcome::Copied,
             known: &known,
             progress,
         };
@@ -217,9 +219,8 @@ struct Finished {
 struct CopyRun<'a> {
     source: &'a Path,
     destination: &'a Path,
-    /// The source opened, for a copy in another layout.
-    dataset: Option<&'a Dataset>,
-    relayout: Option<ShardLayout>,
+    /// For a copy in another layout: the source opened, and that layout.
+    relayout: Option<(&'a Dataset, ShardLayout)>,
     /// Whether the files a stopped run copied, or wrote in another layout, are kept where
     /// their size and checksum match.
     keep_copied: bool,
@@ -242,7 +243,8 @@ enum FileCopy {
 impl CopyRun<'_> {
     /// Copies (or keeps, or writes again) every file, syncs them, then writes the
     /// manifest: the source's `manifest_bytes`, or for another layout its manifest with the
-    /// new shards. Returns that manifest, the files kept and the bytes written.
+    /// new shards (left as it is where the destination holds the same bytes). Returns what
+    /// the destination holds then, with the files kept and the bytes written.
     fn copy_all(
         &self,
         manifest: &Manifest,
@@ -262,7 +264,7 @@ impl CopyRun<'_> {
         self.progress.end();
         let copied = copied?;
         let mut written_manifest = manifest.clone();
-        if let Some(layout) = self.relayout {
+        if let Some((_, layout)) = self.relayout {
             written_manifest.schema.layout = layout;
             written_manifest.shards = copied
                 .iter()
@@ -310,7 +312,7 @@ impl CopyRun<'_> {
 
     /// Copies file `i` of the manifest's, `file`, or keeps a stopped run's copy of it.
     fn copy_one(&self, i: usize, file: &DataFile) -> Result<FileCopy> {
-        if let (Some(dataset), Some(layout)) = (self.dataset, self.relayout) {
+        if let Some((dataset, layout)) = self.relayout {
             if i < dataset.shard_count() {
                 return self.write_again(dataset, i, file, layout);
             }
