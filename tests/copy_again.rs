@@ -217,7 +217,7 @@ fn a_destination_holding_another_dataset_or_layout_is_refused_and_left_as_it_was
         holds
     };
     let holds = refused(&other, None);
-    let identity = |ds: &Path| format!("{:016x}", Manifest::read(ds).unwrap().order_identity());
+    let identity = |ds: &Path| Manifest::read(ds).unwrap().identity();
     assert!(holds.contains("another dataset"), "{holds}");
     assert!(holds.contains(&identity(&other)), "{holds}");
     assert!(holds.contains(&identity(&ds)), "{holds}");

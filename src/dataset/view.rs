@@ -131,11 +131,13 @@ impl View {
     /// the same events of the same conversion (a copy at any path, in either layout),
     /// different for another conversion, source, shard size or split.
     pub fn identity(&self) -> String {
-        let dataset = self.dataset.manifest().order_identity();
+        let manifest = self.dataset.manifest();
         match &self.subset {
-            None => format!("{dataset:016x}"),
+            None => manifest.identity(),
             Some(subset) => {
-                let both = [dataset, subset.digest].map(u64::to_le_bytes).concat();
+                let both = [manifest.order_identity(), subset.digest]
+                    .map(u64::to_le_bytes)
+                    .concat();
                 format!("{:016x}", xxhash_rust::xxh3::xxh3_64(&both))
             }
         }

@@ -269,6 +269,12 @@ impl Manifest {
         hash.digest()
     }
 
+    /// [`Manifest::order_identity`] as 16 hex digits: what `shardify inspect` prints, a
+    /// loader's saved state records for a whole dataset, and a copy's marker names.
+    pub fn identity(&self) -> String {
+        format!("{:016x}", self.order_identity())
+    }
+
     /// Writes `dir/manifest.json` atomically.
     pub fn write(&self, dir: &Path) -> Result<()> {
         super::atomic::write_bytes_atomic(&dir.join(MANIFEST_FILE), &self.to_bytes())

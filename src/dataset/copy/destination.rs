@@ -32,16 +32,10 @@ impl CopyOf {
     /// A copy of `manifest`'s dataset, read from `source`, in `layout`.
     pub fn new(manifest: &Manifest, source: &Path, layout: ShardLayout) -> CopyOf {
         CopyOf {
-            identity: format!("{:016x}", manifest.order_identity()),
+            identity: manifest.identity(),
             layout,
             source: source.to_path_buf(),
         }
-    }
-
-    /// Whether the dataset `manifest` describes is this copy's result.
-    fn made(&self, manifest: &Manifest) -> bool {
-        format!("{:016x}", manifest.order_identity()) == self.identity
-            && manifest.schema.layout == self.layout
     }
 }
 
@@ -163,8 +157,8 @@ impl Destination {
     /// its size (or, to `check`, at any); an error that says what it holds instead.
     fn finished_copy(&self, copy: &CopyOf, check: bool) -> Result<Holds> {
         let manifest = Manifest::read(&self.path)?;
-        if !copy.made(&manifest) {
-            let identity = format!("{:016x}", manifest.order_identity());
+        let identity = manifest.identity();
+        if identity != copy.identity || manifest.schema.layout != copy.layout {
             let held = manifest.schema.layout.name();
             let holds = if identity == copy.identity {
                 format!(
