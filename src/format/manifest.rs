@@ -315,20 +315,21 @@ fn no_manifest(dir: &Path) -> Error {
     };
     let path = dir.join(MANIFEST_FILE);
     let shown = dir.display();
-    let text = if entries.iter().any(|name| name == WORK_DIR) {
+    let holds = |file: &str| entries.iter().any(|name| name == file);
+    let text = if holds(WORK_DIR) {
         format!(
             "not written yet: {shown} holds an unfinished conversion (its {WORK_DIR} \
              directory; the manifest is written last). Run the same `shardify convert` \
              again: it resumes where it stopped"
         )
-    } else if entries.iter().any(|name| name == COPY_MARKER) && copy_under_way(dir) {
+    } else if holds(COPY_MARKER) && copy_under_way(dir) {
         format!(
             "not written yet: a `shardify copy` is writing {shown} now (it holds the \
              directory's lock; the manifest is written last). Wait for it to end: \
              `shardify copy` or `shardify.copy_dataset` run with the same arguments waits for \
              it and returns once the copy is there"
         )
-    } else if entries.iter().any(|name| name == COPY_MARKER) {
+    } else if holds(COPY_MARKER) {
         format!(
             "not written yet: {shown} holds a copy that did not finish (its {COPY_MARKER}; \
              the manifest is written last). Run the same `shardify copy` again: it keeps \
