@@ -181,6 +181,51 @@ fn verify_against_other_source_reports_mismatches() {
     );
 }
 
+/// Verified against the other split (other inputs than it was made from), a dataset gets
+/// one problem for each batch absent from a side, not one for each of its events.
+#[test]
+fn verify_against_the_other_split_names_whole_batches() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("ds");
+    convert_all(&fixture(), "train", &out, &options(1, 1)).unwrap();
+    let (o, fx) = (out.display().to_string(), fixture().display().to_string());
+    let verify = shardify(&["verify", &o, "--against", &fx, "--split", "test"]);
+    let stderr = text(&verify.stderr);
+    assert!(!verify.status.success(), "{stderr}");
+    let problems: Vec<&str> = stderr
+        .lines()
+        .filter_map(|l| l.strip_prefix("problem: "))
+        .collect();
+    let number_after = |line: &str, before: &str| -> u64 {
+        let rest = &line[line.find(before).unwrap() + before.len()..];
+        rest.split(' ').next().unwrap().parse().unwrap()
+    };
+    let absent: Vec<&str> = problems
+        .iter()
+        .copied()
+        .filter(|p| p.contains("events is in the dataset"))
+        .collect();
+    assert_eq!(absent.len(), 2, "test batches 661 and 662: {stderr}");
+    for (line, batch) in absent.iter().zip(["batch_661", "batch_662"]) {
+        assert!(
+            line.contains(batch) && line.contains("none of its"),
+            "{line}"
+        );
+    }
+    let test_events: u64 = absent.iter().map(|l| number_after(l, "none of its ")).sum();
+    assert_eq!(test_events, 120, "{stderr}");
+    let extra: Vec<&str> = problems
+        .iter()
+        .copied()
+        .filter(|p| p.contains("the source has no such batch"))
+        .collect();
+    assert_eq!(extra.len(), 3, "train batches 1, 2, 3: {stderr}");
+    let train_events: u64 = extra.iter().map(|l| number_after(l, "")).sum();
+    assert_eq!(train_events, 300, "{stderr}");
+    assert_eq!(problems.len(), 5, "nothing listed event by event: {stderr}");
+    assert!(stderr.contains("5 problems"), "{stderr}");
+}
+
 #[test]
 fn bad_arguments_are_explained() {
     let dir = tempfile::tempdir().unwrap();

@@ -7,7 +7,9 @@
 //! compared. Only a batch whose digests differ is compared event by event (its dataset
 //! events gathered in one more pass over the shards), which names each event that is
 //! missing, extra, or different; after [`DETAILED_BATCHES`] such batches the others are
-//! reported by counts alone.
+//! reported by counts alone. A batch wholly absent from one side (the source's with no
+//! event in the dataset, the dataset's with none in the source: other inputs than the
+//! dataset was made from) is one problem, not one per event.
 
 use std::collections::HashMap;
 
@@ -182,7 +184,16 @@ pub(super) fn compare(
         if digest == stored {
             continue;
         }
-        if detailed < DETAILED_BATCHES {
+        if stored.events == 0 {
+            // Listing each of its events would say nothing more (and drown the rest).
+            report.problem(format!(
+                "batch {} ({}): none of its {} events is in the dataset (compared with other \
+                 inputs than the dataset was made from?)",
+                batch.batch_id,
+                batch.path.display(),
+                digest.events
+            ));
+        } else if detailed < DETAILED_BATCHES {
             detailed += 1;
             let mut events = stored_events(dataset, batch.batch_id)?;
             compare_batch(batch, &meta, geometry, charge_narrowed, &mut events, report)?;
@@ -201,15 +212,10 @@ pub(super) fn compare(
     let mut extra: Vec<(i64, Digest)> = digests.0.into_iter().collect();
     extra.sort_unstable_by_key(|(id, _)| *id);
     for (batch_id, digest) in extra {
-        if detailed < DETAILED_BATCHES {
-            detailed += 1;
-            report_extra(&stored_events(dataset, batch_id)?, report);
-        } else {
-            report.problem(format!(
-                "{} events of batch {batch_id} are in the dataset, and the source has no such batch",
-                digest.events
-            ));
-        }
+        report.problem(format!(
+            "{} events of batch {batch_id} are in the dataset, and the source has no such batch",
+            digest.events
+        ));
     }
     report.source_events = Some(compared);
     Ok(())
