@@ -212,46 +212,112 @@ fn bytes_under(dir: &Path) -> u64 {
 }
 
 /// How `there` (what a directory holds) and `here` (what this run would make) differ, as
-/// "`field` is X there and Y here" for the first field that does; `None` where they
-/// serialise alike.
+/// "`field` is X there and Y here" for each field that does, the first
+/// [`SHOWN_DIFFERENCES`] of them then how many more, so that the setting a user changed is
+/// named even where a setting derived from it sorts first (the bucket count from the shard
+/// size); `None` where they serialise alike.
 pub(super) fn difference<T: Serialize>(there: &T, here: &T) -> Option<String> {
     let as_json = |value: &T| serde_json::to_value(value).expect("plans and manifests serialise");
-    first_difference(&as_json(there), &as_json(here))
-        .map(|(field, there, here)| format!("`{field}` is {there} there and {here} here"))
+    let mut found = Vec::new();
+    differences(&as_json(there), &as_json(here), "", &mut found);
+    if found.is_empty() {
+        return None;
+    }
+    let mut text = found
+        .iter()
+        .take(SHOWN_DIFFERENCES)
+        .map(Difference::to_string)
+        .collect::<Vec<_>>()
+        .join("; ");
+    if found.len() > SHOWN_DIFFERENCES {
+        text += &format!("; and {} more", found.len() - SHOWN_DIFFERENCES);
+    }
+    Some(text)
 }
 
-/// The first field (a dotted path) whose value differs between `a` and `b`, with both
-/// values.
-fn first_difference(
+/// The differing fields [`difference`] names before it counts the rest.
+const SHOWN_DIFFERENCES: usize = 4;
+
+/// A value shown in a difference longer than this is cut (a whole list of inputs).
+const SHOWN_VALUE_CHARS: usize = 100;
+
+/// One field (a dotted path) whose value differs, with both values as shown.
+#[derive(Debug, PartialEq, Eq)]
+struct Difference {
+    field: String,
+    there: String,
+    here: String,
+    /// Lists of different lengths: `there` and `here` are their lengths.
+    lengths: bool,
+}
+
+impl std::fmt::Display for Difference {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let Difference {
+            field, there, here, ..
+        } = self;
+        match self.lengths {
+            true => write!(f, "`{field}` has {there} entries there and {here} here"),
+            false => write!(f, "`{field}` is {there} there and {here} here"),
+        }
+    }
+}
+
+/// Every field under `path` whose value differs between `a` and `b`, in field order
+/// (objects by key, arrays by index; arrays of different lengths by their lengths).
+fn differences(
     a: &serde_json::Value,
     b: &serde_json::Value,
-) -> Option<(String, String, String)> {
+    path: &str,
+    found: &mut Vec<Difference>,
+) {
     use serde_json::Value;
+    let field = |name: &str| match path {
+        "" => name.to_string(),
+        _ => format!("{path}.{name}"),
+    };
     match (a, b) {
-        (Value::Object(x), Value::Object(y)) => x.keys().chain(y.keys()).find_map(|k| {
-            let (u, v) = (
-                x.get(k).unwrap_or(&Value::Null),
-                y.get(k).unwrap_or(&Value::Null),
-            );
-            first_difference(u, v).map(|(field, p, q)| {
-                let joined = match field.chars().next() {
-                    None => k.clone(),
-                    Some('[') => format!("{k}{field}"),
-                    Some(_) => format!("{k}.{field}"),
-                };
-                (joined, p, q)
-            })
-        }),
-        (Value::Array(x), Value::Array(y)) if x.len() == y.len() => {
-            x.iter().zip(y).enumerate().find_map(|(i, (u, v))| {
-                first_difference(u, v).map(|(field, p, q)| match field.is_empty() {
-                    true => (format!("[{i}]"), p, q),
-                    false => (format!("[{i}].{field}"), p, q),
-                })
-            })
+        (Value::Object(x), Value::Object(y)) => {
+            let mut keys: Vec<&String> = x.keys().chain(y.keys()).collect();
+            keys.sort_unstable();
+            keys.dedup();
+            for k in keys {
+                let (u, v) = (x.get(k), y.get(k));
+                differences(
+                    u.unwrap_or(&Value::Null),
+                    v.unwrap_or(&Value::Null),
+                    &field(k),
+                    found,
+                );
+            }
         }
-        _ if a == b => None,
-        _ => Some((String::new(), a.to_string(), b.to_string())),
+        (Value::Array(x), Value::Array(y)) if x.len() == y.len() => {
+            for (i, (u, v)) in x.iter().zip(y).enumerate() {
+                differences(u, v, &format!("{path}[{i}]"), found);
+            }
+        }
+        (Value::Array(x), Value::Array(y)) => found.push(Difference {
+            field: path.to_string(),
+            there: x.len().to_string(),
+            here: y.len().to_string(),
+            lengths: true,
+        }),
+        _ if a == b => {}
+        _ => found.push(Difference {
+            field: path.to_string(),
+            there: shown_value(a),
+            here: shown_value(b),
+            lengths: false,
+        }),
+    }
+}
+
+/// `value` as JSON, cut to [`SHOWN_VALUE_CHARS`].
+fn shown_value(value: &serde_json::Value) -> String {
+    let text = value.to_string();
+    match text.char_indices().nth(SHOWN_VALUE_CHARS) {
+        Some((cut, _)) => format!("{}...", &text[..cut]),
+        None => text,
     }
 }
 
@@ -265,13 +331,51 @@ mod tests {
         let mut b = a.clone();
         b["sources"]["batches"][0]["path"] = "/b/batch_1.parquet".into();
         assert_eq!(
-            first_difference(&a, &b),
-            Some((
-                "sources.batches[0].path".into(),
-                "\"/a/batch_1.parquet\"".into(),
-                "\"/b/batch_1.parquet\"".into()
-            ))
+            difference(&a, &b).as_deref(),
+            Some(
+                "`sources.batches[0].path` is \"/a/batch_1.parquet\" there and \
+                 \"/b/batch_1.parquet\" here"
+            )
         );
-        assert_eq!(first_difference(&a, &a), None);
+        assert_eq!(difference(&a, &a), None);
+    }
+
+    #[test]
+    fn every_difference_is_named_up_to_a_count() {
+        let a = serde_json::json!({"parameters": {"bucket_count": 4, "seed": 42, "layout": "columns"}, "sources": {"batches": [1, 2, 3]}});
+        let mut b = a.clone();
+        b["parameters"]["bucket_count"] = 1.into();
+        b["parameters"]["seed"] = 43.into();
+        assert_eq!(
+            difference(&a, &b).as_deref(),
+            Some(
+                "`parameters.bucket_count` is 4 there and 1 here; \
+                 `parameters.seed` is 42 there and 43 here"
+            ),
+            "the seed the user changed is named, not only the derived bucket count"
+        );
+        b["sources"]["batches"] = serde_json::json!([1]);
+        b["parameters"]["layout"] = "records".into();
+        b["parameters"]["lossy"] = true.into();
+        assert_eq!(
+            difference(&a, &b).as_deref(),
+            Some(
+                "`parameters.bucket_count` is 4 there and 1 here; \
+                 `parameters.layout` is \"columns\" there and \"records\" here; \
+                 `parameters.lossy` is null there and true here; \
+                 `parameters.seed` is 42 there and 43 here; and 1 more"
+            )
+        );
+        let long = serde_json::json!({"path": "x".repeat(500)});
+        let text = difference(&long, &serde_json::json!({"path": "y"})).unwrap();
+        assert!(text.len() < 200 && text.contains("xxx..."), "{text}");
+        let lists = (
+            serde_json::json!({"sources": {"batches": [1, 2, 3]}}),
+            serde_json::json!({"sources": {"batches": [1]}}),
+        );
+        assert_eq!(
+            difference(&lists.0, &lists.1).as_deref(),
+            Some("`sources.batches` has 3 entries there and 1 here")
+        );
     }
 }
