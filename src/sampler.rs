@@ -54,6 +54,26 @@ pub enum Batching {
     },
 }
 
+/// As the loader's arguments name it: `batch_events 256`, `max_pulses 4096` or
+/// `max_pulses 4096, max_events 64`.
+impl std::fmt::Display for Batching {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Batching::Events(events) => write!(f, "batch_events {events}"),
+            Batching::Pulses {
+                max_pulses,
+                max_events,
+            } => {
+                write!(f, "max_pulses {max_pulses}")?;
+                match max_events {
+                    Some(events) => write!(f, ", max_events {events}"),
+                    None => Ok(()),
+                }
+            }
+        }
+    }
+}
+
 /// The order of the events inside a batch (which events a batch holds does not depend on
 /// it).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -206,8 +226,8 @@ impl SamplerConfig {
                 if saved.$field != self.$field {
                     return differs(
                         stringify!($field),
-                        format!("{:?}", saved.$field),
-                        format!("{:?}", self.$field),
+                        saved.$field.to_string(),
+                        self.$field.to_string(),
                     );
                 }
             )*};
@@ -914,6 +934,47 @@ mod tests {
 
     fn order() -> impl Strategy<Value = BatchOrder> {
         prop_oneof![Just(BatchOrder::Stored), Just(BatchOrder::Drawn)]
+    }
+
+    #[test]
+    fn a_refused_resume_names_the_setting_as_the_loader_takes_it() {
+        let saved = SamplerConfig {
+            batching: Batching::Events(7),
+            ..SamplerConfig::default()
+        };
+        let refusal = |ours: SamplerConfig| ours.check_resumable(&saved).unwrap_err().to_string();
+        let other_batching = SamplerConfig {
+            batching: Batching::Events(8),
+            ..saved.clone()
+        };
+        assert_eq!(
+            refusal(other_batching),
+            "invalid batching: the saved state has batch_events 7, this loader batch_events 8"
+        );
+        let pulses = |max_events| SamplerConfig {
+            batching: Batching::Pulses {
+                max_pulses: 4096,
+                max_events,
+            },
+            ..saved.clone()
+        };
+        assert!(refusal(pulses(None)).ends_with("this loader max_pulses 4096"));
+        assert!(refusal(pulses(Some(64))).ends_with("this loader max_pulses 4096, max_events 64"));
+        let other_order = SamplerConfig {
+            batch_order: BatchOrder::Drawn,
+            ..saved.clone()
+        };
+        assert_eq!(
+            refusal(other_order),
+            "invalid batch_order: the saved state has stored, this loader drawn"
+        );
+        let another_world = SamplerConfig {
+            world: 3,
+            rank: 2,
+            drop_last: true,
+            ..saved.clone()
+        };
+        assert!(another_world.check_resumable(&saved).is_ok());
     }
 
     /// Each event's position in the stored order (shards concatenated).

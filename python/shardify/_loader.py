@@ -15,9 +15,12 @@ if TYPE_CHECKING:
     from ._resident import ResidentBatches
 
 def _count(name: str, value: Any) -> int:
-    """A non-negative integer argument, or a ValueError naming it."""
+    """A non-negative integer argument below 2**64 (what the Rust side holds), or a
+    ValueError naming it."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"invalid {name}: expected a non-negative integer, not {value!r}")
+    if value >> 64:
+        raise ValueError(f"invalid {name}: {value} does not fit 64 bits")
     return value
 
 

@@ -29,6 +29,7 @@ BAD = [
     (dict(layout="padded", max_doms=0, pulses_per_dom=2), "max_doms of at least 1"),
     (dict(output="numpy", device="cuda"), "device"),
     (dict(layout="padded", max_doms=4, pulses_per_dom=1, dom_positions=False), "dom_positions"),
+    (dict(seed=2**64), "invalid seed: 18446744073709551616 does not fit 64 bits"),
 ]
 
 
