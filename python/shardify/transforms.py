@@ -77,11 +77,33 @@ _MASK64 = (1 << 64) - 1
 
 
 def _require_packed(batch: dict[str, Any], what: str) -> None:
+    """A ``ValueError`` naming the sections ``batch`` lacks, or a ``TypeError`` naming one
+    that is not a torch tensor (a loader's ``output="numpy"``)."""
+    import torch
+
     missing = [name for name in PACKED_SECTIONS if name not in batch]
     if missing:
         raise ValueError(f"{what} needs a packed batch with {', '.join(missing)} "
                          "(layout=\"packed\", dom_positions=True); it has "
                          f"{', '.join(batch) or 'no sections'}")
+    for name in PACKED_SECTIONS:
+        if not isinstance(batch[name], torch.Tensor):
+            raise TypeError(f"{what} needs torch tensors, and section {name} is "
+                            f"{type(batch[name]).__module__}.{type(batch[name]).__name__}: "
+                            "make the loader with output=\"torch\" (the default), or wrap "
+                            "each array with torch.from_numpy (no copy)")
+
+
+def _check_offsets(offsets: Any, nodes: int) -> None:
+    """A ``ValueError`` unless ``offsets`` (a host array) starts at 0, never decreases and
+    ends at ``nodes``: CSR offsets of ``nodes`` rows."""
+    import numpy as np
+
+    if (offsets.size == 0 or offsets[0] != 0 or offsets[-1] != nodes
+            or bool((np.diff(offsets) < 0).any())):
+        shown = np.array2string(offsets, threshold=8, edgeitems=3)
+        raise ValueError(f"knn_edges: offsets must start at 0, never decrease and end at "
+                         f"the node count ({nodes}, the rows of pos); they are {shown}")
 
 
 def _signed(value: int) -> int:
@@ -257,10 +279,12 @@ def knn_edges(pos: Any, offsets: Any, k: int, *, groups: Any = None,
     """The k-nearest-neighbour edges of every event of a batch at once.
 
     ``pos`` ``[N, 3]``: node positions; ``offsets`` ``[B + 1]``: event ``b``'s nodes are rows
-    ``offsets[b]:offsets[b + 1]``. Returns ``edge_index`` ``[2, E]`` int64 on ``pos``'s device,
-    PyG's ``knn_graph`` convention (``flow="source_to_target"``, no self loops): row 0 the
-    neighbour, row 1 the node whose neighbour it is, sorted by that node, then nearest
-    first. A node of an event of n nodes gets min(k, n - 1) neighbours, all in its event.
+    ``offsets[b]:offsets[b + 1]`` (from 0, never decreasing, to N, else ``ValueError``; on a
+    GPU torch's own device-side check may stop bad offsets first). Returns ``edge_index``
+    ``[2, E]`` int64 on ``pos``'s device, PyG's ``knn_graph`` convention
+    (``flow="source_to_target"``, no self loops): row 0 the neighbour, row 1 the node whose
+    neighbour it is, sorted by that node, then nearest first. A node of an event of n nodes
+    gets min(k, n - 1) neighbours, all in its event.
 
     Distances are squared Euclidean in float32, ``(dx*dx + dy*dy) + dz*dz``; ties (pulses
     of one DOM share its position) go to the lower row, so the result is deterministic.
@@ -297,18 +321,32 @@ def knn_edges(pos: Any, offsets: Any, k: int, *, groups: Any = None,
 
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"k must be a positive integer, not {k!r}")
+    for name, value in (("pos", pos), ("offsets", offsets)):
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"knn_edges: {name} must be a torch tensor, not "
+                            f"{type(value).__module__}.{type(value).__name__}")
+    if pos.ndim != 2 or pos.shape[1] != 3:
+        raise ValueError(f"knn_edges: pos must be [N, 3] (x, y, z per node), not shape "
+                         f"{tuple(pos.shape)}")
+    if offsets.ndim != 1:
+        raise ValueError(f"knn_edges: offsets must be [B + 1], not shape {tuple(offsets.shape)}")
     device = pos.device
     pos = pos.to(torch.float32)
     offsets = offsets.long()
     nodes, events = pos.shape[0], offsets.shape[0] - 1
+    if offsets.device.type == "cpu":
+        # Free on the CPU; on a GPU they are checked with the counts read back below (bad
+        # ones may have tripped a device-side assertion of torch's first).
+        _check_offsets(offsets.numpy(), nodes)
     node_event = torch.repeat_interleave(offsets.diff(), output_size=nodes)
     slot, group_pos, group_offsets, consistent = _position_groups(
         pos, offsets, node_event, groups, group_count)
     host = torch.cat([offsets, group_offsets, consistent.long()[None]]).cpu().numpy()
+    starts_host, group_starts_host = host[:events + 1], host[events + 1:-1]
+    _check_offsets(starts_host, nodes)
     if not host[-1]:
         raise ValueError("knn_edges: groups must give each id's nodes one event and one "
                          "position, with ids ascending event by event")
-    starts_host, group_starts_host = host[:events + 1], host[events + 1:-1]
     counts_host, group_counts_host = np.diff(starts_host), np.diff(group_starts_host)
     # Node i's edges are rows edge_before[i] + 1 to edge_before[i] + min(k, n - 1) of the
     # result, n its event's node count: each block scatters its edges there, in node order.

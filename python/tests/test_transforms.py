@@ -454,6 +454,26 @@ def test_knn_refuses_groups_that_break_their_contract(torch):
         knn_edges(pos, offsets, 1, groups=torch.tensor([0, 0, 1]))
 
 
+def test_knn_refuses_offsets_and_positions_that_do_not_fit(torch):
+    """Offsets that do not cover pos's rows from 0, in order, are a ValueError naming them
+    (they were torch's "allocated size does not match" or "repeats can not be negative")."""
+    from shardify.transforms import knn_edges
+
+    pos = torch.rand(5, 3)
+    for offsets in ([0, 6], [0, 4], [1, 5], [0, 3, 2, 5], [], [[0, 5]]):
+        with pytest.raises(ValueError, match=r"knn_edges: offsets must"):
+            knn_edges(pos, torch.tensor(offsets, dtype=torch.int64), 2)
+            pytest.fail(str(offsets))
+    with pytest.raises(ValueError, match=r"end at the node count \(5, the rows of pos\); "
+                                         r"they are \[0 3 2 5\]"):
+        knn_edges(pos, torch.tensor([0, 3, 2, 5]), 2)
+    with pytest.raises(ValueError, match=r"pos must be \[N, 3\] .* not shape \(5, 2\)"):
+        knn_edges(torch.rand(5, 2), torch.tensor([0, 5]), 2)
+    with pytest.raises(TypeError, match="offsets must be a torch tensor, not numpy.ndarray"):
+        knn_edges(pos, np.array([0, 5]), 2)
+    assert knn_edges(pos, torch.tensor([0, 2, 2, 5]), 1).shape == (2, 5), "an empty event"
+
+
 def test_knn_refuses_an_unknown_method(torch, monkeypatch):
     """SHARDIFY_KNN names torch or fused; anything else is an error naming the variable, and
     an empty value is the default (torch)."""
@@ -575,4 +595,11 @@ def test_adapters_refuse_what_they_cannot_do(train_dir, torch):
         knn_edges(batch["dom_position"], batch["event_dom_offsets"], 0)
     with pytest.raises(ValueError, match="invalid standardize"):
         to_pyg(batch, standardize="icecube")
+    arrays = next(iter(shardify.Loader(train_dir, batch_events=8, output="numpy")))
+    for adapter in (time_ordered, to_pyg):
+        with pytest.raises(TypeError, match="needs torch tensors, and section event_id is "
+                                            "numpy.ndarray: make the loader with output="):
+            adapter(arrays)
+    wrapped = {name: torch.from_numpy(array) for name, array in arrays.items()}
+    assert time_ordered(wrapped)["pulse_time"].shape == arrays["pulse_time"].shape
 
