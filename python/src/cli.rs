@@ -11,6 +11,8 @@ mod command;
 #[pyfunction]
 pub fn run_cli(py: Python<'_>, argv: Vec<String>) -> u8 {
     py.detach(|| {
-        crate::log::printing_to_stderr(|| command::run_cli(argv.into_iter().map(Into::into)))
+        crate::log::printing_to_stderr(command::console::stderr_filter(), || {
+            command::run_cli(argv.into_iter().map(Into::into))
+        })
     })
 }

@@ -9,10 +9,10 @@
 //! warnings to stderr; `logging.getLogger("shardify")` configures them.
 //!
 //! The console script prints them to stderr at once instead ([`printing_to_stderr`]), as the
-//! `shardify` binary does.
+//! `shardify` binary does, at the levels `RUST_LOG` chooses as the binary's.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 
 use pyo3::prelude::*;
 use tracing::field::{Field, Visit};
@@ -20,6 +20,7 @@ use tracing::{Event, Level, Subscriber};
 use tracing_subscriber::filter::LevelFilter;
 use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
 use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{reload, EnvFilter, Registry};
 
 /// At most this many events wait for Python; later ones are counted, not kept.
 const KEPT_AT_MOST: usize = 256;
@@ -34,19 +35,43 @@ static ANY_WAITING: AtomicBool = AtomicBool::new(false);
 /// Set by the console script: events go to stderr when they happen.
 static TO_STDERR: AtomicBool = AtomicBool::new(false);
 
+/// The events the layer sees: INFO and above for Python, the command line's choice while
+/// it runs ([`printing_to_stderr`]).
+static FILTER: OnceLock<reload::Handle<EnvFilter, Registry>> = OnceLock::new();
+
+/// What Python's `logging` is handed: INFO and above (its loggers filter further).
+fn for_python() -> EnvFilter {
+    EnvFilter::default().add_directive(LevelFilter::INFO.into())
+}
+
 /// Makes the layer the process's `tracing` subscriber (once; a subscriber set before is
 /// kept), passing on INFO and above.
 pub fn install() {
-    let _ = tracing_subscriber::registry()
-        .with(Relay.with_filter(LevelFilter::INFO))
-        .try_init();
+    let (filter, handle) = reload::Layer::new(for_python());
+    if tracing_subscriber::registry()
+        .with(Relay.with_filter(filter))
+        .try_init()
+        .is_ok()
+    {
+        let _ = FILTER.set(handle);
+    }
 }
 
-/// Runs `command` with events printed to stderr when they happen (WARN and above, as the
-/// `shardify` binary prints them), not kept for Python.
-pub fn printing_to_stderr<T>(command: impl FnOnce() -> T) -> T {
+/// The layer's filter from now on (nothing where another subscriber was installed first).
+fn filter_events(filter: EnvFilter) {
+    if let Some(handle) = FILTER.get() {
+        let _ = handle.reload(filter);
+    }
+}
+
+/// Runs `command` with the events `filter` passes printed to stderr when they happen (the
+/// `shardify` binary's choice: WARN and above unless `RUST_LOG` says otherwise), not kept
+/// for Python.
+pub fn printing_to_stderr<T>(filter: EnvFilter, command: impl FnOnce() -> T) -> T {
     TO_STDERR.store(true, Ordering::Relaxed);
+    filter_events(filter);
     let result = command();
+    filter_events(for_python());
     TO_STDERR.store(false, Ordering::Relaxed);
     result
 }
@@ -104,10 +129,8 @@ impl<S: Subscriber> Layer<S> for Relay {
         event.record(&mut message);
         let level = *metadata.level();
         if TO_STDERR.load(Ordering::Relaxed) {
-            if level <= Level::WARN {
-                use std::io::Write as _;
-                let _ = writeln!(std::io::stderr(), "{level:>5} {}", message.0);
-            }
+            use std::io::Write as _;
+            let _ = writeln!(std::io::stderr(), "{level:>5} {}", message.0);
             return;
         }
         let name = metadata.target().replace("::", ".");

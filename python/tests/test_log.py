@@ -2,6 +2,7 @@
 next call that holds the GIL, and the console script's stderr at once."""
 
 import logging
+import os
 import subprocess
 import threading
 import time
@@ -49,3 +50,20 @@ def test_the_console_script_prints_the_warning_while_it_waits(train_dir, tmp_pat
         assert not (copy / "manifest.json").exists()
     out, _ = waiting.communicate(timeout=60)
     assert waiting.returncode == 0 and "checksums match" in out
+
+
+def test_the_console_script_takes_rust_log_as_the_binary_does(train_dir, tmp_path):
+    """RUST_LOG=error silences the warnings, as it does for the compiled binary (the console
+    script printed WARN and above whatever it said)."""
+    copy = tmp_path / "copy"
+    environment = {**os.environ, "RUST_LOG": "error"}
+    with locked_as_a_copy_would(copy):
+        waiting = subprocess.Popen([shardify_command(), "copy", str(train_dir), str(copy)],
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                   env=environment)
+        time.sleep(1.0)
+        assert waiting.poll() is None, "it waits for the lock"
+        assert not (copy / "manifest.json").exists()
+    out, err = waiting.communicate(timeout=60)
+    assert waiting.returncode == 0 and "checksums match" in out, err
+    assert WAITING not in err and "WARN" not in err, err

@@ -23,7 +23,7 @@ use shardify::source::InputSet;
 
 #[macro_use]
 #[path = "common/console.rs"]
-mod console;
+pub(crate) mod console;
 #[path = "common/sampler_args.rs"]
 mod sampler_args;
 use sampler_args::SamplerArgs;

@@ -26,17 +26,22 @@ macro_rules! tell {
 /// for another) or a slow path the user can avoid. `RUST_LOG` chooses other levels
 /// (`RUST_LOG=error` silences them, `RUST_LOG=info` adds e.g. why no GPU is used).
 pub fn log_to_stderr() {
-    let filter = tracing_subscriber::EnvFilter::builder()
-        .with_default_directive(tracing_subscriber::filter::LevelFilter::WARN.into())
-        .from_env_lossy();
     // A second call in one process (the Python package) keeps the first subscriber.
     let _ = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
-        .with_env_filter(filter)
+        .with_env_filter(stderr_filter())
         .without_time()
         .with_target(false)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .try_init();
+}
+
+/// What [`log_to_stderr`] prints: WARN and above, or what `RUST_LOG` asks for (also the
+/// Python package's console script's choice).
+pub fn stderr_filter() -> tracing_subscriber::EnvFilter {
+    tracing_subscriber::EnvFilter::builder()
+        .with_default_directive(tracing_subscriber::filter::LevelFilter::WARN.into())
+        .from_env_lossy()
 }
 
 /// The exit status of a command whose stdout's reader went away: the status a shell
