@@ -103,6 +103,44 @@ def test_a_truncated_shard_raises_dataset_error(train_copy, torch):
             pass
 
 
+TRUNCATED_WHILE_READ = """
+import os, sys, shardify
+loader = shardify.Loader(shardify.Dataset(sys.argv[1], checksums="off"), batch_events=5,
+                         output="numpy")
+batches = iter(loader)
+next(batches)
+for name in os.listdir(sys.argv[1]):
+    if name.startswith("shard_"):
+        os.truncate(os.path.join(sys.argv[1], name), 100)
+for _ in batches:
+    pass
+"""
+
+
+@pytest.mark.parametrize("faulthandler", [False, True])
+def test_a_shard_truncated_while_read_is_named_before_the_process_ends(train_copy, faulthandler):
+    """A shard cut short while a loader maps it faults the reader (SIGBUS): nothing can go
+    on, but the last line names the file and the byte, then the signal reaches what handled
+    it before (Python's faulthandler, which prints the traceback, or the default). Was a bare
+    "Bus error"."""
+    import re
+    import signal
+    import subprocess
+    import sys
+
+    flags = ["-X", "faulthandler"] if faulthandler else []
+    run = subprocess.run([sys.executable, *flags, "-c", TRUNCATED_WHILE_READ, str(train_copy)],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == -signal.SIGBUS, run
+    reported = re.findall(r"shardify: bus error \(SIGBUS\) reading (\S+) at byte (\d+): the "
+                          r"file is shorter than when it was mapped", run.stderr)
+    assert len(reported) == 1, run.stderr
+    path, offset = reported[0]
+    assert path.startswith(f"{train_copy}/shard_") and int(offset) >= 100, run.stderr
+    assert "`shardify copy`" in run.stderr
+    assert ("Fatal Python error: Bus error" in run.stderr) == faulthandler, run.stderr
+
+
 def test_dataset_error_is_catchable_from_the_package():
     assert issubclass(shardify.DatasetError, Exception)
     assert not issubclass(shardify.DatasetError, (ValueError, OSError))

@@ -89,6 +89,7 @@ pub fn rewrite_file(source: &Path, target: &Path, layout: ShardLayout) -> Result
     // SAFETY: a read-only map of a file this process wrote and renamed into place, which
     // nothing writes while the map lives (it is removed after).
     let map = unsafe { memmap2::Mmap::map(&file) }.at(source)?;
+    crate::dataset::fault_report::report_faults_on_mapped_files();
     let header =
         safetensors::parse(&map).map_err(|p| Error::shard(source, ShardProblem::from(p)))?;
     let view = ShardView::parse(&map, &header, 0, Validation::Structure)

@@ -3,6 +3,7 @@
 
 pub mod copy;
 pub mod dump;
+pub(crate) mod fault_report;
 pub mod huge_pages;
 pub mod inspect;
 mod sizes;
@@ -138,10 +139,14 @@ impl Shard {
             ));
         }
         // SAFETY: the map is read-only and shards are immutable once renamed into place (the
-        // converter never rewrites one); a file truncated by someone else while mapped would
-        // fault, which is the standard caveat of memory-mapped readers.
+        // converter never rewrites one); a file truncated by someone else while mapped
+        // faults its reader, the standard caveat of memory-mapped readers, which
+        // `fault_report` turns into a line naming the file before the process ends.
         let bytes = match unsafe { memmap2::Mmap::map(&file) } {
-            Ok(map) => ShardBytes::Mapped(map),
+            Ok(map) => {
+                fault_report::report_faults_on_mapped_files();
+                ShardBytes::Mapped(map)
+            }
             Err(e) => {
                 tracing::warn!(
                     "{}: cannot memory-map ({e}); reading it into memory instead",
