@@ -428,3 +428,104 @@ fn a_finished_copy_checked_copies_again_what_differs() {
     );
     assert!(dir_files(&records) == whole);
 }
+
+/// A private copy of dataset `ds` at `to`, to damage as a source.
+fn source_copy(ds: &Path, to: &Path) -> PathBuf {
+    std::fs::create_dir_all(to).unwrap();
+    for (name, bytes) in dir_files(ds) {
+        std::fs::write(to.join(name), bytes).unwrap();
+    }
+    to.to_path_buf()
+}
+
+/// The names `dir` holds, sorted.
+fn names_in(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+#[test]
+fn a_copy_an_io_error_ends_stays_stopped_and_the_same_copy_finishes_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = converted(dir.path(), "ds", 3);
+    let source = source_copy(&ds, &dir.path().join("source"));
+    let files = data_files(&ds);
+    // The third file cannot be opened (a link to nothing: a file the source's filesystem
+    // lost for a while). One thread copies the files in order, so the two before it are
+    // copied first.
+    std::fs::remove_file(source.join(&files[2])).unwrap();
+    std::os::unix::fs::symlink(dir.path().join("nowhere"), source.join(&files[2])).unwrap();
+    let copy = dir.path().join("copy");
+    let one_thread = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .unwrap();
+    let failed = one_thread.install(|| copy_dataset(&source, &copy, None, &Silent));
+    match failed {
+        Err(Error::Io { path, source: e }) => {
+            assert_eq!(path, source.join(&files[2]));
+            assert_eq!(e.kind(), std::io::ErrorKind::NotFound);
+        }
+        other => panic!("expected the missing file's error, got {other:?}"),
+    }
+    // Left as a stopped copy: its marker and whole files, no manifest, no temp file.
+    assert!(why_no_dataset(&copy).contains("a copy that did not finish"));
+    let left = names_in(&copy);
+    assert!(
+        left.contains(&files[0]) && left.contains(&files[1]),
+        "{left:?}"
+    );
+    assert!(!left.contains(&files[2]), "{left:?}");
+    let original = dir_files(&ds);
+    let finished: Vec<&String> = left.iter().filter(|n| *n != COPY_MARKER).collect();
+    for name in &finished {
+        let bytes = std::fs::read(copy.join(name)).unwrap();
+        assert!(original.get(*name) == Some(&bytes), "{name} is not whole");
+    }
+
+    std::fs::remove_file(source.join(&files[2])).unwrap();
+    std::fs::write(source.join(&files[2]), &original[&files[2]]).unwrap();
+    let resumed = copy_dataset(&source, &copy, None, &Silent).unwrap();
+    assert_eq!(resumed.outcome, CopyOutcome::Resumed);
+    assert_eq!(
+        resumed.kept,
+        finished.len(),
+        "the files finished before the error"
+    );
+    assert_same_files(&copy, &ds);
+    assert_eq!(dump_lines(&copy), dump_lines(&ds));
+}
+
+#[test]
+fn a_resumed_copy_that_meets_a_damaged_source_leaves_the_stopped_copy_it_found() {
+    let (dir, ds, copy) = a_stopped_copy_of_the_fixture();
+    let files = data_files(&ds);
+    let source = source_copy(&ds, &dir.path().join("source"));
+    flip_last_byte(&source.join(&files[0]));
+    std::fs::remove_file(copy.join(&files[0])).unwrap();
+    // The files but the marker, which each run writes again (the same bytes).
+    let stamps_of = |dir: &Path| {
+        let mut stamps = file_stamps(dir);
+        stamps.remove(COPY_MARKER).expect("the marker is there");
+        stamps
+    };
+    let stamps = stamps_of(&copy);
+
+    let failed = copy_dataset(&source, &copy, None, &Silent).unwrap_err();
+    assert!(
+        matches!(&failed, Error::Checksum { path, .. } if path.ends_with(&files[0])),
+        "{failed:?}"
+    );
+    // What the stopped copy held is there as it was (it was all removed before).
+    assert_eq!(stamps_of(&copy), stamps);
+    assert!(why_no_dataset(&copy).contains("a copy that did not finish"));
+
+    let resumed = copy_dataset(&ds, &copy, None, &Silent).unwrap();
+    assert_eq!(resumed.outcome, CopyOutcome::Resumed);
+    assert_eq!(resumed.kept, files.len() - 1);
+    assert_same_files(&copy, &ds);
+}

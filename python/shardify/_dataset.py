@@ -160,7 +160,9 @@ def copy_dataset(
     reader sees as arrays. By default the copy keeps the source's layout.
 
     Every file the manifest lists is checked against its size and checksum on the way
-    (a damaged one raises :class:`shardify.DatasetError` and nothing is left behind), the
+    (a damaged one raises :class:`shardify.DatasetError` and a fresh copy leaves nothing
+    behind; an :class:`OSError`, a failed read or a full disk, leaves a stopped copy that
+    the same call finishes once the cause is gone), the
     manifest is written last, and the copy is cached in huge pages where the filesystem
     supports them, which ``cp`` loses (the loader ran 9-15% faster at window 64 from such a
     copy than from ``cp``'s: docs/results.md, "Copies in huge pages").

@@ -1,5 +1,5 @@
 """``shardify.copy_dataset`` and ``shardify copy``: the same dataset elsewhere, byte for
-byte, or an exception and nothing left behind."""
+byte, or an exception and nothing left that reads as a dataset."""
 
 import signal
 import subprocess

@@ -245,6 +245,27 @@ impl Destination {
         check_space(&self.path, needed + manifest_bytes, "the copy")
     }
 
+    /// What a failed run leaves where the same copy run again can finish it: a stopped
+    /// copy, its marker and records, and every file it finished (each whole: renamed into
+    /// place after its copy); only the temp files of writes in flight are removed.
+    /// Returns whether there is such a copy (it was marked); where there is none, nothing
+    /// is touched.
+    pub fn leave_stopped(&self) -> bool {
+        if !self.path.join(COPY_MARKER).exists() {
+            return false;
+        }
+        if let Ok(entries) = std::fs::read_dir(&self.path) {
+            for entry in entries.flatten() {
+                let name = entry.file_name();
+                let name = name.to_string_lossy();
+                if is_temp_name(&name) && !is_copy_state(&name) {
+                    let _ = std::fs::remove_file(entry.path());
+                }
+            }
+        }
+        true
+    }
+
     /// Removes the directories this copy created, while they are empty: what a copy
     /// refused before writing anything leaves.
     pub fn remove_created(&self) {
@@ -273,6 +294,16 @@ impl Destination {
         self.clean_up();
         self.remove_created();
     }
+}
+
+/// How the names of a stopped copy's own state start: its marker ([`COPY_MARKER`]) and
+/// the record of each shard it wrote in another layout (`.tmp.copy.<shard>.json`), temp
+/// names that the finished copy removes.
+pub(super) const COPY_STATE_PREFIX: &str = ".tmp.copy.";
+
+/// Whether `name` is a stopped copy's own state ([`COPY_STATE_PREFIX`]).
+fn is_copy_state(name: &str) -> bool {
+    name.starts_with(COPY_STATE_PREFIX)
 }
 
 /// Creates `path` (and its missing parents) unless it is a directory already; returns the
@@ -353,5 +384,39 @@ mod tests {
         destination.undo(&[file]);
         // The files, the marker and the directories this copy created are gone.
         assert!(!dir.path().join("made").exists());
+    }
+
+    #[test]
+    fn a_stopped_copy_keeps_its_state_and_whole_files_but_no_write_in_flight() {
+        assert!(COPY_MARKER.starts_with(COPY_STATE_PREFIX) && is_temp_name(COPY_MARKER));
+        let dir = tempfile::tempdir().unwrap();
+        let destination = Destination::lock(dir.path()).unwrap();
+        let write = |name: &str| std::fs::write(dir.path().join(name), b"x").unwrap();
+        write("shard_00000.safetensors");
+        write(".tmp.shard_00001.safetensors.123.0");
+        assert!(
+            !destination.leave_stopped(),
+            "unmarked: nothing of a copy's to leave"
+        );
+        assert!(dir
+            .path()
+            .join(".tmp.shard_00001.safetensors.123.0")
+            .exists());
+        write(COPY_MARKER);
+        write(".tmp.copy.shard_00002.safetensors.json");
+        assert!(destination.leave_stopped());
+        let mut left: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(
+            left,
+            [
+                ".tmp.copy.json",
+                ".tmp.copy.shard_00002.safetensors.json",
+                "shard_00000.safetensors"
+            ]
+        );
     }
 }

@@ -38,14 +38,12 @@ use std::time::Instant;
 
 use rayon::prelude::*;
 
-use self::destination::{CopyOf, Destination, Holds};
+use self::destination::{CopyOf, Destination, Holds, COPY_STATE_PREFIX};
 use super::{ChecksumPolicy, Dataset, FirstRead, Shard};
 use crate::convert::relayout::write_view;
 use crate::convert::Progress;
 use crate::error::{Error, IoContext, Result};
-use crate::format::atomic::{
-    sync_dir, sync_file, write_atomic, write_bytes_atomic, Durability, TEMP_PREFIX,
-};
+use crate::format::atomic::{sync_dir, sync_file, write_atomic, write_bytes_atomic, Durability};
 use crate::format::checksum::{self, Checksum};
 use crate::format::chunked::MAPPED_FILE_CHUNK;
 use crate::format::manifest::DataFile;
@@ -119,6 +117,8 @@ impl CopyOutcome {
 /// layout (see the module's documentation). `destination` must be missing, empty, or hold
 /// this copy finished (nothing is written) or stopped (it is finished); anything else is
 /// [`Error::NotEmpty`] and left as it was. Another copy into `destination` is waited for.
+/// A copy that fails leaves a stopped copy where the same copy run again may finish it (an
+/// [`Error::Io`], or a run that had found a stopped copy), else removes what it made.
 /// Files are copied in parallel on rayon's pool; `progress` hears of phase `"copy"`, one
 /// unit per file (with its pulses). Files in `source` the manifest does not list are not
 /// copied.
@@ -193,7 +193,7 @@ pub fn copy_dataset_with(
     let done = match copied {
         Ok(done) => done,
         Err(e) => {
-            destination.undo(&files);
+            fail(&destination, &files, outcome, &e);
             return Err(e);
         }
     };
@@ -203,6 +203,25 @@ pub fn copy_dataset_with(
         outcome => outcome,
     };
     Ok(report(done, outcome))
+}
+
+/// Leaves what a run that ended with `error` made: a run that had found a stopped copy
+/// (`outcome` [`CopyOutcome::Resumed`]) leaves it stopped, with the files it finished too,
+/// and so does one that an operating-system error ended (a read or write that failed, a
+/// disk full past the estimate: the same copy run again may get past it, and keeps what
+/// was done); a fresh run that the source's data ended (a checksum, a shard's structure)
+/// removes what it made, as a finished copy's repair keeps every file its manifest names.
+fn fail(destination: &Destination, files: &[DataFile], outcome: CopyOutcome, error: &Error) {
+    let may_pass = matches!(error, Error::Io { .. });
+    if (outcome == CopyOutcome::Resumed || may_pass) && destination.leave_stopped() {
+        tracing::warn!(
+            "{}: the copy stopped at an error; the files it finished stay, and the same copy \
+             run again keeps them and finishes it (remove the directory to start over)",
+            destination.path().display()
+        );
+    } else {
+        destination.undo(files);
+    }
 }
 
 /// A finished copy's files: its shards, the bytes of all its files (the manifest's
@@ -356,7 +375,7 @@ impl CopyRun<'_> {
 /// Where a copy into another layout records the manifest entry of shard `name` once it
 /// is written: a temp file's name, removed with the others when the copy is finished.
 fn written_record(destination: &Path, name: &str) -> std::path::PathBuf {
-    destination.join(format!("{TEMP_PREFIX}copy.{name}.json"))
+    destination.join(format!("{COPY_STATE_PREFIX}{name}.json"))
 }
 
 /// Whether `destination` holds file `name` at `bytes` and checksum `xxh3`, as a stopped
