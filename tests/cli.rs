@@ -200,11 +200,14 @@ fn verify_against_the_other_split_names_whole_batches() {
         let rest = &line[line.find(before).unwrap() + before.len()..];
         rest.split(' ').next().unwrap().parse().unwrap()
     };
-    let absent: Vec<&str> = problems
-        .iter()
-        .copied()
-        .filter(|p| p.contains("events is in the dataset"))
-        .collect();
+    let saying = |words: &str| -> Vec<&str> {
+        problems
+            .iter()
+            .copied()
+            .filter(|p| p.contains(words))
+            .collect()
+    };
+    let absent = saying("events is in the dataset");
     assert_eq!(absent.len(), 2, "test batches 661 and 662: {stderr}");
     for (line, batch) in absent.iter().zip(["batch_661", "batch_662"]) {
         assert!(
@@ -214,11 +217,7 @@ fn verify_against_the_other_split_names_whole_batches() {
     }
     let test_events: u64 = absent.iter().map(|l| number_after(l, "none of its ")).sum();
     assert_eq!(test_events, 120, "{stderr}");
-    let extra: Vec<&str> = problems
-        .iter()
-        .copied()
-        .filter(|p| p.contains("the source has no such batch"))
-        .collect();
+    let extra = saying("the source has no such batch");
     assert_eq!(extra.len(), 3, "train batches 1, 2, 3: {stderr}");
     let train_events: u64 = extra.iter().map(|l| number_after(l, "")).sum();
     assert_eq!(train_events, 300, "{stderr}");
