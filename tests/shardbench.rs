@@ -1086,3 +1086,52 @@ fn largest_batch_bytes_is_the_largest_batch_the_loader_delivers() {
         );
     }
 }
+
+/// A dataset too small to measure says so: no events is an error naming the directory,
+/// a few batches an epoch or a window wider than the dataset a warning.
+#[test]
+fn a_dataset_too_small_to_measure_says_so() {
+    let (dir, ds) = converted_fixture();
+    let json = dir.path().join("report.json");
+    let out = quick_shardbench(&ds, &json, &["--no-baselines"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("warning: 300 events make 10 batches of 32 an epoch"),
+        "{stderr}"
+    );
+    // --quick measures windows 1 and 4: 4 blocks of 16 events are within the 300.
+    assert!(!stderr.contains("covers"), "{stderr}");
+    let wide = Command::new(env!("CARGO_BIN_EXE_shardbench"))
+        .arg(&ds)
+        .args(["--no-baselines", "--windows", "1,64", "--epochs", "2"])
+        .args(["--batch-events", "8", "--block-events", "16"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&wide.stderr);
+    assert!(wide.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("window 64 covers 1024 events (16 per block), more than the dataset's 300"),
+        "{stderr}"
+    );
+
+    let empty_source = dir.path().join("empty-source");
+    let nothing = shardify::synth::SynthOptions {
+        events: 0,
+        files: 1,
+        ..Default::default()
+    };
+    shardify::synth::write_dataset(&empty_source, &nothing).unwrap();
+    let empty = dir.path().join("empty");
+    convert_all(&empty_source, "train", &empty, &options(1, 1)).unwrap();
+    let refused = quick_shardbench(&empty, &json, &["--no-baselines"]);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "{}: holds no events, so there is nothing to measure",
+            empty.display()
+        )),
+        "{stderr}"
+    );
+}

@@ -125,6 +125,41 @@ fn main() -> std::process::ExitCode {
     std::process::ExitCode::from(console::exit_status(bench(Args::parse())))
 }
 
+/// Batches an epoch under which the figures are the noise of a few batches.
+const FEW_BATCHES: u64 = 64;
+
+/// Refuses a dataset with no events (nothing to time), and warns where the figures would
+/// not mean what they say: an epoch of a few batches, or a window wider than the dataset
+/// (whose rows then measure the narrower window the dataset allows).
+fn check_size(dataset: &Dataset, sampler: &SamplerArgs, windows: &[usize]) -> Result<()> {
+    let events = dataset.manifest().totals.events;
+    anyhow::ensure!(
+        events > 0,
+        "{}: holds no events, so there is nothing to measure (`shardify-gen --events 320000 \
+         --files 8` writes data with the real statistics to convert)",
+        dataset.dir().display()
+    );
+    let batches = events.div_ceil(sampler.batch_events.max(1) as u64);
+    if batches < FEW_BATCHES {
+        tell!(
+            "warning: {events} events make {batches} batches of {} an epoch: the figures are \
+             a few batches' noise (`shardify-gen --events 320000 --files 8` writes data with \
+             the real statistics)",
+            sampler.batch_events
+        );
+    }
+    let widest = windows.iter().copied().max().unwrap_or(1);
+    let covered = (widest * sampler.block_events) as u64;
+    if covered > events {
+        tell!(
+            "warning: window {widest} covers {covered} events ({} per block), more than the \
+             dataset's {events}: its rows measure the narrower window the dataset holds",
+            sampler.block_events
+        );
+    }
+    Ok(())
+}
+
 /// The whole run: the report's files, then its table on stdout.
 fn bench(args: Args) -> Result<()> {
     if let Some(plot) = &args.plot {
@@ -134,6 +169,8 @@ fn bench(args: Args) -> Result<()> {
         );
     }
     let dataset = Arc::new(Dataset::open(&args.dataset, ChecksumPolicy::Full)?);
+    let windows = if args.quick { vec![1, 4] } else { args.windows };
+    check_size(&dataset, &args.sampler, &windows)?;
     let source = if args.no_baselines {
         None
     } else if let Some(dir) = &args.source {
@@ -149,7 +186,7 @@ fn bench(args: Args) -> Result<()> {
         Some(inputs)
     };
     let config = BenchConfig {
-        windows: if args.quick { vec![1, 4] } else { args.windows },
+        windows,
         batch_events: args.sampler.batch_events,
         block_events: args.sampler.block_events,
         run_events: args.sampler.run_events,
