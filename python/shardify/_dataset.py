@@ -18,6 +18,9 @@ if TYPE_CHECKING:
 # chosen part).
 _Recipe = tuple[Any, ...]
 
+#: A directory as Python's file functions take it (bytes are decoded as ``os.fsdecode`` does).
+PathArg = str | bytes | os.PathLike[str] | os.PathLike[bytes]
+
 
 class Dataset:
     """An opened dataset directory.
@@ -32,9 +35,9 @@ class Dataset:
     it held (:attr:`identity`).
     """
 
-    def __init__(self, path: str | os.PathLike[str], checksums: str = "lazy"):
-        self._native = _native.Dataset(os.fspath(path), checksums)
-        self._recipe: _Recipe = ("open", os.path.abspath(os.fspath(path)), checksums)
+    def __init__(self, path: PathArg, checksums: str = "lazy"):
+        self._native = _native.Dataset(os.fsdecode(path), checksums)
+        self._recipe: _Recipe = ("open", os.path.abspath(os.fsdecode(path)), checksums)
 
     @classmethod
     def _of(cls, native: _native.Dataset, recipe: _Recipe) -> Dataset:
@@ -144,8 +147,8 @@ class Dataset:
 
 
 def copy_dataset(
-    source: str | os.PathLike[str],
-    destination: str | os.PathLike[str],
+    source: PathArg,
+    destination: PathArg,
     layout: str | None = None,
     check: bool = False,
 ) -> dict[str, Any]:
@@ -184,7 +187,7 @@ def copy_dataset(
         shardify.copy_dataset("/project/icecube/ds", "/tmp/ds")  # on every rank
     """
     shards, nbytes, written, outcome, kept, seconds = _native.copy_dataset(
-        os.fspath(source), os.fspath(destination), layout, check
+        os.fsdecode(source), os.fsdecode(destination), layout, check
     )
     return {"shards": shards, "bytes": nbytes, "written": written, "outcome": outcome,
             "kept": kept, "seconds": seconds}

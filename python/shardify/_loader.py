@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from . import _native
-from ._dataset import Dataset
+from ._dataset import Dataset, PathArg
 
 if TYPE_CHECKING:
     from ._resident import ResidentBatches
@@ -182,7 +182,7 @@ class Loader:
 
     def __init__(
         self,
-        dataset_or_path: Dataset | str | os.PathLike[str],
+        dataset_or_path: Dataset | PathArg,
         *,
         batch_events: int = 256,
         max_pulses: int | None = None,

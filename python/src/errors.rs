@@ -2,8 +2,8 @@
 //! caller can catch.
 
 use pyo3::exceptions::{
-    PyFileExistsError, PyFileNotFoundError, PyOSError, PyPermissionError, PyRuntimeError,
-    PyValueError,
+    PyFileExistsError, PyFileNotFoundError, PyNotADirectoryError, PyOSError, PyPermissionError,
+    PyRuntimeError, PyValueError,
 };
 use pyo3::prelude::*;
 use shardify::error::chain_text;
@@ -20,7 +20,8 @@ pyo3::create_exception!(
 );
 
 /// The Python exception for a library error: `ValueError` for a bad setting,
-/// `OSError` (`FileNotFoundError`, `PermissionError`) for the operating system's errors,
+/// `OSError` (`FileNotFoundError`, `PermissionError`, `NotADirectoryError`) for the
+/// operating system's errors,
 /// `FileExistsError` for an output directory that is not empty,
 /// `RuntimeError` for the CUDA driver, [`DatasetError`] for damaged or inconsistent data.
 pub fn to_py(error: Error) -> PyErr {
@@ -30,6 +31,7 @@ pub fn to_py(error: Error) -> PyErr {
         Error::Io { source, .. } => match source.kind() {
             std::io::ErrorKind::NotFound => PyFileNotFoundError::new_err(message),
             std::io::ErrorKind::PermissionDenied => PyPermissionError::new_err(message),
+            std::io::ErrorKind::NotADirectory => PyNotADirectoryError::new_err(message),
             _ => PyOSError::new_err(message),
         },
         Error::NoSpace { .. } => PyOSError::new_err(message),

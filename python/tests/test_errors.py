@@ -1,6 +1,7 @@
 """Bad arguments and damaged data raise the documented exception types, naming the cause."""
 
 import json
+import os
 
 import pytest
 import shardify
@@ -60,6 +61,23 @@ def test_a_bad_gather_setting_in_the_environment_is_refused_naming_it(
 def test_bad_checksum_policy(train_dir):
     with pytest.raises(ValueError, match="checksums"):
         shardify.Dataset(train_dir, checksums="sometimes")
+
+
+def test_a_file_is_not_a_dataset_directory(tmp_path):
+    """A file's path (a shard's, a manifest's) is NotADirectoryError saying what a dataset
+    is (was OSError: "FILE/manifest.json: Not a directory (os error 20)")."""
+    file = tmp_path / "manifest.json"
+    file.write_text("{}")
+    with pytest.raises(NotADirectoryError, match=f"^{file}: not a directory: a dataset is the "
+                                                 "directory `shardify convert` or"):
+        shardify.Dataset(file)
+
+
+def test_paths_as_bytes_are_taken_as_python_takes_them(train_dir, tmp_path):
+    assert len(shardify.Dataset(os.fsencode(train_dir))) == 300
+    assert len(shardify.Loader(os.fsencode(train_dir), batch_events=100)) == 3
+    copy = os.fsencode(tmp_path / "copy")
+    assert shardify.copy_dataset(os.fsencode(train_dir), copy)["outcome"] == "copied"
 
 
 def test_a_missing_dataset_is_file_not_found(tmp_path):

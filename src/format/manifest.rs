@@ -184,6 +184,11 @@ impl Manifest {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 return Err(no_manifest(dir));
             }
+            Err(e) if e.kind() == std::io::ErrorKind::NotADirectory => {
+                let text = "not a directory: a dataset is the directory `shardify convert` or \
+                            `shardify copy` wrote";
+                return Err(Error::io(dir, std::io::Error::new(e.kind(), text)));
+            }
             read => read.at(&path)?,
         };
         Ok((Manifest::parse(&path, &text)?, text))
@@ -373,6 +378,20 @@ mod tests {
             not_found(&missing),
             (missing.clone(), "no such dataset directory".into())
         );
+
+        let file = dir.path().join("file");
+        std::fs::write(&file, b"x").unwrap();
+        match Manifest::read(&file) {
+            Err(Error::Io { path, source }) => {
+                assert_eq!(path, file);
+                assert_eq!(source.kind(), std::io::ErrorKind::NotADirectory);
+                assert!(source
+                    .to_string()
+                    .starts_with("not a directory: a dataset is"));
+            }
+            other => panic!("expected not-a-directory, got {other:?}"),
+        }
+        std::fs::remove_file(&file).unwrap();
 
         let (path, text) = not_found(dir.path());
         assert_eq!(path, dir.path().join(MANIFEST_FILE));
