@@ -210,10 +210,15 @@ pub fn copy_dataset_with(
 /// and so does one that an operating-system error ended (a read or write that failed, a
 /// disk full past the estimate: the same copy run again may get past it, and keeps what
 /// was done); a fresh run that the source's data ended (a checksum, a shard's structure)
-/// removes what it made, as a finished copy's repair keeps every file its manifest names.
+/// removes what it made. A finished copy's repair keeps every file its manifest names.
 fn fail(destination: &Destination, files: &[DataFile], outcome: CopyOutcome, error: &Error) {
     let may_pass = matches!(error, Error::Io { .. });
-    if (outcome == CopyOutcome::Resumed || may_pass) && destination.leave_stopped() {
+    let leave = match outcome {
+        CopyOutcome::Resumed => true,
+        CopyOutcome::Copied => may_pass,
+        CopyOutcome::Repaired | CopyOutcome::Present => false,
+    };
+    if leave && destination.leave_stopped() {
         tracing::warn!(
             "{}: the copy stopped at an error; the files it finished stay, and the same copy \
              run again keeps them and finishes it (remove the directory to start over)",
