@@ -1,0 +1,378 @@
+//! The global event sequence of an epoch: the stored order rotated, cut into blocks,
+//! permuted, and drawn window by window.
+
+use super::{BatchOrder, EventRef, EventSizes, SamplerConfig};
+use crate::rng::Rng;
+
+/// `len` consecutive events of the stored order from global position `start`.
+#[derive(Debug, Clone, Copy)]
+struct Block {
+    start: u64,
+    len: u64,
+}
+
+const STREAM_BLOCKS: u64 = 0x0b10_c4b1;
+const STREAM_WINDOW: u64 = 0x3a7d_0e11;
+
+const STREAM_ROTATION: u64 = 0x5107_a7e5;
+
+/// The stored order (shards concatenated in manifest order), rotated by an epoch's offset:
+/// position `p` is the event at stored position `(p + rotation) % total`.
+#[derive(Debug, Clone)]
+struct StoredOrder {
+    /// Stored position of each shard's first event, and the total at the end.
+    shard_starts: Vec<u64>,
+    rotation: u64,
+}
+
+impl StoredOrder {
+    fn new(shard_events: &[usize], rotation: impl FnOnce(u64) -> u64) -> StoredOrder {
+        let mut shard_starts = Vec::with_capacity(shard_events.len() + 1);
+        let mut total = 0u64;
+        shard_starts.push(0);
+        for &n in shard_events {
+            total += n as u64;
+            shard_starts.push(total);
+        }
+        let rotation = if total == 0 { 0 } else { rotation(total) };
+        StoredOrder {
+            shard_starts,
+            rotation,
+        }
+    }
+
+    fn total(&self) -> u64 {
+        *self.shard_starts.last().expect("at least the total")
+    }
+
+    /// Appends the events at (rotated) positions `start..end` to `out`.
+    fn extend(&self, start: u64, end: u64, out: &mut Vec<EventRef>) {
+        self.pieces(start, end, |shard, indexes| {
+            out.extend(indexes.map(|index| EventRef { shard, index }))
+        });
+    }
+
+    /// Calls `piece` with each shard's run of the events at (rotated) positions
+    /// `start..end`, in order.
+    fn pieces(&self, start: u64, end: u64, mut piece: impl FnMut(u32, std::ops::Range<u32>)) {
+        // Rotated position `wrap` is stored position 0.
+        let wrap = self.total() - self.rotation;
+        if start < wrap {
+            let (a, b) = (start + self.rotation, end.min(wrap) + self.rotation);
+            self.stored_pieces(a, b, &mut piece);
+        }
+        if end > wrap {
+            self.stored_pieces(start.max(wrap) - wrap, end - wrap, &mut piece);
+        }
+    }
+
+    /// As [`StoredOrder::pieces`], for stored positions `start..end` (`end <= total`).
+    fn stored_pieces(
+        &self,
+        start: u64,
+        end: u64,
+        piece: &mut impl FnMut(u32, std::ops::Range<u32>),
+    ) {
+        // The last shard starting at or before `start` (empty shards skipped).
+        let mut shard = self.shard_starts.partition_point(|&s| s <= start) - 1;
+        let mut position = start;
+        while position < end {
+            let shard_end = self.shard_starts[shard + 1];
+            let stop = end.min(shard_end);
+            let first = position - self.shard_starts[shard];
+            piece(shard as u32, first as u32..(first + stop - position) as u32);
+            position = stop;
+            shard += 1;
+        }
+    }
+}
+
+/// The global event sequence of one epoch, produced window by window (memory bounded by a
+/// window, whatever the epoch length).
+pub(super) struct EventStream {
+    stored: StoredOrder,
+    blocks: Vec<Block>,
+    window_blocks: usize,
+    run_events: u64,
+    /// `false`: the stored order (see [`SamplerConfig::shuffle`]).
+    shuffle: bool,
+    seed: u64,
+    epoch: u64,
+    next_window: usize,
+    window: Window,
+    /// Windows whose events were announced through [`EventSizes::read_ahead`].
+    announced: usize,
+}
+
+/// One window's events and the order they are drawn in.
+#[derive(Debug, Default)]
+pub(super) struct Window {
+    /// The window's events in rotated order (its blocks sorted by start): in stored order
+    /// but for at most one wrap from the last shard to the first.
+    events: Vec<EventRef>,
+    /// Indexes into `events`, in drawn order.
+    drawn: Vec<u32>,
+    /// How many of `drawn` were handed out.
+    taken: usize,
+}
+
+/// The memory a batch's events are put in stored order with: one bit per event of the
+/// window, or a radix sort's buffers. Written for every batch, so it is kept where the
+/// planning happens ([`super::EpochBatches::next_reusing`]): the loader keeps one with its
+/// sampler, which a thread takes for 16 batches at a time. Threads planning in turn, one
+/// batch each, through one scratch passed its lines from core to core with every batch,
+/// which costs most where the cores share no cache.
+#[derive(Debug, Default)]
+pub struct PlanScratch {
+    bitmap: Vec<u64>,
+    sorting: RadixScratch,
+}
+
+impl Window {
+    pub(super) fn remaining(&self) -> usize {
+        self.drawn.len() - self.taken
+    }
+
+    /// The next event to hand out.
+    pub(super) fn peek(&self, ahead: usize) -> EventRef {
+        self.events[self.drawn[self.taken + ahead] as usize]
+    }
+
+    /// Hands out the next `n` events, appended to `out` in drawn or in stored order (put
+    /// in order in `scratch`).
+    pub(super) fn take(
+        &mut self,
+        n: usize,
+        order: BatchOrder,
+        out: &mut Vec<EventRef>,
+        scratch: &mut PlanScratch,
+    ) {
+        let piece = &self.drawn[self.taken..self.taken + n];
+        self.taken += n;
+        let from = out.len();
+        match order {
+            BatchOrder::Drawn => out.extend(piece.iter().map(|&i| self.events[i as usize])),
+            BatchOrder::Stored if self.events.len() <= BITMAP_SPREAD * n => {
+                // Sorted through a bitmap of the window: linear, where a comparison sort
+                // of a 256-event batch costs 2.5 µs, as much as gathering 50 KB. Dense
+                // words (a small window) cost a word each; sparse ones a mispredicted
+                // branch each, where the radix sort below has none.
+                let bits = &mut scratch.bitmap;
+                bits.clear();
+                bits.resize(self.events.len().div_ceil(64), 0);
+                for &i in piece {
+                    bits[i as usize / 64] |= 1 << (i % 64);
+                }
+                for (w, &word) in bits.iter().enumerate() {
+                    let mut word = word;
+                    while word != 0 {
+                        out.push(self.events[w * 64 + word.trailing_zeros() as usize]);
+                        word &= word - 1;
+                    }
+                }
+            }
+            BatchOrder::Stored => {
+                let sorted = radix_sort(piece, self.events.len(), &mut scratch.sorting);
+                out.extend(sorted.iter().map(|&i| self.events[i as usize]));
+            }
+        }
+        if order == BatchOrder::Stored {
+            // Rotated order is stored order from the rotation offset on: bring the events
+            // past the wrap (the first shard's) to the front.
+            let piece = &mut out[from..];
+            if let Some(wrap) = piece.windows(2).position(|w| w[1] < w[0]) {
+                piece.rotate_left(wrap + 1);
+            }
+        }
+    }
+}
+
+/// A piece of a batch is put in stored order through a bitmap of its window when the
+/// window holds at most this many times as many events as the piece (4 bits a word on
+/// average), else by [`radix_sort`]. Planning costs the same either way at 16 (window 16
+/// with blocks the size of a batch); at 64 it took 2.2 µs a batch with the bitmap, 1.4
+/// with the radix sort (the sampler's whole order, 2-core Zen 5, docs/results.md).
+const BITMAP_SPREAD: usize = 16;
+
+/// Bits of the digits [`radix_sort`] sorts by, at most.
+const RADIX_BITS: u32 = 8;
+
+/// The buffers [`radix_sort`] reuses from one call to the next.
+#[derive(Debug, Default)]
+struct RadixScratch {
+    keys: Vec<u32>,
+    swap: Vec<u32>,
+    counts: Vec<u32>,
+}
+
+/// `keys` (each below `bound`), ascending, in `scratch`: a least-significant-digit radix
+/// sort, one counting pass per digit of at most [`RADIX_BITS`] bits (two for windows up to
+/// 65,536 events). No comparisons and no branch on the data, where the bitmap's sparse
+/// words cost a mispredicted branch each.
+fn radix_sort<'s>(keys: &[u32], bound: usize, scratch: &'s mut RadixScratch) -> &'s [u32] {
+    let bits = usize::BITS - bound.saturating_sub(1).leading_zeros();
+    let passes = bits.div_ceil(RADIX_BITS).max(1);
+    let width = bits.div_ceil(passes);
+    let RadixScratch {
+        keys: from,
+        swap: to,
+        counts,
+    } = scratch;
+    from.clear();
+    from.extend_from_slice(keys);
+    to.clear();
+    to.resize(keys.len(), 0);
+    for pass in 0..passes {
+        let (shift, mask) = (pass * width, (1u32 << width) - 1);
+        counts.clear();
+        counts.resize(1 << width, 0);
+        for &k in from.iter() {
+            counts[((k >> shift) & mask) as usize] += 1;
+        }
+        let mut sum = 0;
+        for c in counts.iter_mut() {
+            (*c, sum) = (sum, sum + *c);
+        }
+        for &k in from.iter() {
+            let slot = &mut counts[((k >> shift) & mask) as usize];
+            to[*slot as usize] = k;
+            *slot += 1;
+        }
+        std::mem::swap(from, to);
+    }
+    from
+}
+
+impl EventStream {
+    pub(super) fn new(shard_events: &[usize], config: &SamplerConfig, epoch: u64) -> EventStream {
+        let stored = StoredOrder::new(shard_events, |total| match config.shuffle {
+            true => Rng::stream(config.seed ^ STREAM_ROTATION, epoch).below(total),
+            false => 0,
+        });
+        let size = config.block_events as u64;
+        let mut blocks: Vec<Block> = (0..stored.total().div_ceil(size))
+            .map(|b| Block {
+                start: b * size,
+                len: size.min(stored.total() - b * size),
+            })
+            .collect();
+        // The short block, if any, stays last: a short block in the middle of the epoch
+        // would shift every later batch off the block boundaries.
+        let full = (stored.total() / size) as usize;
+        if config.shuffle {
+            Rng::stream(config.seed ^ STREAM_BLOCKS, epoch).shuffle(&mut blocks[..full]);
+        }
+        EventStream {
+            stored,
+            blocks,
+            window_blocks: config.window_blocks,
+            run_events: config.run_events as u64,
+            shuffle: config.shuffle,
+            seed: config.seed,
+            epoch,
+            next_window: 0,
+            window: Window::default(),
+            announced: 0,
+        }
+    }
+
+    /// The epoch's rotation of the stored order (its tests' view of where blocks start).
+    #[cfg(test)]
+    pub(super) fn rotation(&self) -> u64 {
+        self.stored.rotation
+    }
+
+    /// Announces the events of the windows up to the one after the current, not announced
+    /// yet, to `sizes` (see [`EventSizes::read_ahead`]).
+    pub(super) fn announce(&mut self, sizes: &dyn EventSizes) {
+        let through = (self.next_window + 1).min(self.blocks.len().div_ceil(self.window_blocks));
+        while self.announced < through {
+            let first = self.announced * self.window_blocks;
+            let last = (first + self.window_blocks).min(self.blocks.len());
+            for b in &self.blocks[first..last] {
+                self.stored
+                    .pieces(b.start, b.start + b.len, |shard, events| {
+                        sizes.read_ahead(shard, events)
+                    });
+            }
+            self.announced += 1;
+        }
+    }
+
+    /// The current window while it has events left, else the next one; `None` at the end
+    /// of the epoch.
+    pub(super) fn window(&mut self) -> Option<&mut Window> {
+        while self.window.remaining() == 0 {
+            let first = self.next_window * self.window_blocks;
+            if first >= self.blocks.len() {
+                return None;
+            }
+            let mut blocks =
+                self.blocks[first..(first + self.window_blocks).min(self.blocks.len())].to_vec();
+            blocks.sort_unstable_by_key(|b| b.start);
+            let w = &mut self.window;
+            w.events.clear();
+            w.drawn.clear();
+            w.taken = 0;
+            let mut runs: Vec<(u32, u32)> = Vec::new();
+            for b in &blocks {
+                let first_event = w.events.len() as u64;
+                self.stored.extend(b.start, b.start + b.len, &mut w.events);
+                if self.run_events > 1 {
+                    runs.extend((0..b.len).step_by(self.run_events as usize).map(|start| {
+                        let len = self.run_events.min(b.len - start);
+                        ((first_event + start) as u32, len as u32)
+                    }));
+                }
+            }
+            let stream = (self.epoch << 32) ^ self.next_window as u64;
+            let mut rng = Rng::stream(self.seed ^ STREAM_WINDOW, stream);
+            if !self.shuffle {
+                w.drawn.extend(0..w.events.len() as u32);
+            } else if self.run_events > 1 {
+                rng.shuffle(&mut runs);
+                w.drawn
+                    .extend(runs.iter().flat_map(|&(start, len)| start..start + len));
+            } else {
+                w.drawn.extend(0..w.events.len() as u32);
+                rng.shuffle(&mut w.drawn);
+            }
+            self.next_window += 1;
+        }
+        Some(&mut self.window)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn radix_sort_sorts_keys_of_every_width() {
+        let mut scratch = RadixScratch::default();
+        let mut rng = crate::rng::Rng::new(7);
+        // One pass (up to 8 bits), two, three and four; bounds just past a power of two
+        // leave a short last digit.
+        for bound in [
+            1usize,
+            2,
+            3,
+            200,
+            256,
+            257,
+            4096,
+            16_384,
+            65_537,
+            1 << 20,
+            1 << 32,
+        ] {
+            for n in [0usize, 1, 2, 255, 1000] {
+                let keys: Vec<u32> = (0..n).map(|_| rng.below(bound as u64) as u32).collect();
+                let mut expected = keys.clone();
+                expected.sort_unstable();
+                let sorted = radix_sort(&keys, bound, &mut scratch);
+                assert_eq!(sorted, &expected[..], "bound {bound}, {n} keys");
+            }
+        }
+    }
+}

@@ -1,0 +1,363 @@
+//! The sampler's tests: every event once per epoch, for many seeds, world sizes, windows
+//! and batchings (property tests); resumes at any world size; runs, blocks and refusals.
+
+use super::batches::delivered_global_batches;
+use super::stream::EventStream;
+use super::*;
+use proptest::prelude::*;
+use std::collections::BTreeSet;
+
+struct Sizes(Vec<usize>);
+
+impl EventSizes for Sizes {
+    fn shard_events(&self) -> Vec<usize> {
+        self.0.clone()
+    }
+    fn pulses(&self, e: EventRef) -> usize {
+        1 + ((e.shard as usize * 7919 + e.index as usize * 104_729) % 97)
+    }
+}
+
+fn all(sizes: &Sizes, config: &SamplerConfig, epoch: u64) -> Vec<BatchPlan> {
+    EpochBatches::new(sizes, config, SamplerState::start(epoch)).collect()
+}
+
+fn batching() -> impl Strategy<Value = Batching> {
+    prop_oneof![
+        (1usize..40).prop_map(Batching::Events),
+        (1usize..400, proptest::option::of(1usize..30)).prop_map(|(max_pulses, max_events)| {
+            Batching::Pulses {
+                max_pulses,
+                max_events,
+            }
+        }),
+    ]
+}
+
+fn order() -> impl Strategy<Value = BatchOrder> {
+    prop_oneof![Just(BatchOrder::Stored), Just(BatchOrder::Drawn)]
+}
+
+#[test]
+fn a_refused_resume_names_the_setting_as_the_loader_takes_it() {
+    let saved = SamplerConfig {
+        batching: Batching::Events(7),
+        ..SamplerConfig::default()
+    };
+    let refusal = |ours: SamplerConfig| ours.check_resumable(&saved).unwrap_err().to_string();
+    let other_batching = SamplerConfig {
+        batching: Batching::Events(8),
+        ..saved.clone()
+    };
+    assert_eq!(
+        refusal(other_batching),
+        "invalid batching: the saved state has batch_events 7, this loader batch_events 8"
+    );
+    let pulses = |max_events| SamplerConfig {
+        batching: Batching::Pulses {
+            max_pulses: 4096,
+            max_events,
+        },
+        ..saved.clone()
+    };
+    assert!(refusal(pulses(None)).ends_with("this loader max_pulses 4096"));
+    assert!(refusal(pulses(Some(64))).ends_with("this loader max_pulses 4096, max_events 64"));
+    let other_order = SamplerConfig {
+        batch_order: BatchOrder::Drawn,
+        ..saved.clone()
+    };
+    assert_eq!(
+        refusal(other_order),
+        "invalid batch_order: the saved state has stored, this loader drawn"
+    );
+    let another_world = SamplerConfig {
+        world: 3,
+        rank: 2,
+        drop_last: true,
+        ..saved.clone()
+    };
+    assert!(another_world.check_resumable(&saved).is_ok());
+}
+
+/// Each event's position in the stored order (shards concatenated).
+fn stored_position(sizes: &Sizes, e: EventRef) -> u64 {
+    sizes.0[..e.shard as usize].iter().sum::<usize>() as u64 + u64::from(e.index)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    #[test]
+    fn every_event_once_per_epoch_across_ranks(
+        shards in proptest::collection::vec(0usize..300, 1..6),
+        seed in any::<u64>(), epoch in 0u64..5, block in 1usize..64, window in 1usize..8,
+        batching in batching(), world in 1usize..9, run in 1usize..12, batch_order in order(),
+    ) {
+        let sizes = Sizes(shards.clone());
+        let total: usize = shards.iter().sum();
+        let base = SamplerConfig { seed, block_events: block, window_blocks: window, run_events: run, batching, batch_order, shuffle: true, drop_last: false, rank: 0, world: 1 };
+        let reference: Vec<BatchPlan> = all(&sizes, &base, epoch);
+        let mut union = Vec::new();
+        for rank in 0..world {
+            let config = SamplerConfig { rank, world, ..base.clone() };
+            union.extend(all(&sizes, &config, epoch));
+        }
+        union.sort_by_key(|b| b.global_index);
+        prop_assert_eq!(&union, &reference, "the union of ranks is the world-1 sequence");
+        let events: Vec<EventRef> = reference.iter().flat_map(|b| b.events.clone()).collect();
+        prop_assert_eq!(events.len(), total);
+        prop_assert_eq!(events.iter().collect::<BTreeSet<_>>().len(), total, "no event twice");
+        for b in &reference {
+            let pulses: usize = b.events.iter().map(|&e| sizes.pulses(e)).sum();
+            match batching {
+                Batching::Events(n) => prop_assert!(b.events.len() <= n),
+                Batching::Pulses { max_pulses, max_events } => {
+                    prop_assert!(pulses <= max_pulses || b.events.len() == 1);
+                    prop_assert!(max_events.is_none_or(|m| b.events.len() <= m));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn drop_last_gives_equal_counts_and_loses_little(
+        shards in proptest::collection::vec(0usize..300, 1..6),
+        seed in any::<u64>(), block in 1usize..64, window in 1usize..8,
+        batching in batching(), world in 1usize..9, run in 1usize..12, batch_order in order(),
+    ) {
+        let sizes = Sizes(shards.clone());
+        let base = SamplerConfig { seed, block_events: block, window_blocks: window, run_events: run, batching, batch_order, shuffle: true, drop_last: true, rank: 0, world };
+        let per_rank: Vec<Vec<BatchPlan>> = (0..world).map(|rank| all(&sizes, &SamplerConfig { rank, ..base.clone() }, 1)).collect();
+        let counts: BTreeSet<usize> = per_rank.iter().map(|r| r.len()).collect();
+        prop_assert!(counts.len() <= 1, "every rank the same number of batches: {:?}", counts);
+        let kept: BTreeSet<EventRef> = per_rank.iter().flatten().flat_map(|b| b.events.clone()).collect();
+        let full = all(&sizes, &SamplerConfig { drop_last: false, world: 1, ..base.clone() }, 1);
+        prop_assert!(full.len() - per_rank.iter().map(|r| r.len()).sum::<usize>() <= world, "at most `world` batches dropped");
+        if let Batching::Events(n) = batching {
+            prop_assert!(per_rank.iter().flatten().all(|b| b.events.len() == n));
+        }
+        prop_assert_eq!(kept.len(), per_rank.iter().flatten().map(|b| b.events.len()).sum::<usize>());
+    }
+
+    #[test]
+    fn rank_batch_count_is_what_the_epoch_yields(
+        shards in proptest::collection::vec(0usize..300, 1..6),
+        seed in any::<u64>(), epoch in 0u64..3, block in 1usize..64, window in 1usize..8,
+        batching in batching(), world in 1usize..9, drop_last: bool, batch_order in order(),
+    ) {
+        let sizes = Sizes(shards);
+        for rank in 0..world {
+            let config = SamplerConfig { seed, block_events: block, window_blocks: window, run_events: 1, batching, batch_order, shuffle: true, drop_last, rank, world };
+            let yielded = all(&sizes, &config, epoch).len() as u64;
+            prop_assert_eq!(rank_batch_count(&sizes, &config, epoch, 0), yielded, "rank {} of {}", rank, world);
+        }
+    }
+
+    #[test]
+    fn resume_yields_exactly_the_rest(
+        shards in proptest::collection::vec(1usize..200, 1..4), seed in any::<u64>(),
+        batching in batching(), world in 1usize..4, rank_pick in 0usize..4, skip in 0u64..30, drop_last: bool,
+        run in 1usize..12, batch_order in order(),
+    ) {
+        let sizes = Sizes(shards);
+        let config = SamplerConfig { seed, block_events: 16, window_blocks: 3, run_events: run, batching, batch_order, shuffle: true, drop_last, rank: rank_pick % world, world };
+        let whole = all(&sizes, &config, 2);
+        let rest: Vec<BatchPlan> = EpochBatches::new(&sizes, &config, SamplerState::at(2, skip)).collect();
+        prop_assert_eq!(&rest[..], &whole[(skip as usize).min(whole.len())..]);
+    }
+
+    #[test]
+    fn a_state_resumes_at_any_world_size(
+        shards in proptest::collection::vec(1usize..200, 1..4), seed in any::<u64>(),
+        batching in batching(), world in 1usize..6, new_world in 1usize..9, taken in 0u64..12,
+        drop_last: bool, new_drop_last: bool, run in 1usize..6,
+    ) {
+        let sizes = Sizes(shards);
+        let base = SamplerConfig { seed, block_events: 16, window_blocks: 3, run_events: run, batching, drop_last, world, ..SamplerConfig::default() };
+        let every = all(&sizes, &SamplerConfig { world: 1, drop_last: false, ..base.clone() }, 1);
+        // Every rank of the old world took `taken` batches (or all it had), then stopped.
+        let mut seen: Vec<u64> = Vec::new();
+        let mut saved = None;
+        for rank in 0..world {
+            let config = SamplerConfig { rank, ..base.clone() };
+            let mut batches = EpochBatches::new(&sizes, &config, SamplerState::start(1));
+            let first: Vec<BatchPlan> = batches.by_ref().take(taken as usize).collect();
+            seen.extend(first.iter().map(|b| b.global_index));
+            let state = SamplerState::at(1, first.len() as u64);
+            if rank == 0 {
+                saved = Some(state);
+            }
+        }
+        let saved = saved.unwrap();
+        let resumed = SamplerState::resumed(&saved, world);
+        prop_assert_eq!(resumed.origin, saved.batches_taken * world as u64);
+        let new = SamplerConfig { world: new_world, drop_last: new_drop_last, ..base.clone() };
+        prop_assert!(new.check_resumable(&base).is_ok());
+        let mut counts = BTreeSet::new();
+        for rank in 0..new_world {
+            let config = SamplerConfig { rank, ..new.clone() };
+            let rest: Vec<BatchPlan> = EpochBatches::new(&sizes, &config, resumed).collect();
+            prop_assert_eq!(rest.len() as u64, rank_batch_count(&sizes, &config, 1, resumed.origin));
+            counts.insert(rest.len());
+            seen.extend(rest.iter().map(|b| b.global_index));
+        }
+        let unique: BTreeSet<u64> = seen.iter().copied().collect();
+        prop_assert_eq!(unique.len(), seen.len(), "no batch twice");
+        let end = if new_drop_last {
+            prop_assert!(counts.len() <= 1, "equal counts after the resume: {:?}", counts);
+            delivered_global_batches(&sizes, &new, 1, resumed.origin)
+        } else {
+            every.len() as u64
+        };
+        // Nothing skipped: every global batch before the end, but what the old world's
+        // drop_last had already cut off at its own end.
+        let old_end = if drop_last { delivered_global_batches(&sizes, &base, 1, 0) } else { every.len() as u64 };
+        let expected: BTreeSet<u64> = (0..end.max(resumed.origin.min(old_end))).filter(|&k| k < resumed.origin.min(old_end) || k >= resumed.origin).collect();
+        prop_assert_eq!(unique, expected);
+    }
+
+    #[test]
+    fn without_shuffle_every_epoch_is_the_stored_order(
+        shards in proptest::collection::vec(0usize..300, 1..6), seed in any::<u64>(),
+        block in 1usize..64, window in 1usize..8, batching in batching(), world in 1usize..5,
+        run in 1usize..12, batch_order in order(), epoch in 0u64..4,
+    ) {
+        let sizes = Sizes(shards.clone());
+        let config = SamplerConfig { seed, block_events: block, window_blocks: window, run_events: run, batching, batch_order, shuffle: false, world, ..SamplerConfig::default() };
+        let mut union: Vec<BatchPlan> = (0..world).flat_map(|rank| all(&sizes, &SamplerConfig { rank, ..config.clone() }, epoch)).collect();
+        union.sort_by_key(|b| b.global_index);
+        let events: Vec<u64> = union.iter().flat_map(|b| b.events.iter().map(|&e| stored_position(&sizes, e))).collect();
+        prop_assert_eq!(events, (0..shards.iter().sum::<usize>() as u64).collect::<Vec<_>>());
+        let other = SamplerConfig { seed: seed ^ 1, block_events: block + 3, rank: 0, world: 1, ..config.clone() };
+        let mut single = all(&sizes, &other, epoch + 1);
+        for b in &mut single { b.global_index = 0; }
+        for b in &mut union { b.global_index = 0; }
+        prop_assert_eq!(single, union, "the same batches whatever the seed, blocks or epoch");
+    }
+
+    #[test]
+    fn batch_order_changes_no_batch_content(
+        shards in proptest::collection::vec(0usize..400, 1..5),
+        seed in any::<u64>(), epoch in 0u64..4, block in 1usize..80, window in 1usize..20,
+        batching in batching(), run in 1usize..6,
+    ) {
+        let sizes = Sizes(shards);
+        let drawn = SamplerConfig { seed, block_events: block, window_blocks: window, run_events: run, batching, batch_order: BatchOrder::Drawn, ..SamplerConfig::default() };
+        let stored = SamplerConfig { batch_order: BatchOrder::Stored, ..drawn.clone() };
+        let (a, b) = (all(&sizes, &stored, epoch), all(&sizes, &drawn, epoch));
+        prop_assert_eq!(a.len(), b.len());
+        for (a, b) in a.iter().zip(&b) {
+            let mut sorted = b.events.clone();
+            sorted.sort();
+            prop_assert_eq!(&a.events, &sorted, "stored order: the drawn batch, sorted");
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(100))]
+
+    #[test]
+    fn a_reused_vector_changes_no_plan(
+        shards in proptest::collection::vec(0usize..300, 1..6),
+        seed in any::<u64>(), block in 1usize..64, window in 1usize..8,
+        batching in batching(), world in 1usize..4, batch_order in order(),
+        drop_last in any::<bool>(), stale in 0usize..600,
+    ) {
+        let sizes = Sizes(shards);
+        let config = SamplerConfig { seed, block_events: block, window_blocks: window, run_events: 4, batching, batch_order, shuffle: true, drop_last, rank: world - 1, world };
+        let expected = all(&sizes, &config, 1);
+        // Each plan is made in the vector of the one before, first in one holding
+        // events of another batch.
+        let mut batches = EpochBatches::new(&sizes, &config, SamplerState::start(1));
+        let mut reused = vec![EventRef { shard: 9, index: 9 }; stale];
+        let mut planned = Vec::new();
+        // Two scratches in turn, as two threads planning in turn use them.
+        let mut scratches = [PlanScratch::default(), PlanScratch::default()];
+        while let Some(plan) = batches.next_reusing(&mut reused, &mut scratches[planned.len() % 2]) {
+            prop_assert!(reused.is_empty(), "the plan took the events out");
+            planned.push(plan.clone());
+            reused = plan.events;
+        }
+        prop_assert_eq!(planned, expected);
+        prop_assert!(reused.capacity() >= stale, "the last vector kept its memory");
+    }
+}
+
+#[test]
+fn runs_are_consecutive_events_of_one_block() {
+    let sizes = Sizes(vec![100, 37]);
+    let config = SamplerConfig {
+        block_events: 20,
+        window_blocks: 3,
+        run_events: 8,
+        batching: Batching::Events(1000),
+        batch_order: BatchOrder::Drawn,
+        ..SamplerConfig::default()
+    };
+    for epoch in 0..4 {
+        let rotation = EventStream::new(&sizes.0, &config, epoch).rotation();
+        // Positions in the epoch's rotated order, where blocks start at multiples of 20.
+        let rotated: Vec<u64> = all(&sizes, &config, epoch)
+            .into_iter()
+            .flat_map(|b| b.events)
+            .map(|e| (stored_position(&sizes, e) + 137 - rotation) % 137)
+            .collect();
+        let mut i = 0;
+        while i < rotated.len() {
+            let p = rotated[i];
+            // A run starts at a multiple of 8 inside its block, ends after 8 events or at
+            // the block's end.
+            assert_eq!((p % 20) % 8, 0, "epoch {epoch}: {p}");
+            let len = 8.min(((p / 20 + 1) * 20).min(137) - p) as usize;
+            assert_eq!(rotated[i..i + len], (p..p + len as u64).collect::<Vec<_>>());
+            i += len;
+        }
+    }
+}
+
+#[test]
+fn window_one_batches_are_whole_blocks_in_stored_order() {
+    let sizes = Sizes(vec![1000, 1000, 37]);
+    let config = SamplerConfig {
+        block_events: 50,
+        window_blocks: 1,
+        batching: Batching::Events(50),
+        ..SamplerConfig::default()
+    };
+    let epochs: Vec<Vec<BatchPlan>> = (0..3).map(|e| all(&sizes, &config, e)).collect();
+    assert_ne!(epochs[0], epochs[1]);
+    let mut short_blocks = BTreeSet::new();
+    for batches in &epochs {
+        let (last, full) = batches.split_last().unwrap();
+        assert_eq!(last.events.len(), 2037 % 50, "the short block comes last");
+        short_blocks.insert(last.events.clone());
+        for b in batches {
+            assert!(b.events.windows(2).all(|w| w[0] < w[1]), "stored order");
+            // One block: consecutive stored positions, cyclically (rotated epochs wrap).
+            let mut p: Vec<u64> = b
+                .events
+                .iter()
+                .map(|&e| stored_position(&sizes, e))
+                .collect();
+            let gap = p.windows(2).position(|w| w[1] != w[0] + 1);
+            if let Some(g) = gap {
+                assert_eq!(
+                    (p[0], *p.last().unwrap()),
+                    (0, 2036),
+                    "only the wrap breaks a block"
+                );
+                p.rotate_left(g + 1);
+            }
+            assert!(p.windows(2).all(|w| (w[0] + 1) % 2037 == w[1]), "{p:?}");
+            if full.contains(b) {
+                assert_eq!(b.events.len(), 50);
+            }
+        }
+    }
+    assert_eq!(
+        short_blocks.len(),
+        3,
+        "the short block holds other events each epoch"
+    );
+}
