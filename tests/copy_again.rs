@@ -438,16 +438,6 @@ fn source_copy(ds: &Path, to: &Path) -> PathBuf {
     to.to_path_buf()
 }
 
-/// The names `dir` holds, sorted.
-fn names_in(dir: &Path) -> Vec<String> {
-    let mut names: Vec<String> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    names.sort();
-    names
-}
-
 #[test]
 fn a_copy_an_io_error_ends_stays_stopped_and_the_same_copy_finishes_it() {
     let dir = tempfile::tempdir().unwrap();
@@ -474,7 +464,7 @@ fn a_copy_an_io_error_ends_stays_stopped_and_the_same_copy_finishes_it() {
     }
     // Left as a stopped copy: its marker and whole files, no manifest, no temp file.
     assert!(why_no_dataset(&copy).contains("a copy that did not finish"));
-    let left = names_in(&copy);
+    let left: Vec<String> = file_stamps(&copy).into_keys().collect();
     assert!(
         left.contains(&files[0]) && left.contains(&files[1]),
         "{left:?}"

@@ -218,11 +218,19 @@ impl Destination {
     /// Removes the temp files of this and earlier runs (the marker among them), once the
     /// manifest is written; what cannot be removed is left, harmless.
     pub fn clean_up(&self) {
+        self.remove_temp_files(|_| false);
+    }
+
+    /// Removes the temp files in the destination but those `keep` names; what cannot be
+    /// removed is left, harmless.
+    fn remove_temp_files(&self, keep: impl Fn(&str) -> bool) {
         let Ok(entries) = std::fs::read_dir(&self.path) else {
             return;
         };
         for entry in entries.flatten() {
-            if is_temp_name(&entry.file_name().to_string_lossy()) {
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            if is_temp_name(&name) && !keep(&name) {
                 let _ = std::fs::remove_file(entry.path());
             }
         }
@@ -254,15 +262,7 @@ impl Destination {
         if !self.path.join(COPY_MARKER).exists() {
             return false;
         }
-        if let Ok(entries) = std::fs::read_dir(&self.path) {
-            for entry in entries.flatten() {
-                let name = entry.file_name();
-                let name = name.to_string_lossy();
-                if is_temp_name(&name) && !is_copy_state(&name) {
-                    let _ = std::fs::remove_file(entry.path());
-                }
-            }
-        }
+        self.remove_temp_files(is_copy_state);
         true
     }
 

@@ -12,8 +12,10 @@
 //! Each file is read once: its XXH3 is computed on the way and compared with the manifest's
 //! before the copy gets its name, so a damaged source never becomes a copy that looks
 //! valid. The manifest is written last, once every file is on stable storage: a copy
-//! stopped before that has no manifest and no dataset opens it. On an error, the files
-//! this copy made are removed again.
+//! stopped before that has no manifest and no dataset opens it. On an error that the same
+//! copy run again may get past (the operating system's), or in a run that finished a
+//! stopped copy, what it made stays as a stopped copy; on any other, the files this copy
+//! made are removed again.
 //!
 //! The same copy run again is cheap and safe (`destination.rs`): a destination locked by
 //! another copy is waited for; one that holds the finished copy is kept as it is; a copy
