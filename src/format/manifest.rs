@@ -1,6 +1,7 @@
 //! The dataset manifest (`manifest.json`): what a dataset directory holds, how it was made
 //! and from what. Written last, atomically: a directory without one is not a dataset.
 
+use std::io::ErrorKind;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
@@ -181,13 +182,8 @@ impl Manifest {
     pub fn read_with_bytes(dir: &Path) -> Result<(Manifest, Vec<u8>)> {
         let path = dir.join(MANIFEST_FILE);
         let text = match std::fs::read(&path) {
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::NotADirectory) => {
                 return Err(no_manifest(dir));
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotADirectory => {
-                let text = "not a directory: a dataset is the directory `shardify convert` or \
-                            `shardify copy` wrote";
-                return Err(Error::io(dir, std::io::Error::new(e.kind(), text)));
             }
             read => read.at(&path)?,
         };
@@ -301,20 +297,21 @@ fn copy_under_way(dir: &Path) -> bool {
 }
 
 /// The not-found error for a directory `dir` without a manifest, saying what it holds
-/// instead and what to do.
+/// instead and what to do (a not-a-directory error where `dir` is a file).
 fn no_manifest(dir: &Path) -> Error {
-    let not_found = |path: &Path, text: String| {
-        Error::io(
-            path,
-            std::io::Error::new(std::io::ErrorKind::NotFound, text),
-        )
-    };
+    let not_found =
+        |path: &Path, text: String| Error::io(path, std::io::Error::new(ErrorKind::NotFound, text));
     let entries: Vec<String> = match std::fs::read_dir(dir) {
         Ok(entries) => entries
             .filter_map(|entry| entry.ok()?.file_name().into_string().ok())
             .collect(),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+        Err(e) if e.kind() == ErrorKind::NotFound => {
             return not_found(dir, "no such dataset directory".into());
+        }
+        Err(e) if e.kind() == ErrorKind::NotADirectory => {
+            let text = "not a directory: a dataset is the directory `shardify convert` or \
+                        `shardify copy` wrote";
+            return Error::io(dir, std::io::Error::new(e.kind(), text));
         }
         Err(e) => return Error::io(dir, e),
     };
