@@ -36,8 +36,9 @@ class Dataset:
     """
 
     def __init__(self, path: PathArg, checksums: str = "lazy"):
-        self._native = _native.Dataset(os.fsdecode(path), checksums)
-        self._recipe: _Recipe = ("open", os.path.abspath(os.fsdecode(path)), checksums)
+        path = os.fsdecode(path)
+        self._native = _native.Dataset(path, checksums)
+        self._recipe: _Recipe = ("open", os.path.abspath(path), checksums)
 
     @classmethod
     def _of(cls, native: _native.Dataset, recipe: _Recipe) -> Dataset:

@@ -49,9 +49,7 @@ impl PyDataset {
     #[pyo3(signature = (path, checksums = "lazy"))]
     fn new(py: Python<'_>, path: PathBuf, checksums: &str) -> PyResult<Self> {
         let policy = checksum_policy(checksums).map_err(to_py)?;
-        let dataset = py.detach(|| Dataset::open(&path, policy));
-        crate::log::relay(py)?;
-        let dataset = dataset.map_err(to_py)?;
+        let dataset = crate::log::detached(py, || Dataset::open(&path, policy))?.map_err(to_py)?;
         Ok(PyDataset {
             view: View::from(Arc::new(dataset)),
         })
@@ -243,9 +241,9 @@ pub fn copy_dataset(
         .map_err(to_py)?;
     let report = loop {
         let options = copy::CopyOptions { layout, check };
-        let report =
-            py.detach(|| copy::copy_dataset_with(&source, &destination, &options, &Silent));
-        crate::log::relay(py)?;
+        let report = crate::log::detached(py, || {
+            copy::copy_dataset_with(&source, &destination, &options, &Silent)
+        })?;
         match report {
             // A signal ended a wait for another copy: Ctrl-C raises `KeyboardInterrupt`;
             // after any other signal Python handled, the copy (safe to run again) goes on.

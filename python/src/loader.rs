@@ -332,8 +332,7 @@ impl PyLoader {
         };
         config.validate().map_err(to_py)?;
         let choice = config.device;
-        let placement = py.detach(|| Placement::resolve(choice)).map_err(to_py)?;
-        crate::log::relay(py)?;
+        let placement = crate::log::detached(py, || Placement::resolve(choice))?.map_err(to_py)?;
         check_staging_fits(&dataset.view, &config, &placement).map_err(to_py)?;
         let keys = handed_out(&dataset.view, &config)
             .into_iter()

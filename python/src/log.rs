@@ -109,6 +109,14 @@ pub fn relay(py: Python<'_>) -> PyResult<()> {
     Ok(())
 }
 
+/// Runs `work` without the GIL, then hands Python the events it raised ([`relay`]),
+/// before its result (an error among it) is looked at.
+pub fn detached<T: Send>(py: Python<'_>, work: impl FnOnce() -> T + Send) -> PyResult<T> {
+    let done = py.detach(work);
+    relay(py)?;
+    Ok(done)
+}
+
 /// `logging`'s number for `level`.
 fn logging_level(level: Level) -> u32 {
     match level {
