@@ -334,16 +334,18 @@ def knn_edges(pos: Any, offsets: Any, k: int, *, groups: Any = None,
     pos = pos.to(torch.float32)
     offsets = offsets.long()
     nodes, events = pos.shape[0], offsets.shape[0] - 1
-    if offsets.device.type == "cpu":
-        # Free on the CPU; on a GPU they are checked with the counts read back below (bad
-        # ones may have tripped a device-side assertion of torch's first).
+    # Checked once: on the CPU here, where it is free; on a GPU with the counts read back
+    # below (bad ones may have tripped a device-side assertion of torch's first).
+    on_host = offsets.device.type == "cpu"
+    if on_host:
         _check_offsets(offsets.numpy(), nodes)
     node_event = torch.repeat_interleave(offsets.diff(), output_size=nodes)
     slot, group_pos, group_offsets, consistent = _position_groups(
         pos, offsets, node_event, groups, group_count)
     host = torch.cat([offsets, group_offsets, consistent.long()[None]]).cpu().numpy()
     starts_host, group_starts_host = host[:events + 1], host[events + 1:-1]
-    _check_offsets(starts_host, nodes)
+    if not on_host:
+        _check_offsets(starts_host, nodes)
     if not host[-1]:
         raise ValueError("knn_edges: groups must give each id's nodes one event and one "
                          "position, with ids ascending event by event")
