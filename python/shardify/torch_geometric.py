@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .transforms import choose_knn, knn_edges, time_ordered
+from .transforms import _require_packed, choose_knn, knn_edges, time_ordered
 
 #: The scalings ``standardize`` accepts.
 STANDARDIZATIONS = (None, "graphnet")
@@ -104,6 +104,9 @@ def to_pyg(batch: dict[str, Any], nodes: str = "pulses", *, standardize: str | N
     import torch
     from torch_geometric.data import Batch
 
+    _require_packed(batch, "to_pyg")
+    if isinstance(min_pulses, bool) or not isinstance(min_pulses, int) or min_pulses < 0:
+        raise ValueError(f"min_pulses must be a non-negative integer, not {min_pulses!r}")
     if standardize not in STANDARDIZATIONS:
         raise ValueError(f"invalid standardize: {standardize!r} (expected None or \"graphnet\")")
     if nodes == "pulses":
@@ -167,9 +170,6 @@ def _pulse_nodes(batch: dict[str, Any], standardize: str | None, max_pulses: int
 def _dom_nodes(batch: dict[str, Any], standardize: str | None) -> dict[str, Any]:
     import torch
 
-    from .transforms import _require_packed
-
-    _require_packed(batch, "to_pyg")
     event_doms = batch["event_dom_offsets"].long()
     dom_pulses = batch["dom_pulse_offsets"].long()
     pos = batch["dom_position"].to(torch.float32)

@@ -23,6 +23,7 @@ Host synchronisation (a GPU batch's sizes read back by the host):
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import Any
 
 #: The truncation rules of :func:`time_ordered`, see there.
@@ -77,10 +78,13 @@ _MASK64 = (1 << 64) - 1
 
 
 def _require_packed(batch: dict[str, Any], what: str) -> None:
-    """A ``ValueError`` naming the sections ``batch`` lacks, or a ``TypeError`` naming one
-    that is not a torch tensor (a loader's ``output="numpy"``)."""
+    """A ``ValueError`` naming the sections ``batch`` lacks, or a ``TypeError`` when it is no
+    dict of sections or one of them is not a torch tensor (a loader's ``output="numpy"``)."""
     import torch
 
+    if not isinstance(batch, Mapping):
+        raise TypeError(f"{what} takes a batch: the dict of sections a shardify.Loader yields, "
+                        f"not {type(batch).__module__}.{type(batch).__name__}")
     missing = [name for name in PACKED_SECTIONS if name not in batch]
     if missing:
         raise ValueError(f"{what} needs a packed batch with {', '.join(missing)} "

@@ -595,6 +595,18 @@ def test_adapters_refuse_what_they_cannot_do(train_dir, torch):
         knn_edges(batch["dom_position"], batch["event_dom_offsets"], 0)
     with pytest.raises(ValueError, match="invalid standardize"):
         to_pyg(batch, standardize="icecube")
+    # to_pyg names itself, not the time_ordered it calls, for either kind of node.
+    for nodes in ("pulses", "doms"):
+        with pytest.raises(ValueError, match="^to_pyg needs a packed batch with event_dom"):
+            to_pyg(padded, nodes)
+    with pytest.raises(ValueError, match="min_pulses must be a non-negative integer, not -1"):
+        to_pyg(batch, min_pulses=-1)
+    with pytest.raises(ValueError, match="min_pulses must be a non-negative integer, not 2.0"):
+        to_pyg(batch, min_pulses=2.0)
+    for adapter in (time_ordered, to_pyg):
+        with pytest.raises(TypeError, match="takes a batch: the dict of sections a "
+                                            "shardify.Loader yields, not builtins.list"):
+            adapter(list(batch.values()))
     arrays = next(iter(shardify.Loader(train_dir, batch_events=8, output="numpy")))
     for adapter in (time_ordered, to_pyg):
         with pytest.raises(TypeError, match="needs torch tensors, and section event_id is "
