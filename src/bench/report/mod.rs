@@ -2,35 +2,33 @@
 //! baselines, each with throughput, its ratio to memcpy measured in the same run, time per
 //! stage and shuffle quality; as a table for people and as JSON for tools.
 
+mod row;
 mod text;
 
 pub use text::table;
 
+use row::{Rows, Variant};
+
 use std::sync::Arc;
-use std::time::Instant;
 
 use serde::Serialize;
 
 use super::baselines::{SourceIndex, Throughput};
-use super::hand_off::{cache_line_round_trip_ns, CachePlacement};
+use super::hand_off::CachePlacement;
 use super::machine::Machine;
-use super::quality::{quality, EventInfo, Quality};
+use super::quality::{quality, Quality};
 use super::stages::{
-    cold_read_gb_per_s, copy_stage_gb_per_s, gather_stages, largest_batch_bytes, planning,
-    scattered_copy, shard_read_gb_per_s, BareGather, Consumer, GatherStages, GatherWay, GpuBounds,
-    Planning,
+    cold_read_gb_per_s, shard_read_gb_per_s, GatherStages, GatherWay, GpuBounds, Planning,
 };
-use super::{median, median_of, memcpy_gb_per_s};
-use crate::batch::{BatchLayout, ColumnsPasses};
-use crate::cores::process_cpu_seconds;
+use super::{median_of, memcpy_gb_per_s};
+use crate::batch::ColumnsPasses;
 use crate::dataset::huge_pages::shard_mapped_bytes;
 use crate::dataset::Dataset;
-use crate::device::staging::StagingPool;
 use crate::device::{DeviceChoice, Placement};
 use crate::error::Result;
-use crate::pipeline::{batches_ahead, Loader, LoaderConfig, WorkerScheduling};
+use crate::pipeline::{batches_ahead, WorkerScheduling};
 use crate::prefetch::PrefetchLevel;
-use crate::sampler::{BatchOrder, BatchPlan, Batching, SamplerConfig, SamplerState};
+use crate::sampler::BatchOrder;
 use crate::source::InputSet;
 
 /// What to run.
@@ -172,7 +170,7 @@ pub struct LoaderFigures {
     /// Seconds the loader's gather alone takes for the first measured epoch's batches,
     /// same run: its workers' count of threads gathering alternate batches into the
     /// loader's staging buffers, with no planning, hand-offs or waiting thread
-    /// ([`BareGather`]); one pass after each measured epoch, the median. What the pipeline
+    /// ([`BareGather`](super::stages::BareGather)); one pass after each measured epoch, the median. What the pipeline
     /// adds is the loader's time over this.
     pub bare_gather_seconds: Option<f64>,
     /// Each pass's seconds, in the order they ran: one after each measured epoch.
@@ -185,7 +183,7 @@ pub struct LoaderFigures {
     /// epoch just before it, the median (1 would be a pipeline that costs nothing).
     pub ratio_to_bare_gather: Option<f64>,
     /// One thread's time per epoch on each part of the gather, the same batches, same run
-    /// ([`gather_stages`]): what remains to be made faster.
+    /// ([`gather_stages`](super::stages::gather_stages)): what remains to be made faster.
     pub gather_stages: Option<GatherStages>,
     /// Worker time per batch outside the gather: the workers' seconds per epoch (threads
     /// x epoch seconds) less the seconds they spent gathering (the waiting thread's gathers
@@ -202,7 +200,7 @@ pub struct LoaderFigures {
     /// waiting thread was gathering in a worker's place.
     pub permit_wait_seconds_per_batch: Option<f64>,
     /// One thread planning the first measured epoch's batches as the workers plan them
-    /// ([`planning`]): the sampler's share of their time outside the gather.
+    /// ([`planning`](super::stages::planning)): the sampler's share of their time outside the gather.
     pub planning: Option<Planning>,
     /// Seconds a batch the loader's own threads spent planning, over the measured epochs
     /// ([`Batch::planning_seconds`](crate::pipeline::Batch::planning_seconds)): beside
@@ -331,186 +329,12 @@ pub const NAIVE: &str = "naive random access (LRU of decoded files)";
 /// Name of the block-shuffle baseline in reports.
 pub const BLOCK_SHUFFLE: &str = "parquet block shuffle (file-aware)";
 
-fn sampler(config: &BenchConfig, window: usize) -> SamplerConfig {
-    SamplerConfig {
-        seed: config.seed,
-        block_events: config.block_events,
-        window_blocks: window,
-        run_events: config.run_events,
-        batching: Batching::Events(config.batch_events),
-        batch_order: config.batch_order,
-        ..SamplerConfig::default()
-    }
-}
-
-struct EpochRun {
-    /// The epoch's batch plans, when kept (only the first two measured epochs' are read
-    /// again); `batches` counts them either way.
-    plans: Vec<BatchPlan>,
-    batches: usize,
-    throughput: Throughput,
-    gather: f64,
-    /// The part of `gather` the waiting thread spent, and the batches it gathered.
-    gather_while_waiting: (f64, usize),
-    /// The workers' seconds blocked for a staging buffer, summed over the epoch's batches.
-    buffer_wait: f64,
-    /// The workers' seconds waiting for a gathering permit, summed over the epoch's batches.
-    permit_wait: f64,
-    /// The loader's threads' seconds planning, summed over the epoch's batches.
-    planning: f64,
-    /// The process's CPU seconds during the epoch (`None` where the system does not say).
-    cpu_seconds: Option<f64>,
-    wait: f64,
-    compute: f64,
-    copy: Option<(f64, u64)>,
-    batch_bytes: Vec<usize>,
-    gpu_idle_busy_ms: Option<(f64, f64)>,
-}
-
-/// How one row's loader runs, besides its window.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Variant {
-    scheduling: WorkerScheduling,
-    consumer_gathers: bool,
-}
-
-impl Variant {
-    /// Every combination of the configured settings, the loader's defaults first when
-    /// they are configured first.
-    fn all(config: &BenchConfig) -> Vec<Variant> {
-        config
-            .worker_scheduling
-            .iter()
-            .flat_map(|&scheduling| {
-                config
-                    .consumer_gathers
-                    .iter()
-                    .map(move |&consumer_gathers| Variant {
-                        scheduling,
-                        consumer_gathers,
-                    })
-            })
-            .collect()
-    }
-
-    /// The row's name: "shardify", followed by the settings in which it differs from the
-    /// first variant.
-    fn name(self, first: Variant) -> String {
-        let mut differences = Vec::new();
-        if self.scheduling != first.scheduling {
-            differences.push(format!("{} scheduling", self.scheduling.name()));
-        }
-        if self.consumer_gathers != first.consumer_gathers {
-            differences.push(waiting_thread(self.consumer_gathers).to_string());
-        }
-        match differences.is_empty() {
-            true => "shardify".to_string(),
-            false => format!("shardify ({})", differences.join(", ")),
-        }
-    }
-}
-
 /// What the thread waiting for a batch does, in a report's words.
 fn waiting_thread(gathers: bool) -> &'static str {
     match gathers {
         true => "waiting thread gathers",
         false => "waiting thread sleeps",
     }
-}
-
-/// The loader's configuration for `window` and `variant`.
-fn loader_config(config: &BenchConfig, window: usize, variant: Variant) -> LoaderConfig {
-    LoaderConfig {
-        sampler: sampler(config, window),
-        layout: BatchLayout::Packed,
-        workers: config.workers,
-        prefetch: config.prefetch,
-        device: config.device,
-        time_copies: config.time_copies,
-        device_buffers: config.device_buffers,
-        dom_positions: config.dom_positions,
-        worker_scheduling: variant.scheduling,
-        consumer_gathers: variant.consumer_gathers,
-        prefetch_level: config.prefetch_level,
-        columns_passes: config.columns_passes,
-    }
-}
-
-/// One epoch at `window` with the loader in `variant`, gathered into `pool`'s buffers when
-/// there is one (left holding the loader's pool, for the next epoch); its batch plans
-/// recorded when `keep_plans`.
-fn run_epoch(
-    dataset: &Arc<Dataset>,
-    config: &BenchConfig,
-    placement: &Placement,
-    (window, variant): (usize, Variant),
-    (epoch, keep_plans): (u64, bool),
-    pool: &mut Option<Arc<StagingPool>>,
-) -> Result<EpochRun> {
-    let loader_config = loader_config(config, window, variant);
-    let mut consumer = Consumer::new(placement, config.simulate_compute_ms)?;
-    let mut loader = Loader::on_pool(
-        dataset.clone(),
-        loader_config,
-        SamplerState::start(epoch),
-        placement.clone(),
-        pool.take(),
-    )?;
-    *pool = Some(loader.staging_pool().clone());
-    let mut run = EpochRun {
-        plans: Vec::new(),
-        batches: 0,
-        throughput: Throughput::default(),
-        gather: 0.0,
-        gather_while_waiting: (0.0, 0),
-        buffer_wait: 0.0,
-        permit_wait: 0.0,
-        planning: 0.0,
-        cpu_seconds: None,
-        wait: 0.0,
-        compute: 0.0,
-        copy: None,
-        batch_bytes: Vec::new(),
-        gpu_idle_busy_ms: None,
-    };
-    let started = Instant::now();
-    let cpu_started = process_cpu_seconds();
-    loop {
-        let asked = Instant::now();
-        let Some(batch) = loader.next() else { break };
-        run.wait += asked.elapsed().as_secs_f64();
-        let mut batch = batch?;
-        run.throughput.events += batch.plan().events.len() as u64;
-        run.throughput.pulses += batch.shape().pulses as u64;
-        run.throughput.bytes += batch.sections().payload_bytes() as u64;
-        run.gather += batch.gather_seconds();
-        if batch.gathered_while_waiting() {
-            run.gather_while_waiting.0 += batch.gather_seconds();
-            run.gather_while_waiting.1 += 1;
-        }
-        run.buffer_wait += batch.buffer_wait_seconds();
-        run.permit_wait += batch.permit_wait_seconds();
-        run.planning += batch.planning_seconds();
-        run.compute += consumer.consume(&mut batch)?;
-        if let Some(copy) = batch.device() {
-            run.batch_bytes.push(batch.bytes().len());
-            if let Some(ms) = copy.copy_ms()? {
-                let (seconds, bytes) = run.copy.get_or_insert((0.0, 0));
-                *seconds += f64::from(ms) / 1e3;
-                *bytes += batch.bytes().len() as u64;
-            }
-        }
-        run.batches += 1;
-        if keep_plans {
-            run.plans.push(batch.plan().clone());
-        }
-    }
-    run.gpu_idle_busy_ms = consumer.finish()?;
-    run.throughput.seconds = started.elapsed().as_secs_f64();
-    run.cpu_seconds = process_cpu_seconds()
-        .zip(cpu_started)
-        .map(|(now, then)| now - then);
-    Ok(run)
 }
 
 /// The run's memcpy bound: copies of the first 256 MiB of the shards, in pieces of an
@@ -556,35 +380,6 @@ impl MemcpyBound {
         self.measure()?;
         self.measure()
     }
-}
-
-fn shardify_infos(dataset: &Dataset, plans: &[BatchPlan]) -> Result<Vec<Vec<EventInfo>>> {
-    let mut first_index = vec![0u64];
-    for s in &dataset.manifest().shards {
-        first_index.push(first_index.last().unwrap() + s.events);
-    }
-    let views = (0..dataset.shard_count())
-        .map(|i| dataset.shard(i)?.stored())
-        .collect::<Result<Vec<_>>>()?;
-    Ok(plans
-        .iter()
-        .map(|p| {
-            p.events
-                .iter()
-                .map(|e| {
-                    let h = views[e.shard as usize]
-                        .event_tensors()
-                        .header(e.index as usize);
-                    EventInfo {
-                        event_id: h.event_id,
-                        source_file: h.batch_id,
-                        zenith: h.zenith,
-                        stored_position: first_index[e.shard as usize] + e.index as u64,
-                    }
-                })
-                .collect()
-        })
-        .collect())
 }
 
 fn figures(
@@ -690,213 +485,27 @@ pub fn run(
         Some(device) => Some(GpuBounds::measure(device, batch_bytes)?),
         None => None,
     };
+    let rows = Rows {
+        dataset: &dataset,
+        config,
+        placement: &placement,
+        memcpy: &memcpy,
+        bound,
+        way,
+        cold_read,
+        gpu: gpu.as_ref(),
+    };
     let mut loaders = Vec::new();
     let variants = Variant::all(config);
-    let runs = variants.iter().flat_map(|&variant| {
+    for &variant in &variants {
         let name = variant.name(variants[0]);
-        config
-            .windows
-            .iter()
-            .map(move |&window| (name.clone(), window, variant))
-    });
-    for (name, window, variant) in runs {
-        // One staging pool for the window's epochs, as a job keeps one: a first epoch grows
-        // it (reported apart), then it is grown to the measured epochs' largest batch (a
-        // long job's pool has seen its largest batches; a pool that grows again inside a
-        // measured epoch reallocates every buffer there, measured at 28 ms on top of a 38 ms
-        // epoch), and the measured epochs run on it.
-        let mut pool = None;
-        let epoch = |e, keep_plans, pool: &mut Option<Arc<StagingPool>>| {
-            if config.cold {
-                dataset.evict_from_page_cache()?;
-            }
-            run_epoch(
-                &dataset,
-                config,
-                &placement,
-                (window, variant),
-                (e, keep_plans),
-                pool,
-            )
-        };
-        let measured: Vec<u64> = (0..config.epochs as u64).collect();
-        let first = epoch(config.epochs as u64, false, &mut pool)?;
-        let largest = largest_batch_bytes(
-            &dataset,
-            &sampler(config, window),
-            config.dom_positions,
-            &measured,
-        )?;
-        let allocations_before = pool.as_ref().map(|p| {
-            p.reserve(largest);
-            p.allocations()
-        });
-        // memcpy before the first measured epoch and after each: every epoch is paired
-        // with the bound measured just before and just after it.
-        let round_trip_before = cache_line_round_trip_ns();
-        let mut between = vec![memcpy.measure_settled()?];
-        let mut epochs = Vec::with_capacity(measured.len());
-        let mut bare = BareGather::new(&dataset, config.workers, config.dom_positions, way);
-        let mut bare_passes = Vec::with_capacity(measured.len());
-        for &e in &measured {
-            // Only the first two epochs' plans are read again (quality, stages).
-            epochs.push(epoch(e, e < 2, &mut pool)?);
-            between.push(memcpy.measure()?);
-            // The bare gather of the first measured epoch's batches, in the loader's pool
-            // (its loader gone, every buffer free), so each pass shares its epoch's moment
-            // as the memcpy does.
-            if let Some(pool) = &pool {
-                bare_passes.push(bare.pass(&epochs[0].plans, pool)?);
-            }
+        for &window in &config.windows {
+            loaders.push(rows.measure(&name, window, variant)?);
         }
-        drop(bare);
-        let round_trip_after = cache_line_round_trip_ns();
-        let memcpy_around = [between[0], between[between.len() - 1]];
-        let memcpy_between = median(&between);
-        let measured_allocations = pool
-            .as_ref()
-            .zip(allocations_before)
-            .map(|(p, before)| p.allocations() - before);
-        // The stages below allocate their own buffers (the rotated gather as many as the
-        // pool holds): the pool's go back first, so the run never holds both.
-        drop(pool);
-        let q = quality(
-            &shardify_infos(&dataset, &epochs[0].plans)?,
-            &shardify_infos(&dataset, &epochs[1].plans)?,
-        );
-        let total = Throughput {
-            events: epochs.iter().map(|e| e.throughput.events).sum(),
-            pulses: epochs.iter().map(|e| e.throughput.pulses).sum(),
-            bytes: epochs.iter().map(|e| e.throughput.bytes).sum(),
-            seconds: epochs.iter().map(|e| e.throughput.seconds).sum(),
-        };
-        let mut f = figures(&name, Some(window), total, bound, q);
-        f.memcpy_around_gb_per_s = Some(memcpy_around);
-        f.cache_line_round_trip_ns_before = round_trip_before;
-        f.cache_line_round_trip_ns_after = round_trip_after;
-        f.cache_placement = CachePlacement::from_round_trips(round_trip_before, round_trip_after);
-        f.ratio_to_memcpy_around = Some(f.gb_per_s / (memcpy_around.iter().sum::<f64>() / 2.0));
-        let epoch_gb: Vec<f64> = epochs.iter().map(|e| e.throughput.gb_per_s()).collect();
-        let paired: Vec<f64> = epoch_gb
-            .iter()
-            .zip(between.windows(2))
-            .map(|(gb, around)| gb / ((around[0] + around[1]) / 2.0))
-            .collect();
-        f.median_paired_ratio_to_memcpy = Some(median(&paired));
-        f.paired_ratios_to_memcpy = Some(paired);
-        f.epoch_gb_per_s = Some(epoch_gb);
-        f.memcpy_between_epochs_gb_per_s = Some(between);
-        let wait: f64 = epochs.iter().map(|e| e.wait).sum();
-        let gather: f64 = epochs.iter().map(|e| e.gather).sum();
-        let gather_while_waiting: f64 = epochs.iter().map(|e| e.gather_while_waiting.0).sum();
-        let batches: usize = epochs.iter().map(|e| e.batches).sum();
-        let batches_while_waiting: usize = epochs.iter().map(|e| e.gather_while_waiting.1).sum();
-        let gather_gb = total.bytes as f64 / 1e9 / (gather / config.workers as f64).max(1e-12);
-        f.gather_seconds = Some(gather);
-        f.waiting_thread_gather_seconds = Some(gather_while_waiting);
-        f.gathered_while_waiting_fraction =
-            Some(batches_while_waiting as f64 / batches.max(1) as f64);
-        f.gather_gb_per_s = Some(gather_gb);
-        f.gather_ratio_to_memcpy = Some(gather_gb / memcpy_between);
-        let scattered = scattered_copy(&dataset, &epochs[0].plans, config.workers, way)?;
-        let epoch_seconds = total.seconds / epochs.len() as f64;
-        let epoch_bytes = total.bytes as f64 / epochs.len() as f64;
-        f.scattered_copy_gb_per_s = Some(scattered.gb_per_s());
-        f.scattered_copy_seconds = Some(scattered.seconds);
-        f.scattered_copy_bound_ratio_to_memcpy =
-            Some(epoch_bytes / scattered.seconds.max(1e-12) / 1e9 / memcpy_between);
-        f.ratio_to_scattered_copy = Some(scattered.seconds / epoch_seconds.max(1e-12));
-        if let Some(first) = bare_passes.first() {
-            let passes: Vec<f64> = bare_passes.iter().map(|p| p.seconds).collect();
-            let seconds = median(&passes);
-            f.bare_gather_seconds = Some(seconds);
-            f.bare_gather_pass_seconds = Some(passes);
-            f.bare_gather_bound_ratio_to_memcpy =
-                Some(first.bytes as f64 / seconds.max(1e-12) / 1e9 / memcpy_between);
-            // Each pass over the epoch just before it, the median: paired as the memcpy
-            // ratios are, where the mean epoch against the median pass moved with outliers.
-            let paired: Vec<f64> = bare_passes
-                .iter()
-                .zip(&epochs)
-                .map(|(pass, epoch)| pass.seconds / epoch.throughput.seconds.max(1e-12))
-                .collect();
-            f.ratio_to_bare_gather = Some(median(&paired));
-        }
-        f.gather_stages = Some(gather_stages(
-            &dataset,
-            &epochs[0].plans,
-            config.dom_positions,
-            loader_config(config, window, variant).staging_buffers(&placement),
-            way,
-        )?);
-        let worker_gather = gather - gather_while_waiting;
-        f.outside_gather_seconds_per_batch = Some(
-            (config.workers as f64 * total.seconds - worker_gather).max(0.0)
-                / batches.max(1) as f64,
-        );
-        f.buffer_wait_seconds_per_batch =
-            Some(epochs.iter().map(|e| e.buffer_wait).sum::<f64>() / batches.max(1) as f64);
-        f.permit_wait_seconds_per_batch =
-            Some(epochs.iter().map(|e| e.permit_wait).sum::<f64>() / batches.max(1) as f64);
-        f.planning_in_loader_seconds_per_batch =
-            Some(epochs.iter().map(|e| e.planning).sum::<f64>() / batches.max(1) as f64);
-        f.planning = Some(planning(&dataset, &sampler(config, window), measured[0])?);
-        f.measured_epoch_allocations = measured_allocations;
-        f.first_epoch_events_per_s =
-            Some(first.throughput.events as f64 / first.throughput.seconds.max(1e-9));
-        f.wait_seconds = Some(wait);
-        f.compute_seconds = Some(epochs.iter().map(|e| e.compute).sum());
-        f.waiting_fraction = Some(wait / total.seconds.max(1e-9));
-        f.cpus_busy = epochs
-            .iter()
-            .map(|e| e.cpu_seconds)
-            .sum::<Option<f64>>()
-            .map(|cpu| cpu / total.seconds.max(1e-9));
-        if let Some(disk) = cold_read {
-            f.cold_events_per_s = Some(f.events_per_s);
-            f.cold_ratio_to_disk =
-                Some(m.totals.bytes as f64 / epoch_seconds.max(1e-9) / 1e9 / disk);
-        }
-        if let (Some(bounds), Some(device)) = (&gpu, placement.cuda()) {
-            let timed = epochs
-                .iter()
-                .filter_map(|e| e.copy)
-                .reduce(|(s, b), (s2, b2)| (s + s2, b + b2));
-            let (idle, busy) = epochs
-                .iter()
-                .filter_map(|e| e.gpu_idle_busy_ms)
-                .fold((0.0, 0.0), |(i, b), (i2, b2)| (i + i2, b + b2));
-            if let Some((seconds, bytes)) = timed {
-                f.timed_copy_seconds = Some(seconds);
-                f.timed_copy_gb_per_s = Some(bytes as f64 / seconds.max(1e-12) / 1e9);
-            }
-            let (stage_gb, _) = copy_stage_gb_per_s(device, &epochs[0].batch_bytes)?;
-            f.copy_stage_gb_per_s = Some(stage_gb);
-            f.copy_stage_seconds = Some(total.bytes as f64 / 1e9 / stage_gb.max(1e-12));
-            f.copy_stage_ratio_to_pinned_h2d = Some(stage_gb / bounds.pinned_h2d_gb_per_s);
-            f.ratio_to_pinned_h2d = Some(f.gb_per_s / bounds.pinned_h2d_gb_per_s);
-            f.gpu_waiting_fraction = Some(idle / (idle + busy).max(1e-12));
-        }
-        loaders.push(f);
     }
     let memcpy_after = memcpy.measure_settled()?;
     if let Some(source) = source {
-        let index = SourceIndex::new(source)?;
-        let b = config.batch_events;
-        let naive = [
-            index.naive_order(config.seed, 0, b),
-            index.naive_order(config.seed, 1, b),
-        ];
-        let q = quality(&index.infos(&naive[0]), &index.infos(&naive[1]));
-        let t = index.run_naive(&naive[0], config.naive_cache_files, config.baseline_seconds)?;
-        loaders.push(figures(NAIVE, None, t, bound, q));
-        let blocks = [
-            index.block_shuffle_order(config.seed, 0, b),
-            index.block_shuffle_order(config.seed, 1, b),
-        ];
-        let q = quality(&index.infos(&blocks[0]), &index.infos(&blocks[1]));
-        let t = index.run_block_shuffle(&blocks[0], config.baseline_seconds)?;
-        loaders.push(figures(BLOCK_SHUFFLE, None, t, bound, q));
+        loaders.extend(baselines(source, config, bound)?);
     }
     let best = loaders
         .iter()
@@ -943,4 +552,28 @@ pub fn run(
         consumer_gathers: config.consumer_gathers.clone(),
         loaders,
     })
+}
+
+/// The Parquet baselines over `source`, naive random access then the file-aware block
+/// shuffle, each with its shuffle quality, against the run's memcpy `bound`.
+fn baselines(source: &InputSet, config: &BenchConfig, bound: f64) -> Result<Vec<LoaderFigures>> {
+    let index = SourceIndex::new(source)?;
+    let b = config.batch_events;
+    let naive = [
+        index.naive_order(config.seed, 0, b),
+        index.naive_order(config.seed, 1, b),
+    ];
+    let q = quality(&index.infos(&naive[0]), &index.infos(&naive[1]));
+    let t = index.run_naive(&naive[0], config.naive_cache_files, config.baseline_seconds)?;
+    let naive_figures = figures(NAIVE, None, t, bound, q);
+    let blocks = [
+        index.block_shuffle_order(config.seed, 0, b),
+        index.block_shuffle_order(config.seed, 1, b),
+    ];
+    let q = quality(&index.infos(&blocks[0]), &index.infos(&blocks[1]));
+    let t = index.run_block_shuffle(&blocks[0], config.baseline_seconds)?;
+    Ok(vec![
+        naive_figures,
+        figures(BLOCK_SHUFFLE, None, t, bound, q),
+    ])
 }
