@@ -8,6 +8,7 @@ from typing import Any, final
 __all__ = [
     "__version__",
     "DatasetError",
+    "ONE_THREAD_AT_A_TIME",
     "Dataset",
     "Loader",
     "Section",
@@ -18,6 +19,9 @@ __all__ = [
 ]
 
 __version__: str
+
+#: The ``RuntimeError`` of a loader used from a second thread while one is inside it.
+ONE_THREAD_AT_A_TIME: str
 
 class DatasetError(Exception):
     """A dataset that cannot be read as written: a damaged or truncated shard, a checksum

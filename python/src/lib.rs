@@ -31,6 +31,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     log::install();
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("DatasetError", m.py().get_type::<errors::DatasetError>())?;
+    m.add("ONE_THREAD_AT_A_TIME", loader::ONE_THREAD_AT_A_TIME)?;
     m.add_class::<dataset::PyDataset>()?;
     m.add_class::<loader::PyLoader>()?;
     m.add_class::<batch::PySection>()?;

@@ -165,6 +165,11 @@ fn batch_order(name: &str) -> Result<BatchOrder, Error> {
         .map_err(|problem: String| Error::config("batch_order", problem))
 }
 
+/// What a loader used from a second thread while one is inside it says (the streaming
+/// loader here, the resident loader's Python side through the module's constant).
+pub(crate) const ONE_THREAD_AT_A_TIME: &str =
+    "another thread is using this shardify loader: iterate a loader from one thread at a time";
+
 impl PyLoader {
     /// The progress, unless another thread is inside `next_batch` (waiting for it while
     /// holding the GIL would deadlock that thread) or this is a forked child.
@@ -172,10 +177,7 @@ impl PyLoader {
         match self.progress.try_lock() {
             Ok(guard) => Ok(guard),
             Err(TryLockError::Poisoned(poisoned)) => Ok(poisoned.into_inner()),
-            Err(TryLockError::WouldBlock) => Err(PyRuntimeError::new_err(
-                "another thread is using this shardify loader: iterate a loader from one \
-                 thread at a time",
-            )),
+            Err(TryLockError::WouldBlock) => Err(PyRuntimeError::new_err(ONE_THREAD_AT_A_TIME)),
         }
     }
 

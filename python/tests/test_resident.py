@@ -223,6 +223,36 @@ def test_for_loops_break_and_set_epoch_as_streaming(train_dir, torch):
     assert sorted(ids) == sorted(set(ids)) and len(ids) == 300
 
 
+def test_a_second_thread_is_refused_while_one_gathers(train_dir, torch, monkeypatch):
+    import threading
+
+    inside, release = threading.Event(), threading.Event()
+    gather = source.gather_batch
+
+    def held(*arguments):
+        inside.set()
+        assert release.wait(30)
+        return gather(*arguments)
+
+    loader = shardify.Loader(train_dir, batch_events=25, device="cpu", resident=True)
+    monkeypatch.setattr(source, "gather_batch", held)
+    first = []
+    holder = threading.Thread(target=lambda: first.append(next(iter(loader))["event_id"]))
+    holder.start()
+    assert inside.wait(30)  # the holder is inside next(), gathering its batch
+    with pytest.raises(RuntimeError, match="^another thread is using this shardify loader: "
+                                           "iterate a loader from one thread at a time$"):
+        next(iter(loader))
+    with pytest.raises(RuntimeError, match="another thread is using"):
+        loader.set_epoch(0)
+    release.set()
+    holder.join()
+    # Neither refusal moved the position: the epoch goes on after the holder's batch.
+    rest = [b["event_id"] for b in loader]
+    ids = torch.cat(first + rest).tolist()
+    assert len(rest) == 11 and sorted(ids) == sorted(set(ids)) and len(ids) == 300
+
+
 def test_bad_settings_and_data_raise_clear_errors(train_dir, train_copy, torch, monkeypatch):
     with pytest.raises(ValueError, match="output"):
         shardify.Loader(train_dir, resident=True, output="numpy")

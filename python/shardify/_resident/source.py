@@ -12,11 +12,14 @@ device.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import os
+import threading
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from .. import _native
 from .buffers import OutputPool
 from .columns import Columns, load_columns, torch_dtype
 from .gather import BatchSizes, gather_packed, gather_padded
@@ -181,6 +184,10 @@ class ResidentBatches:
         # The next epoch's plan, made on a thread while this epoch's batches are gathered
         # (planning a complete shuffle of 30M events takes seconds).
         self._next_plan: tuple[int, concurrent.futures.Future[Any]] | None = None
+        # Held by the thread inside next() or seek(): a second thread is refused, as the
+        # streaming loader refuses it, where it would race for the position and the plan
+        # (each thread's epoch would overlap the others', events handed out twice).
+        self._in_use = threading.Lock()
 
     def position(self) -> tuple[int, int, int]:
         """(epoch, origin, batches handed out since origin)."""
@@ -188,7 +195,18 @@ class ResidentBatches:
 
     def seek(self, epoch: int, origin: int, batches_taken: int) -> None:
         """Moves to batch ``batches_taken`` of ``epoch`` dealt from global batch ``origin``."""
-        self._position = (epoch, origin, batches_taken)
+        with self._one_thread():
+            self._position = (epoch, origin, batches_taken)
+
+    @contextlib.contextmanager
+    def _one_thread(self) -> Iterator[None]:
+        """Held while the position moves; a ``RuntimeError`` when another thread holds it."""
+        if not self._in_use.acquire(blocking=False):
+            raise RuntimeError(_native.ONE_THREAD_AT_A_TIME)
+        try:
+            yield
+        finally:
+            self._in_use.release()
 
     def batches(self) -> Iterator[dict[str, torch.Tensor]]:
         """The rest of the current epoch, then (at its end) the position moves to the next."""
@@ -200,6 +218,10 @@ class ResidentBatches:
 
     def next(self) -> dict[str, torch.Tensor] | None:
         """The next batch of the epoch, or ``None`` (and the next epoch's start) at its end."""
+        with self._one_thread():
+            return self._next()
+
+    def _next(self) -> dict[str, torch.Tensor] | None:
         epoch, origin, taken = self._position
         plan = self._plan_at(epoch, origin, taken)
         b = taken - plan.first
