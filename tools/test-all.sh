@@ -6,7 +6,8 @@
 #   bash tools/test-all.sh          # SHARDIFY_VENV=DIR picks the test venv (default .venv)
 #
 # The venv gets numpy, pyarrow, pytest, safetensors, mypy, torch (the registry's CUDA build;
-# it runs without a GPU) and torch_geometric. With CI=true a missing torch fails the tests.
+# it runs without a GPU), torch_geometric and lightning. With CI=true a missing torch or
+# lightning fails the tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -24,7 +25,7 @@ if [[ ! -x "$venv/bin/python" ]]; then
     python3 -m venv "$venv"
 fi
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
-    numpy pyarrow pytest safetensors mypy torch torch_geometric
+    numpy pyarrow pytest safetensors mypy torch torch_geometric lightning
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --force-reinstall \
     --no-deps target/wheels/shardify-*.whl
 

@@ -217,9 +217,22 @@ class Loader:
             dataset = dataset_or_path
         else:
             dataset = Dataset(dataset_or_path)
+        self._make(dataset, **self._arguments)
+
+    def _make(self, dataset: Dataset, *, batch_events: int, max_pulses: int | None,
+              max_events: int | None, layout: str, max_doms: int | None,
+              pulses_per_dom: int | None, seed: int, block_events: int, window_blocks: int,
+              run_events: int, batch_order: str, shuffle: bool, drop_last: bool | None,
+              rank: int | None, world: int | None, workers: int, worker_scheduling: str,
+              consumer_gathers: bool, prefetch: int | None, device: Any, output: str,
+              dom_positions: bool, resident: bool) -> None:
+        """Resolves the arguments (rank, world and device left to be found, from this
+        process as it is now) and makes the native loader at the first epoch's start."""
+        # What was found for rank, world and device, to tell when the process changed.
+        self._found = (*_rank_world(rank, world), _device_name(device, output))
         if output not in ("torch", "numpy"):
             raise ValueError(f'invalid output: {output!r} (expected "torch" or "numpy")')
-        rank, world = _rank_world(rank, world)
+        rank, world, device = self._found
         _count("rank", rank)
         if _count("world", world) == 0:
             raise ValueError("invalid world: must be at least 1")
@@ -227,7 +240,6 @@ class Loader:
             raise ValueError(f"invalid rank: rank {rank} of world {world}")
         if drop_last is None:
             drop_last = world > 1 and bool(shuffle)
-        device = _device_name(device, output)
         if output == "numpy":
             if resident:
                 raise ValueError(
@@ -288,28 +300,94 @@ class Loader:
                 self._batches = _Streaming(self._native, self.section_names)
         self.shuffle = bool(shuffle)
         self._lengths: dict[tuple[int, int], int] = {}
+        # The position load_state_dict set, while no batch has been handed out since.
+        self._loaded: tuple[int, int, int] | None = None
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         """One epoch, from where the loader stands: the start of the next epoch after a
-        finished one, the rest of the epoch after a ``break`` or ``load_state_dict``."""
+        finished one (its last batch handed out, whether or not the ``for`` over it asked
+        for the end: PyTorch Lightning stops after ``len(loader)`` batches), the rest of the
+        epoch after a ``break`` or ``load_state_dict``."""
+        self._follow_the_process()
+        epoch, origin, taken = self._batches.position()
+        if self._handed_out_every_batch(epoch, origin, taken):
+            self._batches.seek(epoch + 1, 0, 0)
         return self._batches.batches()
 
     def __len__(self) -> int:
-        """The exact number of batches this rank gets in the current epoch (after an elastic
-        resume, from the global position it resumed at)."""
-        epoch, origin, _ = self._batches.position()
-        if (epoch, origin) not in self._lengths:
-            self._lengths[epoch, origin] = self._native.batch_count(epoch, origin)
-        return self._lengths[epoch, origin]
+        """The batches this rank gets in the epoch the next ``for`` runs, counted from the
+        epoch's start, as a ``DataLoader``'s length: a loader resumed mid-epoch hands out
+        the rest of them (PyTorch Lightning counts the batches a checkpoint recorded
+        against it; a learning-rate schedule's steps per epoch are the same on every run).
+        Exact, but after an elastic resume: counted at the new world size, while its epoch
+        began at the old one."""
+        self._follow_the_process()
+        epoch, origin, taken = self._batches.position()
+        if self._handed_out_every_batch(epoch, origin, taken):
+            epoch += 1
+        return self._batch_count(epoch, 0)
 
     @property
     def epoch(self) -> int:
         """The epoch the next batch belongs to."""
-        return self._batches.position()[0]
+        epoch, origin, taken = self._batches.position()
+        return epoch + self._handed_out_every_batch(epoch, origin, taken)
+
+    def _follow_the_process(self) -> None:
+        """Makes the loader again, at its position, when the rank, world or device it was
+        left to find are other ones now: made before ``torch.distributed`` was initialised
+        (PyTorch Lightning's DDP starts its processes' groups, and sets their CUDA devices,
+        after the script made the loader it was given), it would have read the whole
+        dataset on every rank, on the device that was current then. Found again when taken
+        into use (``len``, ``for``), as MosaicML Streaming finds its world when iterated."""
+        a = self._arguments
+        if (*_rank_world(a["rank"], a["world"]), _device_name(a["device"], a["output"])) \
+                == self._found:
+            return
+        state, loaded = self.state_dict(), self._loaded == self._batches.position()
+        # The old native loader (its threads, its buffers, a resident copy) goes first.
+        self._native = self._batches = None  # type: ignore[assignment]
+        self._make(self.dataset, **a)
+        self.load_state_dict(state)
+        if not loaded:
+            self._loaded = None
+
+    def _batch_count(self, epoch: int, origin: int) -> int:
+        """This rank's batches in ``epoch`` dealt from global batch ``origin`` on (cached:
+        with a pulse budget, counting them is a pass over the epoch's order)."""
+        if (epoch, origin) not in self._lengths:
+            self._lengths[epoch, origin] = self._native.batch_count(epoch, origin)
+        return self._lengths[epoch, origin]
+
+    def _handed_out_every_batch(self, epoch: int, origin: int, taken: int) -> bool:
+        """Whether this loader handed out the last of its batches of ``epoch`` without the
+        ``for`` asking for the end, which would have moved it to the next epoch. A position
+        set there (``load_state_dict`` of a state saved after the last batch) is not: the
+        next ``for`` runs the empty rest of that epoch first, as torchdata's
+        ``StatefulDataLoader`` does, and as Lightning expects when it restarts from a
+        checkpoint made at the end of an epoch."""
+        return taken > 0 and taken >= self._batch_count(epoch, origin)
 
     def set_epoch(self, epoch: int) -> None:
-        """Starts epoch ``epoch`` from its first batch at the next ``for``."""
-        self._batches.seek(_count("epoch", epoch), 0, 0)
+        """Starts epoch ``epoch`` from its first batch at the next ``for``; but right after
+        :meth:`load_state_dict` of a state saved in epoch ``epoch``, keeps the loaded
+        position, so that the next ``for`` resumes it. So a loop that calls
+        ``set_epoch(epoch)`` at the top of every epoch, as ``DistributedSampler`` asks (and
+        as PyTorch Lightning does through :attr:`sampler`), resumes mid-epoch too."""
+        epoch = _count("epoch", epoch)
+        position = self._batches.position()
+        if position == self._loaded and position[0] == epoch:
+            return
+        self._batches.seek(epoch, 0, 0)
+
+    #: None, as a ``DataLoader``'s beside its ``sampler``: what Lightning reads with it.
+    batch_sampler: None = None
+
+    @property
+    def sampler(self) -> Loader:
+        """This loader, where PyTorch Lightning looks for a ``DataLoader``'s sampler to call
+        :meth:`set_epoch` on at every epoch's start (training and evaluation alike)."""
+        return self
 
     def state_dict(self) -> dict[str, Any]:
         """Where the loader stands (after the last batch handed out, not the last
@@ -363,6 +441,7 @@ class Loader:
             position = _count("batches_taken", state["batches_taken"]) * _count(
                 "world", saved.get("world", self.world))
         self._batches.seek(_count("epoch", state["epoch"]), position, 0)
+        self._loaded = self._batches.position()
 
     def __reduce__(self) -> tuple[Any, ...]:
         return _unpickled_loader, (self.dataset, self._arguments, self.state_dict())

@@ -33,11 +33,20 @@ Events with 0 or 1 pulses: GraphNeT's collate drops them; here every event stays
 or 1 node, no edge), so a batch's graphs line up with its ``event_id`` and predictions join
 back to every event. ``min_pulses=2`` drops them as GraphNeT does (the Kaggle data has at
 least 5 pulses per event, so only truncation to fewer could make such events).
+
+:class:`GraphLoader` is a loader whose batches come as such graphs: the dataloader GraphNeT's
+``Model.fit`` and any PyTorch Lightning ``Trainer`` take, with the loader's length, epochs,
+``set_epoch`` and ``state_dict`` (Lightning's checkpoints resume it mid-epoch).
 """
 
 from __future__ import annotations
 
-from typing import Any
+import inspect
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._loader import Loader
 
 from .transforms import _require_packed, choose_knn, knn_edges, time_ordered
 
@@ -197,3 +206,69 @@ def _dom_nodes(batch: dict[str, Any], standardize: str | None) -> dict[str, Any]
     x = torch.cat([c if c.dim() == 2 else c[:, None] for c in columns], dim=1)
     ptr = event_doms
     return dict(x=x, pos=pos, ptr=ptr, pulse_counts=dom_pulses[event_doms].diff())
+
+
+class GraphLoader:
+    """``loader``'s batches as :func:`to_pyg` graphs, made with ``to_pyg_arguments``
+    (``nodes``, ``standardize``, ``knn``, ``max_pulses``, ``keep``, ``seed``,
+    ``min_pulses``; ``epoch`` is the loader's, so ``keep="random"`` draws anew each epoch).
+
+    The dataloader GraphNeT's ``Model.fit`` and a PyTorch Lightning ``Trainer`` take:
+
+    >>> train = GraphLoader(shardify.Loader("dataset/"), standardize="graphnet", knn=8)
+    >>> model.fit(train, max_epochs=10)   # doctest: +SKIP
+
+    Length, epochs, :meth:`set_epoch` (Lightning's, through :attr:`sampler`),
+    :meth:`state_dict` and :meth:`load_state_dict` are the loader's: a Lightning checkpoint
+    made at any step resumes the batches left, and under Lightning's DDP each rank reads its
+    share (the loader finds its rank when first used).
+    """
+
+    def __init__(self, loader: Loader, **to_pyg_arguments: Any):
+        if "epoch" in to_pyg_arguments:
+            raise TypeError("GraphLoader takes no epoch: each epoch's graphs are made with "
+                            "the loader's epoch")
+        try:
+            inspect.signature(to_pyg).bind({}, **to_pyg_arguments)
+        except TypeError as e:
+            raise TypeError(f"GraphLoader: {e} (it takes to_pyg's arguments)") from None
+        self.loader, self.to_pyg_arguments = loader, to_pyg_arguments
+
+    def __iter__(self) -> Iterator[Any]:
+        """One epoch of the loader (see ``shardify.Loader.__iter__``), each batch a graph."""
+        batches = iter(self.loader)
+        epoch, arguments = self.loader.epoch, self.to_pyg_arguments
+        return (to_pyg(batch, epoch=epoch, **arguments) for batch in batches)
+
+    def __len__(self) -> int:
+        """The loader's length: its batches in the epoch the next ``for`` runs."""
+        return len(self.loader)
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next graph belongs to."""
+        return self.loader.epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """The loader's ``set_epoch``."""
+        self.loader.set_epoch(epoch)
+
+    #: None, as a ``DataLoader``'s beside its ``sampler``: what Lightning reads with it.
+    batch_sampler: None = None
+
+    @property
+    def sampler(self) -> GraphLoader:
+        """Itself, where Lightning calls ``set_epoch`` at every epoch's start."""
+        return self
+
+    def state_dict(self) -> dict[str, Any]:
+        """The loader's state: where it stands, its settings, the dataset's identity."""
+        return self.loader.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resumes the loader at ``state`` (see ``shardify.Loader.load_state_dict``)."""
+        self.loader.load_state_dict(state)
+
+    def __repr__(self) -> str:
+        arguments = ", ".join(f"{k}={v!r}" for k, v in self.to_pyg_arguments.items())
+        return f"shardify.torch_geometric.GraphLoader({self.loader!r}, {arguments})"

@@ -4,7 +4,7 @@ drops. Ranks are simulated in one process with explicit rank and world."""
 
 import pytest
 import shardify
-from conftest import order_lines
+from conftest import ids, order_lines
 
 SETTINGS = dict(batch_events=8, seed=3, window_blocks=4)
 FLAGS = ["--batch-events", "8", "--seed", "3", "--window", "4"]
@@ -43,9 +43,13 @@ def test_a_state_resumes_at_another_world_size(train_dir, torch, old, new, resid
                                  resident=resident, **SETTINGS)
         assert loader.drop_last == (new > 1)
         loader.load_state_dict(state)
+        # len() counts the epoch from its start at this world, as a DataLoader's does
+        # (Lightning counts a checkpoint's batches against it): never fewer than the rest.
+        fresh = shardify.Loader(train_dir, rank=rank, world=new, device="cpu", **SETTINGS)
         length = len(loader)
+        assert length == len(fresh) == len(list(fresh))
         rest = [b["event_id"].tolist() for b in loader]
-        assert len(rest) == length, "len() after an elastic resume is what the rank gets"
+        assert len(rest) <= length
         per_rank.append(rest)
     if new > 1:
         assert len({len(r) for r in per_rank}) == 1, "every rank as many batches"
@@ -96,3 +100,28 @@ def test_shardify_order_resumes_elastically_too(train_dir, tmp_path):
     assert [b["event_id"].tolist() for b in python] == rest[1]
     ids = [e for part in (first, rest) for r in part for line in r for e in line]
     assert len(ids) == len(set(ids))
+
+
+def test_a_loader_made_before_its_process_group_finds_its_rank_when_used(train_dir, torch,
+                                                                          monkeypatch):
+    # PyTorch Lightning's DDP starts the processes' groups after the script made the
+    # loader it was given: as made, every process would be rank 0 of 1 and read it all.
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    early = shardify.Loader(train_dir, device="cpu", **SETTINGS)
+    loaded = shardify.Loader(train_dir, device="cpu", **SETTINGS)
+    loaded.load_state_dict({**loaded.state_dict(), "global_batches": 6})
+    assert (early.rank, early.world, early.drop_last) == (0, 1, False)
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    rank_1_of_3 = order_lines(train_dir, *FLAGS, "--rank", "1", "--world", "3", "--drop-last")
+    assert len(early) == len(rank_1_of_3)  # taken into use: found again
+    assert (early.rank, early.world, early.drop_last) == (1, 3, True)
+    assert ids(early) == rank_1_of_3
+    # A position loaded before is kept, as a global one: the rest dealt to the new world.
+    given = shardify.Loader(train_dir, rank=1, world=3, device="cpu", **SETTINGS)
+    given.load_state_dict(loaded.state_dict())
+    assert ids(loaded) == ids(given) and loaded.world == 3
+    # Rank and world given are kept whatever the process says.
+    fixed = shardify.Loader(train_dir, rank=0, world=1, device="cpu", **SETTINGS)
+    assert len(list(fixed)) == len(order_lines(train_dir, *FLAGS)) and fixed.world == 1

@@ -25,6 +25,46 @@ def test_resume_mid_epoch_gives_exactly_the_rest(train_dir, torch):
     assert ids(resumed) == order_lines(train_dir, "--batch-events", "8", "--epoch", "3")
 
 
+def test_a_for_after_the_last_batch_handed_out_starts_the_next_epoch(train_dir, torch):
+    # PyTorch Lightning takes len(loader) batches and never asks for the epoch's end.
+    flags = ["--max-pulses", "900", "--max-events", "40"]
+    epoch0, epoch1 = (order_lines(train_dir, *flags, "--epoch", e) for e in ("0", "1"))
+    assert len(epoch0) != len(epoch1), "a pulse budget: the epochs' batch counts differ"
+    loader = shardify.Loader(train_dir, max_pulses=900, max_events=40, device="cpu")
+    assert len(loader) == len(epoch0)
+    taken = [b["event_id"].tolist() for _, b in zip(range(len(epoch0)), loader, strict=False)]
+    assert taken == epoch0
+    state = loader.state_dict()  # as saved inside the loop, after its last batch
+    assert (state["epoch"], state["global_batches"]) == (0, len(epoch0))
+    assert (loader.epoch, len(loader)) == (1, len(epoch1))
+    assert ids(loader) == epoch1 and loader.epoch == 2
+    # That state loaded: the (empty) rest of epoch 0 first, as torchdata's
+    # StatefulDataLoader gives, then epoch 1.
+    resumed = shardify.Loader(train_dir, max_pulses=900, max_events=40, device="cpu")
+    resumed.load_state_dict(state)
+    assert resumed.epoch == 0 and ids(resumed) == [] and ids(resumed) == epoch1
+
+
+def test_set_epoch_keeps_a_position_just_loaded_in_its_epoch(train_dir, torch):
+    full = order_lines(train_dir, "--batch-events", "8", "--epoch", "2")
+    loader = shardify.Loader(train_dir, batch_events=8, device="cpu")
+    assert loader.sampler is loader, "where Lightning calls set_epoch"
+    loader.set_epoch(2)
+    first = [b["event_id"].tolist() for _, b in zip(range(5), loader, strict=False)]
+    state = loader.state_dict()
+    resumed = shardify.Loader(train_dir, batch_events=8, device="cpu")
+    resumed.load_state_dict(state)
+    resumed.set_epoch(2)  # a loop that calls set_epoch at every epoch's top, as DDP asks
+    assert len(resumed) == len(full), "counted from the epoch's start, as a DataLoader's"
+    assert first + ids(resumed) == full
+    resumed.set_epoch(2)  # batches were handed out since the load: epoch 2 from its start
+    assert ids(resumed) == full
+    other = shardify.Loader(train_dir, batch_events=8, device="cpu")
+    other.load_state_dict(state)
+    other.set_epoch(1)  # another epoch than the state's: its start
+    assert ids(other) == order_lines(train_dir, "--batch-events", "8", "--epoch", "1")
+
+
 def test_the_same_loop_continues_after_break(train_dir, torch):
     loader = shardify.Loader(train_dir, batch_events=8)
     first = []

@@ -46,3 +46,43 @@ def test_to_pyg_matches_the_packed_batch(train_dir, stored, torch, nodes):
                 anyaux = np.maximum.reduceat(want["pulse_auxiliary"].astype(np.float32), starts)
                 np.testing.assert_array_equal(x[:, 7], anyaux)
             assert graphs.y[g].tolist() == [want["event_azimuth"], want["event_zenith"]]
+
+
+def assert_same_graphs(a, b, torch):
+    """Every field of two PyG batches, equal."""
+    assert sorted(a.keys()) == sorted(b.keys())
+    for key in a.keys():
+        assert torch.equal(a[key], b[key]), key
+
+
+def test_graph_loader_is_its_loader_through_to_pyg(train_dir, torch):
+    from shardify.torch_geometric import GraphLoader, to_pyg
+
+    def loader():
+        return shardify.Loader(train_dir, batch_events=32, seed=5, device="cpu")
+
+    arguments = dict(standardize="graphnet", knn=4, max_pulses=12, keep="random", seed=3)
+    graphs = GraphLoader(loader(), **arguments)
+    plain = loader()
+    assert len(graphs) == len(plain) and graphs.sampler is graphs
+    for epoch in (0, 1):  # keep="random" draws with the loader's epoch: epochs differ
+        want = [to_pyg(b, epoch=epoch, **arguments) for b in plain]
+        got = list(graphs)
+        assert len(got) == len(want) and graphs.epoch == plain.epoch == epoch + 1
+        for a, b in zip(got, want, strict=True):
+            assert_same_graphs(a, b, torch)
+    # State, set_epoch and len are the loader's; a state resumes mid-epoch.
+    graphs.set_epoch(4)
+    first = [g for _, g in zip(range(3), graphs, strict=False)]
+    state = graphs.state_dict()
+    assert (state["epoch"], state["global_batches"]) == (4, 3)
+    resumed = GraphLoader(loader(), **arguments)
+    resumed.load_state_dict(state)
+    plain.set_epoch(4)
+    want = [to_pyg(b, epoch=4, **arguments) for b in plain]
+    for a, b in zip(first + list(resumed), want, strict=True):
+        assert_same_graphs(a, b, torch)
+    with pytest.raises(TypeError, match="GraphLoader takes no epoch"):
+        GraphLoader(loader(), epoch=2)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'k'.*to_pyg's arguments"):
+        GraphLoader(loader(), k=8)

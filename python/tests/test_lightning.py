@@ -1,0 +1,212 @@
+"""PyTorch Lightning (what GraphNeT trains with) given a shardify.Loader as it is: every
+epoch whole, a checkpoint made at any step resumes exactly the batches that were left, and
+under its DDP, which starts the processes' groups after the script made the loader, each
+rank reads its share."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import pytest
+import shardify
+from conftest import IN_CI, REPO
+
+
+@pytest.fixture(scope="module")
+def lightning():
+    """lightning, required in CI (the README's test command installs it)."""
+    if IN_CI:
+        import lightning as module
+    else:
+        module = pytest.importorskip("lightning")
+    return module
+
+
+def recording_module(lightning, torch):
+    """A LightningModule that records, per step, its epoch, batch index and event ids."""
+
+    class Recording(lightning.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(1, 1)
+            self.seen, self.validated = [], []
+
+        def training_step(self, batch, index):
+            self.seen.append((self.current_epoch, index, batch["event_id"].tolist()))
+            mean_time = batch["pulse_time"].float().mean().reshape(1, 1) / 1e4
+            return self.linear(mean_time).sum()
+
+        def validation_step(self, batch, index):
+            self.validated.append((self.current_epoch, batch["event_id"].tolist()))
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=1e-3)
+
+    return Recording()
+
+
+def fit(lightning, torch, train_dir, checkpoint=None, callbacks=(), validate=False,
+        **settings):
+    """Two epochs of Lightning over a fresh loader (and, to ``validate``, an evaluation
+    loader over the same events); the module, which recorded the steps."""
+    module = recording_module(lightning, torch)
+    trainer = lightning.Trainer(
+        max_epochs=2, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+        enable_model_summary=False, enable_checkpointing=bool(callbacks),
+        callbacks=list(callbacks), num_sanity_val_steps=0, limit_val_batches=3)
+    loader = shardify.Loader(train_dir, device="cpu", **settings)
+    val = shardify.Loader(train_dir, batch_events=20, shuffle=False, device="cpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Lightning's advice about workers and loggers
+        trainer.fit(module, train_dataloaders=loader, val_dataloaders=val if validate else None,
+                    ckpt_path=checkpoint)
+    return module
+
+
+@pytest.mark.parametrize("settings", [
+    pytest.param(dict(batch_events=48), id="events"),
+    pytest.param(dict(max_pulses=3000, resident=True), id="pulse-budget-resident"),
+])
+def test_every_checkpoint_resumes_exactly_the_batches_left(train_dir, torch, lightning,
+                                                          tmp_path, settings):
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    every_step = ModelCheckpoint(dirpath=tmp_path / "step", every_n_train_steps=1,
+                                 save_top_k=-1, filename="{step}")
+    epoch_end = ModelCheckpoint(dirpath=tmp_path / "end", save_top_k=-1,
+                                save_on_train_epoch_end=True, filename="{epoch}")
+    module = fit(lightning, torch, train_dir, callbacks=[every_step, epoch_end], validate=True,
+                 **settings)
+    whole = module.seen
+    # Validation limited to 3 batches: the same first 3 each time (Lightning's set_epoch).
+    first_three = [b["event_id"].tolist() for _, b in zip(
+        range(3), shardify.Loader(train_dir, batch_events=20, shuffle=False), strict=False)]
+    assert module.validated == [(e, b) for e in (0, 1) for b in first_three]
+    for epoch in (0, 1):  # each epoch whole: Lightning never asked for the end of the first
+        events = [e for seen_epoch, _, batch in whole if seen_epoch == epoch for e in batch]
+        assert sorted(events) == sorted(set(events)) and len(events) == 300
+    assert [i for e, i, _ in whole if e == 1] == list(range(len(whole) // 2))
+    checkpoints = sorted((tmp_path / "step").iterdir()) + sorted((tmp_path / "end").iterdir())
+    assert len(checkpoints) == len(whole) + 2
+    for path in checkpoints:  # mid-epoch, an epoch's last step, an epoch's end
+        steps = torch.load(path, weights_only=False)["global_step"]
+        resumed = fit(lightning, torch, train_dir, checkpoint=str(path), **settings).seen
+        assert whole[:steps] + resumed == whole, path.name
+
+
+DDP_SCRIPT = """
+import json, sys, warnings
+import lightning, torch, shardify
+warnings.simplefilter("ignore")
+
+class Recording(lightning.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.linear, self.seen = torch.nn.Linear(1, 1), []
+
+    def training_step(self, batch, index):
+        self.seen.append((self.current_epoch, batch["event_id"].tolist()))
+        return self.linear(batch["pulse_time"].float().mean().reshape(1, 1) / 1e4).sum()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=1e-3)
+
+loader = shardify.Loader(sys.argv[1], batch_events=16, device="cpu")  # before any group
+made_as = [loader.rank, loader.world]
+module = Recording()
+trainer = lightning.Trainer(max_epochs=2, accelerator="cpu", devices=2, strategy="ddp",
+                            logger=False, enable_progress_bar=False,
+                            enable_model_summary=False, enable_checkpointing=False)
+trainer.fit(module, train_dataloaders=loader)
+with open(f"{sys.argv[2]}/rank-{trainer.global_rank}.json", "w") as out:
+    json.dump({"made_as": made_as, "rank": loader.rank, "world": loader.world,
+               "seen": module.seen}, out)
+"""
+
+
+def test_its_ddp_gives_each_rank_its_share_of_a_loader_made_before(train_dir, torch,
+                                                                   lightning, tmp_path):
+    script = tmp_path / "ddp.py"
+    script.write_text(textwrap.dedent(DDP_SCRIPT))
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    run = subprocess.run([sys.executable, str(script), str(train_dir), str(tmp_path)],
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in (0, 1)]
+    for r, record in enumerate(ranks):
+        assert record["made_as"] == [0, 1], "made before the group: rank 0 of 1 then"
+        assert (record["rank"], record["world"]) == (r, 2), "found when Lightning used it"
+    dropped_last = 300 // 32 * 32  # drop_last with 2 ranks: complete batch pairs only
+    for epoch in (0, 1):
+        events = [e for record in ranks for seen_epoch, batch in record["seen"]
+                  if seen_epoch == epoch for e in batch]
+        assert len(events) == len(set(events)) == dropped_last, "no event on two ranks"
+
+
+def test_graphnets_way_graphs_to_train_and_validate(train_dir, torch, lightning, tmp_path):
+    pytest.importorskip("torch_geometric", reason="torch_geometric is not installed")
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    from shardify.torch_geometric import GraphLoader
+    from torch_geometric.data import Data
+    from torch_geometric.nn import global_mean_pool
+
+    class GraphNetShaped(lightning.LightningModule):
+        """What GraphNeT's StandardModel does with a batch: a Data (or a list of them),
+        node features pooled per graph, a loss against the ``direction`` label."""
+
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(6, 3)
+            self.trained, self.validated = [], []
+
+        def step(self, batch):
+            data = batch[0] if isinstance(batch, list) else batch
+            assert isinstance(data, Data)
+            pooled = global_mean_pool(self.linear(data.x), data.batch)
+            return ((pooled - data.direction.float()) ** 2).mean(), data.event_id.tolist()
+
+        def training_step(self, batch, index):
+            loss, events = self.step(batch)
+            self.trained.append((self.current_epoch, events))
+            return loss
+
+        def validation_step(self, batch, index):
+            self.validated.append((self.current_epoch, self.step(batch)[1]))
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=1e-3)
+
+    train, val = shardify.Dataset(train_dir).split(0.2, seed=1)
+    graph_settings = dict(standardize="graphnet", knn=4, max_pulses=32)
+
+    def fit(checkpoint=None, callbacks=()):
+        module = GraphNetShaped()
+        trainer = lightning.Trainer(
+            max_epochs=2, accelerator="cpu", devices=1, logger=False,
+            enable_progress_bar=False, enable_model_summary=False,
+            num_sanity_val_steps=0, enable_checkpointing=bool(callbacks),
+            callbacks=list(callbacks))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer.fit(module,
+                        GraphLoader(shardify.Loader(train, batch_events=40, device="cpu"),
+                                    **graph_settings),
+                        GraphLoader(shardify.Loader(val, batch_events=25, shuffle=False,
+                                                    device="cpu"), **graph_settings),
+                        ckpt_path=checkpoint)
+        return module
+
+    every_step = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=1, save_top_k=-1,
+                                 filename="{step}")
+    whole = fit(callbacks=[every_step])
+    for epoch in (0, 1):
+        trained = [e for seen, events in whole.trained if seen == epoch for e in events]
+        assert sorted(trained) == sorted(train.event_ids().tolist())
+        validated = [e for seen, events in whole.validated if seen == epoch for e in events]
+        assert validated == val.event_ids().tolist(), "every validation event, stored order"
+    for steps in (2, 6, 7):  # mid-epoch, the first epoch's last step, the second epoch
+        resumed = fit(checkpoint=str(tmp_path / f"step={steps}.ckpt"))
+        assert whole.trained[:steps] + resumed.trained == whole.trained
