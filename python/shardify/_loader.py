@@ -217,18 +217,8 @@ class Loader:
             dataset = dataset_or_path
         else:
             dataset = Dataset(dataset_or_path)
-        self._make(dataset, **self._arguments)
-
-    def _make(self, dataset: Dataset, *, batch_events: int, max_pulses: int | None,
-              max_events: int | None, layout: str, max_doms: int | None,
-              pulses_per_dom: int | None, seed: int, block_events: int, window_blocks: int,
-              run_events: int, batch_order: str, shuffle: bool, drop_last: bool | None,
-              rank: int | None, world: int | None, workers: int, worker_scheduling: str,
-              consumer_gathers: bool, prefetch: int | None, device: Any, output: str,
-              dom_positions: bool, resident: bool) -> None:
-        """Resolves the arguments (rank, world and device left to be found, from this
-        process as it is now) and makes the native loader at the first epoch's start."""
-        # What was found for rank, world and device, to tell when the process changed.
+        # What was found for rank, world and device left to be found, to tell when the
+        # process changed (see _follow_the_process).
         self._found = (*_rank_world(rank, world), _device_name(device, output))
         if output not in ("torch", "numpy"):
             raise ValueError(f'invalid output: {output!r} (expected "torch" or "numpy")')
@@ -347,7 +337,7 @@ class Loader:
         state, loaded = self.state_dict(), self._loaded == self._batches.position()
         # The old native loader (its threads, its buffers, a resident copy) goes first.
         self._native = self._batches = None  # type: ignore[assignment]
-        self._make(self.dataset, **a)
+        Loader.__init__(self, self.dataset, **a)
         self.load_state_dict(state)
         if not loaded:
             self._loaded = None
