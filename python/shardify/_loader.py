@@ -292,6 +292,7 @@ class Loader:
         self._lengths: dict[tuple[int, int], int] = {}
         # The position load_state_dict set, while no batch has been handed out since.
         self._loaded: tuple[int, int, int] | None = None
+        self._sampler: Any = None
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         """One epoch, from where the loader stands: the start of the next epoch after a
@@ -374,10 +375,17 @@ class Loader:
     batch_sampler: None = None
 
     @property
-    def sampler(self) -> Loader:
-        """This loader, where PyTorch Lightning looks for a ``DataLoader``'s sampler to call
-        :meth:`set_epoch` on at every epoch's start (training and evaluation alike)."""
-        return self
+    def sampler(self) -> Any:
+        """A torch sampler standing for this loader where frameworks look for a
+        ``DataLoader``'s: its ``set_epoch`` is the loader's (PyTorch Lightning calls it at
+        every epoch's start, training and evaluation alike), and without shuffle it is a
+        ``SequentialSampler`` (GraphNeT's ``predict_as_dataframe`` asks for one)."""
+        from ._samplers import DrawnOrderSampler, StoredOrderSampler
+
+        if self._sampler is None:
+            kind = DrawnOrderSampler if self.shuffle else StoredOrderSampler
+            self._sampler = kind(self)
+        return self._sampler
 
     def state_dict(self) -> dict[str, Any]:
         """Where the loader stands (after the last batch handed out, not the last

@@ -257,9 +257,15 @@ class GraphLoader:
     batch_sampler: None = None
 
     @property
-    def sampler(self) -> GraphLoader:
-        """Itself, where Lightning calls ``set_epoch`` at every epoch's start."""
-        return self
+    def sampler(self) -> Any:
+        """The loader's sampler (see ``shardify.Loader.sampler``): Lightning calls its
+        ``set_epoch`` at every epoch's start."""
+        return self.loader.sampler
+
+    @property
+    def dataset(self) -> Any:
+        """The loader's dataset (GraphNeT's ``predict_as_dataframe`` counts its events)."""
+        return self.loader.dataset
 
     def state_dict(self) -> dict[str, Any]:
         """The loader's state: where it stands, its settings, the dataset's identity."""

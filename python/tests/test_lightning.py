@@ -176,6 +176,9 @@ def test_graphnets_way_graphs_to_train_and_validate(train_dir, torch, lightning,
         def validation_step(self, batch, index):
             self.validated.append((self.current_epoch, self.step(batch)[1]))
 
+        def predict_step(self, batch, index):
+            return batch.event_id
+
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=1e-3)
 
@@ -210,3 +213,18 @@ def test_graphnets_way_graphs_to_train_and_validate(train_dir, torch, lightning,
     for steps in (2, 6, 7):  # mid-epoch, the first epoch's last step, the second epoch
         resumed = fit(checkpoint=str(tmp_path / f"step={steps}.ckpt"))
         assert whole.trained[:steps] + resumed.trained == whole.trained
+    # GraphNeT's predict_as_dataframe: predictions, then a second pass over the same loader
+    # for the attributes to join (it asks for a SequentialSampler first).
+    from torch.utils.data import SequentialSampler
+
+    predicting = GraphLoader(shardify.Loader(val, batch_events=25, shuffle=False,
+                                             device="cpu"), **graph_settings)
+    assert isinstance(predicting.sampler, SequentialSampler)
+    trainer = lightning.Trainer(accelerator="cpu", devices=1, logger=False,
+                                enable_progress_bar=False, enable_model_summary=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        predicted = torch.cat(trainer.predict(GraphNetShaped(), predicting)).tolist()
+    attributes = [e for graph in predicting for e in graph.event_id.tolist()]
+    assert predicted == attributes == val.event_ids().tolist()
+    assert len(predicted) == len(predicting.dataset)

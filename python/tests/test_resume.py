@@ -48,13 +48,12 @@ def test_a_for_after_the_last_batch_handed_out_starts_the_next_epoch(train_dir, 
 def test_set_epoch_keeps_a_position_just_loaded_in_its_epoch(train_dir, torch):
     full = order_lines(train_dir, "--batch-events", "8", "--epoch", "2")
     loader = shardify.Loader(train_dir, batch_events=8, device="cpu")
-    assert loader.sampler is loader, "where Lightning calls set_epoch"
-    loader.set_epoch(2)
+    loader.sampler.set_epoch(2)  # where Lightning calls it: the loader's set_epoch
     first = [b["event_id"].tolist() for _, b in zip(range(5), loader, strict=False)]
     state = loader.state_dict()
     resumed = shardify.Loader(train_dir, batch_events=8, device="cpu")
     resumed.load_state_dict(state)
-    resumed.set_epoch(2)  # a loop that calls set_epoch at every epoch's top, as DDP asks
+    resumed.sampler.set_epoch(2)  # as a loop calls it at every epoch's top, as DDP asks
     assert len(resumed) == len(full), "counted from the epoch's start, as a DataLoader's"
     assert first + ids(resumed) == full
     resumed.set_epoch(2)  # batches were handed out since the load: epoch 2 from its start
@@ -133,3 +132,21 @@ def test_a_state_resumes_on_a_copy_but_not_on_other_events(train_dir, torch, tmp
             with pytest.raises(ValueError, match=f"invalid dataset: .*{identity}.*{named}"):
                 refusing.load_state_dict(state)
             assert refusing.state_dict()["global_batches"] == 0, "nothing was resumed"
+
+
+def test_the_sampler_frameworks_look_for(train_dir, torch):
+    from torch.utils.data import Sampler, SequentialSampler
+
+    shuffled = shardify.Loader(train_dir, device="cpu")
+    assert isinstance(shuffled.sampler, Sampler)
+    assert not isinstance(shuffled.sampler, SequentialSampler)
+    assert shuffled.sampler is shuffled.sampler and len(shuffled.sampler) == 300
+    with pytest.raises(TypeError, match="draws its own order: iterate the loader"):
+        iter(shuffled.sampler)
+    # Without shuffle a SequentialSampler (GraphNeT's predict_as_dataframe asks for one):
+    # the stored order, which the loader delivers.
+    stored = shardify.Loader(train_dir, batch_events=64, shuffle=False, output="numpy")
+    assert isinstance(stored.sampler, SequentialSampler)
+    assert list(stored.sampler) == list(range(300))
+    events = shardify.Dataset(train_dir).event_ids().tolist()
+    assert [e for batch in ids(stored) for e in batch] == events

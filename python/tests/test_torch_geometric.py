@@ -64,7 +64,8 @@ def test_graph_loader_is_its_loader_through_to_pyg(train_dir, torch):
     arguments = dict(standardize="graphnet", knn=4, max_pulses=12, keep="random", seed=3)
     graphs = GraphLoader(loader(), **arguments)
     plain = loader()
-    assert len(graphs) == len(plain) and graphs.sampler is graphs
+    assert len(graphs) == len(plain) and graphs.sampler is graphs.loader.sampler
+    assert graphs.dataset is graphs.loader.dataset
     for epoch in (0, 1):  # keep="random" draws with the loader's epoch: epochs differ
         want = [to_pyg(b, epoch=epoch, **arguments) for b in plain]
         got = list(graphs)
