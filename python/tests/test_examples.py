@@ -5,7 +5,7 @@ import sys
 
 import pytest
 import shardify
-from conftest import REPO
+from conftest import IN_CI, REPO
 
 
 def run(script: str, *args: str) -> str:
@@ -49,3 +49,25 @@ def test_train_dynedge_example_trains_checkpoints_and_resumes(train_dir, torch, 
     # The resumed run trains exactly the rest of the epoch.
     batches = len(shardify.Loader(train_dir, batch_events=32))
     assert f"{batches - 3} steps" in rest.stdout
+
+
+def test_train_lightning_example_resumes_and_runs_ddp(train_dir, torch, tmp_path):
+    pytest.importorskip("torch_geometric", reason="torch_geometric is not installed")
+    if not IN_CI:
+        pytest.importorskip("lightning")
+    common = [str(train_dir), "--batch-events", "32", "--width", "0.05", "--max-pulses", "64",
+              "--val-fraction", "0.2", "--accelerator", "cpu", "--checkpoint-every", "1",
+              "--checkpoint-dir", str(tmp_path / "ckpt")]
+    train_events = len(shardify.Dataset(train_dir).split(0.2, seed=0)[0])
+    first = run("train_lightning.py", *common, "--stop-after", "3")
+    assert "stopped after 3 steps, 96 events" in first
+    rest = run("train_lightning.py", *common, "--resume")
+    assert "resumed from epoch=0-step=3.ckpt (step 3)" in rest
+    # The rest of the epoch, exactly: its events less the 96 trained before the stop.
+    assert f"rank 0: {train_events - 96} events trained in this run" in rest
+    assert "epoch 0: train_loss" in rest and "val_loss" in rest
+    # Lightning's DDP on 2 CPU processes: each rank its half of the complete batches.
+    ddp = run("train_lightning.py", *common[:-2], "--checkpoint-dir", str(tmp_path / "ddp"),
+              "--devices", "2")
+    per_rank = train_events // 64 * 32
+    assert f"rank 0: {per_rank} events" in ddp and f"rank 1: {per_rank} events" in ddp
