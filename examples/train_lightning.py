@@ -27,6 +27,7 @@ from pathlib import Path
 import lightning
 import shardify
 import torch
+from distributed_exit import exit_without_finalising
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from shardify.torch_geometric import GraphLoader
 from train_dynedge import DynEdge
@@ -136,6 +137,11 @@ def main() -> None:
     trainer.fit(model, train_graphs, val_graphs, ckpt_path=resume)
     print(f"rank {trainer.global_rank}: {model.events_trained} events trained in this run, "
           f"at step {trainer.global_step}", flush=True)
+    if torch.distributed.is_initialized():
+        # gloo can abort a rank in the interpreter's finalisation (distributed_exit.py).
+        torch.distributed.destroy_process_group()
+        del train_graphs, val_graphs  # dropping a loader joins its threads
+        exit_without_finalising()
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ install), and helpers that read the shards independently with ``safetensors.nump
 from __future__ import annotations
 
 import fcntl
+import importlib
 import os
 import shutil
 import subprocess
@@ -68,14 +69,24 @@ def realistic_dir(tmp_path_factory):
     return root / "ds"
 
 
+def required_in_ci(name: str):
+    """The module ``name``: required in CI (missing there, a failure, not a skip), where
+    the README's test command installs it; elsewhere the test skips without it."""
+    if IN_CI:
+        return importlib.import_module(name)
+    return pytest.importorskip(name)
+
+
 @pytest.fixture(scope="session")
 def torch():
-    """torch, required in CI (a missing torch there is a failure, not a skip)."""
-    if IN_CI:
-        import torch as module
-    else:
-        module = pytest.importorskip("torch")
-    return module
+    """torch, required in CI."""
+    return required_in_ci("torch")
+
+
+@pytest.fixture(scope="session")
+def lightning():
+    """PyTorch Lightning, required in CI."""
+    return required_in_ci("lightning")
 
 
 @pytest.fixture(scope="session")

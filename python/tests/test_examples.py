@@ -5,7 +5,7 @@ import sys
 
 import pytest
 import shardify
-from conftest import IN_CI, REPO
+from conftest import REPO
 
 
 def run(script: str, *args: str) -> str:
@@ -51,10 +51,8 @@ def test_train_dynedge_example_trains_checkpoints_and_resumes(train_dir, torch, 
     assert f"{batches - 3} steps" in rest.stdout
 
 
-def test_train_lightning_example_resumes_and_runs_ddp(train_dir, torch, tmp_path):
+def test_train_lightning_example_resumes_and_runs_ddp(train_dir, torch, lightning, tmp_path):
     pytest.importorskip("torch_geometric", reason="torch_geometric is not installed")
-    if not IN_CI:
-        pytest.importorskip("lightning")
     common = [str(train_dir), "--batch-events", "32", "--width", "0.05", "--max-pulses", "64",
               "--val-fraction", "0.2", "--accelerator", "cpu", "--checkpoint-every", "1",
               "--checkpoint-dir", str(tmp_path / "ckpt")]
