@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ._loader import Loader
 
-from .transforms import _require_packed, choose_knn, knn_edges, time_ordered
+from .transforms import PACKED_SECTIONS, _require_packed, choose_knn, knn_edges, time_ordered
 
 #: The scalings ``standardize`` accepts.
 STANDARDIZATIONS = (None, "graphnet")
@@ -232,6 +232,15 @@ class GraphLoader:
             inspect.signature(to_pyg).bind({}, **to_pyg_arguments)
         except TypeError as e:
             raise TypeError(f"GraphLoader: {e} (it takes to_pyg's arguments)") from None
+        # Refused here, before a Trainer starts, rather than at the first batch.
+        if loader.output != "torch":
+            raise TypeError('GraphLoader needs torch tensors: make the loader with '
+                            'output="torch" (the default)')
+        missing = [name for name in PACKED_SECTIONS if name not in loader.section_names]
+        if missing:
+            raise ValueError(f"GraphLoader needs packed batches with {', '.join(missing)}: "
+                             'make the loader with layout="packed" and dom_positions=True '
+                             "(the defaults)")
         self.loader, self.to_pyg_arguments = loader, to_pyg_arguments
 
     def __iter__(self) -> Iterator[Any]:

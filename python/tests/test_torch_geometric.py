@@ -87,3 +87,12 @@ def test_graph_loader_is_its_loader_through_to_pyg(train_dir, torch):
         GraphLoader(loader(), epoch=2)
     with pytest.raises(TypeError, match="unexpected keyword argument 'k'.*to_pyg's arguments"):
         GraphLoader(loader(), k=8)
+    # Loaders whose batches to_pyg cannot take are refused before any training starts.
+    with pytest.raises(TypeError, match='needs torch tensors: make the loader with output="'):
+        GraphLoader(shardify.Loader(train_dir, output="numpy"))
+    padded = shardify.Loader(train_dir, layout="padded", max_doms=4, pulses_per_dom=1)
+    no_positions = shardify.Loader(train_dir, dom_positions=False)
+    with pytest.raises(ValueError, match="needs packed batches with event_dom_offsets, "):
+        GraphLoader(padded)
+    with pytest.raises(ValueError, match="needs packed batches with dom_position: make"):
+        GraphLoader(no_positions)
