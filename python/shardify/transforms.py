@@ -84,7 +84,7 @@ def _require_packed(batch: dict[str, Any], what: str) -> None:
 
     if not isinstance(batch, Mapping):
         raise TypeError(f"{what} takes a batch: the dict of sections a shardify.Loader yields, "
-                        f"not {type(batch).__module__}.{type(batch).__name__}")
+                        f"not {_type_name(batch)}")
     missing = [name for name in PACKED_SECTIONS if name not in batch]
     if missing:
         raise ValueError(f"{what} needs a packed batch with {', '.join(missing)} "
@@ -93,9 +93,14 @@ def _require_packed(batch: dict[str, Any], what: str) -> None:
     for name in PACKED_SECTIONS:
         if not isinstance(batch[name], torch.Tensor):
             raise TypeError(f"{what} needs torch tensors, and section {name} is "
-                            f"{type(batch[name]).__module__}.{type(batch[name]).__name__}: "
+                            f"{_type_name(batch[name])}: "
                             "make the loader with output=\"torch\" (the default), or wrap "
                             "each array with torch.from_numpy (no copy)")
+
+
+def _type_name(value: Any) -> str:
+    """``value``'s type as a refusal names it: ``numpy.ndarray``, ``builtins.list``."""
+    return f"{type(value).__module__}.{type(value).__name__}"
 
 
 def _check_offsets(offsets: Any, nodes: int) -> None:
@@ -328,7 +333,7 @@ def knn_edges(pos: Any, offsets: Any, k: int, *, groups: Any = None,
     for name, value in (("pos", pos), ("offsets", offsets)):
         if not isinstance(value, torch.Tensor):
             raise TypeError(f"knn_edges: {name} must be a torch tensor, not "
-                            f"{type(value).__module__}.{type(value).__name__}")
+                            f"{_type_name(value)}")
     if pos.ndim != 2 or pos.shape[1] != 3:
         raise ValueError(f"knn_edges: pos must be [N, 3] (x, y, z per node), not shape "
                          f"{tuple(pos.shape)}")
