@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 import shardify
+from conftest import assert_same_batches
 
 pyg = pytest.importorskip("torch_geometric", reason="torch_geometric is not installed")
 
@@ -48,11 +49,9 @@ def test_to_pyg_matches_the_packed_batch(train_dir, stored, torch, nodes):
             assert graphs.y[g].tolist() == [want["event_azimuth"], want["event_zenith"]]
 
 
-def assert_same_graphs(a, b, torch):
-    """Every field of two PyG batches, equal."""
-    assert sorted(a.keys()) == sorted(b.keys())
-    for key in a.keys():
-        assert torch.equal(a[key], b[key]), key
+def fields(graphs):
+    """PyG batches as the dicts of their fields, for ``assert_same_batches``."""
+    return [g.to_dict() for g in graphs]
 
 
 def test_graph_loader_is_its_loader_through_to_pyg(train_dir, torch):
@@ -69,9 +68,8 @@ def test_graph_loader_is_its_loader_through_to_pyg(train_dir, torch):
     for epoch in (0, 1):  # keep="random" draws with the loader's epoch: epochs differ
         want = [to_pyg(b, epoch=epoch, **arguments) for b in plain]
         got = list(graphs)
-        assert len(got) == len(want) and graphs.epoch == plain.epoch == epoch + 1
-        for a, b in zip(got, want, strict=True):
-            assert_same_graphs(a, b, torch)
+        assert graphs.epoch == plain.epoch == epoch + 1
+        assert_same_batches(fields(want), fields(got), torch)
     # State, set_epoch and len are the loader's; a state resumes mid-epoch.
     graphs.set_epoch(4)
     first = [g for _, g in zip(range(3), graphs, strict=False)]
@@ -81,8 +79,7 @@ def test_graph_loader_is_its_loader_through_to_pyg(train_dir, torch):
     resumed.load_state_dict(state)
     plain.set_epoch(4)
     want = [to_pyg(b, epoch=4, **arguments) for b in plain]
-    for a, b in zip(first + list(resumed), want, strict=True):
-        assert_same_graphs(a, b, torch)
+    assert_same_batches(fields(want), fields(first + list(resumed)), torch)
     with pytest.raises(TypeError, match="GraphLoader takes no epoch"):
         GraphLoader(loader(), epoch=2)
     with pytest.raises(TypeError, match="unexpected keyword argument 'k'.*to_pyg's arguments"):
