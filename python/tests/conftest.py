@@ -166,6 +166,12 @@ def stored(train_dir) -> StoredEvents:
     return StoredEvents(train_dir)
 
 
+def take(loader, steps: int) -> list[list[int]]:
+    """The event ids of the loader's next ``steps`` batches, taken without asking it for
+    another (as PyTorch Lightning takes ``len(loader)`` batches)."""
+    return [b["event_id"].tolist() for _, b in zip(range(steps), loader, strict=False)]
+
+
 def ids(batches) -> list[list[int]]:
     """Each batch's event ids as lists."""
     return [np.asarray(b["event_id"]).tolist() for b in batches]

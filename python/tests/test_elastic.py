@@ -4,15 +4,10 @@ drops. Ranks are simulated in one process with explicit rank and world."""
 
 import pytest
 import shardify
-from conftest import ids, order_lines
+from conftest import ids, order_lines, take
 
 SETTINGS = dict(batch_events=8, seed=3, window_blocks=4)
 FLAGS = ["--batch-events", "8", "--seed", "3", "--window", "4"]
-
-
-def take(loader, steps):
-    """The event ids of the loader's next ``steps`` batches."""
-    return [b["event_id"].tolist() for _, b in zip(range(steps), loader, strict=False)]
 
 
 def expected_after_resume(train_dir, saved_global, new_world, new_drop_last):

@@ -2,7 +2,7 @@
 
 import pytest
 import shardify
-from conftest import FIXTURES, ids, order_lines, run_cli
+from conftest import FIXTURES, ids, order_lines, run_cli, take
 
 
 def test_resume_mid_epoch_gives_exactly_the_rest(train_dir, torch):
@@ -32,7 +32,7 @@ def test_a_for_after_the_last_batch_handed_out_starts_the_next_epoch(train_dir, 
     assert len(epoch0) != len(epoch1), "a pulse budget: the epochs' batch counts differ"
     loader = shardify.Loader(train_dir, max_pulses=900, max_events=40, device="cpu")
     assert len(loader) == len(epoch0)
-    taken = [b["event_id"].tolist() for _, b in zip(range(len(epoch0)), loader, strict=False)]
+    taken = take(loader, len(epoch0))
     assert taken == epoch0
     state = loader.state_dict()  # as saved inside the loop, after its last batch
     assert (state["epoch"], state["global_batches"]) == (0, len(epoch0))
@@ -49,7 +49,7 @@ def test_set_epoch_keeps_a_position_just_loaded_in_its_epoch(train_dir, torch):
     full = order_lines(train_dir, "--batch-events", "8", "--epoch", "2")
     loader = shardify.Loader(train_dir, batch_events=8, device="cpu")
     loader.sampler.set_epoch(2)  # where Lightning calls it: the loader's set_epoch
-    first = [b["event_id"].tolist() for _, b in zip(range(5), loader, strict=False)]
+    first = take(loader, 5)
     state = loader.state_dict()
     resumed = shardify.Loader(train_dir, batch_events=8, device="cpu")
     resumed.load_state_dict(state)
