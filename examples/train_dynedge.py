@@ -115,6 +115,12 @@ class DynEdge(nn.Module):
         return nn.functional.normalize(self.head(self.readout(torch.cat(pooled, dim=1))), dim=1)
 
 
+def angular_loss(predicted: torch.Tensor, graphs) -> torch.Tensor:
+    """1 - cos(angle) between the predicted unit directions and the graphs' ``direction``,
+    averaged over the events."""
+    return (1 - (predicted * graphs.direction.to(predicted.dtype)).sum(-1)).mean()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -172,7 +178,7 @@ def main() -> None:
                             epoch=epoch)
             step_start = now()
             predicted = model(graphs)
-            loss = (1 - (predicted * graphs.direction.to(predicted.dtype)).sum(-1)).mean()
+            loss = angular_loss(predicted, graphs)
             optimiser.zero_grad(set_to_none=True)
             loss.backward()
             optimiser.step()

@@ -30,7 +30,7 @@ import torch
 from distributed_exit import exit_without_finalising
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from shardify.torch_geometric import GraphLoader
-from train_dynedge import DynEdge
+from train_dynedge import DynEdge, angular_loss
 
 
 class DirectionModel(lightning.LightningModule):
@@ -44,8 +44,7 @@ class DirectionModel(lightning.LightningModule):
         self.events_trained = 0
 
     def loss(self, graphs) -> torch.Tensor:
-        predicted = self.net(graphs)
-        return (1 - (predicted * graphs.direction.to(predicted.dtype)).sum(-1)).mean()
+        return angular_loss(self.net(graphs), graphs)
 
     def training_step(self, graphs, index: int) -> torch.Tensor:
         loss = self.loss(graphs)
