@@ -34,7 +34,7 @@ import checkpoints
 import shardify
 import torch
 from shardify.torch_geometric import to_pyg
-from shardify.transforms import knn_edges
+from shardify.transforms import choose_knn, knn_edges
 from torch import nn
 
 
@@ -161,7 +161,10 @@ def main() -> None:
             torch.cuda.synchronize(device)
         return time.perf_counter()
 
-    print(f"{len(loader.dataset)} events, {len(loader)} batches per epoch, on {device}")
+    # The kNN edges' path (SHARDIFY_KNN): on a GPU with Triton one kernel, for events of at
+    # most 256 nodes (the cut below); elsewhere torch operations.
+    print(f"{len(loader.dataset)} events, {len(loader)} batches per epoch, on {device}; kNN "
+          f"edges by {'the Triton kernel' if choose_knn(device) == 'fused' else 'torch'}")
     timings = []  # per step: (events, waited, adapting, stepping), times in seconds
     for _ in range(args.epochs):
         losses = []

@@ -32,7 +32,9 @@ Takes --batches batches from ``shardify.Loader`` and times, per batch (medians):
 * on a GPU with Triton (or anywhere with ``--fused-knn``), the kNN on the cut pulses, the
   adapter, the DynEdge step (whose EdgeConv blocks rebuild kNN graphs) and the training
   loop again with ``SHARDIFY_KNN=fused``: one Triton kernel for the edges instead of the
-  torch operations' distance blocks.
+  torch operations' distance blocks. On such a GPU that kernel is the default; every other
+  row runs the torch operations (``SHARDIFY_KNN=torch``, set for them whatever the
+  environment says), so that the two paths stand side by side.
 
 and prints the adapter's time against the loader's and as a share of the step. On a GPU
 every other timing synchronises the device first and last. Each row runs its work on every
@@ -225,6 +227,9 @@ def main() -> None:
                          "Triton): there only under TRITON_INTERPRET=1, Triton's interpreter, "
                          "which checks that they run but times Python")
     args = ap.parse_args()
+    # The rows that do not name the Triton kernel time the torch operations, the kernel's
+    # reference, also where the kernel is the default (a GPU with Triton).
+    os.environ[transforms.KNN_VARIABLE] = "torch"
 
     drained = shardify.Loader(args.dataset, batch_events=args.batch_events, device=args.device)
     batches_, _, _, seconds = drained._native.drain()

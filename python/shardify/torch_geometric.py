@@ -59,7 +59,8 @@ STANDARDIZATIONS = (None, "graphnet")
 #: DOM (an H200, batches of 256 events cut to 256 pulses: 2.26 / 2.88 ms per pulse against
 #: 2.53 / 3.29 ms per DOM in two runs, docs/results.md). Longer or uncut events, and the CPU
 #: (1.5x faster per DOM at the same cut), group by DOM, unless ``SHARDIFY_KNN=fused``
-#: chooses the Triton kernel, which computes per pulse (events of at most 256 nodes).
+#: chooses the Triton kernel there, which computes per pulse (events of at most 256 nodes;
+#: on a GPU it is the default where Triton serves it).
 GPU_PULSE_DISTANCES_MAX = 256
 
 
@@ -68,7 +69,7 @@ def distances_per_dom(device: Any, max_pulses: int | None) -> bool:
     ``max_pulses`` per event (None: uncut), once per DOM (else once per pulse)."""
     if max_pulses is None or max_pulses > GPU_PULSE_DISTANCES_MAX:
         return True
-    return device.type != "cuda" and choose_knn() != "fused"
+    return device.type != "cuda" and choose_knn(device) != "fused"
 
 
 def graphnet_time(t: Any) -> Any:

@@ -22,9 +22,10 @@ Host synchronisation (a GPU batch's sizes read back by the host):
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from typing import Any
+
+from ._kernels import choose_path
 
 #: The truncation rules of :func:`time_ordered`, see there.
 KEEP_RULES = ("non_auxiliary_first", "random", "charge")
@@ -52,19 +53,18 @@ _KNN_BLOCK_COST_PAIRS_CUDA = 1 << 21
 
 
 #: Environment variable choosing how :func:`knn_edges` computes edges without ``groups``:
-#: ``torch`` (torch operations in distance blocks: the default, any device) or ``fused``
-#: (one Triton kernel for batches whose events have at most 256 nodes, as ``to_pyg`` cut to
-#: 256 pulses gives; larger events take the torch path; on CPU tensors only under
-#: ``TRITON_INTERPRET=1``). The default stays ``torch`` until the kernel is timed on a GPU.
+#: ``torch`` (torch operations in distance blocks, any device) or ``fused`` (one Triton
+#: kernel for batches whose events have at most 256 nodes, as ``to_pyg`` cut to 256 pulses
+#: gives; larger events take the torch path; on CPU tensors only under
+#: ``TRITON_INTERPRET=1``). Unset, ``fused`` where Triton serves the nodes' device (a GPU of
+#: compute capability 7.0 or more, Triton installed) and ``torch`` elsewhere.
 KNN_VARIABLE = "SHARDIFY_KNN"
 
 
-def choose_knn() -> str:
-    """``SHARDIFY_KNN`` when set, else ``torch``; any other value is a ``ValueError``."""
-    chosen = os.environ.get(KNN_VARIABLE, "") or "torch"
-    if chosen not in ("torch", "fused"):
-        raise ValueError(f"invalid {KNN_VARIABLE}: {chosen!r} (expected torch or fused)")
-    return chosen
+def choose_knn(device: Any) -> str:
+    """``SHARDIFY_KNN`` when set, else ``fused`` where Triton serves ``device`` and ``torch``
+    elsewhere; any other value is a ``ValueError`` (:func:`shardify._kernels.choose_path`)."""
+    return choose_path(KNN_VARIABLE, device)
 
 
 def _knn_block_elements(device: Any) -> int:
@@ -318,12 +318,12 @@ def knn_edges(pos: Any, offsets: Any, k: int, *, groups: Any = None,
     sorted or selected afterwards: one host synchronisation reads the node and group counts
     (two with ``groups`` and no ``group_count``), and no other.
 
-    With ``SHARDIFY_KNN=fused`` (:data:`KNN_VARIABLE`), no ``groups`` and no event over 256
-    nodes (``to_pyg`` on a GPU with ``max_pulses`` at most 256), one Triton kernel computes
-    every event's edges instead of the blocks: the same edges, with 15 torch operations and
-    one launch where the blocks of a 256-event batch cut to 256 pulses take 77 operations on
-    a GPU. It is not the default until it is timed on a GPU (``tools/adapters_bench.py
-    --device cuda:0`` times both).
+    On a GPU that Triton serves (unless ``SHARDIFY_KNN=torch``, :data:`KNN_VARIABLE`), with
+    no ``groups`` and no event over 256 nodes (``to_pyg`` on a GPU with ``max_pulses`` at
+    most 256), one Triton kernel computes every event's edges instead of the blocks: the
+    same edges, with 15 torch operations and one launch where the blocks of a 256-event
+    batch cut to 256 pulses take 77 operations (on an H200: 0.97 ms against 2.12 ms a
+    batch; ``tools/adapters_bench.py --device cuda:0`` times both).
     """
     import numpy as np
     import torch
@@ -369,7 +369,7 @@ def knn_edges(pos: Any, offsets: Any, k: int, *, groups: Any = None,
     edge_index = torch.empty(2, edge_count + 1, dtype=torch.int64, device=device)
     # Coordinates as three planes ([3, N]): a block's differences are then one operation.
     planes = pos.t().contiguous()
-    if slot is None and choose_knn() == "fused":
+    if slot is None and choose_knn(device) == "fused":
         from ._knn_fused import MAX_NODES, knn_edges_fused
 
         largest = int(counts_host.max(initial=0))

@@ -487,6 +487,55 @@ def test_knn_refuses_an_unknown_method(torch, monkeypatch):
         knn_edges(pos, offsets, 1)
 
 
+@pytest.mark.parametrize(
+    ("device", "installed", "capability", "hip", "want"),
+    [("cpu", True, None, None, "torch"),                 # Triton only interprets there
+     ("cuda:0", True, (9, 0), None, "fused"),            # an H100 / H200
+     ("cuda:1", True, (7, 0), None, "fused"),            # torch's compiler's own floor
+     ("cuda:0", True, (6, 1), None, "torch"),            # a Pascal card: Triton cannot build
+     ("cuda:0", False, (9, 0), None, "torch"),           # no triton package
+     ("cuda:0", True, (0, 0), "6.2", "fused")])          # a ROCm build of torch
+def test_the_triton_kernels_are_the_default_where_triton_serves_the_device(
+        torch, monkeypatch, device, installed, capability, hip, want):
+    """SHARDIFY_KNN and SHARDIFY_RESIDENT_GATHER unset: the Triton kernel on a GPU Triton
+    builds for (torch's rule for its compiler), torch operations elsewhere; set, they
+    choose, whatever the device; and to_pyg computes distances per DOM exactly where the
+    torch path runs on the CPU."""
+    from shardify import _kernels
+    from shardify._resident.source import choose_gather
+    from shardify.torch_geometric import distances_per_dom
+    from shardify.transforms import choose_knn
+
+    asked = []
+
+    def capability_of(index):
+        asked.append(index)
+        return capability
+
+    monkeypatch.setattr(_kernels, "_triton_installed", lambda: installed)
+    monkeypatch.setattr(_kernels, "_capability", capability_of)
+    monkeypatch.setattr(torch.version, "hip", hip)
+    monkeypatch.delenv("SHARDIFY_KNN", raising=False)
+    monkeypatch.delenv("SHARDIFY_RESIDENT_GATHER", raising=False)
+    where = torch.device(device)
+    assert choose_knn(where) == want and choose_gather(where) == want
+    if where.type == "cpu" or not installed or hip:
+        assert asked == [], "the capability is read only for an NVIDIA GPU with Triton"
+    else:
+        assert asked == [where.index] * 2, asked
+    assert distances_per_dom(where, 256) == (where.type == "cpu")
+    assert distances_per_dom(where, 257) and distances_per_dom(where, None)
+    for chosen in ("torch", "fused"):
+        monkeypatch.setenv("SHARDIFY_KNN", chosen)
+        monkeypatch.setenv("SHARDIFY_RESIDENT_GATHER", chosen)
+        assert choose_knn(where) == chosen and choose_gather(where) == chosen
+    assert distances_per_dom(torch.device("cpu"), 256) is False, "fused on the CPU: per pulse"
+    monkeypatch.setenv("SHARDIFY_RESIDENT_GATHER", "triton")
+    with pytest.raises(ValueError, match=r"invalid SHARDIFY_RESIDENT_GATHER: 'triton' "
+                                         r"\(expected torch or fused\)"):
+        choose_gather(where)
+
+
 @pytest.mark.parametrize("standardize", [None, "graphnet"])
 def test_to_pyg_pulses_graphnet_features_labels_and_edges(realistic_dir, torch, standardize):
     pyg = pytest.importorskip("torch_geometric", reason="torch_geometric is not installed")

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from .. import _native
+from .._kernels import choose_path
 from .buffers import OutputPool
 from .columns import Columns, load_columns, torch_dtype
 from .gather import BatchSizes, gather_packed, gather_padded
@@ -150,20 +151,9 @@ def _gather_for(kind: str, layout: Layout) -> Gather:
 
 
 def choose_gather(device: torch.device) -> str:
-    """``SHARDIFY_RESIDENT_GATHER`` when set, else ``fused`` on a GPU with Triton and
-    ``torch`` otherwise."""
-    chosen = os.environ.get(GATHER_VARIABLE, "")
-    if chosen:
-        if chosen not in ("torch", "fused"):
-            raise ValueError(f"invalid {GATHER_VARIABLE}: {chosen!r} (expected torch or fused)")
-        return chosen
-    if device.type != "cuda":
-        return "torch"
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return "torch"
-    return "fused"
+    """``SHARDIFY_RESIDENT_GATHER`` when set, else ``fused`` where Triton serves ``device``
+    and ``torch`` otherwise (:func:`shardify._kernels.choose_path`)."""
+    return choose_path(GATHER_VARIABLE, device)
 
 
 class ResidentBatches:
