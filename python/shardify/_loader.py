@@ -293,6 +293,7 @@ class Loader:
         # The position load_state_dict set, while no batch has been handed out since.
         self._loaded: tuple[int, int, int] | None = None
         self._sampler: Any = None
+        self._made = True  # the last field: __repr__ shows a loader only once it is made
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         """One epoch, from where the loader stands: the start of the next epoch after a
@@ -338,6 +339,7 @@ class Loader:
         state, loaded = self.state_dict(), self._loaded == self._batches.position()
         # The old native loader (its threads, its buffers, a resident copy) goes first.
         self._native = self._batches = None  # type: ignore[assignment]
+        self._made = False
         Loader.__init__(self, self.dataset, **a)
         self.load_state_dict(state)
         if not loaded:
@@ -454,6 +456,10 @@ class Loader:
         return self._batches.pool.allocations
 
     def __repr__(self) -> str:
+        if not self.__dict__.get("_made"):
+            # Its construction raised (a traceback's locals show it, as does a loader whose
+            # rebuild for a new rank or device failed): no field to show but that.
+            return "shardify.Loader (not made: its construction raised)"
         kind = ", resident" if self.resident else ""
         return (
             f"shardify.Loader({self.dataset.path!r}, rank {self.rank} of {self.world}, "

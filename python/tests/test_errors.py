@@ -40,6 +40,18 @@ def test_bad_arguments_raise_value_error_naming_the_field(train_dir, torch, kwar
         shardify.Loader(train_dir, **kwargs)
 
 
+def test_a_loader_whose_construction_raised_still_has_a_repr(train_dir, torch):
+    """A traceback that shows its locals (pytest's, rich's) calls repr on a loader whose
+    __init__ raised: it says so, where it raised AttributeError and hid the real error."""
+    made = shardify.Loader(train_dir, batch_events=8, rank=1, world=2)
+    assert repr(made) == (f"shardify.Loader({str(train_dir)!r}, rank 1 of 2, device cpu, "
+                          "epoch 0)")
+    broken = shardify.Loader.__new__(shardify.Loader)
+    with pytest.raises(ValueError, match="layout"):
+        broken.__init__(train_dir, layout="padded")
+    assert repr(broken) == "shardify.Loader (not made: its construction raised)"
+
+
 def test_bad_environment_rank(train_dir, torch, monkeypatch):
     monkeypatch.setenv("RANK", "one")
     monkeypatch.setenv("WORLD_SIZE", "2")
