@@ -32,7 +32,11 @@ _PROGRAM_KEYS = 4096
 _INVALID = tl.constexpr(0x7FFFFFFFFFFFFFFF)
 
 
-@triton.jit
+# The node and edge counts change with every batch: compiled for any value of them, rather
+# than again for each that Triton would specialise on (a multiple of 16, or 1), at a second
+# or so each while its cache is cold (an H200's first 60 steps of train_dynedge.py on a
+# fresh machine: 36.9 ms of adapter a batch, 2.9 ms once cached).
+@triton.jit(do_not_specialize=["plane_stride", "edge_stride"])
 def _knn_kernel(planes, plane_stride, starts, counts, edge_before, edges, edge_stride,
                 K: tl.constexpr, NODES: tl.constexpr, QUERIES: tl.constexpr):
     """Program (event, query block): the edges of ``QUERIES`` nodes of one event."""

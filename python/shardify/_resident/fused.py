@@ -26,6 +26,11 @@ if TYPE_CHECKING:
     from .columns import Columns
     from .gather import BatchSizes
 
+# A batch's sizes, and its slice of the epoch's events (at any element), are arguments that
+# Triton would otherwise specialise on (a multiple of 16, or 1; a 16-byte aligned pointer):
+# each new combination would compile the kernel again, in the first epochs, at a second or
+# so each where Triton's cache is cold. So the kernels are compiled for any value of them.
+
 #: Events, DOMs or pulses per program.
 EVENT_BLOCK = 256
 ITEM_BLOCK = 1024
@@ -46,7 +51,7 @@ def _owner(batch_at, q, events, STEPS: tl.constexpr):
     return lo
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_events"], do_not_specialize_on_alignment=["events_ptr"])
 def _events_kernel(events_ptr, n_events, event_id, azimuth, zenith, event_dom_offsets,
                    dom_pulse_offsets, id_out, azimuth_out, zenith_out, offsets_out, scratch,
                    LABELS: tl.constexpr, OFFSETS: tl.constexpr, BLOCK: tl.constexpr):
@@ -86,7 +91,7 @@ def _events_kernel(events_ptr, n_events, event_id, azimuth, zenith, event_dom_of
         pulse_carry += tl.sum(pulses, 0)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_events", "n_doms", "n_pulses"])
 def _doms_kernel(scratch, n_events, n_doms, n_pulses, sensor_id, sensor_position,
                  dom_pulse_offsets, sensor_out, position_out, dom_pulses_out,
                  POSITIONS: tl.constexpr, STEPS: tl.constexpr, BLOCK: tl.constexpr):
@@ -109,7 +114,7 @@ def _doms_kernel(scratch, n_events, n_doms, n_pulses, sensor_id, sensor_position
     tl.store(dom_pulses_out + j, tl.where(live, first, last).to(tl.int32), mask=j <= n_doms)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_events", "n_pulses"])
 def _pulses_kernel(scratch, n_events, n_pulses, time, charge, auxiliary, time_out,
                    charge_out, auxiliary_out, STEPS: tl.constexpr, BLOCK: tl.constexpr):
     """Every pulse of the batch: time, charge and auxiliary flag."""
@@ -122,7 +127,7 @@ def _pulses_kernel(scratch, n_events, n_pulses, time, charge, auxiliary, time_ou
     tl.store(auxiliary_out + q, tl.load(auxiliary + p, mask=live), mask=live)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_events", "width"])
 def _padded_kernel(scratch, n_events, width, sensor_id, sensor_position, dom_pulse_offsets,
                    time, charge, auxiliary, features, mask,
                    PULSES: tl.constexpr, BLOCK: tl.constexpr):
