@@ -9,6 +9,7 @@ everywhere else.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 from typing import Any
@@ -52,3 +53,17 @@ def choose_path(variable: str, device: Any) -> str:
             raise ValueError(f"invalid {variable}: {chosen!r} (expected torch or fused)")
         return chosen
     return "fused" if triton_serves(device) else "torch"
+
+
+def launching_on(device: Any) -> contextlib.AbstractContextManager[Any]:
+    """Where a Triton kernel for tensors on ``device`` is launched from: Triton launches on
+    the current CUDA device (and its current stream) whatever its arguments' device, so
+    where ``device`` is another GPU this makes it current for the launch (as torch's own
+    operations do for themselves); elsewhere it does nothing."""
+    if device.type != "cuda":
+        return contextlib.nullcontext()
+    import torch
+
+    if torch.cuda.current_device() == device.index:
+        return contextlib.nullcontext()
+    return torch.cuda.device(device)

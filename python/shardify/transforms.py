@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ._kernels import choose_path
+from ._kernels import choose_path, launching_on
 
 #: The truncation rules of :func:`time_ordered`, see there.
 KEEP_RULES = ("non_auxiliary_first", "random", "charge")
@@ -374,8 +374,9 @@ def knn_edges(pos: Any, offsets: Any, k: int, *, groups: Any = None,
 
         largest = int(counts_host.max(initial=0))
         if largest <= MAX_NODES:
-            knn_edges_fused(planes, offsets[:-1], event_counts, largest, k, edge_before,
-                            edge_index)
+            with launching_on(device):
+                knn_edges_fused(planes, offsets[:-1], event_counts, largest, k, edge_before,
+                                edge_index)
             return edge_index[:, :edge_count]
     # Events of more than one node, largest padded size first (a quarter of an octave at
     # most is padding): their node and group ranges in that order, in one upload, then

@@ -346,3 +346,32 @@ def test_the_host_time_tool_times_each_part_of_a_batch(train_dir, torch):
     assert list(parts) == ["plan lookup", "sizes and elements", "take a buffer set", "views",
                            "slice the events", "the gather's launches"]
     assert all(t > 0 for t in parts.values()), parts
+
+
+def test_every_batch_is_gathered_with_the_columns_device_current(train_dir, torch,
+                                                                 monkeypatch):
+    """Triton launches on the current CUDA device: each batch's gather runs inside
+    launching_on(the columns' device) (tested in test_transforms), once per batch."""
+    entered = []
+    real_gather = source.gather_batch
+
+    class Watched:
+        def __init__(self, device):
+            self.device = device
+
+        def __enter__(self):
+            entered.append(("guard", self.device))
+
+        def __exit__(self, *raised):
+            entered.append("left")
+
+    def gather(*arguments):
+        entered.append("gather")
+        return real_gather(*arguments)
+
+    monkeypatch.setattr(source, "launching_on", Watched)
+    monkeypatch.setattr(source, "gather_batch", gather)
+    loader = shardify.Loader(train_dir, device="cpu", resident=True, batch_events=64)
+    batches = sum(1 for _ in loader)
+    assert batches == 5
+    assert entered == [("guard", torch.device("cpu")), "gather", "left"] * batches

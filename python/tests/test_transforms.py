@@ -5,6 +5,7 @@ sample, and on hand-made batches with the edge cases."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -534,6 +535,49 @@ def test_the_triton_kernels_are_the_default_where_triton_serves_the_device(
     with pytest.raises(ValueError, match=r"invalid SHARDIFY_RESIDENT_GATHER: 'triton' "
                                          r"\(expected torch or fused\)"):
         choose_gather(where)
+
+
+def test_triton_launches_make_their_tensors_gpu_current(torch, monkeypatch):
+    """Triton launches on the current CUDA device whatever its arguments' device: a job on
+    cuda:1 that never called set_device(1) would launch the kNN kernel on GPU 0 with GPU 1's
+    pointers. The launch is made with the tensors' GPU current (only where it is another),
+    and knn_edges launches its kernel inside that guard."""
+    from shardify import _kernels, _knn_fused, transforms
+
+    made_current = []
+
+    class Current:
+        def __init__(self, device):
+            self.device = device
+
+        def __enter__(self):
+            made_current.append(self.device)
+
+        def __exit__(self, *raised):
+            made_current.append("left")
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "device", Current)
+    for device in ("cuda:1", "cuda:0", "cpu"):
+        with _kernels.launching_on(torch.device(device)):
+            made_current.append(f"launch {device}")
+    assert made_current == [torch.device("cuda:1"), "launch cuda:1", "left", "launch cuda:0",
+                            "launch cpu"]
+
+    guarded = []
+
+    @contextlib.contextmanager
+    def watched(device):
+        guarded.append(("guard", device))
+        yield
+        guarded.append("left")
+
+    monkeypatch.setattr(transforms, "launching_on", watched)
+    monkeypatch.setattr(_knn_fused, "knn_edges_fused",
+                        lambda *arguments: guarded.append("kernel"))
+    monkeypatch.setenv("SHARDIFY_KNN", "fused")
+    transforms.knn_edges(torch.rand(5, 3), torch.tensor([0, 2, 5]), 2)
+    assert guarded == [("guard", torch.device("cpu")), "kernel", "left"]
 
 
 @pytest.mark.parametrize("standardize", [None, "graphnet"])

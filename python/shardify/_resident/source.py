@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from .. import _native
-from .._kernels import choose_path
+from .._kernels import choose_path, launching_on
 from .buffers import OutputPool
 from .columns import Columns, load_columns, torch_dtype
 from .gather import BatchSizes, gather_packed, gather_padded
@@ -218,25 +218,11 @@ class ResidentBatches:
         if b >= plan.batches:
             self._position = (epoch + 1, 0, 0)
             return None
-        arguments = (self._gather, self.layout, self.pool, self.columns, plan.events, plan, b)
-        if self._other_gpu():
-            import torch
-
-            # Triton launches on the current device; torch operations guard themselves.
-            with torch.cuda.device(self.device):
-                batch = gather_batch(*arguments)
-        else:
-            batch = gather_batch(*arguments)
+        with launching_on(self.device):
+            batch = gather_batch(self._gather, self.layout, self.pool, self.columns,
+                                 plan.events, plan, b)
         self._position = (epoch, origin, taken + 1)
         return batch
-
-    def _other_gpu(self) -> bool:
-        """Whether the columns are on a GPU other than the current one."""
-        if self.device.type != "cuda":
-            return False
-        import torch
-
-        return torch.cuda.current_device() != self.device.index
 
     def _plan_at(self, epoch: int, origin: int, taken: int) -> EpochPlan:
         """The plan holding batch ``taken`` (since ``origin``) of ``epoch``: the current one,
