@@ -146,9 +146,10 @@ class Loader:
     * ``resident`` (False): hold the whole dataset on ``device`` (a GPU, or ``"cpu"``) as
       concatenated columns and gather each batch there, in the order the same Rust sampler
       plans (the streaming loader's batches, section for section); ``workers`` and
-      ``prefetch`` then do nothing, ``output`` must be ``"torch"``, and a dataset that does
-      not fit raises ``MemoryError`` before anything is allocated (about 1.8 GB per
-      million events with the real statistics).
+      ``prefetch`` then do nothing, ``output`` must be ``"torch"``. The dataset is read
+      onto the device at the first batch (so a loader made before DDP set its rank's GPU
+      loads it there, once); one that does not fit raises ``MemoryError`` then, before
+      anything is allocated (about 1.8 GB per million events with the real statistics).
 
     Sections of a packed batch (B events, D DOMs, P pulses):
 

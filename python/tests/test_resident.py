@@ -266,8 +266,15 @@ def test_bad_settings_and_data_raise_clear_errors(train_dir, train_copy, torch, 
     data = bytearray(victim.read_bytes())
     data[-1] ^= 0xFF
     victim.write_bytes(bytes(data))
-    with pytest.raises(shardify.DatasetError, match=manifest["shards"][2]["file"]):
-        shardify.Loader(train_copy, resident=True, device="cpu")
+    # Read at the first batch (not when made), and refused again at each try: a failed
+    # load leaves nothing half-loaded behind.
+    damaged = shardify.Loader(train_copy, resident=True, device="cpu")
+    for _ in range(2):
+        with pytest.raises(shardify.DatasetError, match=manifest["shards"][2]["file"]):
+            next(iter(damaged))
+    state = damaged.state_dict()
+    assert damaged._batches._columns is None
+    assert (state["epoch"], state["global_batches"]) == (0, 0), "no batch was handed out"
 
 
 def test_a_dataset_that_cannot_fit_is_refused_before_allocating(train_dir, torch, monkeypatch):
@@ -276,8 +283,9 @@ def test_a_dataset_that_cannot_fit_is_refused_before_allocating(train_dir, torch
     real_empty = torch.empty
     monkeypatch.setattr(columns, "free_bytes", lambda device: need - 1)
     monkeypatch.setattr(torch, "empty", lambda *a, **k: allocated.append(a) or real_empty(*a, **k))
+    too_big = shardify.Loader(train_dir, resident=True, device="cpu")
     with pytest.raises(MemoryError) as refused:
-        shardify.Loader(train_dir, resident=True, device="cpu")
+        next(iter(too_big))
     message = str(refused.value)
     assert f"({need} bytes" in message and f"({need - 1} bytes) are free" in message, message
     assert not allocated, "the columns were allocated before the check"
@@ -375,3 +383,31 @@ def test_every_batch_is_gathered_with_the_columns_device_current(train_dir, torc
     batches = sum(1 for _ in loader)
     assert batches == 5
     assert entered == [("guard", torch.device("cpu")), "gather", "left"] * batches
+
+
+def test_a_loader_made_before_its_rank_is_known_loads_the_dataset_once_for_that_rank(
+        train_dir, torch, monkeypatch):
+    """Lightning's DDP sets each process's rank and GPU after the script made the loader. A
+    resident loader reads the dataset at its first batch, after it has found its rank and
+    device again (when first used), so each process loads it once, where it serves; read
+    when made, every process had first loaded a copy onto the device current then (GPU 0)."""
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    loads = []
+    real_load = source.load_columns
+
+    def load(dataset, device, **options):
+        loads.append(device)
+        return real_load(dataset, device, **options)
+
+    monkeypatch.setattr(source, "load_columns", load)
+    early = shardify.Loader(train_dir, device="cpu", resident=True, batch_events=16)
+    assert (early.rank, early.world, loads) == (0, 1, [])
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    got = [b["event_id"].tolist() for b in early]
+    assert (early.rank, early.world) == (1, 2)
+    assert loads == [torch.device("cpu")], "loaded once, after the rank was found"
+    given = shardify.Loader(train_dir, device="cpu", resident=True, batch_events=16, rank=1,
+                            world=2)
+    assert got == [b["event_id"].tolist() for b in given] and len(got) == len(given) > 0

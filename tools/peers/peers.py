@@ -175,6 +175,7 @@ def shardify_loaders(dataset, batch_events, window, workers, seconds, seed, devi
     for kind, w in (("resident", window), ("resident-all", whole)):
         started = time.perf_counter()
         resident[kind] = shardify.Loader(dataset, window_blocks=w, resident=True, **settings)
+        resident[kind]._batches.columns  # read now (else at the first batch), to be timed
         resident[kind + "-load"] = time.perf_counter() - started
 
     def timed(kind):

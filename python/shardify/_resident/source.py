@@ -167,7 +167,12 @@ class ResidentBatches:
         self.layout = layout
         self.gather_kind = gather or choose_gather(device)
         self._gather = _gather_for(self.gather_kind, layout)
-        self.columns = load_columns(dataset, device, progress=progress)
+        # Loaded at the first batch, not here: a loader made before DDP's processes chose
+        # their GPUs (Lightning's, which sets them inside fit) is rebuilt for its own GPU
+        # when first used, and would otherwise have put a copy on the device current
+        # then (GPU 0 in every rank) first.
+        self._dataset, self._progress = dataset, progress
+        self._columns: Columns | None = None
         self.pool = OutputPool(device, layout.sections)
         self._position = (0, 0, 0)
         self._plan: EpochPlan | None = None
@@ -178,6 +183,13 @@ class ResidentBatches:
         # streaming loader refuses it, where it would race for the position and the plan
         # (each thread's epoch would overlap the others', events handed out twice).
         self._in_use = threading.Lock()
+
+    @property
+    def columns(self) -> Columns:
+        """The dataset's columns on the device, read (and checked) at the first use."""
+        if self._columns is None:
+            self._columns = load_columns(self._dataset, self.device, progress=self._progress)
+        return self._columns
 
     def position(self) -> tuple[int, int, int]:
         """(epoch, origin, batches handed out since origin)."""
