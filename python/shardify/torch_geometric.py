@@ -48,7 +48,14 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ._loader import Loader
 
-from .transforms import PACKED_SECTIONS, _require_packed, choose_knn, knn_edges, time_ordered
+from .transforms import (
+    PACKED_SECTIONS,
+    _left_untraced,
+    _require_packed,
+    choose_knn,
+    knn_edges,
+    time_ordered,
+)
 
 #: The scalings ``standardize`` accepts.
 STANDARDIZATIONS = (None, "graphnet")
@@ -98,6 +105,7 @@ def direction(azimuth: Any, zenith: Any) -> Any:
                         torch.cos(zenith)], dim=1)
 
 
+@_left_untraced
 def to_pyg(batch: dict[str, Any], nodes: str = "pulses", *, standardize: str | None = None,
            knn: int | None = None, max_pulses: int | None = None,
            keep: str = "non_auxiliary_first", seed: int = 0, epoch: int = 0,

@@ -22,10 +22,30 @@ Host synchronisation (a GPU batch's sizes read back by the host):
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar, cast
 
 from ._kernels import choose_path, launching_on
+
+_Function = TypeVar("_Function", bound=Callable[..., Any])
+
+
+def _left_untraced(function: _Function) -> _Function:
+    """``function`` as ``torch.compile`` leaves it: called as it is (one graph break), not
+    traced. The transforms take their sizes from the data, read on the host, so traced,
+    each batch's sizes would compile their pieces again: a DynEdge-shaped model whose
+    EdgeConv blocks call :func:`knn_edges`, compiled on the CPU, took 3.1-27.4 s a batch
+    over its first 8 batches traced, and 1.6, 0.6, then 0.0 s untraced (docs/python.md).
+    Loading torch's compiler for this
+    takes about 0.85 s once, when the module is imported (``torch_geometric`` loads it
+    anyway)."""
+    try:
+        import torch
+    except ImportError:  # nothing compiles without torch
+        return function
+    # Untyped in torch (2.11): called through Any, the function keeps its own type.
+    disable: Any = torch.compiler.disable
+    return cast(_Function, disable(function))
 
 #: The truncation rules of :func:`time_ordered`, see there.
 KEEP_RULES = ("non_auxiliary_first", "random", "charge")
@@ -160,6 +180,7 @@ def _stable_argsort(values: Any) -> Any:
     return torch.argsort(values, stable=True)
 
 
+@_left_untraced
 def time_ordered(batch: dict[str, Any], max_pulses: int | None = None,
                  keep: str = "non_auxiliary_first", seed: int = 0,
                  epoch: int = 0) -> dict[str, Any]:
@@ -283,6 +304,7 @@ def _truncate(batch: dict[str, Any], order: Any, pulse_event: Any, event_pulses:
     return order[kept[order]], offsets
 
 
+@_left_untraced
 def knn_edges(pos: Any, offsets: Any, k: int, *, groups: Any = None,
               group_count: int | None = None) -> Any:
     """The k-nearest-neighbour edges of every event of a batch at once.

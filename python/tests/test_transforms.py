@@ -580,6 +580,42 @@ def test_triton_launches_make_their_tensors_gpu_current(torch, monkeypatch):
     assert guarded == [("guard", torch.device("cpu")), "kernel", "left"]
 
 
+def test_torch_compile_calls_the_transforms_rather_than_tracing_them(torch):
+    """A model that calls knn_edges (DynEdge's EdgeConv blocks do), compiled: the call is
+    one graph break and the graphs around it compile once more for dynamic sizes, where
+    traced, the sizes it reads on the host compiled its pieces again for each batch's
+    (Dynamo's tracing alone, no code generated, on batches of 20 to 90 nodes)."""
+    import inspect
+
+    import torch._dynamo
+    from shardify.torch_geometric import to_pyg
+    from shardify.transforms import knn_edges, time_ordered
+
+    def graphs_compiled(knn):
+        torch._dynamo.reset()
+        counters = torch._dynamo.utils.counters
+        counters.clear()
+
+        def model(pos, offsets):
+            edges = knn(pos * 2.0, offsets, 4)
+            return pos.sum() + edges.sum()
+
+        compiled = torch.compile(model, backend="eager")
+        generator = torch.Generator().manual_seed(0)
+        for n in (20, 33, 47, 64, 81, 90):
+            pos = torch.rand(n, 3, generator=generator)
+            offsets = torch.tensor([0, n // 3, n])
+            assert torch.equal(compiled(pos, offsets), model(pos, offsets))
+        return counters["stats"]["unique_graphs"]
+
+    untraced, traced = graphs_compiled(knn_edges), graphs_compiled(inspect.unwrap(knn_edges))
+    assert untraced <= 4, untraced
+    assert traced > 3 * untraced, f"traced, {traced} graphs: the batches did not vary"
+    for function in (knn_edges, time_ordered, to_pyg):
+        assert inspect.unwrap(function) is not function, function.__name__
+    torch._dynamo.reset()
+
+
 @pytest.mark.parametrize("standardize", [None, "graphnet"])
 def test_to_pyg_pulses_graphnet_features_labels_and_edges(realistic_dir, torch, standardize):
     pyg = pytest.importorskip("torch_geometric", reason="torch_geometric is not installed")
