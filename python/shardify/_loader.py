@@ -444,6 +444,14 @@ class Loader:
         self._batches.seek(_count("epoch", state["epoch"]), position, 0)
         self._loaded = self._batches.position()
 
+    def __getitem__(self, index: Any) -> Any:
+        """Refused, saying why: torch's ``DataLoader`` given a loader as its dataset reads it
+        as a map-style dataset (it has a length) and asks for ``loader[i]``."""
+        raise TypeError(
+            "a shardify.Loader is not indexed: it is the data loader itself (its threads "
+            "gather the batches, in a shuffled order, this rank's share), so iterate it "
+            "directly instead of wrapping it in torch.utils.data.DataLoader")
+
     def __reduce__(self) -> tuple[Any, ...]:
         return _unpickled_loader, (self.dataset, self._arguments, self.state_dict())
 

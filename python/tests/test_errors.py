@@ -174,3 +174,16 @@ def test_a_shard_truncated_while_read_is_named_before_the_process_ends(train_cop
 def test_dataset_error_is_catchable_from_the_package():
     assert issubclass(shardify.DatasetError, Exception)
     assert not issubclass(shardify.DatasetError, (ValueError, OSError))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_loader_wrapped_in_a_torch_dataloader_says_to_iterate_it(train_dir, torch, workers):
+    """torch's DataLoader takes a loader for a map-style dataset (it has a length) and asks
+    for loader[i], in its worker processes too: refused with what to do instead."""
+    from torch.utils.data import DataLoader
+
+    wrapped = DataLoader(shardify.Loader(train_dir, batch_events=16), batch_size=None,
+                         num_workers=workers)
+    with pytest.raises(TypeError, match="iterate it directly instead of wrapping it in "
+                                        r"torch.utils.data.DataLoader"):
+        next(iter(wrapped))
