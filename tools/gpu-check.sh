@@ -44,10 +44,11 @@
 # (the one with torch; nothing is fetched) and runs the Python package's GPU tests
 # (python/tests/test_gpu.py: DLPack's stream hand-over, resident batches, the adapters),
 # tools/adapters_bench.py (the torch operations beside the Triton kernels, and the adapter's
-# cost inside an unsynchronised training loop), examples/train_dynedge.py,
+# cost inside an unsynchronised training loop), examples/train_dynedge.py (with an empty
+# Triton cache, then warm),
 # tools/resident_host_time.py and tools/peers/peers.py on cuda:0, and peers.py on two CPU
-# cores, into $OUT/gpu-check-python.tar.gz; a step that fails is logged and the others
-# still run.
+# cores, and tools/compile_check.py (torch.compile of DynEdge), into
+# $OUT/gpu-check-python.tar.gz; a step that fails is logged and the others still run.
 set -euo pipefail
 
 bin=.gpu-bin
@@ -154,14 +155,21 @@ if [[ "${1:-}" == "--python" ]]; then
     python3 -m shardify convert "$work/src" "$work/ds" --split train --seed 1 | tail -1
     step python-gpu-tests python3 -m pytest -q -rs python/tests/test_gpu.py
     step adapters-bench python3 tools/adapters_bench.py "$work/ds" --device cuda:0
-    step train-dynedge python3 examples/train_dynedge.py "$work/ds" --device cuda:0 \
-        --stop-after 40
+    # Cold: an empty Triton cache (the benches above filled the default one), so its steady
+    # state shows whether any kernel still compiles again as batch sizes change; then warm.
+    for cache in cold warm; do
+        step "train-dynedge-$cache" env TRITON_CACHE_DIR="$work/triton-cache" \
+            python3 examples/train_dynedge.py "$work/ds" --device cuda:0 --stop-after 60
+    done
     step resident-host-time python3 tools/resident_host_time.py "$work/ds" --device cuda:0
     step peers python3 tools/peers/peers.py "$work/src" --dataset "$work/ds" \
         --device cuda:0 --seconds "${peers_seconds:-5}" --json "$out/peers.json"
     # Issue 20's Python target (>= 0.9x the Rust loader, >= 10x numpy) on 2 cores of this CPU.
     step peers-cpu-2-cores taskset -c 0,1 python3 tools/peers/peers.py "$work/src" \
         --dataset "$work/ds" --seconds "${peers_seconds:-4}" --json "$out/peers-cpu-2-cores.json"
+    # torch.compile (inductor: Triton code on the GPU) of DynEdge, the transforms untraced.
+    step compile-check python3 tools/compile_check.py "$work/ds" --device cuda:0 \
+        --batch-events 256 --max-pulses 256 --width 1.0
     rm -rf "$work"
     tar -czf "$out.tar.gz" -C "$(dirname "$out")" "$(basename "$out")" && rm -rf "$out"
     if (( ${#failed[@]} )); then
