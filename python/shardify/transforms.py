@@ -43,7 +43,7 @@ def _left_untraced(function: _Function) -> _Function:
         import torch
     except ImportError:  # nothing compiles without torch
         return function
-    # Untyped in torch (2.11): called through Any, the function keeps its own type.
+    # Untyped in torch (2.15): called through Any, the function keeps its own type.
     disable: Any = torch.compiler.disable
     return cast(_Function, disable(function))
 
