@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import inspect
 import os
+from collections.abc import Sequence
 from typing import Any
 
 #: The values the variables take.
@@ -67,3 +69,18 @@ def launching_on(device: Any) -> contextlib.AbstractContextManager[Any]:
     if torch.cuda.current_device() == device.index:
         return contextlib.nullcontext()
     return torch.cuda.device(device)
+
+
+def compiled_for_any(values: Sequence[str] = (),
+                     alignments: Sequence[str] = ()) -> dict[str, list[str]]:
+    """``triton.jit``'s arguments that compile a kernel once for any value of the integer
+    parameters ``values`` (not again for a multiple of 16, or 1) and any alignment of the
+    pointer parameters ``alignments``: a batch's sizes and slices, which change from batch
+    to batch. Triton 3.2 and later name alignment apart (``do_not_specialize_on_alignment``);
+    before (torch 2.1-2.5), ``do_not_specialize`` covered a pointer's alignment too."""
+    import triton
+
+    if "do_not_specialize_on_alignment" in inspect.signature(triton.jit).parameters:
+        return {"do_not_specialize": list(values),
+                "do_not_specialize_on_alignment": list(alignments)}
+    return {"do_not_specialize": [*values, *alignments]}

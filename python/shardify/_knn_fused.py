@@ -20,6 +20,8 @@ from typing import Any
 import triton
 import triton.language as tl
 
+from ._kernels import compiled_for_any
+
 #: The most nodes an event may have for the kernel: a program holds its queries' keys
 #: against every node of the event.
 MAX_NODES = 256
@@ -36,7 +38,7 @@ _INVALID = tl.constexpr(0x7FFFFFFFFFFFFFFF)
 # than again for each that Triton would specialise on (a multiple of 16, or 1), at a second
 # or so each while its cache is cold (an H200's first 60 steps of train_dynedge.py on a
 # fresh machine: 36.9 ms of adapter a batch, 2.9 ms once cached).
-@triton.jit(do_not_specialize=["plane_stride", "edge_stride"])
+@triton.jit(**compiled_for_any(values=["plane_stride", "edge_stride"]))
 def _knn_kernel(planes, plane_stride, starts, counts, edge_before, edges, edge_stride,
                 K: tl.constexpr, NODES: tl.constexpr, QUERIES: tl.constexpr):
     """Program (event, query block): the edges of ``QUERIES`` nodes of one event."""

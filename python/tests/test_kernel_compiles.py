@@ -110,3 +110,28 @@ def test_the_knn_kernel_compiles_once_per_size_class(torch, monkeypatch):
     assert settings == 1, "every event here pads to 64 nodes"
     assert compiled == 1
     assert by_default >= 2, f"Triton's defaults give {by_default} keys"
+
+
+def test_tritons_before_3_2_take_alignment_under_do_not_specialize(monkeypatch):
+    """Triton 3.2 added do_not_specialize_on_alignment; the Tritons of torch 2.1-2.5 have
+    only do_not_specialize, which covers a pointer's alignment too: the kernels' jit
+    arguments follow the installed Triton's (an unknown one raised TypeError on import)."""
+    import triton
+    from shardify._kernels import compiled_for_any
+
+    def jit_of_triton_3_9(fn=None, *, version=None, repr=None, launch_metadata=None,
+                          do_not_specialize=None, do_not_specialize_on_alignment=None,
+                          debug=None, noinline=None):
+        return fn
+
+    def jit_of_triton_3_1(fn=None, *, version=None, repr=None, launch_metadata=None,
+                          do_not_specialize=None, debug=None, noinline=None):
+        return fn
+
+    monkeypatch.setattr(triton, "jit", jit_of_triton_3_9)
+    assert compiled_for_any(values=["n_events"], alignments=["events_ptr"]) == {
+        "do_not_specialize": ["n_events"], "do_not_specialize_on_alignment": ["events_ptr"]}
+    monkeypatch.setattr(triton, "jit", jit_of_triton_3_1)
+    assert compiled_for_any(values=["n_events"], alignments=["events_ptr"]) == {
+        "do_not_specialize": ["n_events", "events_ptr"]}
+    assert compiled_for_any(values=["plane_stride"]) == {"do_not_specialize": ["plane_stride"]}

@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING
 import triton
 import triton.language as tl
 
+from .._kernels import compiled_for_any
+
 if TYPE_CHECKING:
     import torch
 
@@ -51,7 +53,7 @@ def _owner(batch_at, q, events, STEPS: tl.constexpr):
     return lo
 
 
-@triton.jit(do_not_specialize=["n_events"], do_not_specialize_on_alignment=["events_ptr"])
+@triton.jit(**compiled_for_any(values=["n_events"], alignments=["events_ptr"]))
 def _events_kernel(events_ptr, n_events, event_id, azimuth, zenith, event_dom_offsets,
                    dom_pulse_offsets, id_out, azimuth_out, zenith_out, offsets_out, scratch,
                    LABELS: tl.constexpr, OFFSETS: tl.constexpr, BLOCK: tl.constexpr):
@@ -91,7 +93,7 @@ def _events_kernel(events_ptr, n_events, event_id, azimuth, zenith, event_dom_of
         pulse_carry += tl.sum(pulses, 0)
 
 
-@triton.jit(do_not_specialize=["n_events", "n_doms", "n_pulses"])
+@triton.jit(**compiled_for_any(values=["n_events", "n_doms", "n_pulses"]))
 def _doms_kernel(scratch, n_events, n_doms, n_pulses, sensor_id, sensor_position,
                  dom_pulse_offsets, sensor_out, position_out, dom_pulses_out,
                  POSITIONS: tl.constexpr, STEPS: tl.constexpr, BLOCK: tl.constexpr):
@@ -114,7 +116,7 @@ def _doms_kernel(scratch, n_events, n_doms, n_pulses, sensor_id, sensor_position
     tl.store(dom_pulses_out + j, tl.where(live, first, last).to(tl.int32), mask=j <= n_doms)
 
 
-@triton.jit(do_not_specialize=["n_events", "n_pulses"])
+@triton.jit(**compiled_for_any(values=["n_events", "n_pulses"]))
 def _pulses_kernel(scratch, n_events, n_pulses, time, charge, auxiliary, time_out,
                    charge_out, auxiliary_out, STEPS: tl.constexpr, BLOCK: tl.constexpr):
     """Every pulse of the batch: time, charge and auxiliary flag."""
@@ -127,7 +129,7 @@ def _pulses_kernel(scratch, n_events, n_pulses, time, charge, auxiliary, time_ou
     tl.store(auxiliary_out + q, tl.load(auxiliary + p, mask=live), mask=live)
 
 
-@triton.jit(do_not_specialize=["n_events", "width"])
+@triton.jit(**compiled_for_any(values=["n_events", "width"]))
 def _padded_kernel(scratch, n_events, width, sensor_id, sensor_position, dom_pulse_offsets,
                    time, charge, auxiliary, features, mask,
                    PULSES: tl.constexpr, BLOCK: tl.constexpr):
