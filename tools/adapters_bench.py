@@ -101,6 +101,19 @@ def training_loop(device: torch.device, alone: Callable[[], Any],
     return statistics.median(times["alone"]), statistics.median(times["adapted"])
 
 
+def dynedge_example() -> Any:
+    """examples/train_dynedge.py as a module (it imports its neighbour checkpoints.py):
+    its DynEdge model, here and in tools/compile_check.py."""
+    examples = Path(__file__).resolve().parents[1] / "examples"
+    sys.path.insert(0, str(examples))
+    spec = importlib.util.spec_from_file_location("train_dynedge", examples / "train_dynedge.py")
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    sys.modules["train_dynedge"] = example
+    spec.loader.exec_module(example)
+    return example
+
+
 @contextmanager
 def knn_method(method: str) -> Iterator[None]:
     """knn_edges computing edges without groups by ``method`` (``SHARDIFY_KNN``)."""
@@ -322,13 +335,7 @@ def main() -> None:
     rows.append((f"floor: memcpy of the adapter's output ({output_bytes / 1e6:.2f} MB, warm)",
                  memcpy))
 
-    examples = Path(__file__).resolve().parents[1] / "examples"
-    sys.path.insert(0, str(examples))  # the example imports its neighbour checkpoints.py
-    spec = importlib.util.spec_from_file_location("train_dynedge", examples / "train_dynedge.py")
-    assert spec is not None and spec.loader is not None
-    example = importlib.util.module_from_spec(spec)
-    sys.modules["train_dynedge"] = example
-    spec.loader.exec_module(example)
+    example = dynedge_example()
     model = example.DynEdge(6, k=8, width=args.width).to(device)
     optimiser = torch.optim.AdamW(model.parameters(), lr=1e-3)
 

@@ -18,30 +18,15 @@ would cost: each batch's sizes compiling again until Dynamo gives up on those fr
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import inspect
 import itertools
-import sys
 import time
-from pathlib import Path
-from typing import Any
 
 import shardify
 import torch
 import torch._dynamo
+from adapters_bench import dynedge_example
 from shardify.torch_geometric import to_pyg
-
-
-def load_example() -> Any:
-    """examples/train_dynedge.py as a module (it imports its neighbour checkpoints.py)."""
-    examples = Path(__file__).resolve().parents[1] / "examples"
-    sys.path.insert(0, str(examples))
-    spec = importlib.util.spec_from_file_location("train_dynedge", examples / "train_dynedge.py")
-    assert spec is not None and spec.loader is not None
-    example = importlib.util.module_from_spec(spec)
-    sys.modules["train_dynedge"] = example
-    spec.loader.exec_module(example)
-    return example
 
 
 def main() -> None:
@@ -59,7 +44,7 @@ def main() -> None:
                     help="compile with the transforms traced, as they were before")
     args = ap.parse_args()
 
-    example = load_example()
+    example = dynedge_example()
     if args.traced:
         example.knn_edges = inspect.unwrap(example.knn_edges)
     loader = shardify.Loader(args.dataset, batch_events=args.batch_events, device=args.device,
