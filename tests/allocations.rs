@@ -47,7 +47,10 @@ static GLOBAL: Counting = Counting;
 /// allocated by the gathering thread and freed by the consumer's, 11 a batch), the
 /// gather splits its buffer without a list (2 more a batch until the evening of
 /// 2026-11-28), and the plans' queue reuses its vectors. What is left is the epoch's own:
-/// its threads, channels and first chunk of plans, spread over its batches.
+/// its threads, channels and first chunk of plans, spread over its batches, and it varies
+/// with the threads' timing: over 149 two-event batches 0.45-0.97 a batch, and 1.02 once
+/// in CI (2026-11-29); over 299 one-event batches, as here, 0.24-0.57 in 20 runs. So one
+/// allocation more per batch still fails the test, and the epoch's own cost does not.
 const ALLOCATIONS_PER_BATCH: f64 = 1.0;
 
 #[test]
@@ -56,7 +59,7 @@ fn a_warm_loader_allocates_almost_nothing_per_batch() {
     let ds = fixture_dataset(dir.path(), 5, ChecksumPolicy::Lazy);
     let config = LoaderConfig {
         sampler: SamplerConfig {
-            batching: Batching::Events(2),
+            batching: Batching::Events(1),
             window_blocks: 4,
             block_events: 8,
             ..SamplerConfig::default()
@@ -88,7 +91,10 @@ fn a_warm_loader_allocates_almost_nothing_per_batch() {
         }
         let per_batch = (ALLOCATIONS.load(Ordering::Relaxed) - before) as f64 / batches as f64;
         eprintln!("epoch {epoch}: {batches} batches, {per_batch:.2} allocations a batch");
-        assert!(batches >= 100, "{batches} batches");
+        assert!(
+            batches >= 250,
+            "{batches} batches: the epoch's own cost spreads over them"
+        );
         if epoch > 0 {
             assert!(
                 per_batch <= ALLOCATIONS_PER_BATCH,
