@@ -9,17 +9,6 @@ use common::*;
 use serde_json::Value;
 use shardify::dataset::{ChecksumPolicy, Dataset, View};
 
-fn shardify(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_shardify"))
-        .args(args)
-        .output()
-        .unwrap()
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
-
 #[test]
 fn convert_inspect_dump_verify() {
     let dir = tempfile::tempdir().unwrap();
@@ -271,55 +260,6 @@ fn a_memory_limit_beyond_the_machine_warns_and_converts() {
     assert!(verify.status.success(), "{}", text(&verify.stderr));
 }
 
-#[test]
-fn peak_memory_stays_within_the_limit_on_a_dataset_several_times_larger() {
-    let dir = tempfile::tempdir().unwrap();
-    let src = dir.path().join("src");
-    shardify::synth::write_dataset(
-        &src,
-        &shardify::synth::SynthOptions {
-            events: 100_000,
-            files: 4,
-            seed: 3,
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    let out = dir.path().join("out");
-    let summary = dir.path().join("summary.json");
-    let limit: u64 = 64 << 20;
-    let run = convert_within_64_mib(&src, &out, &summary, &[]);
-    assert!(run.status.success(), "{}", text(&run.stderr));
-    let peak = summary_peak_memory(&summary);
-    let manifest: Value =
-        serde_json::from_slice(&std::fs::read(out.join("manifest.json")).unwrap()).unwrap();
-    let figures: Value = serde_json::from_slice(&std::fs::read(&summary).unwrap()).unwrap();
-    let table = std::fs::metadata(out.join("geometry.safetensors"))
-        .unwrap()
-        .len();
-    assert_eq!(
-        figures["output_bytes"].as_u64().unwrap(),
-        manifest["totals"]["bytes"].as_u64().unwrap() + table
-    );
-    // Spill records: 13 bytes per pulse (narrowed) and 56 per event at the least.
-    assert!(
-        figures["spill_bytes"].as_u64().unwrap()
-            >= 13 * manifest["totals"]["pulses"].as_u64().unwrap(),
-        "{figures}"
-    );
-    let output_bytes = manifest["totals"]["bytes"].as_u64().unwrap();
-    // Decoded, a pulse is 27 bytes (sensor_id, time, charge, auxiliary, event_id).
-    let decoded_bytes = manifest["totals"]["pulses"].as_u64().unwrap() * 27;
-    assert!(
-        output_bytes > limit && decoded_bytes > 2 * limit,
-        "the dataset ({output_bytes} bytes, {decoded_bytes} decoded) is several times the limit"
-    );
-    assert!(
-        peak <= limit,
-        "peak RSS {peak} bytes over the {limit}-byte limit"
-    );
-}
-
 fn order_lines(args: &[&str]) -> Vec<String> {
     let out = shardify(&[&["order"], args].concat());
     assert!(out.status.success(), "{}", text(&out.stderr));
@@ -438,103 +378,6 @@ fn order_is_the_same_global_sequence_for_any_world_and_resumes_exactly() {
         whole.iter().map(sorted).collect::<Vec<_>>()
     );
     assert_ne!(drawn, whole, "drawn order is not stored order");
-}
-
-/// Converts `src` into `out` on 2 threads under a 64 MiB limit, with its figures in
-/// `summary` and `extra` arguments.
-fn convert_within_64_mib(
-    src: &std::path::Path,
-    out: &std::path::Path,
-    summary: &std::path::Path,
-    extra: &[&str],
-) -> Output {
-    let paths = [src, out].map(|p| p.to_str().unwrap());
-    let mut args = vec!["convert", paths[0], paths[1], "--threads", "2"];
-    args.extend([
-        "--memory-limit",
-        "64MiB",
-        "--summary",
-        summary.to_str().unwrap(),
-    ]);
-    args.extend(extra);
-    shardify(&args)
-}
-
-/// The peak RSS a conversion recorded in its `--summary` file, in bytes.
-fn summary_peak_memory(summary: &std::path::Path) -> u64 {
-    let figures: Value = serde_json::from_slice(&std::fs::read(summary).unwrap()).unwrap();
-    figures["peak_memory_bytes"]
-        .as_u64()
-        .unwrap_or_else(|| panic!("no peak memory in {figures}"))
-}
-
-#[test]
-fn the_plan_splits_a_shared_meta_of_tens_of_millions_of_rows_within_the_limit() {
-    use shardify::synth::{meta_batch, pulse_batch, write_geometry, write_parquet};
-    use shardify::synth::{Codec, MetaTable, PulseTable};
-    // As in the Kaggle originals: one meta file, one row group, for many batch files.
-    let (rows, batches) = (20_000_000u64, 200u64);
-    let dir = tempfile::tempdir().unwrap();
-    let src = dir.path().join("src");
-    std::fs::create_dir_all(src.join("train")).unwrap();
-    write_geometry(&src.join("sensor_geometry.csv")).unwrap();
-    for b in 1..=batches {
-        let path = src.join(format!("train/batch_{b}.parquet"));
-        write_parquet(
-            &path,
-            &pulse_batch(&PulseTable::default()),
-            Codec::Snappy,
-            None,
-        )
-        .unwrap();
-    }
-    let meta_path = src.join("train_meta.parquet");
-    let mut writer: Option<parquet::arrow::ArrowWriter<std::fs::File>> = None;
-    let per_batch = rows / batches;
-    for start in (0..rows).step_by(1 << 20) {
-        let mut m = MetaTable {
-            labels: true,
-            ..MetaTable::default()
-        };
-        for i in start..(start + (1 << 20)).min(rows) {
-            let k = (i % per_batch) as i64;
-            m.batch_id.push((i / per_batch) as i64 + 1);
-            m.event_id.push(i as i64);
-            m.first_pulse_index.push(5 * k);
-            m.last_pulse_index.push(5 * k + 4);
-            m.azimuth.push(1.0);
-            m.zenith.push(0.5);
-        }
-        let batch = meta_batch(&m);
-        let w = writer.get_or_insert_with(|| {
-            let properties = parquet::file::properties::WriterProperties::builder()
-                .set_max_row_group_row_count(Some(usize::MAX))
-                .build();
-            let file = std::fs::File::create(&meta_path).unwrap();
-            parquet::arrow::ArrowWriter::try_new(file, batch.schema(), Some(properties)).unwrap()
-        });
-        w.write(&batch).unwrap();
-    }
-    writer.unwrap().close().unwrap();
-    let out = dir.path().join("out");
-    let summary = dir.path().join("summary.json");
-    let run = convert_within_64_mib(&src, &out, &summary, &["--phase", "plan"]);
-    assert!(run.status.success(), "{}", text(&run.stderr));
-    let split = out.join(".work/meta");
-    let files = std::fs::read_dir(&split).unwrap().count();
-    assert_eq!(files as u64, batches + 1, "a file per batch and the index");
-    let one = std::fs::metadata(split.join("batch_7.meta")).unwrap().len();
-    assert_eq!(one, per_batch * 40, "every row of batch 7, 40 bytes each");
-    assert!(
-        text(&run.stderr).contains(&format!("split meta: {}/{} done", 19, 20)),
-        "progress while splitting: {}",
-        text(&run.stderr)
-    );
-    let peak = summary_peak_memory(&summary);
-    assert!(
-        peak <= 64 << 20,
-        "peak RSS {peak} bytes over the 64 MiB limit"
-    );
 }
 
 /// A small tmpfs mounted for the life of the value (needs root).

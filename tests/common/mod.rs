@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
 use std::sync::Arc;
 
 use arrow_array::{ArrayRef, RecordBatch};
@@ -12,6 +13,19 @@ use shardify::dataset::{dump::dump, ChecksumPolicy, Dataset};
 use shardify::pipeline::Loader;
 use shardify::rng::Rng;
 use shardify::synth::{self, Codec, MetaTable, PulseTable};
+
+/// The `shardify` binary run with `args`, its status and output captured.
+pub fn shardify(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_shardify"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+/// Bytes of a command's output as text.
+pub fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
 
 /// The committed fixture directory.
 pub fn fixture() -> PathBuf {
