@@ -172,6 +172,19 @@ def take(loader, steps: int) -> list[list[int]]:
     return [b["event_id"].tolist() for _, b in zip(range(steps), loader, strict=False)]
 
 
+def logging_guard(log: list):
+    """A stand-in for a device guard (``torch.cuda.device``, ``launching_on``): entering it
+    logs ``("guard", device)``, leaving it ``"left"``."""
+
+    @contextmanager
+    def guard(device):
+        log.append(("guard", device))
+        yield
+        log.append("left")
+
+    return guard
+
+
 def ids(batches) -> list[list[int]]:
     """Each batch's event ids as lists."""
     return [np.asarray(b["event_id"]).tolist() for b in batches]

@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 import shardify
-from conftest import REPO, assert_a_held_batch_survives, assert_same_batches
+from conftest import REPO, assert_a_held_batch_survives, assert_same_batches, logging_guard
 from shardify._resident import buffers, columns, source
 
 SETTINGS = [
@@ -363,21 +363,11 @@ def test_every_batch_is_gathered_with_the_columns_device_current(train_dir, torc
     entered = []
     real_gather = source.gather_batch
 
-    class Watched:
-        def __init__(self, device):
-            self.device = device
-
-        def __enter__(self):
-            entered.append(("guard", self.device))
-
-        def __exit__(self, *raised):
-            entered.append("left")
-
     def gather(*arguments):
         entered.append("gather")
         return real_gather(*arguments)
 
-    monkeypatch.setattr(source, "launching_on", Watched)
+    monkeypatch.setattr(source, "launching_on", logging_guard(entered))
     monkeypatch.setattr(source, "gather_batch", gather)
     loader = shardify.Loader(train_dir, device="cpu", resident=True, batch_events=64)
     batches = sum(1 for _ in loader)

@@ -5,7 +5,6 @@ sample, and on hand-made batches with the edge cases."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import subprocess
 import sys
@@ -13,6 +12,7 @@ import sys
 import numpy as np
 import pytest
 import shardify
+from conftest import logging_guard
 
 MASK64 = (1 << 64) - 1
 
@@ -545,34 +545,16 @@ def test_triton_launches_make_their_tensors_gpu_current(torch, monkeypatch):
     from shardify import _kernels, _knn_fused, transforms
 
     made_current = []
-
-    class Current:
-        def __init__(self, device):
-            self.device = device
-
-        def __enter__(self):
-            made_current.append(self.device)
-
-        def __exit__(self, *raised):
-            made_current.append("left")
-
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(torch.cuda, "device", Current)
+    monkeypatch.setattr(torch.cuda, "device", logging_guard(made_current))
     for device in ("cuda:1", "cuda:0", "cpu"):
         with _kernels.launching_on(torch.device(device)):
             made_current.append(f"launch {device}")
-    assert made_current == [torch.device("cuda:1"), "launch cuda:1", "left", "launch cuda:0",
-                            "launch cpu"]
+    assert made_current == [("guard", torch.device("cuda:1")), "launch cuda:1", "left",
+                            "launch cuda:0", "launch cpu"]
 
     guarded = []
-
-    @contextlib.contextmanager
-    def watched(device):
-        guarded.append(("guard", device))
-        yield
-        guarded.append("left")
-
-    monkeypatch.setattr(transforms, "launching_on", watched)
+    monkeypatch.setattr(transforms, "launching_on", logging_guard(guarded))
     monkeypatch.setattr(_knn_fused, "knn_edges_fused",
                         lambda *arguments: guarded.append("kernel"))
     monkeypatch.setenv("SHARDIFY_KNN", "fused")
