@@ -36,9 +36,8 @@ def _left_untraced(function: _Function) -> _Function:
     each batch's sizes would compile their pieces again: a DynEdge-shaped model whose
     EdgeConv blocks call :func:`knn_edges`, compiled on the CPU, took 3.1-27.4 s a batch
     over its first 8 batches traced, and 1.6, 0.6, then 0.0 s untraced (docs/python.md).
-    Loading torch's compiler for this
-    takes about 0.85 s once, when the module is imported (``torch_geometric`` loads it
-    anyway)."""
+    Loading torch's compiler for this takes about 0.85 s once, when the module is imported
+    (``torch_geometric`` loads it anyway)."""
     try:
         import torch
     except ImportError:  # nothing compiles without torch
