@@ -24,9 +24,10 @@
 #   bash tools/gpu-check.sh --all [SECONDS]     # both in one call, within SECONDS (480)
 #
 # --all suits a lease of minutes: the Python stage first (its GPU tests first of all) with at
-# most 60% of SECONDS and 3 s per peers.py loader (at 8ae46ef, with the kNN block-cost sweep
-# since dropped, 55% of 500 s was cut during the last step, peers.py on two cores), then the
-# Rust stage (186 s at 8ae46ef, its baseline alternated) with what is left, both on 320k
+# most 65% of SECONDS and 3 s per peers.py loader (at 36aba7b its 60% of 540 s was cut during
+# its last step, then compile-check, after 315 s of steps; the two peers.py runs take 97 and
+# 117 s, so they now come last), then the Rust stage (159 s at 36aba7b, its baseline
+# alternated) with what is left, both on 320k
 # events, each stopped at its limit; whatever they wrote, finished or not (peers.py prints
 # each round as it ends; each Python step logs its seconds), comes back in
 # $OUT/gpu-check-all.tar.gz with each stage's log and exit status (124: its time ran out).
@@ -46,8 +47,8 @@
 # tools/adapters_bench.py (the torch operations beside the Triton kernels, and the adapter's
 # cost inside an unsynchronised training loop), examples/train_dynedge.py (with an empty
 # Triton cache, then warm),
-# tools/resident_host_time.py and tools/peers/peers.py on cuda:0, and peers.py on two CPU
-# cores, and tools/compile_check.py (torch.compile of DynEdge), into
+# tools/resident_host_time.py, tools/compile_check.py (torch.compile of DynEdge), and
+# tools/peers/peers.py on cuda:0 and on two CPU cores, into
 # $OUT/gpu-check-python.tar.gz; a step that fails is logged and the others still run.
 set -euo pipefail
 
@@ -114,7 +115,7 @@ if [[ "${1:-}" == "--all" ]]; then
         echo "$name stage: exit status $status after $((SECONDS - from)) s" \
             | tee -a "$scratch/$name-stage.log"
     }
-    within python $((limit * 60 / 100)) --python 320000 3
+    within python $((limit * 65 / 100)) --python 320000 3
     tail -n 3 "$scratch/gpu-check-python/python-gpu-tests.log" 2>/dev/null || true
     rest=$((limit - (SECONDS - started)))
     ((rest > 0)) || rest=1 # `timeout 0` would mean no limit at all
@@ -162,14 +163,16 @@ if [[ "${1:-}" == "--python" ]]; then
             python3 examples/train_dynedge.py "$work/ds" --device cuda:0 --stop-after 60
     done
     step resident-host-time python3 tools/resident_host_time.py "$work/ds" --device cuda:0
+    # torch.compile (inductor: Triton code on the GPU) of DynEdge, the transforms untraced
+    # (43 s at 36aba7b; before peers.py, whose rounds are the longest steps and come back
+    # even when cut).
+    step compile-check python3 tools/compile_check.py "$work/ds" --device cuda:0 \
+        --batch-events 256 --max-pulses 256 --width 1.0
     step peers python3 tools/peers/peers.py "$work/src" --dataset "$work/ds" \
         --device cuda:0 --seconds "${peers_seconds:-5}" --json "$out/peers.json"
     # Issue 20's Python target (>= 0.9x the Rust loader, >= 10x numpy) on 2 cores of this CPU.
     step peers-cpu-2-cores taskset -c 0,1 python3 tools/peers/peers.py "$work/src" \
         --dataset "$work/ds" --seconds "${peers_seconds:-4}" --json "$out/peers-cpu-2-cores.json"
-    # torch.compile (inductor: Triton code on the GPU) of DynEdge, the transforms untraced.
-    step compile-check python3 tools/compile_check.py "$work/ds" --device cuda:0 \
-        --batch-events 256 --max-pulses 256 --width 1.0
     rm -rf "$work"
     tar -czf "$out.tar.gz" -C "$(dirname "$out")" "$(basename "$out")" && rm -rf "$out"
     if (( ${#failed[@]} )); then
