@@ -25,6 +25,25 @@ pub struct PackedColumns {
     pub auxiliary: Vec<u8>,
 }
 
+/// Makes `v`'s capacity fit `additional` more elements: grown to exactly that, not by the
+/// amortised doubling of [`Vec::reserve`], or shrunk to it where it holds more than a
+/// quarter above. Buffers reused for units of varying size otherwise keep the largest
+/// unit's memory (or twice it), which no memory estimate of the unit at hand accounts for:
+/// gathering 1M events under a 64 MiB limit, a bucket of 108k pulses held buffers for 550k.
+/// An empty vector too small is replaced rather than grown, so nothing is copied.
+pub fn fit_capacity<T>(v: &mut Vec<T>, additional: usize) {
+    let wanted = v.len() + additional;
+    if v.capacity() < wanted {
+        if v.is_empty() {
+            *v = Vec::with_capacity(wanted);
+        } else {
+            v.reserve_exact(additional);
+        }
+    } else if v.capacity() > wanted + wanted / 4 {
+        v.shrink_to(wanted);
+    }
+}
+
 impl Default for PackedColumns {
     fn default() -> Self {
         PackedColumns {
@@ -49,14 +68,15 @@ impl PackedColumns {
         self.auxiliary.clear();
     }
 
-    /// Reserves room for `events`, `doms` and `pulses` more entries.
+    /// Makes room for `events`, `doms` and `pulses` more entries, and little more (see
+    /// [`fit_capacity`]).
     pub fn reserve(&mut self, events: usize, doms: usize, pulses: usize) {
-        self.event_dom_offsets.reserve(events);
-        self.dom_sensor_id.reserve(doms);
-        self.dom_pulse_offsets.reserve(doms);
-        self.time.reserve(pulses);
-        self.charge.reserve(pulses);
-        self.auxiliary.reserve(pulses);
+        fit_capacity(&mut self.event_dom_offsets, events);
+        fit_capacity(&mut self.dom_sensor_id, doms);
+        fit_capacity(&mut self.dom_pulse_offsets, doms);
+        fit_capacity(&mut self.time, pulses);
+        fit_capacity(&mut self.charge, pulses);
+        fit_capacity(&mut self.auxiliary, pulses);
     }
 
     /// The number of events.
@@ -209,6 +229,25 @@ impl Packer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fit_capacity_grows_exactly_and_gives_back_a_larger_units_memory() {
+        let mut v: Vec<u64> = Vec::new();
+        fit_capacity(&mut v, 1000);
+        assert_eq!(v.capacity(), 1000);
+        v.extend(0..10);
+        // Grown by exactly what is asked, not doubled (Vec::reserve would give 2000).
+        fit_capacity(&mut v, 1000);
+        assert_eq!(v.capacity(), 1010);
+        assert_eq!(v, (0..10).collect::<Vec<u64>>());
+        v.clear();
+        // Within a quarter above: kept, so similar units reuse the memory.
+        fit_capacity(&mut v, 900);
+        assert_eq!(v.capacity(), 1010);
+        // A much smaller unit: shrunk to it.
+        fit_capacity(&mut v, 100);
+        assert_eq!(v.capacity(), 100);
+    }
     use crate::event::RawEvent;
 
     fn event(sensor: &[i32], time: &[i64]) -> RawEvent {

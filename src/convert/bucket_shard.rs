@@ -18,7 +18,7 @@ use crate::event::{EventHeader, ValueRange};
 use crate::format::atomic::TEMP_PREFIX;
 use crate::format::safetensors::Dtype;
 use crate::format::{checksum, format_metadata, ShardEntry, ShardLayout, StorageTypes};
-use crate::pack::{PackedColumns, Packer};
+use crate::pack::{fit_capacity, PackedColumns, Packer};
 use crate::prefetch::prefetch;
 
 /// What became of a bucket (the marker of a finished gather unit).
@@ -135,14 +135,20 @@ pub fn gather_bucket(
 ) -> Result<BucketRecord> {
     let events = &mut scratch.events;
     events.clear();
-    let (total_events, total_pulses) = indexes
+    let (total_events, total_pulses, largest_chunk) = indexes
         .iter()
         .flat_map(|i| &i.chunks)
         .filter(|c| c.bucket == bucket)
-        .fold((0, 0), |(e, p), c| {
-            (e + c.events as usize, p + c.pulses as usize)
+        .fold((0, 0, 0), |(e, p, largest), c| {
+            (
+                e + c.events as usize,
+                p + c.pulses as usize,
+                largest.max(c.len as usize),
+            )
         });
     events.reserve(total_events, total_pulses);
+    scratch.read.clear();
+    fit_capacity(&mut scratch.read, largest_chunk);
     for index in indexes {
         let mut chunks = index
             .chunks

@@ -22,7 +22,6 @@ pub mod spill;
 pub mod work;
 
 use std::path::Path;
-use std::sync::Mutex;
 use std::time::Instant;
 
 use rayon::prelude::*;
@@ -35,7 +34,7 @@ use crate::source::{Geometry, InputSet};
 use bucket_shard::{bucket_memory, storage_types, BucketRecord, GatherScratch};
 use memory_bank::MemoryBank;
 use plan::Plan;
-use spill::SpillIndex;
+use spill::{SpillChunk, SpillIndex};
 use work::WorkDir;
 
 /// Options of a conversion.
@@ -416,13 +415,16 @@ impl Run<'_> {
         self.progress.begin("scatter", todo.len() as u64);
         let budget = options.scatter_budget();
         let unit_memory = options.scatter_unit_memory(plan.parameters.bucket_count);
-        let bank = MemoryBank::new(options.working_memory());
+        let bank: MemoryBank = MemoryBank::new(options.working_memory());
         let pulses = todo
             .par_iter()
             .map(|batch| {
                 let _lease = bank.acquire(unit_memory);
                 let index =
                     scatter::scatter_batch(plan, self.inputs, batch, self.geometry, work, budget)?;
+                // Before the lease goes back: the next unit may run on another thread,
+                // whose allocator arena would grow while this one's kept the freed memory.
+                release_free_memory();
                 self.progress.advance(index.pulses);
                 Ok(index.pulses)
             })
@@ -446,23 +448,32 @@ impl Run<'_> {
             summary,
         )?;
         self.progress.begin("gather", todo.len() as u64);
-        let bank = MemoryBank::new(self.options.working_memory());
-        // Scratch buffers kept for reuse while idle: a pool thread waiting inside one unit's
-        // parallel packing may steal and start another unit, so more scratches can exist
-        // than units the bank admits; an idle one holds memory no lease accounts for.
-        let idle_scratch: Mutex<Option<GatherScratch>> = Mutex::new(None);
+        // The spill indexes stay in memory through the phase: one chunk per bucket buffer
+        // filled in the scatter, which under a small limit is hundreds of thousands (18 MB of
+        // a 64 MiB limit over 1M events, before the checksums were numbers).
+        let index_memory: u64 = indexes
+            .iter()
+            .map(|i| (i.chunks.capacity() * std::mem::size_of::<SpillChunk>()) as u64)
+            .sum();
+        // Each unit's scratch buffers are parked in the bank when it ends, their memory
+        // still counted, for the next unit to take over (see `MemoryBank`). Kept outside
+        // the bank, an idle scratch held as much memory as a running unit, counted by no
+        // lease.
+        let bank: MemoryBank<GatherScratch> =
+            MemoryBank::new(self.options.working_memory().saturating_sub(index_memory));
         todo.par_iter()
             .map(|&bucket| {
-                let _lease = bank.acquire(bucket_memory(&indexes, bucket));
-                let taken = idle_scratch.lock().expect("scratch lock").take();
-                let mut scratch = taken.unwrap_or_default();
-                let record =
-                    bucket_shard::gather_bucket(plan, bucket, &indexes, types, work, &mut scratch);
-                idle_scratch
-                    .lock()
-                    .expect("scratch lock")
-                    .get_or_insert(scratch);
+                let mut lease = bank.acquire(bucket_memory(&indexes, bucket));
+                let record = bucket_shard::gather_bucket(
+                    plan,
+                    bucket,
+                    &indexes,
+                    types,
+                    work,
+                    lease.scratch(),
+                );
                 release_free_memory();
+                drop(lease);
                 self.progress
                     .advance(record?.shard.as_ref().map_or(0, |s| s.pulses));
                 Ok(())

@@ -52,7 +52,7 @@ fn chunks_intact(spill: &std::path::Path, index: &SpillIndex) -> bool {
     let mut buf = Vec::new();
     index.chunks.iter().all(|c| {
         buf.resize(c.len as usize, 0);
-        file.read_exact_at(&mut buf, c.offset).is_ok() && checksum::of_bytes(&buf) == c.xxh3
+        file.read_exact_at(&mut buf, c.offset).is_ok() && checksum::value_of_bytes(&buf) == c.xxh3
     })
 }
 

@@ -33,6 +33,36 @@ pub fn of_bytes(bytes: &[u8]) -> String {
     format!("{:016x}", xxhash_rust::xxh3::xxh3_64(bytes))
 }
 
+/// The checksum of a byte slice, as a number: for records kept in memory by the thousand
+/// (a hex `String` costs a heap allocation and 40 bytes more each), written as hex by
+/// [`hex_u64`].
+pub fn value_of_bytes(bytes: &[u8]) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(bytes)
+}
+
+/// Serde for a checksum held as a `u64` and written as its 16 hex digits (`#[serde(with =
+/// "checksum::hex_u64")]`): the same text as [`of_bytes`] writes.
+pub mod hex_u64 {
+    use serde::{de::Error as _, Deserialize, Deserializer, Serializer};
+
+    /// Writes `value` as 16 lowercase hex digits.
+    pub fn serialize<S: Serializer>(value: &u64, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&format!("{value:016x}"))
+    }
+
+    /// Reads 16 hex digits.
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<u64, D::Error> {
+        let text = <&str>::deserialize(deserializer)?;
+        if text.len() != 16 {
+            return Err(D::Error::custom(format!(
+                "checksum '{text}' is not 16 hex digits"
+            )));
+        }
+        u64::from_str_radix(text, 16)
+            .map_err(|_| D::Error::custom(format!("checksum '{text}' is not 16 hex digits")))
+    }
+}
+
 /// Checks that `bytes` (the contents of `path`) have the recorded checksum `expected`.
 pub fn verify(path: &Path, bytes: &[u8], expected: &str) -> Result<()> {
     check(path, of_bytes(bytes), expected)
