@@ -8,6 +8,7 @@
 
 mod common;
 
+use std::path::PathBuf;
 use std::process::Output;
 use std::sync::Mutex;
 
@@ -23,17 +24,7 @@ fn peak_memory_stays_within_the_limit_on_a_dataset_several_times_larger() {
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner());
     let dir = tempfile::tempdir().unwrap();
-    let src = dir.path().join("src");
-    shardify::synth::write_dataset(
-        &src,
-        &shardify::synth::SynthOptions {
-            events: 100_000,
-            files: 4,
-            seed: 3,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let src = synthetic_source(dir.path(), 100_000, 4, 3);
     let out = dir.path().join("out");
     let summary = dir.path().join("summary.json");
     let limit: u64 = 64 << 20;
@@ -67,6 +58,23 @@ fn peak_memory_stays_within_the_limit_on_a_dataset_several_times_larger() {
         peak <= limit,
         "peak RSS {peak} bytes over the {limit}-byte limit"
     );
+}
+
+/// A generated Kaggle-layout source (the real statistics) of `events` in `files` batch
+/// files, under `dir`.
+fn synthetic_source(dir: &std::path::Path, events: u64, files: u32, seed: u64) -> PathBuf {
+    let src = dir.join("src");
+    shardify::synth::write_dataset(
+        &src,
+        &shardify::synth::SynthOptions {
+            events,
+            files,
+            seed,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    src
 }
 
 /// Converts `src` into `out` on 2 threads under a 64 MiB limit, with its figures in
@@ -103,26 +111,16 @@ fn convert_within(
 
 #[test]
 fn peak_memory_stays_within_the_limit_where_many_buckets_of_uneven_size_share_it() {
-    // 1M events with the real statistics (heavy-tailed: a bucket's pulses ranged from 108k
-    // to 550k over 61 buckets): under 512 MiB the converter peaked at 557-573 MiB while
-    // its gather's reused buffers kept the largest bucket's memory (or twice it) and its
-    // spill indexes held a heap string per chunk, none of it counted by a lease; 442-447
-    // MiB since.
+    // 1M events with the real statistics (heavy-tailed, so buckets differ: under 64 MiB
+    // they held 108k to 323k pulses): under 512 MiB the converter peaked at 557-573 MiB
+    // while its gather's reused buffers kept the largest bucket's memory (or twice it) and
+    // its spill indexes held a heap string per chunk, none of it counted by a lease;
+    // 442-447 MiB since.
     let _alone = ALONE
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner());
     let dir = tempfile::tempdir().unwrap();
-    let src = dir.path().join("src");
-    shardify::synth::write_dataset(
-        &src,
-        &shardify::synth::SynthOptions {
-            events: 1_000_000,
-            files: 8,
-            seed: 5,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let src = synthetic_source(dir.path(), 1_000_000, 8, 5);
     let (out, summary) = (dir.path().join("out"), dir.path().join("summary.json"));
     let run = convert_within(&src, &out, &summary, "512MiB", &[]);
     assert!(run.status.success(), "{}", text(&run.stderr));
