@@ -229,6 +229,7 @@ impl Packer {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::event::RawEvent;
 
     #[test]
     fn fit_capacity_grows_exactly_and_gives_back_a_larger_units_memory() {
@@ -248,7 +249,6 @@ mod tests {
         fit_capacity(&mut v, 100);
         assert_eq!(v.capacity(), 100);
     }
-    use crate::event::RawEvent;
 
     fn event(sensor: &[i32], time: &[i64]) -> RawEvent {
         RawEvent {

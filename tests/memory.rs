@@ -10,7 +10,7 @@ mod common;
 
 use std::path::PathBuf;
 use std::process::Output;
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard};
 
 use common::*;
 use serde_json::Value;
@@ -18,11 +18,16 @@ use serde_json::Value;
 /// Held by each test here for its whole run: its conversion is the only one.
 static ALONE: Mutex<()> = Mutex::new(());
 
+/// Takes [`ALONE`] (a test that failed while holding it leaves it usable).
+fn alone() -> MutexGuard<'static, ()> {
+    ALONE
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 #[test]
 fn peak_memory_stays_within_the_limit_on_a_dataset_several_times_larger() {
-    let _alone = ALONE
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let _alone = alone();
     let dir = tempfile::tempdir().unwrap();
     let src = synthetic_source(dir.path(), 100_000, 4, 3);
     let out = dir.path().join("out");
@@ -116,9 +121,7 @@ fn peak_memory_stays_within_the_limit_where_many_buckets_of_uneven_size_share_it
     // while its gather's reused buffers kept the largest bucket's memory (or twice it) and
     // its spill indexes held a heap string per chunk, none of it counted by a lease;
     // 442-447 MiB since.
-    let _alone = ALONE
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let _alone = alone();
     let dir = tempfile::tempdir().unwrap();
     let src = synthetic_source(dir.path(), 1_000_000, 8, 5);
     let (out, summary) = (dir.path().join("out"), dir.path().join("summary.json"));
@@ -148,9 +151,7 @@ fn summary_peak_memory(summary: &std::path::Path) -> u64 {
 
 #[test]
 fn the_plan_splits_a_shared_meta_of_tens_of_millions_of_rows_within_the_limit() {
-    let _alone = ALONE
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    let _alone = alone();
     use shardify::synth::{meta_batch, pulse_batch, write_geometry, write_parquet};
     use shardify::synth::{Codec, MetaTable, PulseTable};
     // As in the Kaggle originals: one meta file, one row group, for many batch files.

@@ -103,8 +103,9 @@ pub const MIN_BUFFER_BYTES: usize = 16 << 10;
 /// first event. Grown by doubling instead, a buffer leaves each smaller allocation behind
 /// as a hole in the allocator's heap: measured over 1M events on 2 threads under a 256 MiB
 /// limit (shares of 630 KiB), the scatter's peak was 260-272 MiB doubling and 233 MiB
-/// allocated whole (with free memory handed back after each unit in both). Larger shares still double, so a limit above the machine's memory asks
-/// for no more than the events fill (see [`SpillWriter::push`]).
+/// allocated whole (with free memory handed back after each unit in both). Larger shares
+/// still double, so a limit above the machine's memory asks for no more than the events
+/// fill (see [`SpillWriter::push`]).
 pub const WHOLE_SHARE_BYTES: usize = 4 << 20;
 
 /// Buffers records per bucket (each buffer of a fixed capacity, so memory stays within the
@@ -266,8 +267,10 @@ impl BucketEvents {
         let found = checksum::value_of_bytes(scratch);
         if found != chunk.xxh3 {
             return Err(damaged(format!(
-                "chunk at offset {} has checksum {found:016x}, index says {:016x}",
-                chunk.offset, chunk.xxh3
+                "chunk at offset {} has checksum {}, index says {}",
+                chunk.offset,
+                checksum::hex(found),
+                checksum::hex(chunk.xxh3)
             )));
         }
         self.decode(scratch)

@@ -22,6 +22,7 @@ use std::sync::Arc;
 
 use super::Dataset;
 use crate::error::{Error, Result};
+use crate::format::checksum;
 use crate::format::order::shuffle_key;
 use crate::format::pod::as_bytes;
 use crate::sampler::{BatchPlan, EventRef};
@@ -138,7 +139,7 @@ impl View {
                 let both = [manifest.order_identity(), subset.digest]
                     .map(u64::to_le_bytes)
                     .concat();
-                format!("{:016x}", xxhash_rust::xxh3::xxh3_64(&both))
+                checksum::of_bytes(&both)
             }
         }
     }

@@ -24,13 +24,18 @@ impl Checksum {
 
     /// The digest so far, as hex.
     pub fn hex(&self) -> String {
-        format!("{:016x}", self.0.digest())
+        hex(self.0.digest())
     }
 }
 
 /// The checksum of a byte slice, as hex.
 pub fn of_bytes(bytes: &[u8]) -> String {
-    format!("{:016x}", xxhash_rust::xxh3::xxh3_64(bytes))
+    hex(value_of_bytes(bytes))
+}
+
+/// A checksum (or any 64-bit digest) as the project writes it: 16 lowercase hex digits.
+pub fn hex(value: u64) -> String {
+    format!("{value:016x}")
 }
 
 /// The checksum of a byte slice, as a number: for records kept in memory by the thousand
@@ -47,19 +52,16 @@ pub mod hex_u64 {
 
     /// Writes `value` as 16 lowercase hex digits.
     pub fn serialize<S: Serializer>(value: &u64, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_str(&format!("{value:016x}"))
+        serializer.serialize_str(&super::hex(*value))
     }
 
     /// Reads 16 hex digits.
     pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<u64, D::Error> {
         let text = <&str>::deserialize(deserializer)?;
-        if text.len() != 16 {
-            return Err(D::Error::custom(format!(
-                "checksum '{text}' is not 16 hex digits"
-            )));
-        }
-        u64::from_str_radix(text, 16)
-            .map_err(|_| D::Error::custom(format!("checksum '{text}' is not 16 hex digits")))
+        let value = (text.len() == 16).then(|| u64::from_str_radix(text, 16).ok());
+        value
+            .flatten()
+            .ok_or_else(|| D::Error::custom(format!("checksum '{text}' is not 16 hex digits")))
     }
 }
 

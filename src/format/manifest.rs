@@ -6,6 +6,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+use super::checksum;
 use super::lock::TryLock;
 use super::records::ShardLayout;
 use super::sensor_table::SensorTableEntry;
@@ -273,7 +274,7 @@ impl Manifest {
     /// [`Manifest::order_identity`] as 16 hex digits: what `shardify inspect` prints, a
     /// loader's saved state records for a whole dataset, and a copy's marker names.
     pub fn identity(&self) -> String {
-        format!("{:016x}", self.order_identity())
+        checksum::hex(self.order_identity())
     }
 
     /// Writes `dir/manifest.json` atomically.
