@@ -10,8 +10,15 @@
 //! action installed before it (Python's `faulthandler`, Rust's stack-overflow check, or
 //! the default, which ends the process). It allocates nothing and takes no lock: it only
 //! opens, reads and writes.
+//!
+//! Several threads often fault at once (every worker reads the cut file). One hands its
+//! fault on at a time while the others wait: each one's report and the action before
+//! would otherwise run together, two `faulthandler` dumps interleaved on stderr and one
+//! reinstalling `faulthandler` after the other had put the default back, so that the
+//! faults went round and the process could end by SIGSEGV instead.
 
 use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Once, OnceLock};
 
 /// The SIGBUS action before ours, to which ours hands every fault on.
@@ -46,30 +53,118 @@ pub fn report_faults_on_mapped_files() {
     });
 }
 
-/// The handler: reports a fault the kernel raised on a mapped file, then restores the
-/// action before it and lets the signal reach it (a fault by running the instruction
-/// again, a signal sent by a process by raising it once more).
-extern "C" fn on_bus_error(signal: libc::c_int, info: *mut libc::siginfo_t, _: *mut c_void) {
+/// Set while one thread hands a fault on, and from then on where that took this handler
+/// away; another thread's fault waits for it.
+static HANDING_ON: AtomicBool = AtomicBool::new(false);
+
+/// How long a fault waits for another thread's to be handed on, in steps of
+/// [`WAIT_STEP_NS`]: far longer than the action before takes to end the process, after
+/// which it goes on anyway (an action before that jumped out of its handler, never to
+/// come back, would otherwise leave the others waiting for ever).
+const WAIT_STEPS: u32 = 500;
+
+/// One step of the wait, in nanoseconds (10 ms).
+const WAIT_STEP_NS: libc::c_long = 10_000_000;
+
+/// The handler: reports a fault the kernel raised on a mapped file, then hands the signal
+/// to the action before it, one thread at a time. A fault that comes while another
+/// thread's is being handed on waits for it, then returns, so that its instruction runs
+/// again and faults into this handler again; where the first ended the process, the wait
+/// ends with it.
+extern "C" fn on_bus_error(signal: libc::c_int, info: *mut libc::siginfo_t, context: *mut c_void) {
+    if HANDING_ON.swap(true, Ordering::AcqRel) && waited_for_the_other_thread() {
+        return;
+    }
     // SAFETY: the kernel passes an SA_SIGINFO handler a valid `siginfo_t`; for SIGBUS its
     // address field is the faulting address.
     let (code, address) = unsafe { ((*info).si_code, (*info).si_addr() as usize) };
     // A positive code is the kernel's (BUS_ADRERR, BUS_OBJERR, ...): a real fault.
-    if code > 0 {
+    let fault = code > 0;
+    if fault {
         report(address);
     }
-    // SAFETY: restoring a saved (or the default) action with a valid structure; `raise`
-    // is async-signal-safe, and SIGBUS stays blocked until this handler returns.
-    unsafe {
-        let default: libc::sigaction = std::mem::zeroed();
-        libc::sigaction(
-            signal,
-            PREVIOUS.get().unwrap_or(&default),
-            std::ptr::null_mut(),
-        );
-        if code <= 0 {
-            libc::raise(signal);
+    hand_on(signal, info, context, fault);
+    // Where faults still come here, the next waits its turn no more. Where they no longer
+    // do (the default put back: the process ends as this thread faults again; or the
+    // action before took its place, as `faulthandler` does before it raises the signal
+    // again), a thread whose fault reached this handler before stays waiting: it would
+    // otherwise report and hand on once more while the process ends.
+    if installed_is_ours(signal) {
+        HANDING_ON.store(false, Ordering::Release);
+    }
+}
+
+/// Sleeps while another thread hands its fault on: `true` once it has, `false` when the
+/// wait ran out.
+fn waited_for_the_other_thread() -> bool {
+    let step = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: WAIT_STEP_NS,
+    };
+    for _ in 0..WAIT_STEPS {
+        // SAFETY: `nanosleep` is async-signal-safe; `step` is valid and the remainder is
+        // not asked for.
+        unsafe { libc::nanosleep(&step, std::ptr::null_mut()) };
+        if !HANDING_ON.load(Ordering::Acquire) {
+            return true;
         }
     }
+    false
+}
+
+/// Gives the signal to the action installed before ours. A handler is called here, on
+/// this thread, with its mask: ours stays installed, so a fault on another thread
+/// meanwhile still waits its turn. The default (or ignoring) is put back instead, and a
+/// fault ends the process when its instruction runs again; a signal sent by a process
+/// is raised once more, and arrives when this handler returns.
+fn hand_on(signal: libc::c_int, info: *mut libc::siginfo_t, context: *mut c_void, fault: bool) {
+    // SAFETY: all-zero is the default action.
+    let default: libc::sigaction = unsafe { std::mem::zeroed() };
+    let previous = PREVIOUS.get().unwrap_or(&default);
+    if matches!(previous.sa_sigaction, libc::SIG_DFL | libc::SIG_IGN) {
+        // SAFETY: restoring a saved (or the default) action with a valid structure; `raise`
+        // is async-signal-safe, and SIGBUS stays blocked until this handler returns.
+        unsafe {
+            libc::sigaction(signal, previous, std::ptr::null_mut());
+            if !fault {
+                libc::raise(signal);
+            }
+        }
+        return;
+    }
+    // SAFETY: the masks are valid, `pthread_sigmask` and `sigaction` are async-signal-safe,
+    // and the saved handler is called with the signature its flags say it was installed
+    // with, the arguments this handler was given, and the mask it asked for.
+    unsafe {
+        if previous.sa_flags & libc::SA_RESETHAND != 0 {
+            libc::sigaction(signal, &default, std::ptr::null_mut());
+        }
+        let mut mask: libc::sigset_t = std::mem::zeroed();
+        libc::pthread_sigmask(libc::SIG_BLOCK, &previous.sa_mask, &mut mask);
+        if previous.sa_flags & libc::SA_SIGINFO != 0 {
+            let handler: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut c_void) =
+                std::mem::transmute(previous.sa_sigaction);
+            handler(signal, info, context);
+        } else {
+            let handler: extern "C" fn(libc::c_int) = std::mem::transmute(previous.sa_sigaction);
+            handler(signal);
+        }
+        libc::pthread_sigmask(libc::SIG_SETMASK, &mask, std::ptr::null_mut());
+        // A handler that returned from a fault without taking ours away would meet it
+        // again at once, in a loop of reports: the fault goes to it alone from now on.
+        if fault && installed_is_ours(signal) {
+            libc::sigaction(signal, previous, std::ptr::null_mut());
+        }
+    }
+}
+
+/// Whether the action installed for `signal` is still this module's handler.
+fn installed_is_ours(signal: libc::c_int) -> bool {
+    // SAFETY: all-zero is a valid `sigaction`, which the call fills in.
+    let mut current: libc::sigaction = unsafe { std::mem::zeroed() };
+    // SAFETY: a query (no new action) into a valid structure; async-signal-safe.
+    let queried = unsafe { libc::sigaction(signal, std::ptr::null(), &mut current) } == 0;
+    queried && current.sa_sigaction == on_bus_error as *const () as usize
 }
 
 /// Writes the report for a fault at `address`, when it lies in a mapped file.
