@@ -31,7 +31,7 @@ use crate::format::atomic::{sync_dir, sync_file};
 use crate::format::manifest::{Parameters, Schema, Sources, Totals, FORMAT, FORMAT_VERSION};
 use crate::format::{Manifest, SensorTable, ShardLayout};
 use crate::source::{Geometry, InputSet};
-use bucket_shard::{bucket_memory, storage_types, BucketRecord, GatherScratch};
+use bucket_shard::{bucket_memory, storage_types, BucketRecord, ChunksByBucket, GatherScratch};
 use memory_bank::MemoryBank;
 use plan::Plan;
 use spill::{SpillChunk, SpillIndex};
@@ -439,8 +439,8 @@ impl Run<'_> {
     /// Pass 2: this task's buckets, each gathered into its shard.
     fn gather(&self, summary: &mut Summary) -> Result<()> {
         let (plan, work) = (self.plan, self.work);
-        let indexes = load_spill_indexes(plan, work)?;
-        let types = storage_types(plan, &indexes);
+        let indexes = ChunksByBucket::new(load_spill_indexes(plan, work)?);
+        let types = storage_types(plan, indexes.indexes());
         let mine = (0..plan.parameters.bucket_count).filter(|b| self.slice.takes(*b));
         let todo = units_to_run(
             mine,
@@ -452,6 +452,7 @@ impl Run<'_> {
         // filled in the scatter, which under a small limit is hundreds of thousands (18 MB of
         // a 64 MiB limit over 1M events, before the checksums were numbers).
         let index_memory: u64 = indexes
+            .indexes()
             .iter()
             .map(|i| (i.chunks.capacity() * std::mem::size_of::<SpillChunk>()) as u64)
             .sum();
