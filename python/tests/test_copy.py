@@ -187,11 +187,16 @@ def test_ctrl_c_ends_a_copy_waiting_for_another(train_dir, tmp_path):
     copy = tmp_path / "copy"
     script = ("import signal, shardify\n"
               "signal.signal(signal.SIGUSR1, lambda *_: print('usr1', flush=True))\n"
+              "print('ready', flush=True)\n"
               f"shardify.copy_dataset({str(train_dir)!r}, {str(copy)!r})\n")
     with locked_as_a_copy_would(copy):
         waiting = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
                                    stderr=subprocess.PIPE, text=True)
-        time.sleep(1.0)
+        # Signalled once its handler is in: a fixed sleep could end before a loaded machine
+        # had started Python and imported shardify, and SIGUSR1's default action ends a
+        # process. A signal before the copy reaches its lock runs the handler all the same.
+        assert waiting.stdout.readline() == "ready\n", waiting.communicate()
+        time.sleep(0.5)
         waiting.send_signal(signal.SIGUSR1)
         time.sleep(0.5)
         assert waiting.poll() is None, waiting.communicate()
