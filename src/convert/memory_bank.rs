@@ -7,8 +7,50 @@
 //! next unit takes both over; a unit that has to wait frees any scratch it took, so a
 //! parked scratch never holds memory that a waiting unit needs, and a waiting unit holds
 //! nothing.
+//!
+//! Units that wait on a bank run through [`for_each_unit`], never a parallel iterator: see
+//! there.
 
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
+
+use crate::error::{Error, Result};
+
+/// Runs `run` on every item of `units` on the current rayon pool's threads, each thread
+/// taking the next unit once it has finished its last, and returns the first error (the
+/// units not started by then are left).
+///
+/// Not a parallel iterator: a unit waits for memory in [`MemoryBank::acquire`], and a rayon
+/// thread that waits inside a unit's own parallel work (a bucket's sort, its packing
+/// parts) runs other jobs meanwhile, a parallel iterator's next units among them. A unit
+/// started so, beneath one that holds memory on the same thread, may wait for that memory
+/// for ever: `shardify convert --threads 16 --memory-limit 256MiB` over 1M events hung so
+/// in its gather, every thread waiting for memory and two of them beneath a unit that held
+/// it. Here each thread's loop is a broadcast job, which only that thread ever takes, so a
+/// unit's waits find only other units' inner work, and a unit never starts beneath another.
+pub fn for_each_unit<T: Sync>(units: &[T], run: impl Fn(&T) -> Result<()> + Sync) -> Result<()> {
+    let next = AtomicUsize::new(0);
+    let stop = AtomicBool::new(false);
+    let failed: Mutex<Option<Error>> = Mutex::new(None);
+    rayon::broadcast(|_| {
+        while !stop.load(Ordering::Relaxed) {
+            let Some(unit) = units.get(next.fetch_add(1, Ordering::Relaxed)) else {
+                return;
+            };
+            if let Err(error) = run(unit) {
+                stop.store(true, Ordering::Relaxed);
+                failed
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner())
+                    .get_or_insert(error);
+            }
+        }
+    });
+    failed
+        .into_inner()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .map_or(Ok(()), Err)
+}
 
 /// Admits units while their estimated memory fits the limit (one at a time when a single
 /// unit is larger than the limit), with at most one parked scratch of type `S`.
@@ -107,9 +149,82 @@ impl<S> Drop for Lease<'_, S> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::{AtomicU64, Ordering};
+    use rayon::prelude::*;
+    use std::cell::Cell;
+    use std::sync::atomic::AtomicU64;
     use std::sync::{mpsc, Arc};
     use std::time::Duration;
+
+    thread_local! {
+        /// Units running on this thread, one beneath another.
+        static UNITS_HERE: Cell<usize> = const { Cell::new(0) };
+    }
+
+    /// A unit with inner parallel work of uneven length, as a bucket's sort and packing
+    /// parts: its waits let a rayon thread run other jobs.
+    fn unit_with_inner_work(unit: usize, started_beneath_another: &AtomicUsize) {
+        if UNITS_HERE.with(|here| here.replace(here.get() + 1)) > 0 {
+            started_beneath_another.fetch_add(1, Ordering::SeqCst);
+        }
+        let mut keys: Vec<u64> = (0..3000 + (unit as u64 * 7919) % 20_000)
+            .map(|k| k.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+            .collect();
+        keys.par_sort_unstable();
+        keys.par_chunks(keys.len().div_ceil(2)).for_each(|part| {
+            std::thread::sleep(Duration::from_micros((unit + part.len()) as u64 % 7 * 300));
+        });
+        UNITS_HERE.with(|here| here.set(here.get() - 1));
+    }
+
+    #[test]
+    fn a_unit_never_starts_beneath_another_on_the_same_thread() {
+        // The same units as a parallel iterator started 116-312 of 2,000 beneath another
+        // unit with 4, 8 and 16 threads (none with 2 or 3); a unit that then waits for
+        // memory the one beneath it holds waits for ever.
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(8)
+            .build()
+            .unwrap();
+        let units: Vec<usize> = (0..600).collect();
+        let (beneath, ran) = (AtomicUsize::new(0), AtomicUsize::new(0));
+        pool.install(|| {
+            for_each_unit(&units, |&unit| {
+                unit_with_inner_work(unit, &beneath);
+                ran.fetch_add(1, Ordering::SeqCst);
+                Ok(())
+            })
+        })
+        .unwrap();
+        assert_eq!(ran.load(Ordering::SeqCst), units.len(), "every unit once");
+        assert_eq!(beneath.load(Ordering::SeqCst), 0);
+    }
+
+    #[test]
+    fn the_first_failed_unit_ends_the_run() {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(4)
+            .build()
+            .unwrap();
+        let units: Vec<u64> = (0..1000).collect();
+        let ran = AtomicUsize::new(0);
+        let result = pool.install(|| {
+            for_each_unit(&units, |&unit| {
+                ran.fetch_add(1, Ordering::SeqCst);
+                if unit == 10 {
+                    return Err(Error::config("unit", "unit 10 failed"));
+                }
+                std::thread::sleep(Duration::from_millis(1));
+                Ok(())
+            })
+        });
+        assert!(
+            matches!(&result, Err(Error::Config { problem, .. }) if problem == "unit 10 failed"),
+            "{result:?}"
+        );
+        // Each thread finishes the unit it is in, then takes no other.
+        let ran = ran.load(Ordering::SeqCst);
+        assert!((11..=11 + 4).contains(&ran), "{ran} units ran");
+    }
 
     #[test]
     fn a_parked_scratch_is_taken_over_with_its_memory() {

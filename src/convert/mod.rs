@@ -11,6 +11,7 @@
 //! Same inputs, seed and parameters give byte-identical shards and manifest, whatever the
 //! thread count or task split.
 
+mod allocator;
 pub mod bucket_shard;
 mod memory_bank;
 pub mod meta_split;
@@ -22,6 +23,7 @@ pub mod spill;
 pub mod work;
 
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use rayon::prelude::*;
@@ -31,8 +33,9 @@ use crate::format::atomic::{sync_dir, sync_file};
 use crate::format::manifest::{Parameters, Schema, Sources, Totals, FORMAT, FORMAT_VERSION};
 use crate::format::{Manifest, SensorTable, ShardLayout};
 use crate::source::{Geometry, InputSet};
+use allocator::{map_large_allocations, release_free_memory};
 use bucket_shard::{bucket_memory, storage_types, BucketRecord, ChunksByBucket, GatherScratch};
-use memory_bank::MemoryBank;
+use memory_bank::{for_each_unit, MemoryBank};
 use plan::Plan;
 use spill::{SpillChunk, SpillIndex};
 use work::WorkDir;
@@ -274,6 +277,7 @@ pub fn convert(
             "a task index/count applies to the scatter and gather phases only",
         ));
     }
+    map_large_allocations();
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(options.threads)
         .build()
@@ -416,22 +420,21 @@ impl Run<'_> {
         let budget = options.scatter_budget();
         let unit_memory = options.scatter_unit_memory(plan.parameters.bucket_count);
         let bank: MemoryBank = MemoryBank::new(options.working_memory());
-        let pulses = todo
-            .par_iter()
-            .map(|batch| {
-                let _lease = bank.acquire(unit_memory);
-                let index =
-                    scatter::scatter_batch(plan, self.inputs, batch, self.geometry, work, budget)?;
-                // Before the lease goes back: the next unit may run on another thread,
-                // whose allocator arena would grow while this one's kept the freed memory.
-                release_free_memory();
-                self.progress.advance(index.pulses);
-                Ok(index.pulses)
-            })
-            .collect::<Result<Vec<u64>>>()?;
+        let pulses = AtomicU64::new(0);
+        for_each_unit(&todo, |batch| {
+            let _lease = bank.acquire(unit_memory);
+            let index =
+                scatter::scatter_batch(plan, self.inputs, batch, self.geometry, work, budget)?;
+            // Before the lease goes back: the next unit may run on another thread,
+            // whose allocator arena would grow while this one's kept the freed memory.
+            release_free_memory();
+            self.progress.advance(index.pulses);
+            pulses.fetch_add(index.pulses, Ordering::Relaxed);
+            Ok(())
+        })?;
         self.progress.end();
         release_free_memory();
-        summary.pulses_scattered = pulses.iter().sum();
+        summary.pulses_scattered = pulses.into_inner();
         summary.units_run.push(("scatter", todo.len() as u64));
         Ok(())
     }
@@ -462,24 +465,16 @@ impl Run<'_> {
         // lease.
         let bank: MemoryBank<GatherScratch> =
             MemoryBank::new(self.options.working_memory().saturating_sub(index_memory));
-        todo.par_iter()
-            .map(|&bucket| {
-                let mut lease = bank.acquire(bucket_memory(&indexes, bucket));
-                let record = bucket_shard::gather_bucket(
-                    plan,
-                    bucket,
-                    &indexes,
-                    types,
-                    work,
-                    lease.scratch(),
-                );
-                release_free_memory();
-                drop(lease);
-                self.progress
-                    .advance(record?.shard.as_ref().map_or(0, |s| s.pulses));
-                Ok(())
-            })
-            .collect::<Result<Vec<()>>>()?;
+        for_each_unit(&todo, |&bucket| {
+            let mut lease = bank.acquire(bucket_memory(&indexes, bucket));
+            let record =
+                bucket_shard::gather_bucket(plan, bucket, &indexes, types, work, lease.scratch());
+            release_free_memory();
+            drop(lease);
+            self.progress
+                .advance(record?.shard.as_ref().map_or(0, |s| s.pulses));
+            Ok(())
+        })?;
         self.progress.end();
         summary.units_run.push(("gather", todo.len() as u64));
         Ok(())
@@ -604,17 +599,4 @@ fn finalize(plan: &Plan, geometry: &Geometry, work: &WorkDir) -> Result<(Manifes
     manifest.write(work.out())?;
     work.clean_up()?;
     Ok((manifest, indexes.iter().map(|i| i.spill_bytes).sum()))
-}
-
-/// Hands freed memory back to the operating system: glibc keeps freed heap memory for
-/// reuse otherwise, so peak RSS would be the sum of the phases rather than the larger one,
-/// and grow with each gathered bucket. Called after the scatter and after each gather unit
-/// (measured on 15M pulses under a 64 MiB limit on 2 threads: peak RSS 73-76 MiB without
-/// the per-unit call, 59-62 MiB with it).
-fn release_free_memory() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: malloc_trim only returns free heap pages to the kernel; it is thread-safe.
-    unsafe {
-        libc::malloc_trim(0);
-    }
 }
