@@ -176,15 +176,20 @@ mod tests {
         UNITS_HERE.with(|here| here.set(here.get() - 1));
     }
 
+    /// A rayon pool of `threads` threads.
+    fn pool_of(threads: usize) -> rayon::ThreadPool {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap()
+    }
+
     #[test]
     fn a_unit_never_starts_beneath_another_on_the_same_thread() {
         // The same units as a parallel iterator started 116-312 of 2,000 beneath another
         // unit with 4, 8 and 16 threads (none with 2 or 3); a unit that then waits for
         // memory the one beneath it holds waits for ever.
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(8)
-            .build()
-            .unwrap();
+        let pool = pool_of(8);
         let units: Vec<usize> = (0..600).collect();
         let (beneath, ran) = (AtomicUsize::new(0), AtomicUsize::new(0));
         pool.install(|| {
@@ -201,10 +206,7 @@ mod tests {
 
     #[test]
     fn the_first_failed_unit_ends_the_run() {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(4)
-            .build()
-            .unwrap();
+        let pool = pool_of(4);
         let units: Vec<u64> = (0..1000).collect();
         let ran = AtomicUsize::new(0);
         let result = pool.install(|| {
