@@ -132,10 +132,28 @@ impl ChunksByBucket {
         })
     }
 
-    /// Every chunk of `bucket`.
-    fn chunks_of(&self, bucket: u64) -> impl Iterator<Item = &SpillChunk> {
-        self.of(bucket).flat_map(|(_, chunks)| chunks)
+    /// What `bucket`'s chunks hold, in all.
+    pub fn totals(&self, bucket: u64) -> BucketTotals {
+        self.of(bucket)
+            .flat_map(|(_, chunks)| chunks)
+            .fold(BucketTotals::default(), |totals, c| BucketTotals {
+                events: totals.events + c.events,
+                pulses: totals.pulses + c.pulses,
+                largest_chunk: totals.largest_chunk.max(c.len),
+            })
     }
+}
+
+/// Events and pulses of one bucket across every spill file, and its largest chunk in
+/// bytes (the most read at once).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BucketTotals {
+    /// Events.
+    pub events: u64,
+    /// Pulses.
+    pub pulses: u64,
+    /// Bytes of the largest chunk.
+    pub largest_chunk: u64,
 }
 
 /// Estimated peak memory in bytes of gathering `bucket`: decoded pulses and their packed
@@ -143,10 +161,8 @@ impl ChunksByBucket {
 /// the allocator keeps of them (measured: ~50 bytes per pulse resident for one bucket, and
 /// a quarter more with two gathered at once).
 pub fn bucket_memory(indexes: &ChunksByBucket, bucket: u64) -> u64 {
-    let (per_item, largest_chunk) = indexes.chunks_of(bucket).fold((0, 0), |(sum, largest), c| {
-        (sum + c.pulses * 64 + c.events * 160, largest.max(c.len))
-    });
-    per_item + largest_chunk
+    let totals = indexes.totals(bucket);
+    totals.pulses * 64 + totals.events * 160 + totals.largest_chunk
 }
 
 /// Buffers that one gather reuses for the next bucket: memory touched for the first time
@@ -171,19 +187,10 @@ pub fn gather_bucket(
 ) -> Result<BucketRecord> {
     let events = &mut scratch.events;
     events.clear();
-    let (total_events, total_pulses, largest_chunk) =
-        indexes
-            .chunks_of(bucket)
-            .fold((0, 0, 0), |(e, p, largest), c| {
-                (
-                    e + c.events as usize,
-                    p + c.pulses as usize,
-                    largest.max(c.len as usize),
-                )
-            });
-    events.reserve(total_events, total_pulses);
+    let totals = indexes.totals(bucket);
+    events.reserve(totals.events as usize, totals.pulses as usize);
     scratch.read.clear();
-    fit_capacity(&mut scratch.read, largest_chunk);
+    fit_capacity(&mut scratch.read, totals.largest_chunk as usize);
     for (index, chunks) in indexes.of(bucket) {
         let path = work.spill_file(index.batch_id);
         let file = File::open(&path).at(&path)?;
@@ -375,6 +382,14 @@ mod tests {
                 })
                 .collect();
             assert_eq!(found, scanned, "bucket {bucket}");
+            let totals = sorted.totals(bucket);
+            assert_eq!(
+                (totals.events, totals.pulses),
+                scanned
+                    .iter()
+                    .fold((0, 0), |(e, p), (_, c)| (e + c.events, p + c.pulses)),
+                "bucket {bucket}"
+            );
             let memory = scanned.iter().map(|(_, c)| c.pulses * 64 + c.events * 160);
             let largest = scanned.iter().map(|(_, c)| c.len).max().unwrap_or(0);
             assert_eq!(
