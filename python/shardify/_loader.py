@@ -109,7 +109,8 @@ class Loader:
       The stored order is rotated and cut into blocks of ``block_events`` consecutive events,
       the blocks permuted, ``window_blocks`` blocks open at a time and their events shuffled
       in runs of ``run_events``. Wider windows mix better and read less sequentially
-      (``window_blocks=0``: one window over the whole dataset, a complete shuffle).
+      (a window of every block, ``window_blocks >= ceil(len(dataset) / block_events)``,
+      is a complete shuffle).
     * ``batch_order`` ("stored"): the events inside a batch in stored order (faster copies)
       or ``"drawn"`` (the order the shuffle drew them).
     * ``shuffle`` (True): False delivers the stored order every epoch (evaluation,
@@ -163,9 +164,10 @@ class Loader:
     * ``pulse_time``, ``pulse_charge`` ``[P]`` (the stored dtypes), ``pulse_auxiliary``
       ``[P]`` bool; within a DOM in time order, DOMs by first hit.
 
-    Padded layout: ``event_id``, the labels, ``dom_features`` ``[B, M, 4 + 3K]`` float32
-    (x, y, z, pulse count, then time, charge, auxiliary of the DOM's first K pulses) and
-    ``dom_mask`` ``[B, M]`` uint8.
+    Padded layout: ``event_id``, the labels, ``dom_features`` ``[B, M', 4 + 3K]`` float32
+    (x, y, z, pulse count, then time, charge, auxiliary of the DOM's first K pulses;
+    ``M'`` is the batch's largest DOM count capped at ``max_doms``) and ``dom_mask``
+    ``[B, M']`` uint8.
 
     Each tensor views the loader's staging buffer (no copy); the buffer is reused only
     when the last tensor over it is freed. ``len(loader)`` is this rank's batches per
