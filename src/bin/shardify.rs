@@ -275,7 +275,7 @@ fn print_array_lines(
     let mut common = format!(
         "--seed {} --threads {} --memory-limit {}MiB --shard-size {}",
         options.seed,
-        options.threads,
+        options.threads_within_limit(),
         options.memory_limit_bytes >> 20,
         options.shard_target_bytes
     );
@@ -297,7 +297,7 @@ fn print_array_lines(
     // allocator's slack that a job's memory accounting also counts.
     let resources = format!(
         "--cpus-per-task={} --mem={}M",
-        options.threads,
+        options.threads_within_limit(),
         (options.memory_limit_bytes >> 20) * 11 / 10
     );
     say!("submit (each array task takes its index and the array's size from Slurm):")?;

@@ -15,6 +15,7 @@ mod allocator;
 pub mod bucket_shard;
 mod memory_bank;
 pub mod meta_split;
+mod options;
 pub mod plan;
 pub mod relayout;
 pub mod scatter;
@@ -31,110 +32,18 @@ use rayon::prelude::*;
 use crate::error::{Error, Result};
 use crate::format::atomic::{sync_dir, sync_file};
 use crate::format::manifest::{Parameters, Schema, Sources, Totals, FORMAT, FORMAT_VERSION};
-use crate::format::{Manifest, SensorTable, ShardLayout};
+use crate::format::{Manifest, SensorTable};
 use crate::source::{Geometry, InputSet};
 use allocator::{map_large_allocations, release_free_memory};
 use bucket_shard::{bucket_memory, storage_types, BucketRecord, ChunksByBucket, GatherScratch};
 use memory_bank::{for_each_unit, MemoryBank};
+use options::MIN_SPILL_BUFFER;
+pub use options::{
+    ConvertOptions, FIXED_OVERHEAD, MIN_MEMORY_LIMIT, SCATTER_DECODE_MEMORY, THREAD_MEMORY,
+};
 use plan::Plan;
 use spill::{SpillChunk, SpillIndex};
 use work::WorkDir;
-
-/// Options of a conversion.
-#[derive(Debug, Clone)]
-pub struct ConvertOptions {
-    /// Seed of the global shuffle.
-    pub seed: u64,
-    /// Worker threads (does not change the output); by default the
-    /// [cores this process may run on](crate::cores::available_cores).
-    pub threads: usize,
-    /// Bound on the converter's memory use, in bytes (can lower the shard size).
-    pub memory_limit_bytes: u64,
-    /// Target shard size in bytes.
-    pub shard_target_bytes: u64,
-    /// Allow narrowing charge and positions to `f32` even where values change.
-    pub lossy: bool,
-    /// The shards' layout ([`crate::format::records`]).
-    pub layout: ShardLayout,
-}
-
-impl Default for ConvertOptions {
-    fn default() -> Self {
-        ConvertOptions {
-            seed: 0,
-            threads: crate::cores::available_cores(),
-            memory_limit_bytes: 4 << 30,
-            shard_target_bytes: 256 << 20,
-            lossy: false,
-            layout: ShardLayout::Columns,
-        }
-    }
-}
-
-/// The smallest memory limit accepted, in bytes.
-pub const MIN_MEMORY_LIMIT: u64 = 48 << 20;
-
-/// Memory the converter needs whatever the data: the program, the geometry, the plan,
-/// thread stacks (measured: 20 MiB resident after the plan phase on 2 cores; 8 more keep
-/// the peak within the limit when a phase starts where the last one left its heap). The rest of
-/// the limit is the working memory, shared by the units of a phase.
-pub const FIXED_OVERHEAD: u64 = 32 << 20;
-
-/// Memory of one scatter unit besides its spill buffers: the Parquet page readers and the
-/// decoded rows (11 MiB measured alone), the event being assembled and its encoded record
-/// (a few MiB for the largest real events), the spill file's write buffer, and what the
-/// allocator keeps of them (measured on data with the real statistics: each unit held
-/// 13-14 MiB above its budget with 16 MiB assumed here).
-pub const SCATTER_DECODE_MEMORY: u64 = 32 << 20;
-
-/// The smallest spill buffer of a scatter unit: smaller ones write tiny chunks.
-const MIN_SPILL_BUFFER: u64 = 4 << 20;
-
-impl ConvertOptions {
-    /// Rejects options that cannot work.
-    pub fn validate(&self) -> Result<()> {
-        if self.threads == 0 {
-            return Err(Error::config("threads", "--threads must be at least 1"));
-        }
-        if self.memory_limit_bytes < MIN_MEMORY_LIMIT {
-            return Err(Error::config(
-                "memory_limit",
-                format!(
-                    "--memory-limit must be at least {} MiB",
-                    MIN_MEMORY_LIMIT >> 20
-                ),
-            ));
-        }
-        if self.shard_target_bytes < 4096 {
-            return Err(Error::config(
-                "shard_size",
-                "--shard-size must be at least 4 KiB",
-            ));
-        }
-        Ok(())
-    }
-
-    /// The limit less [`FIXED_OVERHEAD`]: what the data may occupy.
-    pub fn working_memory(&self) -> u64 {
-        self.memory_limit_bytes.saturating_sub(FIXED_OVERHEAD)
-    }
-
-    /// Bytes each scatter unit may buffer: its share of the working memory less its
-    /// decoding memory. Where the shares are too small, fewer units run at once (see
-    /// [`ConvertOptions::scatter_unit_memory`]).
-    fn scatter_budget(&self) -> usize {
-        (self.working_memory() / self.threads as u64)
-            .saturating_sub(SCATTER_DECODE_MEMORY)
-            .max(MIN_SPILL_BUFFER) as usize
-    }
-
-    /// The memory one scatter unit takes from the working memory with `buckets` buckets:
-    /// its spill buffers are never smaller than [`spill::MIN_BUFFER_BYTES`] per bucket.
-    fn scatter_unit_memory(&self, buckets: u64) -> u64 {
-        let buffers = (self.scatter_budget() as u64).max(buckets * spill::MIN_BUFFER_BYTES as u64);
-        SCATTER_DECODE_MEMORY + buffers
-    }
-}
 
 /// Which phase(s) to run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -278,15 +187,21 @@ pub fn convert(
         ));
     }
     map_large_allocations();
+    let threads = options.threads_within_limit();
+    if threads < options.threads {
+        tracing::warn!(
+            "running on {threads} of the {} threads asked for: each holds about {} KiB of \
+             its own (its stack, its allocator arena), and under --memory-limit {} MiB more \
+             would leave too little for the data",
+            options.threads,
+            THREAD_MEMORY >> 10,
+            options.memory_limit_bytes >> 20
+        );
+    }
     let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(options.threads)
+        .num_threads(threads)
         .build()
-        .map_err(|e| {
-            Error::config(
-                "threads",
-                format!("cannot start {} threads: {e}", options.threads),
-            )
-        })?;
+        .map_err(|e| Error::config("threads", format!("cannot start {threads} threads: {e}")))?;
     pool.install(|| run_phases(inputs, out, options, phase, slice, progress))
 }
 
@@ -388,12 +303,12 @@ struct Run<'a> {
 }
 
 impl Run<'_> {
-    /// Splits the shared meta by batch (see [`meta_split`]), with the whole working memory
+    /// Splits the shared meta by batch (see [`meta_split`]), with the units' memory
     /// (half of it buffered: the allocations may double).
     fn split_meta(&self) -> Result<()> {
         let budget = self
             .options
-            .working_memory()
+            .unit_memory()
             .saturating_sub(SCATTER_DECODE_MEMORY)
             / 2;
         meta_split::build(
@@ -419,7 +334,7 @@ impl Run<'_> {
         self.progress.begin("scatter", todo.len() as u64);
         let budget = options.scatter_budget();
         let unit_memory = options.scatter_unit_memory(plan.parameters.bucket_count);
-        let bank: MemoryBank = MemoryBank::new(options.working_memory());
+        let bank: MemoryBank = MemoryBank::new(options.unit_memory());
         let pulses = AtomicU64::new(0);
         for_each_unit(&todo, |batch| {
             let _lease = bank.acquire(unit_memory);
@@ -464,7 +379,7 @@ impl Run<'_> {
         // the bank, an idle scratch held as much memory as a running unit, counted by no
         // lease.
         let bank: MemoryBank<GatherScratch> =
-            MemoryBank::new(self.options.working_memory().saturating_sub(index_memory));
+            MemoryBank::new(self.options.unit_memory().saturating_sub(index_memory));
         for_each_unit(&todo, |&bucket| {
             let mut lease = bank.acquire(bucket_memory(&indexes, bucket));
             let record =
