@@ -352,6 +352,10 @@ fn the_meta_split_gives_the_same_bytes_as_reading_the_meta_per_batch() {
     let reference = dir.path().join("ref");
     convert_all(&shared, "train", &reference, &opts).unwrap();
     let expected = dir_files(&reference);
+    // `verify --against` reads that meta in passes of bounded memory, and finds every event.
+    let report = shardify::dataset::verify::verify(&reference, Some(&inputs)).unwrap();
+    assert!(report.ok(), "{:?}", report.problems);
+    assert_eq!(report.source_events, Some(200));
     let run = |out: &std::path::Path, phases: &[Phase]| {
         for &phase in phases {
             convert(&inputs, out, &opts, phase, TaskSlice::default(), &Silent).unwrap();

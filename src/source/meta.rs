@@ -1,7 +1,7 @@
 //! The meta table: for each event, its batch, its inclusive row range in that batch
 //! file, and (train split only) its labels.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use parquet::file::metadata::ParquetMetaData;
@@ -180,59 +180,150 @@ pub fn rescans_are_costly(meta_files: &[PathBuf], batch_ids: &[i64]) -> Result<b
     Ok(scanned > RESCAN_LIMIT * total.max(1))
 }
 
+/// Bytes of meta rows [`MetaByBatch`] holds at once when it reads the meta in passes
+/// (beyond them, one batch's rows): 512 MiB, about 13M rows of the Kaggle meta's 132M,
+/// so about 11 passes over it. Held whole, its rows took 5 GB (770 MiB for 20M rows).
+pub const META_PASS_BYTES: usize = 512 << 20;
+
 /// The meta of many batches, read in whichever way decodes less: per batch on demand when
-/// that is cheap, else every wanted row in one pass (held in memory until taken).
+/// that is cheap, else in passes over the whole meta, each holding the rows of the next
+/// batches to be taken (in the order given) within [`META_PASS_BYTES`].
 pub struct MetaByBatch {
     files: Vec<PathBuf>,
     labels: bool,
-    loaded: Option<HashMap<i64, BatchMeta>>,
+    passes: Option<Passes>,
+}
+
+/// The pass mode of [`MetaByBatch`].
+struct Passes {
+    /// Each wanted batch's place in the order given.
+    place: HashMap<i64, usize>,
+    /// The batches read by the last pass and not yet taken (empty ones included).
+    loaded: HashMap<i64, BatchMeta>,
+    /// Bytes of rows one pass may hold (its first batch's are always held).
+    budget: usize,
+    /// Passes made, and the most row bytes one held (for tests).
+    count: usize,
+    peak: usize,
 }
 
 impl MetaByBatch {
-    /// Prepares to hand out the meta of `batch_ids`.
+    /// Prepares to hand out the meta of `batch_ids` (best taken in that order: each pass
+    /// reads the batches after the one asked for).
     pub fn new(meta_files: &[PathBuf], batch_ids: &[i64], labels: bool) -> Result<MetaByBatch> {
-        let loaded = if rescans_are_costly(meta_files, batch_ids)? {
-            let wanted: HashSet<i64> = batch_ids.iter().copied().collect();
-            let mut rows: HashMap<i64, (Vec<MetaRow>, Vec<PathBuf>)> = HashMap::new();
-            for path in meta_files {
-                scan_meta_file(
-                    ParquetSource::open(path)?,
-                    labels,
-                    None,
-                    |b| wanted.contains(&b),
-                    |b, _, row| {
-                        let (list, sources) = rows.entry(b).or_default();
-                        list.push(row);
-                        if sources.last() != Some(path) {
-                            sources.push(path.clone());
-                        }
-                        Ok(())
-                    },
-                )?;
+        Self::within(meta_files, batch_ids, labels, META_PASS_BYTES)
+    }
+
+    fn within(
+        meta_files: &[PathBuf],
+        batch_ids: &[i64],
+        labels: bool,
+        budget: usize,
+    ) -> Result<MetaByBatch> {
+        let passes = rescans_are_costly(meta_files, batch_ids)?.then(|| {
+            let mut place = HashMap::new();
+            for (i, &b) in batch_ids.iter().enumerate() {
+                place.entry(b).or_insert(i);
             }
-            Some(
-                rows.into_iter()
-                    .map(|(b, (list, sources))| (b, BatchMeta::new(list, &sources, meta_files)))
-                    .collect(),
-            )
-        } else {
-            None
-        };
+            Passes {
+                place,
+                loaded: HashMap::new(),
+                budget,
+                count: 0,
+                peak: 0,
+            }
+        });
         Ok(MetaByBatch {
             files: meta_files.to_vec(),
             labels,
-            loaded,
+            passes,
         })
     }
 
     /// The meta of `batch_id` (empty when the meta has no row of it).
     pub fn take(&mut self, batch_id: i64) -> Result<BatchMeta> {
-        match &mut self.loaded {
-            Some(loaded) => Ok(loaded
-                .remove(&batch_id)
-                .unwrap_or_else(|| BatchMeta::new(Vec::new(), &[], &self.files))),
-            None => read_batch_meta(&self.files, batch_id, self.labels),
+        let Some(passes) = &mut self.passes else {
+            return read_batch_meta(&self.files, batch_id, self.labels);
+        };
+        if let Some(meta) = passes.loaded.remove(&batch_id) {
+            return Ok(meta);
         }
+        let Some(&first) = passes.place.get(&batch_id) else {
+            return read_batch_meta(&self.files, batch_id, self.labels);
+        };
+        passes.loaded = passes.read_from(first, &self.files, self.labels)?;
+        Ok(passes
+            .loaded
+            .remove(&batch_id)
+            .unwrap_or_else(|| BatchMeta::new(Vec::new(), &[], &self.files)))
+    }
+}
+
+impl Passes {
+    /// One pass over the meta: the rows of the wanted batches placed from `first` on, as
+    /// many as fit the budget. Rows are collected for every batch from `first` on; while
+    /// they hold more than the budget, the batch placed last among those held is let go,
+    /// and the pass ends before it. Every batch from `first` up to there is in the
+    /// result, those without rows empty.
+    fn read_from(
+        &mut self,
+        first: usize,
+        files: &[PathBuf],
+        labels: bool,
+    ) -> Result<HashMap<i64, BatchMeta>> {
+        let end = std::cell::Cell::new(usize::MAX);
+        let takes = |b: i64| {
+            self.place
+                .get(&b)
+                .is_some_and(|&p| p >= first && p < end.get())
+        };
+        let mut rows: HashMap<i64, (Vec<MetaRow>, Vec<PathBuf>)> = HashMap::new();
+        let mut held = 0usize;
+        let mut peak = 0usize;
+        for path in files {
+            scan_meta_file(
+                ParquetSource::open(path)?,
+                labels,
+                None,
+                takes,
+                |b, _, row| {
+                    let (list, sources) = rows.entry(b).or_default();
+                    let before = list.capacity();
+                    list.push(row);
+                    held += (list.capacity() - before) * std::mem::size_of::<MetaRow>();
+                    if sources.last() != Some(path) {
+                        sources.push(path.clone());
+                    }
+                    peak = peak.max(held);
+                    while held > self.budget {
+                        let last = rows
+                            .keys()
+                            .map(|b| (self.place[b], *b))
+                            .filter(|&(p, _)| p > first)
+                            .max();
+                        let Some((p, b)) = last else { break };
+                        let (list, _) = rows.remove(&b).unwrap_or_default();
+                        held -= list.capacity() * std::mem::size_of::<MetaRow>();
+                        end.set(p);
+                    }
+                    Ok(())
+                },
+            )?;
+        }
+        self.count += 1;
+        self.peak = self.peak.max(peak);
+        let mut loaded: HashMap<i64, BatchMeta> = rows
+            .into_iter()
+            .map(|(b, (list, sources))| (b, BatchMeta::new(list, &sources, files)))
+            .collect();
+        for (&b, &p) in &self.place {
+            if p >= first && p < end.get() {
+                loaded
+                    .entry(b)
+                    .or_insert_with(|| BatchMeta::new(Vec::new(), &[], files));
+            }
+        }
+        Ok(loaded)
     }
 }
 
@@ -339,7 +430,7 @@ mod tests {
             let ids = [1, 2, 3, 99];
             assert_eq!(rescans_are_costly(&meta, &ids).unwrap(), costly, "{name}");
             let mut by_batch = MetaByBatch::new(&meta, &ids, true).unwrap();
-            assert_eq!(by_batch.loaded.is_some(), costly);
+            assert_eq!(by_batch.passes.is_some(), costly);
             for id in ids {
                 let direct = read_batch_meta(&meta, id, true).unwrap();
                 let taken = by_batch.take(id).unwrap();
@@ -347,6 +438,51 @@ mod tests {
                 assert_eq!(taken.source, direct.source);
                 assert_eq!(taken.rows.is_empty(), id == 99);
             }
+        }
+    }
+
+    #[test]
+    fn meta_read_in_passes_holds_at_most_its_budget_and_gives_every_batch_its_rows() {
+        let dir = tempfile::tempdir().unwrap();
+        // One meta file, one row group, six batches of 100 events (a Vec of 100 rows
+        // holds 128: 5,120 bytes): a budget of two batches.
+        write_dataset(
+            dir.path(),
+            &SynthOptions {
+                events: 600,
+                files: 6,
+                ..SynthOptions::default()
+            },
+        )
+        .unwrap();
+        let meta = vec![dir.path().join("train_meta.parquet")];
+        let batch_bytes = 128 * std::mem::size_of::<MetaRow>();
+        let budget = 2 * batch_bytes;
+        let ids = [1, 2, 3, 99, 4, 5, 6];
+        for (order, passes) in [(ids.to_vec(), 3), (ids.iter().rev().copied().collect(), 7)] {
+            let mut by_batch = MetaByBatch::within(&meta, &ids, true, budget).unwrap();
+            for &id in &order {
+                let direct = read_batch_meta(&meta, id, true).unwrap();
+                let taken = by_batch.take(id).unwrap();
+                assert_eq!(taken.rows, direct.rows, "batch {id}");
+                assert_eq!(taken.source, direct.source, "batch {id}");
+                assert_eq!(taken.rows.len(), if id == 99 { 0 } else { 100 });
+            }
+            let held = by_batch.passes.as_ref().unwrap();
+            // In order: batches 1-2, 3-99-4 (99 has no rows), 5-6. Backwards, each pass
+            // starts at the batch asked for and reads those placed after it, already
+            // taken: a pass for each.
+            assert_eq!(held.count, passes, "passes taking {order:?}");
+            assert!(
+                held.peak <= budget + batch_bytes,
+                "held {} bytes of rows, budget {budget}",
+                held.peak
+            );
+            assert!(
+                held.peak > batch_bytes,
+                "the budget was used: {}",
+                held.peak
+            );
         }
     }
 }

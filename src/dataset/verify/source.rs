@@ -2,7 +2,9 @@
 //! event's lineage and labels.
 //!
 //! Memory stays proportional to the number of batch files, not events (132M events would
-//! need ~10 GB of per-event state): the dataset pass sums one digest per event into its
+//! need ~10 GB of per-event state), and the meta is read in bounded memory
+//! ([`MetaByBatch`]: per batch, or in passes of at most
+//! [`META_PASS_BYTES`](crate::source::meta::META_PASS_BYTES)): the dataset pass sums one digest per event into its
 //! lineage batch ([`BatchDigests`]); each source batch is then digested the same way and
 //! compared. Only a batch whose digests differ is compared event by event (its dataset
 //! events gathered in one more pass over the shards), which names each event that is
