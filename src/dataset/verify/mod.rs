@@ -9,6 +9,8 @@ mod source;
 
 use std::path::Path;
 
+use rayon::prelude::*;
+
 use super::{ChecksumPolicy, Dataset};
 use crate::error::Result;
 use crate::format::order::{bucket_of, shuffle_key};
@@ -49,6 +51,130 @@ impl VerifyReport {
     pub fn ok(&self) -> bool {
         self.problem_count == 0
     }
+
+    /// Counts `text` as found before the problem listed at `index`.
+    fn problem_before(&mut self, index: usize, text: String) {
+        self.problem_count += 1;
+        if index < MAX_LISTED {
+            self.problems.insert(index.min(self.problems.len()), text);
+            self.problems.truncate(MAX_LISTED);
+        }
+    }
+
+    /// Adds what `other` found after what this one found.
+    fn absorb(&mut self, other: VerifyReport) {
+        self.shards += other.shards;
+        self.events += other.events;
+        self.pulses += other.pulses;
+        self.problem_count += other.problem_count;
+        let room = MAX_LISTED.saturating_sub(self.problems.len());
+        self.problems.extend(other.problems.into_iter().take(room));
+    }
+}
+
+/// What the checks of one shard found.
+struct ShardCheck {
+    /// Its problems, and its shard, event and pulse counts.
+    report: VerifyReport,
+    /// Problems listed before its first event's (where one across the shard boundary goes).
+    before_events: usize,
+    /// The (shuffle key, event id) of its first and last events, when it has events.
+    keys: Option<((u64, i64), (u64, i64))>,
+    /// Its events summed per lineage batch (with a source to compare).
+    digests: BatchDigests,
+}
+
+/// Checks shard `i` on its own: its tensors' types against the manifest, each event's
+/// order, bucket and packing, and (with `digests`) sums its events per batch. `Err`: the
+/// shard could not be read (the problem, once).
+fn check_shard(
+    dataset: &Dataset,
+    i: usize,
+    digests: bool,
+) -> std::result::Result<ShardCheck, String> {
+    let manifest = dataset.manifest();
+    let types = manifest.schema.types;
+    let table = dataset.sensor_table();
+    let shard = dataset.shard(i).map_err(|e| e.to_string())?;
+    let columns = shard.columns().map_err(|e| e.to_string())?;
+    let view = columns.view();
+    let mut report = VerifyReport {
+        shards: 1,
+        ..VerifyReport::default()
+    };
+    let mut sums = BatchDigests::default();
+    let file = &manifest.shards[i].file;
+    let mut problem = |text: String| report.problem(format!("{file}: {text}"));
+    for (name, found, want) in [
+        (
+            names::DOM_SENSOR_ID,
+            view.dom_sensor_id.raw().1,
+            types.sensor_id,
+        ),
+        (names::PULSE_TIME, view.pulse_time.raw().1, types.time),
+        (names::PULSE_CHARGE, view.pulse_charge.raw().1, types.charge),
+    ] {
+        if found != want {
+            problem(format!(
+                "tensor {name} is {found:?}, the manifest schema says {want:?}"
+            ));
+        }
+    }
+    if view.event_azimuth.is_some() != types.labels {
+        problem(format!(
+            "labels present: {}, manifest says {}",
+            view.event_azimuth.is_some(),
+            types.labels
+        ));
+    }
+    let before_events = report.problems.len();
+    let mut problem = |text: String| report.problem(format!("{file}: {text}"));
+    let bucket: Option<u64> = shard
+        .header()
+        .metadata
+        .get("shard")
+        .and_then(|s| s.parse().ok());
+    let seed = manifest.parameters.seed;
+    let key_of = |e: usize| (shuffle_key(seed, view.event_id[e]), view.event_id[e]);
+    let mut pulses = 0u64;
+    for e in 0..view.events() {
+        let id = view.event_id[e];
+        let (key, _) = key_of(e);
+        if e > 0 && key_of(e - 1) >= (key, id) {
+            problem(format!(
+                "event {id} (index {e}) breaks the global shuffle order or repeats an event id"
+            ));
+        }
+        if bucket != Some(bucket_of(key, manifest.parameters.bucket_count)) {
+            problem(format!(
+                "event {id} does not belong to shard bucket {bucket:?}"
+            ));
+        }
+        check_event(&view, e, &mut problem);
+        let mut print = PulsePrint::default();
+        for d in view.dom_range(e) {
+            print.add_dom(&view, d);
+            let sensor = view.dom_sensor_id.get(d);
+            if table.position(sensor).is_none() {
+                problem(format!(
+                    "event {id}: sensor {sensor} has no position in the sensor table"
+                ));
+            }
+        }
+        pulses += print.count;
+        if digests {
+            sums.add(&view, e, print);
+        }
+    }
+    let keys = (view.events() > 0).then(|| (key_of(0), key_of(view.events() - 1)));
+    report.pulses = pulses;
+    report.events = view.events() as u64;
+    Ok(ShardCheck {
+        report,
+        before_events,
+        keys,
+        digests: sums,
+    })
 }
 
 /// Verifies the dataset in `dir`, and against `source` when given.
@@ -58,7 +184,6 @@ pub fn verify(dir: &Path, source: Option<&InputSet>) -> Result<VerifyReport> {
     let mut report = VerifyReport::default();
     let geometry = source.map(|s| Geometry::read(&s.geometry)).transpose()?;
     let mut digests = BatchDigests::default();
-    let mut previous_key: Option<(u64, i64)> = None;
     let table = dataset.sensor_table();
     let types = manifest.schema.types;
     if table.dtype() != types.position {
@@ -72,85 +197,37 @@ pub fn verify(dir: &Path, source: Option<&InputSet>) -> Result<VerifyReport> {
     if let Some(g) = &geometry {
         check_sensor_table(table, g, &manifest.sensor_table.file, &mut report);
     }
-    for i in 0..dataset.shard_count() {
-        let shard = match dataset.shard(i) {
-            Ok(shard) => shard,
-            Err(e) => {
-                report.problem(e.to_string());
+    // Shards are checked in parallel, then their findings joined in shard order: the
+    // global order across two shards is checked there, and the report is the one a
+    // single pass would write.
+    let checks: Vec<std::result::Result<ShardCheck, String>> = (0..dataset.shard_count())
+        .into_par_iter()
+        .map(|i| check_shard(&dataset, i, source.is_some()))
+        .collect();
+    let mut previous_key: Option<(u64, i64)> = None;
+    for (i, check) in checks.into_iter().enumerate() {
+        let mut check = match check {
+            Ok(check) => check,
+            Err(problem) => {
+                report.problem(problem);
                 continue;
             }
         };
-        let columns = match shard.columns() {
-            Ok(columns) => columns,
-            Err(e) => {
-                report.problem(e.to_string());
-                continue;
-            }
-        };
-        let view = columns.view();
-        report.shards += 1;
-        let file = &manifest.shards[i].file;
-        let mut problem = |text: String| report.problem(format!("{file}: {text}"));
-        for (name, found, want) in [
-            (
-                names::DOM_SENSOR_ID,
-                view.dom_sensor_id.raw().1,
-                types.sensor_id,
-            ),
-            (names::PULSE_TIME, view.pulse_time.raw().1, types.time),
-            (names::PULSE_CHARGE, view.pulse_charge.raw().1, types.charge),
-        ] {
-            if found != want {
-                problem(format!(
-                    "tensor {name} is {found:?}, the manifest schema says {want:?}"
-                ));
-            }
-        }
-        if view.event_azimuth.is_some() != types.labels {
-            problem(format!(
-                "labels present: {}, manifest says {}",
-                view.event_azimuth.is_some(),
-                types.labels
-            ));
-        }
-        let mut shard_pulses = 0u64;
-        let bucket: Option<u64> = shard
-            .header()
-            .metadata
-            .get("shard")
-            .and_then(|s| s.parse().ok());
-        for e in 0..view.events() {
-            let id = view.event_id[e];
-            let key = shuffle_key(manifest.parameters.seed, id);
+        if let Some(((key, id), last)) = check.keys {
             if previous_key.is_some_and(|p| p >= (key, id)) {
-                problem(format!(
-                    "event {id} (index {e}) breaks the global shuffle order or repeats an event id"
-                ));
+                let file = &manifest.shards[i].file;
+                check.report.problem_before(
+                    check.before_events,
+                    format!(
+                        "{file}: event {id} (index 0) breaks the global shuffle order or \
+                         repeats an event id"
+                    ),
+                );
             }
-            previous_key = Some((key, id));
-            if bucket != Some(bucket_of(key, manifest.parameters.bucket_count)) {
-                problem(format!(
-                    "event {id} does not belong to shard bucket {bucket:?}"
-                ));
-            }
-            check_event(&view, e, &mut problem);
-            let mut print = PulsePrint::default();
-            for d in view.dom_range(e) {
-                print.add_dom(&view, d);
-                let sensor = view.dom_sensor_id.get(d);
-                if table.position(sensor).is_none() {
-                    problem(format!(
-                        "event {id}: sensor {sensor} has no position in the sensor table"
-                    ));
-                }
-            }
-            shard_pulses += print.count;
-            if source.is_some() {
-                digests.add(&view, e, print);
-            }
+            previous_key = Some(last);
         }
-        report.pulses += shard_pulses;
-        report.events += view.events() as u64;
+        report.absorb(check.report);
+        digests.merge(check.digests);
     }
     if report.events != manifest.totals.events || report.pulses != manifest.totals.pulses {
         report.problem(format!(
@@ -234,6 +311,90 @@ fn check_sensor_table(table: &SensorTable, g: &Geometry, file: &str, report: &mu
             report.problem(format!(
                 "{file}: sensor {sensor} is at {found:?}, the geometry says {want:?}"
             ));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dataset::small_shards_fixture;
+
+    /// The fixture in several shards, with its manifest edited by `edit`.
+    fn edited(dir: &Path, edit: impl FnOnce(&mut serde_json::Value)) -> std::path::PathBuf {
+        drop(small_shards_fixture(dir));
+        let out = dir.join("ds");
+        let path = out.join("manifest.json");
+        let mut manifest: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        edit(&mut manifest);
+        std::fs::write(&path, serde_json::to_vec(&manifest).unwrap()).unwrap();
+        out
+    }
+
+    #[test]
+    fn an_order_broken_between_two_shards_is_named_where_it_breaks_and_nowhere_else() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = edited(dir.path(), |m| {
+            let shards = m["shards"].as_array_mut().unwrap();
+            assert!(shards.len() >= 4, "{} shards", shards.len());
+            shards.swap(1, 2);
+        });
+        let dataset = Dataset::open(&out, ChecksumPolicy::Lazy).unwrap();
+        let moved = dataset.shard(2).unwrap().columns().unwrap().view().event_id[0];
+        let report = verify(&out, None).unwrap();
+        assert_eq!(report.problem_count, 1, "{:?}", report.problems);
+        assert_eq!(
+            report.problems[0],
+            format!(
+                "{}: event {moved} (index 0) breaks the global shuffle order or repeats an \
+                 event id",
+                dataset.manifest().shards[2].file
+            )
+        );
+        assert_eq!(report.shards, dataset.shard_count());
+        assert_eq!(report.events, dataset.manifest().totals.events);
+        assert_eq!(report.pulses, dataset.manifest().totals.pulses);
+    }
+
+    #[test]
+    fn problems_of_every_shard_are_counted_and_the_first_listed_in_shard_order() {
+        // Another seed in the manifest: most events break the order and leave their bucket,
+        // in every shard (and across each boundary).
+        let dir = tempfile::tempdir().unwrap();
+        let out = edited(dir.path(), |m| {
+            let seed = m["parameters"]["seed"].as_u64().unwrap();
+            m["parameters"]["seed"] = (seed + 1).into();
+        });
+        let dataset = Dataset::open(&out, ChecksumPolicy::Lazy).unwrap();
+        let parameters = &dataset.manifest().parameters;
+        // The rules counted event by event over the shards in order, independently.
+        let (mut expected, mut first_problem_shard) = (0u64, Vec::new());
+        let mut previous: Option<(u64, i64)> = None;
+        for i in 0..dataset.shard_count() {
+            let shard = dataset.shard(i).unwrap();
+            let bucket: u64 = shard.header().metadata["shard"].parse().unwrap();
+            let columns = shard.columns().unwrap();
+            let view = columns.view();
+            for &id in view.event_id.iter() {
+                let key = shuffle_key(parameters.seed, id);
+                let found = u64::from(previous.is_some_and(|p| p >= (key, id)))
+                    + u64::from(bucket_of(key, parameters.bucket_count) != bucket);
+                first_problem_shard.extend(std::iter::repeat_n(i, found as usize));
+                expected += found;
+                previous = Some((key, id));
+            }
+        }
+        assert!(expected > MAX_LISTED as u64 * 2, "{expected} problems");
+        let report = verify(&out, None).unwrap();
+        assert_eq!(report.problem_count, expected);
+        assert_eq!(report.problems.len(), MAX_LISTED);
+        for (problem, &i) in report.problems.iter().zip(&first_problem_shard) {
+            let file = &dataset.manifest().shards[i].file;
+            assert!(
+                problem.starts_with(&format!("{file}: ")),
+                "{problem} (shard {i})"
+            );
         }
     }
 }

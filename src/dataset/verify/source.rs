@@ -15,6 +15,7 @@
 
 use std::collections::HashMap;
 
+use rayon::prelude::*;
 use xxhash_rust::xxh3::xxh3_64;
 
 use super::{Dataset, VerifyReport};
@@ -147,6 +148,15 @@ impl Digest {
 pub(super) struct BatchDigests(HashMap<i64, Digest>);
 
 impl BatchDigests {
+    /// Adds the sums of `other` (of other events) to these.
+    pub(super) fn merge(&mut self, other: BatchDigests) {
+        for (batch_id, digest) in other.0 {
+            let sum = self.0.entry(batch_id).or_default();
+            sum.events += digest.events;
+            sum.sum = sum.sum.wrapping_add(digest.sum);
+        }
+    }
+
     /// Adds stored event `e` (whose fingerprint is `print`).
     pub(super) fn add(&mut self, view: &ShardView, e: usize, print: PulsePrint) {
         let batch_id = view.event_batch_id[e];
@@ -163,29 +173,82 @@ pub(super) fn compare(
     source: &InputSet,
     geometry: &Geometry,
     charge_narrowed: bool,
-    mut digests: BatchDigests,
+    digests: BatchDigests,
     report: &mut VerifyReport,
 ) -> Result<()> {
     let labels = has_labels(&source.meta)?;
     let ids: Vec<i64> = source.batches.iter().map(|b| b.batch_id).collect();
     let mut metas = MetaByBatch::new(&source.meta, &ids, labels)?;
-    let (mut compared, mut detailed) = (0u64, 0usize);
-    for batch in &source.batches {
-        let meta = metas.take(batch.batch_id)?;
-        let mut digest = Digest::default();
-        scan_batch(batch, &meta, geometry, |event| {
-            let h = event.header();
-            digest.add(
-                h.event_id,
-                &EventFacts::new(h, source_print(event, charge_narrowed)),
-            );
-            Ok(())
-        })?;
-        compared += digest.events;
-        let stored = digests.0.remove(&batch.batch_id).unwrap_or_default();
-        if digest == stored {
-            continue;
+    let mut comparison = Comparison {
+        dataset,
+        geometry,
+        charge_narrowed,
+        digests,
+        compared: 0,
+        detailed: 0,
+        report,
+    };
+    // As many batches as threads are digested at once, then compared in batch order.
+    let at_once = rayon::current_num_threads().max(1);
+    for group in source.batches.chunks(at_once) {
+        let group_metas = (group.iter())
+            .map(|batch| metas.take(batch.batch_id))
+            .collect::<Result<Vec<_>>>()?;
+        let group_digests = (group.par_iter().zip(&group_metas))
+            .map(|(batch, meta)| source_digest(batch, meta, geometry, charge_narrowed))
+            .collect::<Vec<Result<Digest>>>();
+        for ((batch, meta), digest) in group.iter().zip(&group_metas).zip(group_digests) {
+            comparison.batch(batch, meta, digest?)?;
         }
+    }
+    comparison.finish();
+    Ok(())
+}
+
+/// The digest of source batch `batch`, its events cut by `meta`.
+fn source_digest(
+    batch: &BatchInput,
+    meta: &BatchMeta,
+    geometry: &Geometry,
+    charge_narrowed: bool,
+) -> Result<Digest> {
+    let mut digest = Digest::default();
+    scan_batch(batch, meta, geometry, |event| {
+        let h = event.header();
+        digest.add(
+            h.event_id,
+            &EventFacts::new(h, source_print(event, charge_narrowed)),
+        );
+        Ok(())
+    })?;
+    Ok(digest)
+}
+
+/// The source's batches compared with the dataset's digests, one at a time.
+struct Comparison<'a> {
+    dataset: &'a Dataset,
+    geometry: &'a Geometry,
+    charge_narrowed: bool,
+    /// The dataset's digests of the batches not compared yet.
+    digests: BatchDigests,
+    /// Source events compared.
+    compared: u64,
+    /// Batches compared event by event.
+    detailed: usize,
+    report: &'a mut VerifyReport,
+}
+
+impl Comparison<'_> {
+    /// Compares source batch `batch` (cut by `meta`, digested as `digest`) with the
+    /// dataset's events of it; event by event for the first [`DETAILED_BATCHES`] that
+    /// differ.
+    fn batch(&mut self, batch: &BatchInput, meta: &BatchMeta, digest: Digest) -> Result<()> {
+        self.compared += digest.events;
+        let stored = self.digests.0.remove(&batch.batch_id).unwrap_or_default();
+        if digest == stored {
+            return Ok(());
+        }
+        let report = &mut *self.report;
         if stored.events == 0 {
             // Listing each of its events would say nothing more (and drown the rest).
             report.problem(format!(
@@ -195,10 +258,11 @@ pub(super) fn compare(
                 batch.path.display(),
                 digest.events
             ));
-        } else if detailed < DETAILED_BATCHES {
-            detailed += 1;
-            let mut events = stored_events(dataset, batch.batch_id)?;
-            compare_batch(batch, &meta, geometry, charge_narrowed, &mut events, report)?;
+        } else if self.detailed < DETAILED_BATCHES {
+            self.detailed += 1;
+            let mut events = stored_events(self.dataset, batch.batch_id)?;
+            let narrowed = self.charge_narrowed;
+            compare_batch(batch, meta, self.geometry, narrowed, &mut events, report)?;
             report_extra(&events, report);
         } else {
             report.problem(format!(
@@ -210,17 +274,22 @@ pub(super) fn compare(
                 stored.events
             ));
         }
+        Ok(())
     }
-    let mut extra: Vec<(i64, Digest)> = digests.0.into_iter().collect();
-    extra.sort_unstable_by_key(|(id, _)| *id);
-    for (batch_id, digest) in extra {
-        report.problem(format!(
-            "{} events of batch {batch_id} are in the dataset, and the source has no such batch",
-            digest.events
-        ));
+
+    /// Reports the dataset's batches the source does not have, and the events compared.
+    fn finish(self) {
+        let mut extra: Vec<(i64, Digest)> = self.digests.0.into_iter().collect();
+        extra.sort_unstable_by_key(|(id, _)| *id);
+        for (batch_id, digest) in extra {
+            self.report.problem(format!(
+                "{} events of batch {batch_id} are in the dataset, and the source has no such \
+                 batch",
+                digest.events
+            ));
+        }
+        self.report.source_events = Some(self.compared);
     }
-    report.source_events = Some(compared);
-    Ok(())
 }
 
 /// What the dataset holds of one event, for the event-by-event comparison.
