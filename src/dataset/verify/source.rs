@@ -28,6 +28,11 @@ use crate::source::{has_labels, scan_batch, BatchInput, BatchMeta, Geometry, Inp
 /// Mismatching batches compared event by event; further ones are reported by counts.
 pub const DETAILED_BATCHES: usize = 8;
 
+/// The most source batches digested at once: each holds its meta rows (8 MB for a Kaggle
+/// batch of 200k events) and its decoding buffers (about 13 MiB), so at most about 340 MB,
+/// beside the meta's passes, whatever the cores.
+pub const BATCHES_AT_ONCE: usize = 16;
+
 /// Order-independent fingerprint of an event's pulses: their count and the wrapping sum
 /// of one hash per pulse, so that it does not depend on the packing order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -188,8 +193,9 @@ pub(super) fn compare(
         detailed: 0,
         report,
     };
-    // As many batches as threads are digested at once, then compared in batch order.
-    let at_once = rayon::current_num_threads().max(1);
+    // As many batches as threads are digested at once (at most BATCHES_AT_ONCE), then
+    // compared in batch order.
+    let at_once = rayon::current_num_threads().clamp(1, BATCHES_AT_ONCE);
     for group in source.batches.chunks(at_once) {
         let group_metas = (group.iter())
             .map(|batch| metas.take(batch.batch_id))
