@@ -177,6 +177,43 @@ fn peak_memory_stays_within_the_limit_where_many_buckets_of_uneven_size_share_it
     );
 }
 
+#[test]
+fn a_limit_the_buckets_alone_would_exceed_is_refused_before_anything_is_written() {
+    // 20k events in one file with 8 KiB shards: 4.7k buckets, each reached by the file,
+    // whose 16 KiB spill buffers alone take about 72 MiB. Such conversions went past their
+    // limit unsaid (1M events under 64 MiB with 256 KiB shards peaked at 155.9 MiB).
+    let _alone = alone();
+    let dir = tempfile::tempdir().unwrap();
+    let src = synthetic_source(dir.path(), 20_000, 1, 3);
+    let (out, summary) = (dir.path().join("out"), dir.path().join("summary.json"));
+    let shard_size = ["--shard-size", "8KiB"];
+    let run = convert_within_64_mib(&src, &out, &summary, &shard_size);
+    let stderr = text(&run.stderr);
+    assert!(!run.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("--memory-limit 64 MiB cannot hold this input (")
+            && stderr.contains("buckets' scatter buffers (per unit) would take about"),
+        "{stderr}"
+    );
+    assert!(!out.exists(), "nothing written: {stderr}");
+    let needed: u64 = stderr
+        .split("at least ")
+        .nth(1)
+        .and_then(|rest| rest.split(" MiB").next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no limit named: {stderr}"));
+    // At the limit it names, the same conversion runs, and keeps within it.
+    let limit = format!("{needed}MiB");
+    let run = convert_within(&src, &out, &summary, (&limit, "2"), &shard_size);
+    assert!(run.status.success(), "{}", text(&run.stderr));
+    let peak = summary_peak_memory(&summary);
+    assert!(peak <= needed << 20, "peak RSS {peak} bytes over {limit}");
+    assert!(
+        peak > 64 << 20,
+        "64 MiB was too little: the peak was {peak} bytes"
+    );
+}
+
 /// `path` as a command-line argument.
 fn path(path: &std::path::Path) -> &str {
     path.to_str().unwrap()

@@ -560,6 +560,13 @@ fn run_convert(args: ConvertArgs) -> Result<()> {
             mib(peak),
             mib(options.memory_limit_bytes)
         )?;
+        if peak > options.memory_limit_bytes {
+            tracing::warn!(
+                "the peak memory exceeded --memory-limit by {:.1} MiB: a job whose memory \
+                 is capped there (Slurm's --mem) could have been killed",
+                mib(peak - options.memory_limit_bytes)
+            );
+        }
     }
     if let Some(path) = &args.summary {
         let figures = serde_json::json!({

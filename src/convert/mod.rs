@@ -13,6 +13,7 @@
 
 mod allocator;
 pub mod bucket_shard;
+pub mod fit;
 mod memory_bank;
 pub mod meta_split;
 mod options;

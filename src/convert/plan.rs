@@ -8,6 +8,7 @@ use std::path::Path;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
+use super::fit::InputShape;
 use super::work::WorkDir;
 use super::ConvertOptions;
 use crate::error::{Error, IoContext, Result};
@@ -85,6 +86,16 @@ fn footer_fingerprint(path: &Path) -> Result<String> {
     Ok(checksum::of_bytes(&footer))
 }
 
+/// The buckets (and shards) of `pulses` input pulses: each holds what a shard of the
+/// target size holds, or less where [`GATHER_BUCKETS_IN_FLIGHT`] of them would not fit the
+/// working memory.
+pub fn bucket_count(pulses: u64, options: &ConvertOptions) -> u64 {
+    let bucket_pulses = (options.shard_target_bytes / SHARD_BYTES_PER_PULSE)
+        .min(options.working_memory() / (GATHER_MEMORY_PER_PULSE * GATHER_BUCKETS_IN_FLIGHT))
+        .clamp(1, MAX_BUCKET_PULSES);
+    pulses.div_ceil(bucket_pulses).max(1)
+}
+
 fn parquet_source(path: &Path, batch_id: Option<i64>) -> Result<SourceFile> {
     let rows = ParquetSource::open(path)?.num_rows();
     Ok(SourceFile {
@@ -113,10 +124,13 @@ impl Plan {
             .collect::<Result<Vec<_>>>()?;
         let labels = has_labels(&inputs.meta)?;
         let total_pulses: u64 = batches.iter().filter_map(|b| b.rows).sum();
-        let bucket_pulses = (options.shard_target_bytes / SHARD_BYTES_PER_PULSE)
-            .min(options.working_memory() / (GATHER_MEMORY_PER_PULSE * GATHER_BUCKETS_IN_FLIGHT))
-            .clamp(1, MAX_BUCKET_PULSES);
-        let bucket_count = total_pulses.div_ceil(bucket_pulses).max(1);
+        let shape = InputShape {
+            pulses: total_pulses,
+            events: meta.iter().filter_map(|m| m.rows).sum(),
+            batches: batches.len() as u64,
+        };
+        super::fit::check(shape, options)?;
+        let bucket_count = bucket_count(total_pulses, options);
         let plan = Plan {
             format_version: FORMAT_VERSION,
             parameters: Parameters {

@@ -108,6 +108,11 @@ pub const MIN_BUFFER_BYTES: usize = 16 << 10;
 /// fill (see [`SpillWriter::push`]).
 pub const WHOLE_SHARE_BYTES: usize = 4 << 20;
 
+/// The capacity of each bucket's buffer when `buckets` share `budget` bytes.
+pub fn buffer_capacity(budget: usize, buckets: usize) -> usize {
+    (budget / buckets.max(1)).max(MIN_BUFFER_BYTES)
+}
+
 /// Buffers records per bucket (each buffer of a fixed capacity, so memory stays within the
 /// budget) and writes a bucket's buffer out as a chunk when the next event would not fit.
 pub struct SpillWriter<'w, W: Write> {
@@ -128,7 +133,7 @@ impl<'w, W: Write> SpillWriter<'w, W> {
             offset: 0,
             buffers: vec![Vec::new(); buckets],
             counts: vec![(0, 0); buckets],
-            capacity: (budget / buckets.max(1)).max(MIN_BUFFER_BYTES),
+            capacity: buffer_capacity(budget, buckets),
             chunks: Vec::new(),
             record: Vec::new(),
         }
