@@ -162,7 +162,12 @@ pub struct BucketTotals {
 /// a quarter more with two gathered at once).
 pub fn bucket_memory(indexes: &ChunksByBucket, bucket: u64) -> u64 {
     let totals = indexes.totals(bucket);
-    totals.pulses * 64 + totals.events * 160 + totals.largest_chunk
+    events_memory(totals.pulses, totals.events) + totals.largest_chunk
+}
+
+/// The part of [`bucket_memory`] that grows with a bucket's `pulses` and `events`.
+pub fn events_memory(pulses: u64, events: u64) -> u64 {
+    pulses * 64 + events * 160
 }
 
 /// Buffers that one gather reuses for the next bucket: memory touched for the first time

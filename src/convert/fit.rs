@@ -7,10 +7,11 @@
 //! written). Where the limit or the shard size is small for the input, they alone took
 //! more than the limit: 1M events under 64 MiB with 256 KiB shards (7,268 buckets) peaked
 //! at 155.9 MiB, 200k events in 2 files with 64 KiB shards at 130.1 MiB, and the Kaggle
-//! training set (21.2G pulses, 660 files) under 512 MiB would hold about 790 MB of
-//! indexes. Such a conversion is refused, or warned of where it may still fit, with the
+//! training set (21.2G pulses, 660 files) under 512 MiB would hold about 470 MB of
+//! indexes beside buckets of 2.6M pulses. Such a conversion is refused, or warned of where it may still fit, with the
 //! limit that would fit.
 
+use super::bucket_shard::events_memory;
 use super::plan::{bucket_count, SPILL_BYTES_PER_PULSE};
 use super::spill::{self, SpillChunk};
 use super::{ConvertOptions, SCATTER_DECODE_MEMORY};
@@ -37,9 +38,8 @@ pub struct HeldMemory {
     pub scatter_buffers: u64,
     /// The spill indexes the gather holds through its phase.
     pub gather_index: u64,
-    /// What a bucket of the average size leases while it is gathered (see
-    /// [`super::bucket_shard::bucket_memory`]); the gather holds at least one beside its
-    /// indexes.
+    /// What a bucket of the average size leases while it is gathered
+    /// ([`events_memory`]); the gather holds at least one beside its indexes.
     pub gather_bucket: u64,
 }
 
@@ -75,8 +75,10 @@ pub fn held_memory(shape: InputShape, options: &ConvertOptions) -> HeldMemory {
     HeldMemory {
         scatter_buffers: buffers as u64,
         gather_index: (chunks * std::mem::size_of::<SpillChunk>() as f64) as u64,
-        gather_bucket: shape.pulses.div_ceil(bucket_count) * 64
-            + shape.events.div_ceil(bucket_count) * 160,
+        gather_bucket: events_memory(
+            shape.pulses.div_ceil(bucket_count),
+            shape.events.div_ceil(bucket_count),
+        ),
     }
 }
 

@@ -15,12 +15,15 @@ use super::{ChecksumPolicy, Dataset};
 use crate::error::Result;
 use crate::format::order::{bucket_of, shuffle_key};
 use crate::format::safetensors::Dtype;
-use crate::format::{names, SensorTable, ShardView};
+use crate::format::{names, SensorTable, ShardLayout, ShardView};
 use crate::source::{Geometry, InputSet};
 use source::{BatchDigests, PulsePrint};
 
 /// The most problems listed in a report (all are counted).
 pub const MAX_LISTED: usize = 50;
+
+/// Bytes of records shards checked at once (each decoded into memory while checked).
+pub const DECODED_BYTES: u64 = 1 << 30;
 
 /// The outcome of a verification.
 #[derive(Debug, Default, Clone)]
@@ -179,6 +182,15 @@ fn check_shard(
 
 /// Verifies the dataset in `dir`, and against `source` when given.
 pub fn verify(dir: &Path, source: Option<&InputSet>) -> Result<VerifyReport> {
+    verify_decoding_at_most(dir, source, DECODED_BYTES)
+}
+
+/// [`verify`], with records shards checked as many at once as fit `decoded_bytes`.
+fn verify_decoding_at_most(
+    dir: &Path,
+    source: Option<&InputSet>,
+    decoded_bytes: u64,
+) -> Result<VerifyReport> {
     let dataset = Dataset::open(dir, ChecksumPolicy::Lazy)?;
     let manifest = dataset.manifest();
     let mut report = VerifyReport::default();
@@ -199,11 +211,24 @@ pub fn verify(dir: &Path, source: Option<&InputSet>) -> Result<VerifyReport> {
     }
     // Shards are checked in parallel, then their findings joined in shard order: the
     // global order across two shards is checked there, and the report is the one a
-    // single pass would write.
-    let checks: Vec<std::result::Result<ShardCheck, String>> = (0..dataset.shard_count())
-        .into_par_iter()
-        .map(|i| check_shard(&dataset, i, source.is_some()))
-        .collect();
+    // single pass would write. A records shard is checked decoded into memory, so those
+    // are checked as many at once as fit `decoded_bytes`.
+    let at_once = match manifest.schema.layout {
+        ShardLayout::Columns => dataset.shard_count(),
+        ShardLayout::Records => {
+            let largest = manifest.shards.iter().map(|s| s.bytes).max().unwrap_or(1);
+            usize::try_from(decoded_bytes / largest.max(1)).unwrap_or(usize::MAX)
+        }
+    };
+    let shards: Vec<usize> = (0..dataset.shard_count()).collect();
+    let mut checks: Vec<std::result::Result<ShardCheck, String>> = Vec::new();
+    for group in shards.chunks(at_once.max(1)) {
+        checks.par_extend(
+            group
+                .par_iter()
+                .map(|&i| check_shard(&dataset, i, source.is_some())),
+        );
+    }
     let mut previous_key: Option<(u64, i64)> = None;
     for (i, check) in checks.into_iter().enumerate() {
         let mut check = match check {
@@ -320,10 +345,25 @@ mod tests {
     use super::*;
     use crate::dataset::small_shards_fixture;
 
-    /// The fixture in several shards, with its manifest edited by `edit`.
-    fn edited(dir: &Path, edit: impl FnOnce(&mut serde_json::Value)) -> std::path::PathBuf {
+    /// The fixture in several shards of `layout`, with its manifest edited by `edit`.
+    fn edited(
+        dir: &Path,
+        layout: ShardLayout,
+        edit: impl FnOnce(&mut serde_json::Value),
+    ) -> std::path::PathBuf {
         drop(small_shards_fixture(dir));
-        let out = dir.join("ds");
+        let mut out = dir.join("ds");
+        if layout == ShardLayout::Records {
+            let records = dir.join("records");
+            crate::dataset::copy::copy_dataset(
+                &out,
+                &records,
+                Some(layout),
+                &crate::convert::Silent,
+            )
+            .unwrap();
+            out = records;
+        }
         let path = out.join("manifest.json");
         let mut manifest: serde_json::Value =
             serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
@@ -335,7 +375,7 @@ mod tests {
     #[test]
     fn an_order_broken_between_two_shards_is_named_where_it_breaks_and_nowhere_else() {
         let dir = tempfile::tempdir().unwrap();
-        let out = edited(dir.path(), |m| {
+        let out = edited(dir.path(), ShardLayout::Columns, |m| {
             let shards = m["shards"].as_array_mut().unwrap();
             assert!(shards.len() >= 4, "{} shards", shards.len());
             shards.swap(1, 2);
@@ -359,10 +399,22 @@ mod tests {
 
     #[test]
     fn problems_of_every_shard_are_counted_and_the_first_listed_in_shard_order() {
+        // Columns shards all at once; records shards (decoded to be checked) one at a time
+        // and all at once.
+        for (layout, decoded_bytes) in [
+            (ShardLayout::Columns, DECODED_BYTES),
+            (ShardLayout::Records, 1),
+            (ShardLayout::Records, DECODED_BYTES),
+        ] {
+            problems_counted_and_listed_in_shard_order(layout, decoded_bytes);
+        }
+    }
+
+    fn problems_counted_and_listed_in_shard_order(layout: ShardLayout, decoded_bytes: u64) {
         // Another seed in the manifest: most events break the order and leave their bucket,
         // in every shard (and across each boundary).
         let dir = tempfile::tempdir().unwrap();
-        let out = edited(dir.path(), |m| {
+        let out = edited(dir.path(), layout, |m| {
             let seed = m["parameters"]["seed"].as_u64().unwrap();
             m["parameters"]["seed"] = (seed + 1).into();
         });
@@ -386,7 +438,7 @@ mod tests {
             }
         }
         assert!(expected > MAX_LISTED as u64 * 2, "{expected} problems");
-        let report = verify(&out, None).unwrap();
+        let report = verify_decoding_at_most(&out, None, decoded_bytes).unwrap();
         assert_eq!(report.problem_count, expected);
         assert_eq!(report.problems.len(), MAX_LISTED);
         for (problem, &i) in report.problems.iter().zip(&first_problem_shard) {
