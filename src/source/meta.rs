@@ -181,8 +181,9 @@ pub fn rescans_are_costly(meta_files: &[PathBuf], batch_ids: &[i64]) -> Result<b
 }
 
 /// Bytes of meta rows [`MetaByBatch`] holds at once when it reads the meta in passes
-/// (beyond them, one batch's rows): 512 MiB, about 13M rows of the Kaggle meta's 132M,
-/// so about 11 passes over it. Held whole, its rows took 5 GB (770 MiB for 20M rows).
+/// (beyond them, one batch's rows): 512 MiB, 7-13M rows of the Kaggle meta's 132M (the
+/// rows' vectors grow by doubling), so 10-20 passes over it. Held whole, its rows took
+/// about 5 GB (770 MiB for 20M rows).
 pub const META_PASS_BYTES: usize = 512 << 20;
 
 /// The meta of many batches, read in whichever way decodes less: per batch on demand when
