@@ -106,9 +106,10 @@ fn fits(shape: InputShape, options: &ConvertOptions) -> bool {
 const PROGRAM_MEMORY: u64 = 8 << 20;
 
 /// Refuses `options` for `shape` where what they hold beside the units' leases, with the
-/// program alone, exceeds the limit; warns where it [cannot fit](cannot_fit) the limit's
-/// accounting (the converter's own estimates are generous: such a conversion may still
-/// keep within the limit). Both name the smallest limit (to 1 MiB) where it [fits](fits).
+/// program alone, exceeds the limit; warns where it takes more than the limit's
+/// accounting leaves for the data (the converter's own estimates are generous: such a
+/// conversion may still keep within the limit). Both name the smallest limit (to 1 MiB)
+/// where it fits with the units' estimates.
 pub fn check(shape: InputShape, options: &ConvertOptions) -> Result<()> {
     let held = held_memory(shape, options);
     let limit = options.memory_limit_bytes;
