@@ -34,17 +34,54 @@ pub struct InputShape {
 /// Estimated memory held beside the units' leases.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HeldMemory {
+    /// The buckets the plan makes.
+    pub buckets: u64,
     /// One scatter unit's spill buffers.
     pub scatter_buffers: u64,
     /// The spill indexes the gather holds through its phase.
     pub gather_index: u64,
-    /// What a bucket of the average size leases while it is gathered
-    /// ([`events_memory`]); the gather holds at least one beside its indexes.
-    pub gather_bucket: u64,
+    /// Pulses and events of a bucket of the average size; the gather holds at least one
+    /// such bucket beside its indexes.
+    pub bucket_pulses: u64,
+    /// See [`HeldMemory::bucket_pulses`].
+    pub bucket_events: u64,
 }
 
 /// Bytes a bucket being gathered holds per pulse, measured (it leases 64).
 const GATHERED_BYTES_PER_PULSE: u64 = 50;
+
+/// Memory a conversion holds whatever its units: the program's mapped pages (8 MiB
+/// measured, of the 32 MiB [`super::FIXED_OVERHEAD`] allows).
+const PROGRAM_MEMORY: u64 = 8 << 20;
+
+impl HeldMemory {
+    /// What a bucket of the average size leases while it is gathered ([`events_memory`]).
+    pub fn gather_bucket(&self) -> u64 {
+        events_memory(self.bucket_pulses, self.bucket_events)
+    }
+
+    /// Whether this alone, with the program, takes more than `limit`: a scatter unit's
+    /// buffers, or the gather's indexes beside a bucket as resident as measured.
+    fn past(&self, limit: u64) -> bool {
+        let gathered = self.gather_index + self.bucket_pulses * GATHERED_BYTES_PER_PULSE;
+        self.scatter_buffers.max(gathered) + PROGRAM_MEMORY > limit
+    }
+
+    /// Whether this cannot fit the units' memory `room`: either part alone takes more (a
+    /// scatter unit's buffers then run alone beside its decoding, and the gather's
+    /// indexes beside a bucket, past the limit).
+    fn cannot_fit(&self, room: u64) -> bool {
+        self.scatter_buffers > room || self.gather_index + self.gather_bucket() > room
+    }
+
+    /// Whether this fits the units' memory `room` with the units' estimates: a scatter
+    /// unit (its decoding and buffers) within it, and the gather's indexes with two
+    /// buckets (as the plan sizes them).
+    fn fits(&self, room: u64) -> bool {
+        SCATTER_DECODE_MEMORY + self.scatter_buffers <= room
+            && self.gather_index + 2 * self.gather_bucket() <= room
+    }
+}
 
 /// What `shape` converted with `options` holds beside the units' leases (expected values:
 /// events fall in buckets by a hash).
@@ -73,37 +110,18 @@ pub fn held_memory(shape: InputShape, options: &ConvertOptions) -> HeldMemory {
     let chunks = batches * (reached / 2.0 + spill_per_batch / capacity) * CHUNKS_COUNTED;
     let bucket_count = buckets as u64;
     HeldMemory {
+        buckets: bucket_count,
         scatter_buffers: buffers as u64,
         gather_index: (chunks * std::mem::size_of::<SpillChunk>() as f64) as u64,
-        gather_bucket: events_memory(
-            shape.pulses.div_ceil(bucket_count),
-            shape.events.div_ceil(bucket_count),
-        ),
+        bucket_pulses: shape.pulses.div_ceil(bucket_count),
+        bucket_events: shape.events.div_ceil(bucket_count),
     }
 }
 
-/// Whether what [`held_memory`] estimates cannot fit: either part alone takes more than
-/// the units may lease (a scatter unit's buffers then run alone beside its decoding, and
-/// the gather's indexes beside a bucket, past the limit).
-fn cannot_fit(shape: InputShape, options: &ConvertOptions) -> bool {
-    let held = held_memory(shape, options);
-    let room = options.unit_memory();
-    held.scatter_buffers > room || held.gather_index + held.gather_bucket > room
-}
-
-/// Whether what [`held_memory`] estimates fits with the units' estimates: a scatter unit
-/// (its decoding and buffers) within the units' memory, and the gather's indexes with two
-/// buckets (as the plan sizes them).
+/// Whether `shape` converted with `options` [fits](HeldMemory::fits) the units' memory.
 fn fits(shape: InputShape, options: &ConvertOptions) -> bool {
-    let held = held_memory(shape, options);
-    let room = options.unit_memory();
-    SCATTER_DECODE_MEMORY + held.scatter_buffers <= room
-        && held.gather_index + 2 * held.gather_bucket <= room
+    held_memory(shape, options).fits(options.unit_memory())
 }
-
-/// Memory a conversion holds whatever its units: the program's mapped pages (8 MiB
-/// measured, of the 32 MiB [`super::FIXED_OVERHEAD`] allows).
-const PROGRAM_MEMORY: u64 = 8 << 20;
 
 /// Refuses `options` for `shape` where what they hold beside the units' leases, with the
 /// program alone, exceeds the limit; warns where it takes more than the limit's
@@ -113,10 +131,8 @@ const PROGRAM_MEMORY: u64 = 8 << 20;
 pub fn check(shape: InputShape, options: &ConvertOptions) -> Result<()> {
     let held = held_memory(shape, options);
     let limit = options.memory_limit_bytes;
-    let gathered =
-        shape.pulses.div_ceil(bucket_count(shape.pulses, options)) * GATHERED_BYTES_PER_PULSE;
-    let certain = held.scatter_buffers.max(held.gather_index + gathered) + PROGRAM_MEMORY > limit;
-    if !certain && !cannot_fit(shape, options) {
+    let certain = held.past(limit);
+    if !certain && !held.cannot_fit(options.unit_memory()) {
         return Ok(());
     }
     let with_limit = |limit: u64| ConvertOptions {
@@ -146,10 +162,10 @@ pub fn check(shape: InputShape, options: &ConvertOptions) -> Result<()> {
         shape.batches,
         options.shard_target_bytes >> 10,
         options.threads_within_limit(),
-        bucket_count(shape.pulses, options),
+        held.buckets,
         mib(held.scatter_buffers),
         mib(held.gather_index),
-        mib(held.gather_bucket),
+        mib(held.gather_bucket()),
     );
     let remedy = format!(
         "at least {} MiB keeps within it (or a larger shard size, where it sets the bucket \
@@ -211,10 +227,10 @@ mod tests {
             (GENERATED_1M, options(64, 256 << 10, 2)),
             (GENERATED_1M, options(64, 256 << 10, 64)),
         ] {
+            let held = held_memory(shape, &options);
             assert!(
-                !cannot_fit(shape, &options),
-                "{shape:?} {options:?}: {:?}",
-                held_memory(shape, &options)
+                !held.cannot_fit(options.unit_memory()),
+                "{shape:?} {options:?}: {held:?}"
             );
             check(shape, &options).unwrap();
         }
@@ -240,7 +256,8 @@ mod tests {
         // About 8,100 buckets in 660 files, with buffers of 26 KiB: about 10M chunks,
         // beside a bucket of 2.6M pulses.
         assert!(
-            held.gather_index + held.gather_bucket > 512 << 20 && held.scatter_buffers < 256 << 20,
+            held.gather_index + held.gather_bucket() > 512 << 20
+                && held.scatter_buffers < 256 << 20,
             "{held:?}"
         );
         let error = check(KAGGLE, &small).unwrap_err().to_string();
