@@ -138,16 +138,20 @@ fn check_shard(
         .get("shard")
         .and_then(|s| s.parse().ok());
     let seed = manifest.parameters.seed;
-    let key_of = |e: usize| (shuffle_key(seed, view.event_id[e]), view.event_id[e]);
     let mut pulses = 0u64;
+    // (shuffle key, event id) of the shard's first event and of the one before `e`.
+    let mut first: Option<(u64, i64)> = None;
+    let mut previous: Option<(u64, i64)> = None;
     for e in 0..view.events() {
         let id = view.event_id[e];
-        let (key, _) = key_of(e);
-        if e > 0 && key_of(e - 1) >= (key, id) {
+        let key = shuffle_key(seed, id);
+        if previous.is_some_and(|p| p >= (key, id)) {
             problem(format!(
                 "event {id} (index {e}) breaks the global shuffle order or repeats an event id"
             ));
         }
+        first.get_or_insert((key, id));
+        previous = Some((key, id));
         if bucket != Some(bucket_of(key, manifest.parameters.bucket_count)) {
             problem(format!(
                 "event {id} does not belong to shard bucket {bucket:?}"
@@ -169,7 +173,7 @@ fn check_shard(
             sums.add(&view, e, print);
         }
     }
-    let keys = (view.events() > 0).then(|| (key_of(0), key_of(view.events() - 1)));
+    let keys = first.zip(previous);
     report.pulses = pulses;
     report.events = view.events() as u64;
     Ok(ShardCheck {
