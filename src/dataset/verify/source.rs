@@ -4,8 +4,8 @@
 //! Memory stays proportional to the number of batch files, not events (132M events would
 //! need ~10 GB of per-event state), and the meta is read in bounded memory
 //! ([`MetaByBatch`]: per batch, or in passes of at most
-//! [`META_PASS_BYTES`](crate::source::meta::META_PASS_BYTES)): the dataset pass sums one digest per event into its
-//! lineage batch ([`BatchDigests`]); each source batch is then digested the same way and
+//! [`META_PASS_BYTES`](crate::source::meta::META_PASS_BYTES)): the dataset pass sums one
+//! digest per event into its lineage batch ([`BatchDigests`]); each source batch is then digested the same way and
 //! compared. Only a batch whose digests differ is compared event by event (its dataset
 //! events gathered in one more pass over the shards), which names each event that is
 //! missing, extra, or different; after [`DETAILED_BATCHES`] such batches the others are
@@ -143,8 +143,16 @@ struct Digest {
 
 impl Digest {
     fn add(&mut self, event_id: i64, facts: &EventFacts) {
-        self.events += 1;
-        self.sum = self.sum.wrapping_add(facts.digest(event_id));
+        self.merge(Digest {
+            events: 1,
+            sum: facts.digest(event_id),
+        });
+    }
+
+    /// Adds the events `other` sums (other events) to these.
+    fn merge(&mut self, other: Digest) {
+        self.events += other.events;
+        self.sum = self.sum.wrapping_add(other.sum);
     }
 }
 
@@ -156,9 +164,7 @@ impl BatchDigests {
     /// Adds the sums of `other` (of other events) to these.
     pub(super) fn merge(&mut self, other: BatchDigests) {
         for (batch_id, digest) in other.0 {
-            let sum = self.0.entry(batch_id).or_default();
-            sum.events += digest.events;
-            sum.sum = sum.sum.wrapping_add(digest.sum);
+            self.0.entry(batch_id).or_default().merge(digest);
         }
     }
 
