@@ -187,6 +187,68 @@ fn leftovers_of_a_crash_are_never_mistaken_for_output() {
     assert!(dir_files(&out) == dir_files(&reference));
 }
 
+/// `path` with the byte in its middle inverted (its size unchanged).
+fn flip_middle_byte(path: &std::path::Path) {
+    let mut bytes = std::fs::read(path).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0xff;
+    std::fs::write(path, bytes).unwrap();
+}
+
+/// Something done to an unfinished conversion's output directory.
+type Damage<'a> = dyn Fn(&std::path::Path) + 'a;
+
+#[test]
+fn damaged_or_outdated_scatter_work_is_done_again_with_the_same_result() {
+    let dir = tempfile::tempdir().unwrap();
+    let (reference, inputs) = fixture_reference(dir.path(), 2);
+    let spill = |out: &std::path::Path, name: &str| out.join(".work/spill").join(name);
+    let damages: [(&str, &Damage<'_>); 3] = [
+        // Spill data is not fsynced: after a machine crash a chunk may hold anything.
+        ("a spill chunk", &|out| {
+            flip_middle_byte(&spill(out, "batch_2.spill"))
+        }),
+        ("a chunk table", &|out| {
+            flip_middle_byte(&spill(out, "batch_2.chunks"))
+        }),
+        // Indexes of older versions listed the chunks themselves, and had no table.
+        ("an older index", &|out| {
+            let path = spill(out, "batch_2.json");
+            let mut index: serde_json::Value =
+                serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+            let object = index.as_object_mut().unwrap();
+            assert!(object.remove("table").is_some(), "{path:?} has a table");
+            object.insert("chunks".into(), serde_json::json!([]));
+            std::fs::write(&path, serde_json::to_vec(&index).unwrap()).unwrap();
+            std::fs::remove_file(spill(out, "batch_2.chunks")).unwrap();
+        }),
+    ];
+    for (what, damage) in damages {
+        let out = dir.path().join(what.replace(' ', "-"));
+        convert(
+            &inputs,
+            &out,
+            &options(2, 1),
+            Phase::Scatter,
+            TaskSlice::default(),
+            &Silent,
+        )
+        .unwrap();
+        damage(&out);
+        let s = convert_all(&fixture(), "train", &out, &options(2, 2)).unwrap();
+        assert_eq!(
+            s.units_run.iter().find(|(phase, _)| *phase == "scatter"),
+            Some(&("scatter", 1)),
+            "{what}: the one batch scattered again, {s:?}"
+        );
+        assert_eq!(s.units_skipped, 2, "{what}: {s:?}");
+        assert!(
+            dir_files(&out) == dir_files(&reference),
+            "{what}: another output"
+        );
+    }
+}
+
 #[test]
 fn a_killed_conversion_restarted_gives_the_same_result() {
     use std::io::BufRead;

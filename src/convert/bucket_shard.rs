@@ -3,15 +3,15 @@
 //! the events and writes the shard.
 
 use std::collections::BTreeMap;
-use std::fs::File;
 
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
+use super::bucket_chunks::{BucketChunks, SpillFiles};
 use super::plan::Plan;
 use super::relayout::rewrite_file;
 use super::shard_writer::{write_shard, ShardContents};
-use super::spill::{BucketEvents, SpillChunk, SpillIndex};
+use super::spill::{BucketEvents, SpillIndex};
 use super::work::WorkDir;
 use crate::error::{Error, IoContext, Result};
 use crate::event::{EventHeader, ValueRange};
@@ -98,70 +98,12 @@ pub fn is_done_and_intact(work: &WorkDir, bucket: u64) -> Result<bool> {
     Ok(intact)
 }
 
-/// Every batch's spill index, its chunks sorted by bucket (in file order within one), so
-/// that a bucket's chunks are found by a binary search in each index. Found by scanning
-/// every chunk of every index instead, twice for each bucket, the lookups grew as chunks
-/// times buckets, both of which grow as the memory limit or the shard size shrinks: over
-/// 1M events under 64 MiB with 256 KiB shards (115k chunks, 7,268 buckets) the gather
-/// took 5.8-6.6 s of CPU, and 3.1 s without the scans.
-pub struct ChunksByBucket {
-    indexes: Vec<SpillIndex>,
-}
-
-impl ChunksByBucket {
-    /// Sorts each index's chunks by bucket, then offset (an offset is a chunk's own).
-    pub fn new(mut indexes: Vec<SpillIndex>) -> Self {
-        for index in &mut indexes {
-            index.chunks.sort_unstable_by_key(|c| (c.bucket, c.offset));
-        }
-        Self { indexes }
-    }
-
-    /// The indexes, in batch order.
-    pub fn indexes(&self) -> &[SpillIndex] {
-        &self.indexes
-    }
-
-    /// Each index holding chunks of `bucket`, in batch order, with those chunks in file
-    /// order.
-    pub fn of(&self, bucket: u64) -> impl Iterator<Item = (&SpillIndex, &[SpillChunk])> {
-        self.indexes.iter().filter_map(move |index| {
-            let start = index.chunks.partition_point(|c| c.bucket < bucket);
-            let end = index.chunks.partition_point(|c| c.bucket <= bucket);
-            (start < end).then(|| (index, &index.chunks[start..end]))
-        })
-    }
-
-    /// What `bucket`'s chunks hold, in all.
-    pub fn totals(&self, bucket: u64) -> BucketTotals {
-        self.of(bucket)
-            .flat_map(|(_, chunks)| chunks)
-            .fold(BucketTotals::default(), |totals, c| BucketTotals {
-                events: totals.events + c.events,
-                pulses: totals.pulses + c.pulses,
-                largest_chunk: totals.largest_chunk.max(c.len),
-            })
-    }
-}
-
-/// Events and pulses of one bucket across every spill file, and its largest chunk in
-/// bytes (the most read at once).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct BucketTotals {
-    /// Events.
-    pub events: u64,
-    /// Pulses.
-    pub pulses: u64,
-    /// Bytes of the largest chunk.
-    pub largest_chunk: u64,
-}
-
-/// Estimated peak memory in bytes of gathering `bucket`: decoded pulses and their packed
+/// Estimated peak memory in bytes of gathering a bucket's `chunks`: decoded pulses and their packed
 /// copy (~21 bytes each), per-event records, and the largest chunk read at once, plus what
 /// the allocator keeps of them (measured: ~50 bytes per pulse resident for one bucket, and
 /// a quarter more with two gathered at once).
-pub fn bucket_memory(indexes: &ChunksByBucket, bucket: u64) -> u64 {
-    let totals = indexes.totals(bucket);
+pub fn bucket_memory(chunks: &BucketChunks) -> u64 {
+    let totals = chunks.totals();
     events_memory(totals.pulses, totals.events) + totals.largest_chunk
 }
 
@@ -181,27 +123,29 @@ pub struct GatherScratch {
     parts: Vec<(Packer, PackedColumns)>,
 }
 
-/// Gathers `bucket` into its shard, packing on the threads of the current rayon pool.
+/// Gathers `bucket`, whose `chunks` lie in `spills`, into its shard, packing on the
+/// threads of the current rayon pool.
 pub fn gather_bucket(
     plan: &Plan,
     bucket: u64,
-    indexes: &ChunksByBucket,
+    chunks: &BucketChunks,
+    spills: &SpillFiles,
     types: StorageTypes,
-    work: &WorkDir,
     scratch: &mut GatherScratch,
 ) -> Result<BucketRecord> {
+    let work = spills.work();
     let events = &mut scratch.events;
     events.clear();
-    let totals = indexes.totals(bucket);
+    let totals = chunks.totals();
     events.reserve(totals.events as usize, totals.pulses as usize);
     scratch.read.clear();
     fit_capacity(&mut scratch.read, totals.largest_chunk as usize);
-    for (index, chunks) in indexes.of(bucket) {
-        let path = work.spill_file(index.batch_id);
-        let file = File::open(&path).at(&path)?;
-        for chunk in chunks {
-            events.read_chunk(&path, &file, chunk, &mut scratch.read)?;
-        }
+    for (at, batch_chunks) in chunks.by_batch() {
+        spills.with_spill(at, |path, file| {
+            batch_chunks
+                .iter()
+                .try_for_each(|chunk| events.read_chunk(path, file, chunk, &mut scratch.read))
+        })?;
     }
     let record = if events.records.is_empty() {
         BucketRecord {
@@ -329,80 +273,4 @@ fn write_bucket_shard(
         *slot = columns;
     }
     entry
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// An index of `buckets` chunks, in that (file) order, each at its position's offset.
-    fn index(batch_id: i64, buckets: &[u64]) -> SpillIndex {
-        let chunks = buckets
-            .iter()
-            .enumerate()
-            .map(|(at, &bucket)| SpillChunk {
-                bucket,
-                offset: 1000 * at as u64,
-                len: 10 + at as u64,
-                events: 1 + at as u64,
-                pulses: 7 * (1 + at as u64),
-                xxh3: at as u64,
-            })
-            .collect();
-        SpillIndex {
-            batch_id,
-            events: 0,
-            pulses: 0,
-            spill_bytes: 0,
-            range: ValueRange::default(),
-            chunks,
-        }
-    }
-
-    #[test]
-    fn a_buckets_chunks_are_those_a_scan_finds_in_file_order() {
-        // Flushes interleave the buckets: ascending runs, repeats, gaps (bucket 4 is
-        // nowhere, bucket 0 only in the second index, 9 only in the last).
-        let indexes = vec![
-            index(3, &[1, 2, 5, 1, 2, 3, 6, 2, 1]),
-            index(1, &[0, 3, 2, 2, 5, 1]),
-            index(7, &[]),
-            index(2, &[6, 5, 3, 1, 9, 9]),
-        ];
-        let sorted = ChunksByBucket::new(indexes.clone());
-        for bucket in 0..12 {
-            let scanned: Vec<(i64, &SpillChunk)> = indexes
-                .iter()
-                .flat_map(|i| i.chunks.iter().map(move |c| (i.batch_id, c)))
-                .filter(|(_, c)| c.bucket == bucket)
-                .collect();
-            let found: Vec<(i64, &SpillChunk)> = sorted
-                .of(bucket)
-                .flat_map(|(i, chunks)| {
-                    assert!(
-                        !chunks.is_empty(),
-                        "an index without the bucket is left out"
-                    );
-                    chunks.iter().map(move |c| (i.batch_id, c))
-                })
-                .collect();
-            assert_eq!(found, scanned, "bucket {bucket}");
-            let totals = sorted.totals(bucket);
-            assert_eq!(
-                (totals.events, totals.pulses),
-                scanned
-                    .iter()
-                    .fold((0, 0), |(e, p), (_, c)| (e + c.events, p + c.pulses)),
-                "bucket {bucket}"
-            );
-            let memory = scanned.iter().map(|(_, c)| c.pulses * 64 + c.events * 160);
-            let largest = scanned.iter().map(|(_, c)| c.len).max().unwrap_or(0);
-            assert_eq!(
-                bucket_memory(&sorted, bucket),
-                memory.sum::<u64>() + largest
-            );
-        }
-        let batches: Vec<i64> = sorted.indexes().iter().map(|i| i.batch_id).collect();
-        assert_eq!(batches, [3, 1, 7, 2], "the indexes stay in batch order");
-    }
 }

@@ -12,8 +12,9 @@
 //! thread count or task split.
 
 mod allocator;
+pub mod bucket_chunks;
 pub mod bucket_shard;
-pub mod fit;
+pub mod chunk_table;
 mod memory_bank;
 pub mod meta_split;
 mod options;
@@ -36,14 +37,15 @@ use crate::format::manifest::{Parameters, Schema, Sources, Totals, FORMAT, FORMA
 use crate::format::{Manifest, SensorTable};
 use crate::source::{Geometry, InputSet};
 use allocator::{map_large_allocations, release_free_memory};
-use bucket_shard::{bucket_memory, storage_types, BucketRecord, ChunksByBucket, GatherScratch};
+use bucket_chunks::SpillFiles;
+use bucket_shard::{bucket_memory, storage_types, BucketRecord, GatherScratch};
 use memory_bank::{for_each_unit, MemoryBank};
 use options::MIN_SPILL_BUFFER;
 pub use options::{
     ConvertOptions, FIXED_OVERHEAD, MIN_MEMORY_LIMIT, SCATTER_DECODE_MEMORY, THREAD_MEMORY,
 };
 use plan::Plan;
-use spill::{SpillChunk, SpillIndex};
+use spill::SpillIndex;
 use work::WorkDir;
 
 /// Which phase(s) to run.
@@ -333,14 +335,14 @@ impl Run<'_> {
             summary,
         )?;
         self.progress.begin("scatter", todo.len() as u64);
-        let budget = options.scatter_budget();
+        let buffer = options.scatter_buffer(plan.parameters.bucket_count) as usize;
         let unit_memory = options.scatter_unit_memory(plan.parameters.bucket_count);
         let bank: MemoryBank = MemoryBank::new(options.unit_memory());
         let pulses = AtomicU64::new(0);
         for_each_unit(&todo, |batch| {
             let _lease = bank.acquire(unit_memory);
             let index =
-                scatter::scatter_batch(plan, self.inputs, batch, self.geometry, work, budget)?;
+                scatter::scatter_batch(plan, self.inputs, batch, self.geometry, work, buffer)?;
             // Before the lease goes back: the next unit may run on another thread,
             // whose allocator arena would grow while this one's kept the freed memory.
             release_free_memory();
@@ -358,8 +360,14 @@ impl Run<'_> {
     /// Pass 2: this task's buckets, each gathered into its shard.
     fn gather(&self, summary: &mut Summary) -> Result<()> {
         let (plan, work) = (self.plan, self.work);
-        let indexes = ChunksByBucket::new(load_spill_indexes(plan, work)?);
-        let types = storage_types(plan, indexes.indexes());
+        let spills = SpillFiles::open(work, load_spill_indexes(plan, work)?)?;
+        if !spills.all_held() {
+            tracing::warn!(
+                "the open-files limit (ulimit -n) is too low to hold every spill file open: \
+                 the rest are opened for each bucket, which is slower on a cluster filesystem"
+            );
+        }
+        let types = storage_types(plan, spills.indexes());
         let mine = (0..plan.parameters.bucket_count).filter(|b| self.slice.takes(*b));
         let todo = units_to_run(
             mine,
@@ -367,24 +375,17 @@ impl Run<'_> {
             summary,
         )?;
         self.progress.begin("gather", todo.len() as u64);
-        // The spill indexes stay in memory through the phase: one chunk per bucket buffer
-        // filled in the scatter, which under a small limit is hundreds of thousands (18 MB of
-        // a 64 MiB limit over 1M events, before the checksums were numbers).
-        let index_memory: u64 = indexes
-            .indexes()
-            .iter()
-            .map(|i| (i.chunks.capacity() * std::mem::size_of::<SpillChunk>()) as u64)
-            .sum();
         // Each unit's scratch buffers are parked in the bank when it ends, their memory
         // still counted, for the next unit to take over (see `MemoryBank`). Kept outside
         // the bank, an idle scratch held as much memory as a running unit, counted by no
-        // lease.
-        let bank: MemoryBank<GatherScratch> =
-            MemoryBank::new(self.options.unit_memory().saturating_sub(index_memory));
+        // lease. A unit reads its bucket's chunks from the chunk tables before its lease:
+        // a few entries a spill file, not counted.
+        let bank: MemoryBank<GatherScratch> = MemoryBank::new(self.options.unit_memory());
         for_each_unit(&todo, |&bucket| {
-            let mut lease = bank.acquire(bucket_memory(&indexes, bucket));
+            let chunks = spills.chunks_of(bucket)?;
+            let mut lease = bank.acquire(bucket_memory(&chunks));
             let record =
-                bucket_shard::gather_bucket(plan, bucket, &indexes, types, work, lease.scratch());
+                bucket_shard::gather_bucket(plan, bucket, &chunks, &spills, types, lease.scratch());
             release_free_memory();
             drop(lease);
             self.progress

@@ -110,20 +110,32 @@ impl ConvertOptions {
             .saturating_sub(self.threads_within_limit() as u64 * THREAD_MEMORY)
     }
 
-    /// Bytes each scatter unit may buffer: its share of the units' memory less its
-    /// decoding memory. Where the shares are too small, fewer units run at once (see
-    /// [`ConvertOptions::scatter_unit_memory`]).
-    pub(super) fn scatter_budget(&self) -> usize {
+    /// Each scatter unit's share of the units' memory less its decoding memory.
+    fn scatter_share(&self) -> u64 {
         (self.unit_memory() / self.threads_within_limit() as u64)
             .saturating_sub(SCATTER_DECODE_MEMORY)
-            .max(MIN_SPILL_BUFFER) as usize
+            .max(MIN_SPILL_BUFFER)
     }
 
-    /// The memory one scatter unit takes from the working memory with `buckets` buckets:
-    /// its spill buffers are never smaller than [`spill::MIN_BUFFER_BYTES`] per bucket.
+    /// Bytes each scatter unit buffers with `buckets` buckets: its
+    /// [share](ConvertOptions::scatter_share), or more where that leaves less than
+    /// [`spill::CHUNK_AIM_BYTES`] a bucket (fewer units then run at once, and the chunks
+    /// stay large enough to read back efficiently), but never more than the units' memory
+    /// leaves beside one unit's decoding: more buckets then make smaller chunks, not more
+    /// memory.
+    pub(super) fn scatter_buffer(&self, buckets: u64) -> u64 {
+        let room = (self.unit_memory())
+            .saturating_sub(SCATTER_DECODE_MEMORY)
+            .max(MIN_SPILL_BUFFER);
+        (buckets.saturating_mul(spill::CHUNK_AIM_BYTES as u64))
+            .max(self.scatter_share())
+            .min(room)
+    }
+
+    /// The memory one scatter unit leases with `buckets` buckets: its decoding and its
+    /// [buffer](ConvertOptions::scatter_buffer).
     pub(super) fn scatter_unit_memory(&self, buckets: u64) -> u64 {
-        let buffers = (self.scatter_budget() as u64).max(buckets * spill::MIN_BUFFER_BYTES as u64);
-        SCATTER_DECODE_MEMORY + buffers
+        SCATTER_DECODE_MEMORY + self.scatter_buffer(buckets)
     }
 }
 
@@ -181,11 +193,42 @@ mod tests {
         // threads that do not run.
         let capped = options(64, 64);
         let asked = options(32, 64);
-        assert_eq!(capped.scatter_budget(), asked.scatter_budget());
+        assert_eq!(capped.scatter_share(), asked.scatter_share());
         let roomy = options(2, 2048);
         assert_eq!(
-            roomy.scatter_budget() as u64,
+            roomy.scatter_share(),
             roomy.unit_memory() / 2 - SCATTER_DECODE_MEMORY
         );
+    }
+
+    #[test]
+    fn a_scatter_buffer_aims_at_large_chunks_within_the_units_memory() {
+        let aim = spill::CHUNK_AIM_BYTES as u64;
+        // Few buckets: the unit's share.
+        let roomy = options(2, 2048);
+        assert_eq!(roomy.scatter_buffer(100), roomy.scatter_share());
+        // Many: enough for the aimed chunks, so fewer units run at once.
+        let many = options(16, 2048);
+        assert!(many.scatter_share() < 20_000 * aim);
+        assert_eq!(many.scatter_buffer(20_000), 20_000 * aim);
+        // Too many for the limit: all the units' memory beside one unit's decoding.
+        let room = many.unit_memory() - SCATTER_DECODE_MEMORY;
+        assert_eq!(many.scatter_buffer(1 << 40), room);
+        for (threads, limit) in [(1, 48), (2, 64), (64, 64), (16, 512), (128, 2048)] {
+            let options = options(threads, limit);
+            let mut last = 0;
+            for buckets in [1, 10, 1000, 10_000, 100_000, 1 << 30] {
+                let buffer = options.scatter_buffer(buckets);
+                assert!(buffer >= last, "{threads} threads, {limit} MiB, {buckets}");
+                assert!(
+                    options.scatter_unit_memory(buckets)
+                        <= options
+                            .unit_memory()
+                            .max(SCATTER_DECODE_MEMORY + MIN_SPILL_BUFFER),
+                    "{threads} threads, {limit} MiB, {buckets}"
+                );
+                last = buffer;
+            }
+        }
     }
 }

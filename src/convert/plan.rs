@@ -8,7 +8,6 @@ use std::path::Path;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
-use super::fit::InputShape;
 use super::work::WorkDir;
 use super::ConvertOptions;
 use crate::error::{Error, IoContext, Result};
@@ -124,12 +123,6 @@ impl Plan {
             .collect::<Result<Vec<_>>>()?;
         let labels = has_labels(&inputs.meta)?;
         let total_pulses: u64 = batches.iter().filter_map(|b| b.rows).sum();
-        let shape = InputShape {
-            pulses: total_pulses,
-            events: meta.iter().filter_map(|m| m.rows).sum(),
-            batches: batches.len() as u64,
-        };
-        super::fit::check(shape, options)?;
         let bucket_count = bucket_count(total_pulses, options);
         let plan = Plan {
             format_version: FORMAT_VERSION,

@@ -1,69 +1,103 @@
 //! Pass 1: one batch file -> one spill file of events tagged with their shuffle key,
 //! grouped in chunks by bucket.
 
+use super::chunk_table::ChunkTable;
 use super::plan::Plan;
-use super::spill::{SpillIndex, SpillWriter};
+use super::spill::{damaged, SpillIndex, SpillWriter};
 use super::work::WorkDir;
+use std::fs::File;
 use std::os::unix::fs::FileExt;
 
 use crate::error::{Error, IoContext, Result};
 use crate::event::ValueRange;
-use crate::format::atomic::{write_atomic, Durability};
+use crate::format::atomic::{write_atomic, write_bytes_atomic, Durability};
 use crate::format::checksum;
 use crate::format::order::{bucket_of, shuffle_key};
 use crate::source::{scan_batch, BatchInput, Geometry, InputSet};
 
-/// Whether the scatter unit of `batch_id` has finished: its index exists and its spill file
-/// has the recorded size.
+/// Whether the scatter unit of `batch_id` has finished: its index exists, and its spill file
+/// and chunk table have the recorded sizes. An index this version cannot read (written by an
+/// older one, whose indexes listed the chunks themselves) is a unit to run again.
 pub fn is_done(work: &WorkDir, batch_id: i64) -> Result<bool> {
+    Ok(done_index(work, batch_id)?.is_some())
+}
+
+fn done_index(work: &WorkDir, batch_id: i64) -> Result<Option<SpillIndex>> {
     let index_path = work.spill_index(batch_id);
     if !index_path.exists() {
-        return Ok(false);
+        return Ok(None);
     }
-    let index: SpillIndex = work.read_json(&index_path)?;
-    Ok(std::fs::metadata(work.spill_file(batch_id)).is_ok_and(|m| m.len() == index.spill_bytes))
-}
-
-/// Whether a unit left by an earlier run can be skipped: [`is_done`] and every chunk of its
-/// spill file intact (spill data is not fsynced, so after a machine crash it may not be).
-/// A damaged unit's index is removed, so the unit runs again.
-pub fn is_done_and_intact(work: &WorkDir, batch_id: i64) -> Result<bool> {
-    if !is_done(work, batch_id)? {
-        return Ok(false);
-    }
-    let index_path = work.spill_index(batch_id);
-    let index: SpillIndex = work.read_json(&index_path)?;
-    let spill = work.spill_file(batch_id);
-    if chunks_intact(&spill, &index) {
-        return Ok(true);
-    }
-    tracing::warn!(
-        "{}: damaged; scattering batch {batch_id} again",
-        spill.display()
-    );
-    std::fs::remove_file(&index_path).at(&index_path)?;
-    Ok(false)
-}
-
-fn chunks_intact(spill: &std::path::Path, index: &SpillIndex) -> bool {
-    let Ok(file) = std::fs::File::open(spill) else {
-        return false;
+    let index: SpillIndex = match work.read_json(&index_path) {
+        Ok(index) => index,
+        Err(Error::Manifest { problem, .. }) => {
+            tracing::warn!(
+                "{}: {problem}; scattering batch {batch_id} again",
+                index_path.display()
+            );
+            return Ok(None);
+        }
+        Err(e) => return Err(e),
     };
+    let has_size =
+        |path: std::path::PathBuf, bytes| std::fs::metadata(path).is_ok_and(|m| m.len() == bytes);
+    let present = has_size(work.spill_file(batch_id), index.spill_bytes)
+        && has_size(work.chunk_table(batch_id), index.table.bytes());
+    Ok(present.then_some(index))
+}
+
+/// Whether a unit left by an earlier run can be skipped: [`is_done`], its chunk table
+/// intact, and every chunk of its spill file intact (spill data is not fsynced, so after a
+/// machine crash it may not be). A damaged unit's index is removed, so the unit runs again.
+pub fn is_done_and_intact(work: &WorkDir, batch_id: i64) -> Result<bool> {
+    let Some(index) = done_index(work, batch_id)? else {
+        return Ok(false);
+    };
+    if let Err(e) = check_chunks(work, &index) {
+        tracing::warn!("{e}; scattering batch {batch_id} again");
+        let index_path = work.spill_index(batch_id);
+        std::fs::remove_file(&index_path).at(&index_path)?;
+        return Ok(false);
+    }
+    Ok(true)
+}
+
+/// Checks the chunk table of `index`'s batch and every chunk it lists against their
+/// checksums.
+fn check_chunks(work: &WorkDir, index: &SpillIndex) -> Result<()> {
+    let (spill, table) = (
+        work.spill_file(index.batch_id),
+        work.chunk_table(index.batch_id),
+    );
+    let spill_file = File::open(&spill).at(&spill)?;
+    let table_file = File::open(&table).at(&table)?;
     let mut buf = Vec::new();
-    index.chunks.iter().all(|c| {
+    index.table.check_each(&table, &table_file, |c| {
         buf.resize(c.len as usize, 0);
-        file.read_exact_at(&mut buf, c.offset).is_ok() && checksum::value_of_bytes(&buf) == c.xxh3
+        spill_file.read_exact_at(&mut buf, c.offset).at(&spill)?;
+        let found = checksum::value_of_bytes(&buf);
+        if found != c.xxh3 {
+            return Err(damaged(
+                &spill,
+                format!(
+                    "chunk at offset {} has checksum {}, its table says {}",
+                    c.offset,
+                    checksum::hex(found),
+                    checksum::hex(c.xxh3)
+                ),
+            ));
+        }
+        Ok(())
     })
 }
 
-/// Scatters one batch file; `budget` bounds the bytes buffered in memory.
+/// Scatters one batch file, buffering at most `buffer` bytes of its events in memory.
 pub fn scatter_batch(
     plan: &Plan,
     inputs: &InputSet,
     input: &BatchInput,
     geometry: &Geometry,
     work: &WorkDir,
-    budget: usize,
+    buffer: usize,
 ) -> Result<SpillIndex> {
     let meta = super::meta_split::batch_meta(work, inputs, input.batch_id, plan.labels)?;
     let buckets = plan.parameters.bucket_count;
@@ -72,8 +106,8 @@ pub fn scatter_batch(
     let mut range = ValueRange::default();
     let (mut events, mut pulses) = (0u64, 0u64);
     // Spill files are temporary and every chunk is checksummed: no fsync (see `is_done`).
-    let (chunks, spill_bytes) = write_atomic(&spill_path, Durability::Temporary, |out| {
-        let mut writer = SpillWriter::new(out, buckets as usize, budget);
+    let (mut chunks, spill_bytes) = write_atomic(&spill_path, Durability::Temporary, |out| {
+        let mut writer = SpillWriter::new(out, buffer);
         scan_batch(input, &meta, geometry, |event| {
             let key = shuffle_key(seed, event.header().event_id);
             range.observe(event);
@@ -85,13 +119,17 @@ pub fn scatter_batch(
         })?;
         writer.finish().map_err(|e| Error::io(&spill_path, e))
     })?;
+    let (table, table_bytes) = ChunkTable::encode(&mut chunks, buckets, spill_bytes);
+    // Durable before the index that marks the unit done (unlike the spill file, whose
+    // chunks carry their own checksums): the gather trusts it.
+    write_bytes_atomic(&work.chunk_table(input.batch_id), &table_bytes)?;
     let index = SpillIndex {
         batch_id: input.batch_id,
         events,
         pulses,
         spill_bytes,
         range,
-        chunks,
+        table,
     };
     work.write_json(&work.spill_index(input.batch_id), &index)?;
     Ok(index)

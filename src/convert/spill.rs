@@ -1,7 +1,7 @@
-//! Spill files: pass 1 appends each event, tagged with its shuffle key, to the buffer of its
-//! bucket and writes a buffer out as a chunk when it is full; pass 2 reads back one bucket's
-//! chunks from every spill file. The index (JSON beside the spill file) lists each chunk with
-//! its bucket, place and checksum.
+//! Spill files: pass 1 buffers events, each tagged with its shuffle key, and writes them
+//! out sorted by bucket when the buffer is full, a chunk per bucket; pass 2 reads back one
+//! bucket's chunks from every spill file. The [chunk table](super::chunk_table) beside the spill file
+//! lists each chunk with its bucket, place and checksum; the index (JSON) sums the batch up.
 //!
 //! Event record (little-endian): `key u64, event_id i64, batch_id i64, first_row u64,
 //! azimuth f64, zenith f64, n u64`, then `n` sensor ids (i32), times, charges and auxiliary
@@ -16,9 +16,10 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+use super::chunk_table::ChunkTable;
 use crate::error::{Error, IoContext, Result};
 use crate::event::{EventHeader, RawEvent, ValueRange};
-use crate::format::checksum;
+use crate::format::checksum::{self, Checksum};
 use crate::format::pod::{as_bytes, extend_from_bytes};
 use crate::pack::fit_capacity;
 
@@ -27,6 +28,9 @@ const CHARGE_32: u64 = 1 << 62;
 const COUNT_MASK: u64 = CHARGE_32 - 1;
 /// Bytes of a record before its pulses.
 pub const RECORD_HEADER_BYTES: u64 = 56;
+/// The fewest bytes a pulse takes in a record: a sensor id, a narrow time and charge, and
+/// its auxiliary flag.
+pub const MIN_PULSE_BYTES: u64 = 4 + 4 + 4 + 1;
 
 /// One run of records of one bucket inside a spill file.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -59,8 +63,19 @@ pub struct SpillIndex {
     pub spill_bytes: u64,
     /// Value ranges seen, for the narrowing decision.
     pub range: ValueRange,
-    /// Chunks in file order.
-    pub chunks: Vec<SpillChunk>,
+    /// The chunks, listed by bucket in the table beside the spill file.
+    pub table: ChunkTable,
+}
+
+/// The error of a damaged work file at `path`, saying how to recover.
+pub(super) fn damaged(path: &Path, problem: String) -> Error {
+    Error::Spill {
+        path: path.to_path_buf(),
+        problem: format!(
+            "{problem}; the work file is damaged (a crash of the machine?): delete it and its \
+             batch's .json index, then run the scatter phase again"
+        ),
+    }
 }
 
 fn put(buf: &mut Vec<u8>, v: u64) {
@@ -95,110 +110,128 @@ pub fn encode_event(buf: &mut Vec<u8>, key: u64, event: &RawEvent) {
     buf.extend_from_slice(&event.auxiliary);
 }
 
-/// The smallest buffer per bucket: smaller ones write chunks too small to read back
-/// efficiently.
-pub const MIN_BUFFER_BYTES: usize = 16 << 10;
+/// Bytes of the chunks a scatter unit aims at per bucket: a unit buffers at least this much
+/// per bucket where its memory allows (see `ConvertOptions::scatter_buffer`), so that the
+/// gather reads its chunks in pieces large enough to read efficiently.
+pub const CHUNK_AIM_BYTES: usize = 16 << 10;
 
-/// A bucket's share of the scatter budget up to which its buffer is allocated whole at its
-/// first event. Grown by doubling instead, a buffer leaves each smaller allocation behind
-/// as a hole in the allocator's heap: measured over 1M events on 2 threads under a 256 MiB
-/// limit (shares of 630 KiB), the scatter's peak was 260-272 MiB doubling and 233 MiB
-/// allocated whole (with free memory handed back after each unit in both). Larger shares
-/// still double, so a limit above the machine's memory asks for no more than the events
-/// fill (see [`SpillWriter::push`]).
-pub const WHOLE_SHARE_BYTES: usize = 4 << 20;
+/// The first allocation of a writer's buffer; it doubles from there up to its capacity, so
+/// a large capacity is taken only as the events fill it (reserved whole, a 64 GiB limit
+/// over a small input asked the allocator for tens of GiB at once, and a machine with less
+/// memory aborted).
+const FIRST_BUFFER_BYTES: usize = 64 << 10;
 
-/// The capacity of each bucket's buffer when `buckets` share `budget` bytes.
-pub fn buffer_capacity(budget: usize, buckets: usize) -> usize {
-    (budget / buckets.max(1)).max(MIN_BUFFER_BYTES)
-}
-
-/// Buffers records per bucket (each buffer of a fixed capacity, so memory stays within the
-/// budget) and writes a bucket's buffer out as a chunk when the next event would not fit.
+/// Buffers records in arrival order, whatever their bucket, up to a fixed capacity; when
+/// the next would not fit, sorts them by bucket and writes each bucket's as one chunk (in
+/// arrival order within it). Its memory is the capacity whatever the number of buckets;
+/// more buckets make smaller chunks. (A buffer per bucket, as before, took at least 16 KiB
+/// for each bucket a batch reached, which under a small limit or with small shards was
+/// more than the limit: 1M events under 64 MiB with 256 KiB shards peaked at 155.9 MiB.)
 pub struct SpillWriter<'w, W: Write> {
     out: &'w mut W,
     offset: u64,
-    buffers: Vec<Vec<u8>>,
-    counts: Vec<(u64, u64)>,
+    records: Vec<u8>,
+    entries: Vec<Buffered>,
     capacity: usize,
     chunks: Vec<SpillChunk>,
     record: Vec<u8>,
 }
 
+/// A record in a writer's buffer.
+#[derive(Debug, Clone, Copy)]
+struct Buffered {
+    bucket: u64,
+    start: usize,
+    len: usize,
+    pulses: u64,
+}
+
+/// What a buffered record costs a writer besides its bytes (its entry, counted as the
+/// buffer fills; the entries' vector grows by doubling, so it may hold up to as much again).
+const BUFFERED_RECORD_BYTES: usize = std::mem::size_of::<Buffered>();
+
 impl<'w, W: Write> SpillWriter<'w, W> {
-    /// A writer for `buckets` buckets holding at most about `budget` bytes in memory.
-    pub fn new(out: &'w mut W, buckets: usize, budget: usize) -> Self {
+    /// A writer holding at most about `capacity` bytes of records in memory.
+    pub fn new(out: &'w mut W, capacity: usize) -> Self {
         SpillWriter {
             out,
             offset: 0,
-            buffers: vec![Vec::new(); buckets],
-            counts: vec![(0, 0); buckets],
-            capacity: buffer_capacity(budget, buckets),
+            records: Vec::new(),
+            entries: Vec::new(),
+            capacity,
             chunks: Vec::new(),
             record: Vec::new(),
         }
+    }
+
+    /// The bytes buffered, and their entries.
+    fn held(&self) -> usize {
+        self.records.len() + self.entries.len() * BUFFERED_RECORD_BYTES
     }
 
     /// Adds an event to `bucket`.
     pub fn push(&mut self, bucket: usize, key: u64, event: &RawEvent) -> std::io::Result<()> {
         self.record.clear();
         encode_event(&mut self.record, key, event);
-        if self.buffers[bucket].len() + self.record.len() > self.capacity {
-            self.flush(bucket)?;
+        let adds = self.record.len() + BUFFERED_RECORD_BYTES;
+        if self.held() + adds > self.capacity {
+            self.flush()?;
         }
-        let buf = &mut self.buffers[bucket];
-        let needed = buf.len() + self.record.len();
-        if needed > buf.capacity() {
-            // A small share is taken whole; a larger one by doubling up to the capacity,
-            // never beyond: a bucket's share of a large budget is taken only as its events
-            // fill it (reserved whole at the first event, a 64 GiB limit over few buckets
-            // asked the allocator for tens of GiB at once, and a machine with less memory
-            // aborted).
-            let grown = if self.capacity <= WHOLE_SHARE_BYTES {
-                self.capacity
-            } else {
-                (2 * buf.capacity()).clamp(MIN_BUFFER_BYTES, self.capacity)
-            };
-            buf.reserve_exact(grown.max(needed) - buf.len());
+        let needed = self.records.len() + self.record.len();
+        if needed > self.records.capacity() {
+            let grown = (2 * self.records.capacity())
+                .max(FIRST_BUFFER_BYTES)
+                .min(self.capacity)
+                .max(needed);
+            self.records.reserve_exact(grown - self.records.len());
         }
-        buf.extend_from_slice(&self.record);
-        self.counts[bucket].0 += 1;
-        self.counts[bucket].1 += event.len() as u64;
-        if buf.len() > self.capacity {
-            // A single event larger than a buffer goes out on its own.
-            self.flush(bucket)?;
+        self.entries.push(Buffered {
+            bucket: bucket as u64,
+            start: self.records.len(),
+            len: self.record.len(),
+            pulses: event.len() as u64,
+        });
+        self.records.extend_from_slice(&self.record);
+        if self.held() > self.capacity {
+            // A single event larger than the buffer goes out on its own.
+            self.flush()?;
         }
         Ok(())
     }
 
-    fn flush(&mut self, bucket: usize) -> std::io::Result<()> {
-        let buf = &mut self.buffers[bucket];
-        if buf.is_empty() {
-            return Ok(());
+    /// Writes what is buffered, a chunk per bucket, in bucket order.
+    fn flush(&mut self) -> std::io::Result<()> {
+        // By bucket, then arrival (a record's start is its own).
+        self.entries
+            .sort_unstable_by_key(|entry| (entry.bucket, entry.start));
+        for group in self.entries.chunk_by(|a, b| a.bucket == b.bucket) {
+            let mut sum = Checksum::new();
+            let (mut len, mut pulses) = (0, 0);
+            for entry in group {
+                let bytes = &self.records[entry.start..entry.start + entry.len];
+                self.out.write_all(bytes)?;
+                sum.update(bytes);
+                len += entry.len as u64;
+                pulses += entry.pulses;
+            }
+            self.chunks.push(SpillChunk {
+                bucket: group[0].bucket,
+                offset: self.offset,
+                len,
+                events: group.len() as u64,
+                pulses,
+                xxh3: sum.value(),
+            });
+            self.offset += len;
         }
-        self.out.write_all(buf)?;
-        let (events, pulses) = std::mem::take(&mut self.counts[bucket]);
-        self.chunks.push(SpillChunk {
-            bucket: bucket as u64,
-            offset: self.offset,
-            len: buf.len() as u64,
-            events,
-            pulses,
-            xxh3: checksum::value_of_bytes(buf),
-        });
-        self.offset += buf.len() as u64;
-        buf.clear();
-        if buf.capacity() > self.capacity {
-            buf.shrink_to(self.capacity);
-        }
+        self.records.clear();
+        self.entries.clear();
         Ok(())
     }
 
     /// Writes what is buffered; returns the chunks and the bytes written.
     pub fn finish(mut self) -> std::io::Result<(Vec<SpillChunk>, u64)> {
-        for bucket in 0..self.buffers.len() {
-            self.flush(bucket)?;
-        }
+        self.flush()?;
         Ok((self.chunks, self.offset))
     }
 }
@@ -260,15 +293,7 @@ impl BucketEvents {
     ) -> Result<()> {
         scratch.resize(chunk.len as usize, 0);
         file.read_exact_at(scratch, chunk.offset).at(path)?;
-        let damaged = |problem: String| {
-            Error::Spill {
-            path: path.to_path_buf(),
-            problem: format!(
-                "{problem}; the work file is damaged (a crash of the machine?): delete it and its .json index, \
-                 then run the scatter phase again"
-            ),
-        }
-        };
+        let damaged = |problem| damaged(path, problem);
         let found = checksum::value_of_bytes(scratch);
         if found != chunk.xxh3 {
             return Err(damaged(format!(
@@ -350,7 +375,7 @@ mod tests {
         let narrow = event(vec![-5, 9], vec![0.25, 3.0]);
         let wide = event(vec![-5, 1 << 40, 3], vec![0.1, 2.0, f64::MAX]);
         let mut file = tempfile::tempfile().unwrap();
-        let mut writer = SpillWriter::new(&mut file, 3, 1 << 20);
+        let mut writer = SpillWriter::new(&mut file, 1 << 20);
         writer.push(2, 99, &narrow).unwrap();
         writer.push(0, 98, &wide).unwrap();
         writer.push(2, 97, &wide).unwrap();
@@ -416,62 +441,122 @@ mod tests {
         }
     }
 
-    #[test]
-    fn memory_stays_within_the_budget() {
-        let e = event(vec![1; 100], vec![1.0; 100]);
-        let mut sink = Vec::new();
-        let mut writer = SpillWriter::new(&mut sink, 4, 256 << 10);
-        for i in 0..2000 {
-            writer.push(i % 4, i as u64, &e).unwrap();
-            let held: usize = writer.buffers.iter().map(|b| b.capacity()).sum();
-            assert!(held <= 256 << 10, "{held}");
-        }
-        let (chunks, _) = writer.finish().unwrap();
-        assert!(chunks.iter().all(|c| c.len <= 64 << 10));
-        assert_eq!(chunks.iter().map(|c| c.events).sum::<u64>(), 2000);
+    /// Every chunk of `written`, decoded: its bucket and the keys of its events, in order.
+    fn decoded(written: &[u8], chunks: &[SpillChunk]) -> Vec<(u64, Vec<u64>)> {
+        let mut file = tempfile::tempfile().unwrap();
+        file.write_all(written).unwrap();
+        chunks
+            .iter()
+            .map(|c| {
+                let mut bucket = BucketEvents::default();
+                bucket
+                    .read_chunk(Path::new("x"), &file, c, &mut Vec::new())
+                    .unwrap();
+                assert_eq!(
+                    (bucket.records.len() as u64, bucket.pulses.len() as u64),
+                    (c.events, c.pulses)
+                );
+                (c.bucket, bucket.records.iter().map(|r| r.0).collect())
+            })
+            .collect()
     }
 
     #[test]
-    fn a_large_budget_is_taken_only_as_events_fill_it() {
+    fn memory_stays_within_the_capacity_whatever_the_buckets() {
+        let e = event(vec![1; 100], vec![1.0; 100]);
+        let mut rng = crate::rng::Rng::new(3);
+        for buckets in [4, 10_000] {
+            let mut sink = Vec::new();
+            let mut writer = SpillWriter::new(&mut sink, 256 << 10);
+            let mut expected = vec![Vec::new(); buckets];
+            for key in 0..2000 {
+                let bucket = rng.next_u64() as usize % buckets;
+                writer.push(bucket, key, &e).unwrap();
+                expected[bucket].push(key);
+                assert!(writer.held() <= 256 << 10, "{buckets}: {}", writer.held());
+                assert!(writer.records.capacity() <= 256 << 10, "{buckets}");
+            }
+            let (chunks, written) = writer.finish().unwrap();
+            assert_eq!(written as usize, sink.len());
+            assert!(chunks.iter().all(|c| c.len <= 256 << 10));
+            // Each bucket's events, in the order they came, across its chunks in file order.
+            let mut found = vec![Vec::new(); buckets];
+            for (bucket, keys) in decoded(&sink, &chunks) {
+                assert!(!keys.is_empty());
+                found[bucket as usize].extend(keys);
+            }
+            assert_eq!(found, expected, "{buckets} buckets");
+            // Offsets follow one another: the chunks tile the file.
+            assert!(chunks
+                .windows(2)
+                .all(|w| w[0].offset + w[0].len == w[1].offset));
+        }
+    }
+
+    #[test]
+    fn a_flush_writes_one_chunk_per_bucket_buffered() {
+        let e = event(vec![1; 10], vec![1.0; 10]);
+        let record = {
+            let mut r = Vec::new();
+            encode_event(&mut r, 0, &e);
+            r.len() + BUFFERED_RECORD_BYTES
+        };
+        let mut sink = Vec::new();
+        // Room for exactly 6 records: buckets 2, 0, 2, 1, 0, 2, then 1 and 1.
+        let mut writer = SpillWriter::new(&mut sink, 6 * record);
+        for (key, bucket) in [2, 0, 2, 1, 0, 2, 1, 1].into_iter().enumerate() {
+            writer.push(bucket, key as u64, &e).unwrap();
+        }
+        let (chunks, _) = writer.finish().unwrap();
+        assert_eq!(
+            decoded(&sink, &chunks),
+            [
+                (0, vec![1, 4]),
+                (1, vec![3]),
+                (2, vec![0, 2, 5]),
+                (1, vec![6, 7])
+            ]
+        );
+    }
+
+    #[test]
+    fn a_large_capacity_is_taken_only_as_events_fill_it() {
         let e = event(vec![1; 100], vec![1.0; 100]);
         let mut sink = Vec::new();
-        // A 64 GiB budget over 2 buckets (a big --memory-limit, a small input).
-        let mut writer = SpillWriter::new(&mut sink, 2, 64 << 30);
-        for i in 0..40 {
+        // A 64 GiB buffer (a big --memory-limit, a small input).
+        let mut writer = SpillWriter::new(&mut sink, 64 << 30);
+        for i in 0..400 {
             writer.push(i % 2, i as u64, &e).unwrap();
-            for b in &writer.buffers {
-                assert!(
-                    b.capacity() <= (2 * b.len()).max(MIN_BUFFER_BYTES),
-                    "{} bytes held for {} buffered",
-                    b.capacity(),
-                    b.len()
-                );
-            }
+            let (held, len) = (writer.records.capacity(), writer.records.len());
+            assert!(
+                held <= (2 * len).max(FIRST_BUFFER_BYTES),
+                "{held} bytes held for {len} buffered"
+            );
         }
-        let held: Vec<usize> = writer.buffers.iter().map(|b| b.len()).collect();
         let (chunks, written) = writer.finish().unwrap();
         assert_eq!(
             chunks.len(),
             2,
             "one chunk per bucket: nothing flushed early"
         );
-        assert_eq!(written as usize, held.iter().sum::<usize>());
-        assert_eq!(chunks.iter().map(|c| c.events).sum::<u64>(), 40);
+        assert_eq!(written as usize, sink.len());
+        assert_eq!(chunks.iter().map(|c| c.events).sum::<u64>(), 400);
     }
 
     #[test]
-    fn a_small_share_is_taken_whole_at_a_buckets_first_event() {
-        let e = event(vec![1; 100], vec![1.0; 100]);
+    fn an_event_larger_than_the_buffer_goes_out_alone() {
+        let small = event(vec![1; 2], vec![1.0; 2]);
+        let large = event(vec![1; 200], vec![1.0; 200]);
         let mut sink = Vec::new();
-        // 8 buckets sharing 1 MiB: 128 KiB each, taken whole rather than by doubling
-        // (whose smaller allocations stayed behind as holes in the heap).
-        let mut writer = SpillWriter::new(&mut sink, 8, 1 << 20);
-        writer.push(3, 7, &e).unwrap();
-        let capacities: Vec<usize> = writer.buffers.iter().map(|b| b.capacity()).collect();
-        assert_eq!(capacities, [0, 0, 0, 128 << 10, 0, 0, 0, 0]);
-        for i in 0..2000 {
-            writer.push(3, i, &e).unwrap();
-            assert_eq!(writer.buffers[3].capacity(), 128 << 10, "after {i} events");
-        }
+        // The large record takes 56 + 200 * 13 bytes.
+        let mut writer = SpillWriter::new(&mut sink, 2048);
+        writer.push(1, 0, &small).unwrap();
+        writer.push(1, 1, &large).unwrap();
+        writer.push(1, 2, &small).unwrap();
+        let (chunks, _) = writer.finish().unwrap();
+        assert_eq!(
+            decoded(&sink, &chunks),
+            [(1, vec![0]), (1, vec![1]), (1, vec![2])]
+        );
     }
 }

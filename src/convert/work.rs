@@ -53,6 +53,13 @@ impl WorkDir {
             .join(format!("batch_{batch_id}.spill"))
     }
 
+    /// The chunk table of a batch's spill file (see `chunk_table`).
+    pub fn chunk_table(&self, batch_id: i64) -> PathBuf {
+        self.root()
+            .join("spill")
+            .join(format!("batch_{batch_id}.chunks"))
+    }
+
     /// The index of a batch's spill file; its existence marks the scatter unit done.
     pub fn spill_index(&self, batch_id: i64) -> PathBuf {
         self.root()

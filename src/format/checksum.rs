@@ -26,6 +26,11 @@ impl Checksum {
     pub fn hex(&self) -> String {
         hex(self.0.digest())
     }
+
+    /// The digest so far, as a number.
+    pub fn value(&self) -> u64 {
+        self.0.digest()
+    }
 }
 
 /// The checksum of a byte slice, as hex.
