@@ -713,3 +713,50 @@ fn inputs_read_from_another_place_are_the_same_conversion_when_they_hold_the_sam
         }
     }
 }
+
+#[test]
+fn a_gather_under_a_low_open_files_limit_opens_the_rest_as_it_goes_with_the_same_bytes() {
+    use std::os::unix::process::CommandExt;
+    let dir = tempfile::tempdir().unwrap();
+    let fixture = fixture();
+    let convert = |out: &std::path::Path, open_files: Option<libc::rlim_t>| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_shardify"));
+        command
+            .args(["convert", fixture.to_str().unwrap(), out.to_str().unwrap()])
+            .args(["--split", "train", "--seed", "2", "--threads", "2"])
+            .args(["--memory-limit", "64MiB", "--shard-size", "64KiB"]);
+        if let Some(limit) = open_files {
+            let limit = libc::rlimit {
+                rlim_cur: limit,
+                rlim_max: limit,
+            };
+            // SAFETY: between fork and exec the closure only calls setrlimit, which is
+            // async-signal-safe, on a value it owns.
+            unsafe {
+                command.pre_exec(move || {
+                    if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) == 0 {
+                        Ok(())
+                    } else {
+                        Err(std::io::Error::last_os_error())
+                    }
+                });
+            }
+        }
+        let run = command.output().unwrap();
+        assert!(run.status.success(), "{}", text(&run.stderr));
+        text(&run.stderr)
+    };
+    let (reference, limited) = (dir.path().join("ref"), dir.path().join("limited"));
+    let said = convert(&reference, None);
+    assert!(!said.contains("open-files limit"), "{said}");
+    // 258 files: 256 kept free, so one batch of the three has its two files held.
+    let said = convert(&limited, Some(258));
+    assert!(
+        said.contains("the open-files limit (ulimit -n) is too low"),
+        "{said}"
+    );
+    assert!(
+        dir_files(&limited) == dir_files(&reference),
+        "another output"
+    );
+}

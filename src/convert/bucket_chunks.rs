@@ -5,7 +5,9 @@
 use std::fs::File;
 use std::ops::Range;
 use std::path::Path;
+use std::sync::Mutex;
 
+use super::chunk_table::ChunkTable;
 use super::spill::{SpillChunk, SpillIndex};
 use super::work::WorkDir;
 use crate::error::{IoContext, Result};
@@ -18,11 +20,26 @@ pub struct SpillFiles {
     held: Vec<Option<BatchFiles>>,
 }
 
-/// A batch's spill file and chunk table, open.
+/// A batch's spill file and chunk table, open, with the table's last block of bucket
+/// starts read.
 struct BatchFiles {
     spill: File,
     table: File,
+    starts: Mutex<StartsBlock>,
 }
+
+/// The starts of buckets `first..first + starts.len()` of a chunk table.
+#[derive(Default)]
+struct StartsBlock {
+    first: u64,
+    starts: Vec<u64>,
+}
+
+/// Buckets whose starts a held table reads at once: units run in bucket order, so the
+/// threads' buckets lie close together and one read serves the next thousand or so
+/// (read a bucket at a time, the starts took a read a bucket and batch: over 100k events
+/// in 100 files with 16 KiB shards, 1.2M reads, a sixth more of the gather's system time).
+const STARTS_AT_ONCE: u64 = 1024;
 
 /// Open files a process keeps for everything but the held spill files (its standard
 /// streams, the shards being written, the files of the thread pool and the allocator).
@@ -74,12 +91,18 @@ impl SpillFiles {
         let mut found = BucketChunks::default();
         for (at, index) in self.indexes.iter().enumerate() {
             let start = found.chunks.len();
-            self.with_files(at, |files| {
-                let path = self.work.chunk_table(index.batch_id);
-                index
-                    .table
-                    .read_bucket(&path, &files.table, bucket, &mut found.chunks)
-            })?;
+            let path = self.work.chunk_table(index.batch_id);
+            let (table, out) = (&index.table, &mut found.chunks);
+            match &self.held[at] {
+                Some(files) => {
+                    let range = files.bucket_range(&path, table, bucket)?;
+                    table.read_entries(&path, &files.table, bucket, range, out)?;
+                }
+                None => {
+                    let files = open_batch(&self.work, index.batch_id)?;
+                    table.read_bucket(&path, &files.table, bucket, out)?;
+                }
+            }
             if found.chunks.len() > start {
                 found.runs.push((at, start..found.chunks.len()));
             }
@@ -115,7 +138,34 @@ fn open_batch(work: &WorkDir, batch_id: i64) -> Result<BatchFiles> {
     Ok(BatchFiles {
         spill: open(work.spill_file(batch_id))?,
         table: open(work.chunk_table(batch_id))?,
+        starts: Mutex::default(),
     })
+}
+
+impl BatchFiles {
+    /// The entries of `bucket` in `table` (this batch's table, at `path`): its start and
+    /// the next bucket's, from the block of starts read last, or a block read now.
+    fn bucket_range(&self, path: &Path, table: &ChunkTable, bucket: u64) -> Result<[u64; 2]> {
+        let mut block = self.starts.lock().expect("starts lock");
+        let held = block.first..block.first + block.starts.len() as u64;
+        if !(held.contains(&bucket) && held.contains(&(bucket + 1))) {
+            let first = bucket - bucket % STARTS_AT_ONCE;
+            table.read_starts(
+                path,
+                &self.table,
+                first,
+                STARTS_AT_ONCE + 1,
+                &mut block.starts,
+            )?;
+            block.first = first;
+        }
+        let at = (bucket - block.first) as usize;
+        // Past the table, the entries' check names the bucket.
+        Ok(match block.starts.get(at..at + 2) {
+            Some(&[start, end]) => [start, end],
+            _ => [0, 0],
+        })
+    }
 }
 
 /// Raises the soft limit on open files to the hard limit (most systems start processes
@@ -197,6 +247,17 @@ mod tests {
     /// pulses (event id `10_000 * batch_id + i`) in pseudo-random buckets (none in bucket 5),
     /// through buffers small enough to flush many chunks.
     fn spill_batch(work: &WorkDir, batch_id: i64, events: u64) -> SpillIndex {
+        spill_batch_over(work, batch_id, events, BUCKETS, &[0, 1, 2, 3, 4, 6])
+    }
+
+    /// [`spill_batch`] over `buckets` buckets, its events in buckets drawn from `used`.
+    fn spill_batch_over(
+        work: &WorkDir,
+        batch_id: i64,
+        events: u64,
+        buckets: u64,
+        used: &[usize],
+    ) -> SpillIndex {
         let mut rng = Rng::new(batch_id as u64);
         let mut file = File::create(work.spill_file(batch_id)).unwrap();
         let mut writer = SpillWriter::new(&mut file, 16 << 10);
@@ -216,12 +277,12 @@ mod tests {
                 charge: vec![1.0; n],
                 auxiliary: vec![0; n],
             };
-            let bucket = [0, 1, 2, 3, 4, 6][rng.next_u64() as usize % 6];
+            let bucket = used[rng.next_u64() as usize % used.len()];
             writer.push(bucket, i, &event).unwrap();
             pulses += n as u64;
         }
         let (mut chunks, spill_bytes) = writer.finish().unwrap();
-        let (table, bytes) = ChunkTable::encode(&mut chunks, BUCKETS, spill_bytes);
+        let (table, bytes) = ChunkTable::encode(&mut chunks, buckets, spill_bytes);
         std::fs::write(work.chunk_table(batch_id), bytes).unwrap();
         SpillIndex {
             batch_id,
@@ -280,5 +341,47 @@ mod tests {
             assert_eq!(ids.len(), 12_000, "holding {holdable}");
             assert_eq!(ids, expected, "holding {holdable}");
         }
+    }
+
+    #[test]
+    fn buckets_in_any_order_read_their_chunks_across_blocks_of_starts() {
+        let dir = tempfile::tempdir().unwrap();
+        let work = WorkDir::new(dir.path());
+        work.prepare().unwrap();
+        // Three blocks of starts and a bit; every other bucket holds events.
+        let buckets = 3 * STARTS_AT_ONCE + 7;
+        let used: Vec<usize> = (0..buckets as usize).step_by(2).collect();
+        let indexes: Vec<SpillIndex> = [(1, 6000), (2, 3000)]
+            .into_iter()
+            .map(|(batch, events)| spill_batch_over(&work, batch, events, buckets, &used))
+            .collect();
+        let held = SpillFiles::open_holding(&work, indexes.clone(), 2).unwrap();
+        let opened = SpillFiles::open_holding(&work, indexes, 0).unwrap();
+        // Forward, backward, and to and fro across the blocks' edges.
+        let mut order: Vec<u64> = (0..buckets).chain((0..buckets).rev()).collect();
+        order.extend([1023, 1024, 1023, 2048, 0, 3078, 3077, 1025]);
+        let mut events = 0;
+        for &bucket in &order {
+            let (a, b) = (
+                held.chunks_of(bucket).unwrap(),
+                opened.chunks_of(bucket).unwrap(),
+            );
+            assert_eq!(a.runs, b.runs, "bucket {bucket}");
+            assert_eq!(a.chunks, b.chunks, "bucket {bucket}");
+            assert!(a.chunks.iter().all(|c| c.bucket == bucket));
+            assert!(bucket % 2 == 0 || a.chunks.is_empty(), "bucket {bucket}");
+            events += a.totals().events;
+        }
+        // Each bucket twice, and eight of them once more.
+        let again: u64 = [1023, 1024, 1023, 2048, 0, 3078, 3077, 1025]
+            .map(|b| held.chunks_of(b).unwrap().totals().events)
+            .iter()
+            .sum();
+        assert_eq!(events, 2 * 9000 + again);
+        let error = held.chunks_of(buckets).unwrap_err().to_string();
+        assert!(
+            error.contains(&format!("bucket {buckets} is past")),
+            "{error}"
+        );
     }
 }

@@ -91,15 +91,48 @@ impl ChunkTable {
         bucket: u64,
         out: &mut Vec<SpillChunk>,
     ) -> Result<()> {
+        let mut pair = Vec::with_capacity(2);
+        self.read_starts(path, file, bucket, 2, &mut pair)?;
+        let range = match pair[..] {
+            [start, end] => [start, end],
+            // The bucket is past the table: read_entries names it.
+            _ => [0, 0],
+        };
+        self.read_entries(path, file, bucket, range, out)
+    }
+
+    /// Replaces `starts` with the starts of buckets `first..first + count`, as many of them
+    /// as the table holds (bucket `buckets`'s start is the entry count).
+    pub fn read_starts(
+        &self,
+        path: &Path,
+        file: &File,
+        first: u64,
+        count: u64,
+        starts: &mut Vec<u64>,
+    ) -> Result<()> {
+        let held = count.min((self.buckets + 1).saturating_sub(first));
+        starts.clear();
+        starts.resize(held as usize, 0);
+        read_u64s(path, file, 8 * first, starts)
+    }
+
+    /// Appends the chunks of `bucket`, its entries `range` (from its start and the next
+    /// bucket's), to `out`.
+    pub fn read_entries(
+        &self,
+        path: &Path,
+        file: &File,
+        bucket: u64,
+        [start, end]: [u64; 2],
+        out: &mut Vec<SpillChunk>,
+    ) -> Result<()> {
         if bucket >= self.buckets {
             return Err(damaged(
                 path,
                 format!("bucket {bucket} is past its {} buckets", self.buckets),
             ));
         }
-        let mut pair = [0u64; 2];
-        read_u64s(path, file, 8 * bucket, &mut pair)?;
-        let [start, end] = pair;
         if start > end || end > self.chunks {
             return Err(damaged(
                 path,
@@ -171,8 +204,8 @@ impl ChunkTable {
             ));
         }
         let mut hasher = Checksum::new();
-        let mut starts = vec![0u64; self.buckets as usize + 1];
-        read_u64s(path, file, 0, &mut starts)?;
+        let mut starts = Vec::new();
+        self.read_starts(path, file, 0, self.buckets + 1, &mut starts)?;
         hasher.update(as_bytes(&starts));
         let ordered = starts.first() == Some(&0)
             && starts.last() == Some(&self.chunks)
