@@ -716,41 +716,29 @@ fn inputs_read_from_another_place_are_the_same_conversion_when_they_hold_the_sam
 
 #[test]
 fn a_gather_under_a_low_open_files_limit_opens_the_rest_as_it_goes_with_the_same_bytes() {
-    use std::os::unix::process::CommandExt;
     let dir = tempfile::tempdir().unwrap();
     let fixture = fixture();
-    let convert = |out: &std::path::Path, open_files: Option<libc::rlim_t>| {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_shardify"));
-        command
+    let convert = |out: &std::path::Path, open_files: &str| {
+        // The limit set by the shell the binary replaces: a `pre_exec` hook makes the
+        // test process fork, and the child then holds, until its exec, copies of every
+        // descriptor another test's thread has open, work directory locks among them (a
+        // conversion in another test then found its directory `Busy`, once in CI).
+        let run = Command::new("sh")
+            .args(["-c", "ulimit -n \"$0\" && exec \"$@\"", open_files])
+            .arg(env!("CARGO_BIN_EXE_shardify"))
             .args(["convert", fixture.to_str().unwrap(), out.to_str().unwrap()])
             .args(["--split", "train", "--seed", "2", "--threads", "2"])
-            .args(["--memory-limit", "64MiB", "--shard-size", "64KiB"]);
-        if let Some(limit) = open_files {
-            let limit = libc::rlimit {
-                rlim_cur: limit,
-                rlim_max: limit,
-            };
-            // SAFETY: between fork and exec the closure only calls setrlimit, which is
-            // async-signal-safe, on a value it owns.
-            unsafe {
-                command.pre_exec(move || {
-                    if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) == 0 {
-                        Ok(())
-                    } else {
-                        Err(std::io::Error::last_os_error())
-                    }
-                });
-            }
-        }
-        let run = command.output().unwrap();
+            .args(["--memory-limit", "64MiB", "--shard-size", "64KiB"])
+            .output()
+            .unwrap();
         assert!(run.status.success(), "{}", text(&run.stderr));
         text(&run.stderr)
     };
     let (reference, limited) = (dir.path().join("ref"), dir.path().join("limited"));
-    let said = convert(&reference, None);
+    let said = convert(&reference, "1024");
     assert!(!said.contains("open-files limit"), "{said}");
     // 258 files: 256 kept free, so one batch of the three has its two files held.
-    let said = convert(&limited, Some(258));
+    let said = convert(&limited, "258");
     assert!(
         said.contains("the open-files limit (ulimit -n) is too low"),
         "{said}"
