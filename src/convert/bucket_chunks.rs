@@ -7,7 +7,7 @@ use std::ops::Range;
 use std::path::Path;
 use std::sync::Mutex;
 
-use super::chunk_table::ChunkTable;
+use super::chunk_table::{entries_at, ChunkTable};
 use super::spill::{SpillChunk, SpillIndex};
 use super::work::WorkDir;
 use crate::error::{IoContext, Result};
@@ -118,17 +118,9 @@ impl SpillFiles {
         read: impl FnOnce(&Path, &File) -> Result<T>,
     ) -> Result<T> {
         let path = self.work.spill_file(self.indexes[at].batch_id);
-        self.with_files(at, |files| read(&path, &files.spill))
-    }
-
-    fn with_files<T>(
-        &self,
-        at: usize,
-        use_them: impl FnOnce(&BatchFiles) -> Result<T>,
-    ) -> Result<T> {
         match &self.held[at] {
-            Some(files) => use_them(files),
-            None => use_them(&open_batch(&self.work, self.indexes[at].batch_id)?),
+            Some(files) => read(&path, &files.spill),
+            None => read(&path, &File::open(&path).at(&path)?),
         }
     }
 }
@@ -159,12 +151,7 @@ impl BatchFiles {
             )?;
             block.first = first;
         }
-        let at = (bucket - block.first) as usize;
-        // Past the table, the entries' check names the bucket.
-        Ok(match block.starts.get(at..at + 2) {
-            Some(&[start, end]) => [start, end],
-            _ => [0, 0],
-        })
+        Ok(entries_at(&block.starts, (bucket - block.first) as usize))
     }
 }
 

@@ -18,10 +18,13 @@ use serde::{Deserialize, Serialize};
 use super::spill::{damaged, SpillChunk, MIN_PULSE_BYTES, RECORD_HEADER_BYTES};
 use crate::error::{IoContext, Result};
 use crate::format::checksum::{self, Checksum};
-use crate::format::pod::as_bytes;
+use crate::format::pod::{as_bytes, as_bytes_mut};
+
+/// Words (u64) of a chunk's entry.
+const ENTRY_WORDS: u64 = 5;
 
 /// Bytes of a chunk's entry.
-pub const ENTRY_BYTES: u64 = 40;
+pub const ENTRY_BYTES: u64 = 8 * ENTRY_WORDS;
 
 /// What a chunk table holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -93,12 +96,7 @@ impl ChunkTable {
     ) -> Result<()> {
         let mut pair = Vec::with_capacity(2);
         self.read_starts(path, file, bucket, 2, &mut pair)?;
-        let range = match pair[..] {
-            [start, end] => [start, end],
-            // The bucket is past the table: read_entries names it.
-            _ => [0, 0],
-        };
-        self.read_entries(path, file, bucket, range, out)
+        self.read_entries(path, file, bucket, entries_at(&pair, 0), out)
     }
 
     /// Replaces `starts` with the starts of buckets `first..first + count`, as many of them
@@ -142,10 +140,9 @@ impl ChunkTable {
                 ),
             ));
         }
-        let mut entries = vec![0u8; ((end - start) * ENTRY_BYTES) as usize];
-        file.read_exact_at(&mut entries, self.entry_offset(start))
-            .at(path)?;
-        for entry in entries.chunks_exact(ENTRY_BYTES as usize) {
+        let mut words = vec![0u64; ((end - start) * ENTRY_WORDS) as usize];
+        read_u64s(path, file, self.entry_offset(start), &mut words)?;
+        for entry in words.chunks_exact(ENTRY_WORDS as usize) {
             out.push(self.decode(path, entry, bucket)?);
         }
         Ok(())
@@ -154,16 +151,17 @@ impl ChunkTable {
     /// The chunk `entry` describes, checked to lie within the spill file and to hold no
     /// more events and pulses than its bytes can (a damaged entry must not ask for more
     /// memory than the spill file holds).
-    fn decode(&self, path: &Path, entry: &[u8], bucket: u64) -> Result<SpillChunk> {
-        let field =
-            |i: usize| u64::from_le_bytes(entry[8 * i..8 * i + 8].try_into().expect("8 bytes"));
+    fn decode(&self, path: &Path, entry: &[u64], bucket: u64) -> Result<SpillChunk> {
+        let &[offset, len, events, pulses, xxh3] = entry else {
+            unreachable!("an entry is {ENTRY_WORDS} words")
+        };
         let chunk = SpillChunk {
             bucket,
-            offset: field(0),
-            len: field(1),
-            events: field(2),
-            pulses: field(3),
-            xxh3: field(4),
+            offset,
+            len,
+            events,
+            pulses,
+            xxh3,
         };
         let within = chunk
             .offset
@@ -214,14 +212,13 @@ impl ChunkTable {
             return Err(damaged(path, "its bucket starts are out of order".into()));
         }
         let (mut bucket, mut read) = (0, 0);
-        let mut bytes = Vec::new();
+        let mut words = Vec::new();
         while read < self.chunks {
             let count = (self.chunks - read).min(ENTRIES_AT_ONCE);
-            bytes.resize((count * ENTRY_BYTES) as usize, 0);
-            file.read_exact_at(&mut bytes, self.entry_offset(read))
-                .at(path)?;
-            hasher.update(&bytes);
-            for entry in bytes.chunks_exact(ENTRY_BYTES as usize) {
+            words.resize((count * ENTRY_WORDS) as usize, 0);
+            read_u64s(path, file, self.entry_offset(read), &mut words)?;
+            hasher.update(as_bytes(&words));
+            for entry in words.chunks_exact(ENTRY_WORDS as usize) {
                 while starts[bucket + 1] <= read {
                     bucket += 1;
                 }
@@ -243,14 +240,18 @@ impl ChunkTable {
     }
 }
 
-/// Reads `values.len()` little-endian u64 from `file` at `offset`.
-fn read_u64s(path: &Path, file: &File, offset: u64, values: &mut [u64]) -> Result<()> {
-    let mut bytes = vec![0u8; 8 * values.len()];
-    file.read_exact_at(&mut bytes, offset).at(path)?;
-    for (value, b) in values.iter_mut().zip(bytes.chunks_exact(8)) {
-        *value = u64::from_le_bytes(b.try_into().expect("8 bytes"));
+/// The entries of the bucket whose start is `starts[at]`: from it to the next bucket's
+/// start. Past the table, none (and [`ChunkTable::read_entries`] names the bucket).
+pub fn entries_at(starts: &[u64], at: usize) -> [u64; 2] {
+    match starts.get(at..at + 2) {
+        Some(&[start, end]) => [start, end],
+        _ => [0, 0],
     }
-    Ok(())
+}
+
+/// Reads `values.len()` u64 from `file` at `offset` (written by [`as_bytes`]).
+fn read_u64s(path: &Path, file: &File, offset: u64, values: &mut [u64]) -> Result<()> {
+    file.read_exact_at(as_bytes_mut(values), offset).at(path)
 }
 
 #[cfg(test)]
@@ -260,7 +261,7 @@ mod tests {
 
     /// Chunks of `buckets`, in that (file) order, each a record's worth of bytes per event
     /// and pulse at its position's offset.
-    pub(crate) fn chunks_of(buckets: &[u64]) -> Vec<SpillChunk> {
+    fn chunks_of(buckets: &[u64]) -> Vec<SpillChunk> {
         let mut offset = 0;
         buckets
             .iter()

@@ -3,15 +3,13 @@
 
 use super::chunk_table::ChunkTable;
 use super::plan::Plan;
-use super::spill::{damaged, SpillIndex, SpillWriter};
+use super::spill::{read_checked_chunk, SpillIndex, SpillWriter};
 use super::work::WorkDir;
 use std::fs::File;
-use std::os::unix::fs::FileExt;
 
 use crate::error::{Error, IoContext, Result};
 use crate::event::ValueRange;
 use crate::format::atomic::{write_atomic, write_bytes_atomic, Durability};
-use crate::format::checksum;
 use crate::format::order::{bucket_of, shuffle_key};
 use crate::source::{scan_batch, BatchInput, Geometry, InputSet};
 
@@ -71,22 +69,8 @@ fn check_chunks(work: &WorkDir, index: &SpillIndex) -> Result<()> {
     let spill_file = File::open(&spill).at(&spill)?;
     let table_file = File::open(&table).at(&table)?;
     let mut buf = Vec::new();
-    index.table.check_each(&table, &table_file, |c| {
-        buf.resize(c.len as usize, 0);
-        spill_file.read_exact_at(&mut buf, c.offset).at(&spill)?;
-        let found = checksum::value_of_bytes(&buf);
-        if found != c.xxh3 {
-            return Err(damaged(
-                &spill,
-                format!(
-                    "chunk at offset {} has checksum {}, its table says {}",
-                    c.offset,
-                    checksum::hex(found),
-                    checksum::hex(c.xxh3)
-                ),
-            ));
-        }
-        Ok(())
+    index.table.check_each(&table, &table_file, |chunk| {
+        read_checked_chunk(&spill, &spill_file, chunk, &mut buf)
     })
 }
 

@@ -78,6 +78,31 @@ pub(super) fn damaged(path: &Path, problem: String) -> Error {
     }
 }
 
+/// Reads `chunk` of the spill file `file` (at `path`) into `scratch`, checking it against
+/// the checksum its table gives.
+pub fn read_checked_chunk(
+    path: &Path,
+    file: &File,
+    chunk: &SpillChunk,
+    scratch: &mut Vec<u8>,
+) -> Result<()> {
+    scratch.resize(chunk.len as usize, 0);
+    file.read_exact_at(scratch, chunk.offset).at(path)?;
+    let found = checksum::value_of_bytes(scratch);
+    if found != chunk.xxh3 {
+        return Err(damaged(
+            path,
+            format!(
+                "chunk at offset {} has checksum {}, its table says {}",
+                chunk.offset,
+                checksum::hex(found),
+                checksum::hex(chunk.xxh3)
+            ),
+        ));
+    }
+    Ok(())
+}
+
 fn put(buf: &mut Vec<u8>, v: u64) {
     buf.extend_from_slice(&v.to_le_bytes());
 }
@@ -296,20 +321,13 @@ impl BucketEvents {
         chunk: &SpillChunk,
         scratch: &mut Vec<u8>,
     ) -> Result<()> {
-        scratch.resize(chunk.len as usize, 0);
-        file.read_exact_at(scratch, chunk.offset).at(path)?;
-        let damaged = |problem| damaged(path, problem);
-        let found = checksum::value_of_bytes(scratch);
-        if found != chunk.xxh3 {
-            return Err(damaged(format!(
-                "chunk at offset {} has checksum {}, index says {}",
-                chunk.offset,
-                checksum::hex(found),
-                checksum::hex(chunk.xxh3)
-            )));
-        }
-        self.decode(scratch)
-            .ok_or_else(|| damaged(format!("chunk at offset {} is truncated", chunk.offset)))
+        read_checked_chunk(path, file, chunk, scratch)?;
+        self.decode(scratch).ok_or_else(|| {
+            damaged(
+                path,
+                format!("chunk at offset {} is truncated", chunk.offset),
+            )
+        })
     }
 
     fn decode(&mut self, bytes: &[u8]) -> Option<()> {
