@@ -311,6 +311,84 @@ fn a_killed_conversion_restarted_gives_the_same_result() {
     }
 }
 
+/// What a conversion of `src` into `out` under a file-size limit (KiB, or "unlimited")
+/// printed, and whether it succeeded. The shell ignores SIGXFSZ before it execs the binary,
+/// so a write past the limit fails with EFBIG, as one on a full disk or past a quota fails
+/// with ENOSPC or EDQUOT: an error returned, not a kill.
+fn convert_under_file_size_limit(
+    src: &std::path::Path,
+    out: &std::path::Path,
+    limit_kib: &str,
+    phase: &str,
+) -> (bool, String) {
+    let run = Command::new("bash")
+        .args([
+            "-c",
+            "trap '' XFSZ && ulimit -f \"$0\" && exec \"$@\"",
+            limit_kib,
+        ])
+        .arg(env!("CARGO_BIN_EXE_shardify"))
+        .args(["convert", src.to_str().unwrap(), out.to_str().unwrap()])
+        .args(["--seed", "1", "--threads", "2", "--memory-limit", "64MiB"])
+        .args(["--phase", phase])
+        .output()
+        .unwrap();
+    (run.status.success(), text(&run.stderr))
+}
+
+#[test]
+fn a_write_that_fails_names_its_file_and_the_same_conversion_run_again_finishes_it() {
+    let dir = tempfile::tempdir().unwrap();
+    // 80 batches of 250 events: spill files of 0.3-3.6 MB, shards of 1.4-3.3 MB.
+    let (src, _) = synthetic_source(dir.path(), 20_000, 80, 5);
+    let reference = dir.path().join("ref");
+    let (ok, said) = convert_under_file_size_limit(&src, &reference, "unlimited", "all");
+    assert!(ok, "{said}");
+    let expected = dir_files(&reference);
+    // (where it fails, the phases run under the limit, the file the error must name)
+    let cases = [
+        ("the scatter", vec!["all"], "/.work/spill/batch_"),
+        ("the gather", vec!["plan", "scatter", "gather"], "/shard_"),
+    ];
+    for (what, phases, named) in cases {
+        let out = dir.path().join(what.replace(' ', "-"));
+        let (last, before) = phases.split_last().unwrap();
+        for phase in before {
+            let (ok, said) = convert_under_file_size_limit(&src, &out, "unlimited", phase);
+            assert!(ok, "{what}: phase {phase}: {said}");
+        }
+        let (ok, said) = convert_under_file_size_limit(&src, &out, "1024", last);
+        assert!(!ok, "{what}: every file fit in 1 MiB: {said}");
+        let error = said
+            .lines()
+            .find(|line| line.starts_with("error: "))
+            .unwrap_or_else(|| panic!("{what}: no error line in {said}"));
+        let prefix = format!("{}{named}", out.display());
+        assert!(
+            error.contains(&prefix) && error.contains("File too large (os error 27)"),
+            "{what}: {error}"
+        );
+        assert!(
+            !error.contains(".tmp."),
+            "{what}: names a temp file: {error}"
+        );
+        let why = why_no_dataset(&out);
+        assert!(why.contains("unfinished conversion"), "{what}: {why}");
+        let leftovers: Vec<_> = dir_files(&out)
+            .into_keys()
+            .filter(|name| name.starts_with(".tmp.") || name.contains("/.tmp."))
+            .collect();
+        assert!(leftovers.is_empty(), "{what}: left {leftovers:?}");
+        let (ok, said) = convert_under_file_size_limit(&src, &out, "unlimited", "all");
+        assert!(ok, "{what}: run again: {said}");
+        assert!(
+            said.contains("units finished by an earlier run"),
+            "{what}: nothing kept: {said}"
+        );
+        assert!(dir_files(&out) == expected, "{what}: another output");
+    }
+}
+
 #[test]
 fn output_directory_is_protected() {
     let dir = tempfile::tempdir().unwrap();

@@ -49,6 +49,9 @@ pub enum Durability {
 /// Creates `target` atomically from what `write` puts into the writer it is given: in
 /// aligned chunks of [`MAPPED_FILE_CHUNK`] (huge pages in the page cache, for the files
 /// readers map), of [`READ_ONCE_CHUNK`] for a [`Durability::Temporary`] file.
+///
+/// Its errors name `target`, not the temp file: that is removed when the write fails, and
+/// the file the user needs to hear of (a full disk, a quota) is the one being written.
 pub fn write_atomic<T>(
     target: &Path,
     durability: Durability,
@@ -60,12 +63,12 @@ pub fn write_atomic<T>(
         Durability::Now | Durability::Deferred => MAPPED_FILE_CHUNK,
     };
     let result = (|| {
-        let file = File::create(&temp).at(&temp)?;
+        let file = File::create(&temp).at(target)?;
         let mut writer = ChunkedWriter::new(file, chunk);
         let value = write(&mut writer)?;
-        let file = writer.finish().at(&temp)?;
+        let file = writer.finish().at(target)?;
         match durability {
-            Durability::Now => file.sync_all().at(&temp)?,
+            Durability::Now => file.sync_all().at(target)?,
             Durability::Deferred => start_writeback(&file),
             Durability::Temporary => {}
         }
