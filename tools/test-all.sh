@@ -7,7 +7,8 @@
 #
 # The venv gets numpy, pyarrow, pytest, safetensors, mypy, torch (the registry's CUDA build;
 # it runs without a GPU), torch_geometric and lightning. With CI=true a missing torch or
-# lightning fails the tests.
+# lightning fails the tests. A second venv (target/numpy1-venv) holds numpy 1.x and the
+# wheel alone, for the tests of older consumers.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -29,6 +30,24 @@ fi
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --force-reinstall \
     --no-deps target/wheels/shardify-*.whl
 
+# A second venv with numpy 1.x and no torch, which the package supports too (numpy >= 1.22):
+# python/tests/test_legacy_consumers.py runs the numpy-facing API in it
+# (SHARDIFY_NUMPY1_PYTHON).
+# numpy 1.x has no wheels for Python 3.13 and later: there the test skips (fails with CI=true).
+numpy1="target/numpy1-venv"
+numpy1_python=""
+if [[ ! -x "$numpy1/bin/python" ]]; then
+    python3 -m venv "$numpy1"
+fi
+if "$numpy1/bin/python" -m pip install --quiet --disable-pip-version-check \
+        --only-binary=:all: "numpy<2" \
+    && "$numpy1/bin/python" -m pip install --quiet --disable-pip-version-check \
+        --force-reinstall --no-deps target/wheels/shardify-*.whl; then
+    numpy1_python="$numpy1/bin/python"
+else
+    echo "test-all: no numpy 1.x for this Python; the older-numpy test cannot run" >&2
+fi
+
 # PATH without the Rust toolchain: the package must work from the wheel alone.
 rust_free_path=""
 IFS=: read -ra dirs <<< "$PATH"
@@ -37,4 +56,5 @@ for dir in "${dirs[@]}"; do
         rust_free_path="${rust_free_path:+$rust_free_path:}$dir"
     fi
 done
-PATH="$rust_free_path" SHARDIFY_TESTING_WHEEL=1 "$venv/bin/python" -m pytest -q -rs python/tests
+PATH="$rust_free_path" SHARDIFY_TESTING_WHEEL=1 SHARDIFY_NUMPY1_PYTHON="$numpy1_python" \
+    "$venv/bin/python" -m pytest -q -rs python/tests

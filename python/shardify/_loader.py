@@ -75,8 +75,23 @@ def _device_name(device: Any, output: str) -> str:
     return name
 
 
+def _require_torch() -> None:
+    """Imports torch, which torch output and resident loaders need; where it is not
+    installed, an error that says so and what works without it."""
+    try:
+        import torch  # noqa: F401
+    except ModuleNotFoundError as missing:
+        if missing.name != "torch":
+            raise
+        raise ModuleNotFoundError(
+            'shardify.Loader delivers torch tensors (output="torch", the default, and '
+            'resident=True), and PyTorch is not installed here: pip install torch, or pass '
+            'output="numpy" for numpy arrays', name="torch") from missing
+
+
 def _torch_current_cuda() -> int | None:
     """torch's current CUDA device, or None when torch sees none."""
+    _require_torch()
     import torch
 
     if not torch.cuda.is_available():
@@ -284,6 +299,7 @@ class Loader:
         else:
             placement, self.placement_reason = self._native.placement()
             if output == "torch":
+                _require_torch()
                 import torch
 
                 self.device = torch.device(placement)
@@ -552,6 +568,7 @@ def _unpickled_loader(dataset: Dataset, arguments: dict[str, Any],
 
 def _resident_device(device: str) -> tuple[Any, str]:
     """The torch device a resident loader holds the dataset on, and on the CPU why."""
+    _require_torch()
     import torch
 
     if device in ("auto", "cuda"):

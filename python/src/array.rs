@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use dlpark::ffi::{DLDataType, DLDevice, DLManagedTensor, DLManagedTensorVersioned};
 use dlpark::metadata::Dynamic;
-use dlpark::python::{export_dlpack, DlpackExporter, ExportRequest};
+use dlpark::python::{export_dlpack, DlpackExporter, ExportAbi, ExportRequest};
 use dlpark::{DlpackFlags, Managed, ManagedTensorBase, OpaqueContext};
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
@@ -94,15 +94,26 @@ enum Backing {
     Owned { _values: Vec<i64> },
     /// Columns the library gathered into host memory.
     Gathered { _memory: PlainMemory },
+    /// A copy of another array's bytes, in words so that every dtype is aligned, made for a
+    /// consumer that cannot be told the original is read-only (see [`PyHostArray`]).
+    Copied { _words: Vec<u64> },
 }
 
 /// Read-only host memory the library owns or maps, as a DLPack producer.
+///
+/// A consumer of the legacy DLPack ABI (it passes no `max_version`: numpy before 2.1, torch
+/// before 2.9) cannot be told that an array is read-only; it gets a writable copy of its
+/// own, as the protocol allows unless it passes `copy=False`. Writing through a view of a
+/// shard's read-only mapping would crash the process, and writing into the library's own
+/// vectors would change what it hands out next.
 #[pyclass(name = "HostArray", module = "shardify._native", frozen)]
 pub struct PyHostArray {
     backing: Arc<Backing>,
     address: usize,
     dtype: Dtype,
     shape: Vec<usize>,
+    /// Whether consumers must not write through it (every array but a copy).
+    read_only: bool,
 }
 
 impl PyHostArray {
@@ -120,6 +131,7 @@ impl PyHostArray {
             backing: Arc::new(Backing::Dataset { _mapped: dataset }),
             dtype,
             shape,
+            read_only: true,
         }
     }
 
@@ -137,6 +149,7 @@ impl PyHostArray {
                     address: base + s.offset,
                     dtype: s.dtype,
                     shape: s.shape.to_vec(),
+                    read_only: true,
                 };
                 (s.name.to_string(), array)
             })
@@ -150,6 +163,29 @@ impl PyHostArray {
             shape: vec![values.len()],
             backing: Arc::new(Backing::Owned { _values: values }),
             dtype: Dtype::I64,
+            read_only: true,
+        }
+    }
+
+    /// The array's bytes.
+    fn bytes(&self) -> &[u8] {
+        let len = self.shape.iter().product::<usize>() * self.dtype.size();
+        // SAFETY: `address` points to `len` bytes that `backing`, held by `self`, keeps
+        // valid and unmoved (see `export`); nothing writes to them while an array views them.
+        unsafe { std::slice::from_raw_parts(self.address as *const u8, len) }
+    }
+
+    /// A writable copy of the array, of its own.
+    fn copied(&self) -> PyHostArray {
+        let bytes = self.bytes();
+        let mut words = vec![0u64; bytes.len().div_ceil(8)];
+        shardify::format::pod::as_bytes_mut(&mut words)[..bytes.len()].copy_from_slice(bytes);
+        PyHostArray {
+            address: words.as_ptr() as usize,
+            backing: Arc::new(Backing::Copied { _words: words }),
+            dtype: self.dtype,
+            shape: self.shape.clone(),
+            read_only: false,
         }
     }
 
@@ -159,12 +195,13 @@ impl PyHostArray {
             shape: &self.shape,
             dtype: self.dtype,
             device: DLDevice::CPU,
-            read_only: true,
+            read_only: self.read_only,
         };
         // SAFETY: `address` points into memory `backing` owns (a vector or a gathered buffer
-        // never touched again, or a shard mapped as long as its dataset lives), holding
-        // exactly `shape` elements of `dtype`; the capsule owns a clone of `backing`; the
-        // export is read-only.
+        // never touched again, a shard mapped as long as its dataset lives, or a copy of
+        // its own), holding exactly `shape` elements of `dtype`; the capsule owns a clone of
+        // `backing`; the export is read-only unless the array is a copy, which nothing else
+        // views.
         unsafe { export_tensor(self.backing.clone(), described) }
     }
 }
@@ -175,7 +212,11 @@ impl DlpackExporter for PyHostArray {
     }
 
     fn flags(&self) -> DlpackFlags {
-        DlpackFlags::READ_ONLY
+        if self.read_only {
+            DlpackFlags::READ_ONLY
+        } else {
+            DlpackFlags::empty()
+        }
     }
 
     fn prepare_export(&self, _py: Python<'_>, _request: &ExportRequest<'_>) -> PyResult<()> {
@@ -194,7 +235,8 @@ impl DlpackExporter for PyHostArray {
 #[pymethods]
 impl PyHostArray {
     /// The DLPack protocol: a read-only capsule viewing the array (kept alive until the
-    /// consumer frees it).
+    /// consumer frees it); for a consumer of the legacy ABI, which cannot be told so, a
+    /// writable copy of its own (unless it asks for no copy: an error then).
     #[pyo3(signature = (*, stream = None, max_version = None, dl_device = None, copy = None))]
     fn __dlpack__<'py>(
         &self,
@@ -205,6 +247,9 @@ impl PyHostArray {
         copy: Option<bool>,
     ) -> PyResult<Py<PyAny>> {
         let request = ExportRequest::parse(stream, max_version, dl_device, copy)?;
+        if request.abi() == ExportAbi::Legacy && request.copy().is_none() {
+            return export_dlpack(&self.copied(), py, request);
+        }
         export_dlpack(self, py, request)
     }
 
