@@ -13,8 +13,9 @@ ties to the lower row, no self loop, edges written in node order. With
 the reference.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: Triton's CPU interpreter before 3.2 (torch 2.5
+# and older) takes a kernel parameter for a constexpr only where its annotation is
+# `tl.constexpr` itself, not the string.
 from typing import Any
 
 import triton

@@ -90,7 +90,8 @@ def test_shardify_order_resumes_elastically_too(train_dir, tmp_path):
                          "--stop-after", "2", "--save-state", str(state)) for r in range(3)]
     rest = [order_lines(train_dir, *FLAGS, "--rank", str(r), "--world", "2", "--drop-last",
                         "--resume", str(state)) for r in range(2)]
-    python = shardify.Loader(train_dir, rank=1, world=2, device="cpu", **SETTINGS)
+    python = shardify.Loader(train_dir, rank=1, world=2, device="cpu", output="numpy",
+                             **SETTINGS)
     python.load_state_dict({**python.state_dict(), "global_batches": 6})
     assert [b["event_id"].tolist() for b in python] == rest[1]
     ids = [e for part in (first, rest) for r in part for line in r for e in line]

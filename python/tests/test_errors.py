@@ -87,7 +87,7 @@ def test_a_file_is_not_a_dataset_directory(tmp_path):
 
 def test_paths_as_bytes_are_taken_as_python_takes_them(train_dir, tmp_path):
     assert len(shardify.Dataset(os.fsencode(train_dir))) == 300
-    assert len(shardify.Loader(os.fsencode(train_dir), batch_events=100)) == 3
+    assert len(shardify.Loader(os.fsencode(train_dir), batch_events=100, output="numpy")) == 3
     copy = os.fsencode(tmp_path / "copy")
     assert shardify.copy_dataset(os.fsencode(train_dir), copy)["outcome"] == "copied"
 

@@ -12,8 +12,10 @@ torch operations of :mod:`.gather`, which stay the reference these kernels are t
 against (with ``TRITON_INTERPRET=1`` the kernels run on CPU tensors, in CI).
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: Triton's CPU interpreter before 3.2 (torch 2.5
+# and older) takes a kernel parameter for a constexpr only where its annotation is
+# `tl.constexpr` itself, not the string; annotations naming what only type checkers import
+# are quoted instead.
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -167,8 +169,8 @@ def _steps(events: int) -> int:
     return max(1, (events - 1).bit_length())
 
 
-def _walk_events(c: Columns, events: torch.Tensor, n: BatchSizes,
-                 out: dict[str, torch.Tensor], offsets: bool) -> torch.Tensor:
+def _walk_events(c: "Columns", events: "torch.Tensor", n: "BatchSizes",
+                 out: "dict[str, torch.Tensor]", offsets: bool) -> "torch.Tensor":
     """Runs the event walk; returns its scratch (int64 ``[5, B]``)."""
     import torch
 
@@ -186,8 +188,8 @@ def _walk_events(c: Columns, events: torch.Tensor, n: BatchSizes,
     return scratch
 
 
-def gather_packed(c: Columns, events: torch.Tensor, n: BatchSizes,
-                  out: dict[str, torch.Tensor]) -> None:
+def gather_packed(c: "Columns", events: "torch.Tensor", n: "BatchSizes",
+                  out: "dict[str, torch.Tensor]") -> None:
     """The packed layout in three launches (see the module documentation)."""
     scratch = _walk_events(c, events, n, out, offsets=True)
     steps = _steps(n.events)
@@ -207,12 +209,12 @@ def gather_packed(c: Columns, events: torch.Tensor, n: BatchSizes,
 
 
 def gather_padded(pulses_per_dom: int) -> Callable[
-        [Columns, torch.Tensor, BatchSizes, dict[str, torch.Tensor]], None]:
+        ["Columns", "torch.Tensor", "BatchSizes", "dict[str, torch.Tensor]"], None]:
     """The padded layout's gather, keeping ``pulses_per_dom`` pulses per DOM, in two
     launches (see the module documentation)."""
 
-    def gather(c: Columns, events: torch.Tensor, n: BatchSizes,
-               out: dict[str, torch.Tensor]) -> None:
+    def gather(c: "Columns", events: "torch.Tensor", n: "BatchSizes",
+               out: "dict[str, torch.Tensor]") -> None:
         scratch = _walk_events(c, events, n, out, offsets=False)
         slots = n.events * n.width
         if slots:
@@ -226,7 +228,7 @@ def gather_padded(pulses_per_dom: int) -> Callable[
     return gather
 
 
-def _uint8() -> torch.dtype:
+def _uint8() -> "torch.dtype":
     import torch
 
     return torch.uint8
