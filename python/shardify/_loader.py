@@ -75,11 +75,17 @@ def _device_name(device: Any, output: str) -> str:
     return name
 
 
+#: The oldest torch a loader delivers to: torch 2.1's DLPack import has no boolean type,
+#: which a batch's ``pulse_auxiliary`` is ("RuntimeError: Unsupported code 6").
+OLDEST_TORCH = (2, 2)
+
+
 def _require_torch() -> None:
     """Imports torch, which torch output and resident loaders need; where it is not
-    installed, an error that says so and what works without it."""
+    installed, or older than :data:`OLDEST_TORCH`, an error that says so and what works
+    without it."""
     try:
-        import torch  # noqa: F401
+        import torch
     except ModuleNotFoundError as missing:
         if missing.name != "torch":
             raise
@@ -87,6 +93,13 @@ def _require_torch() -> None:
             'shardify.Loader delivers torch tensors (output="torch", the default, and '
             'resident=True), and PyTorch is not installed here: pip install torch, or pass '
             'output="numpy" for numpy arrays', name="torch") from missing
+    release = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
+    if release < OLDEST_TORCH:
+        raise ImportError(
+            f"shardify.Loader delivers torch tensors to torch "
+            f"{'.'.join(map(str, OLDEST_TORCH))} or newer (older DLPack imports have no "
+            f"boolean type); this is torch {torch.__version__}: upgrade it, or pass "
+            'output="numpy" for numpy arrays', name="torch")
 
 
 def _torch_current_cuda() -> int | None:

@@ -116,3 +116,24 @@ print(sum(len(b["event_id"]) for b in batches))
     assert "PyTorch is not installed here: pip install torch" in said, said
     assert 'output="numpy"' in said, said
     assert events == "300"
+
+
+def test_a_torch_older_than_its_dlpack_bool_is_refused_by_name(train_dir):
+    # torch 2.1 imports no DLPack bool: every batch failed with "Unsupported code 6".
+    probe = r"""
+import sys, types
+old = types.ModuleType("torch")
+old.__version__ = "2.1.2+cu121"
+sys.modules["torch"] = old
+import shardify
+try:
+    shardify.Loader(sys.argv[1])
+except ImportError as refused:
+    print(refused)
+"""
+    run = subprocess.run([sys.executable, "-c", probe, str(train_dir)], capture_output=True,
+                         text=True)
+    assert run.returncode == 0, run.stderr
+    assert "torch 2.2 or newer" in run.stdout and "this is torch 2.1.2+cu121" in run.stdout, \
+        run.stdout
+    assert 'output="numpy"' in run.stdout, run.stdout
