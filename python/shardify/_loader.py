@@ -104,7 +104,6 @@ def _require_torch() -> None:
 
 def _torch_current_cuda() -> int | None:
     """torch's current CUDA device, or None when torch sees none."""
-    _require_torch()
     import torch
 
     if not torch.cuda.is_available():
@@ -248,6 +247,8 @@ class Loader:
             dataset = dataset_or_path
         else:
             dataset = Dataset(dataset_or_path)
+        if output == "torch":  # resident loaders too: they deliver torch tensors
+            _require_torch()
         # What was found for rank, world and device left to be found, to tell when the
         # process changed (see _follow_the_process).
         self._found = (*_rank_world(rank, world), _device_name(device, output))
@@ -312,7 +313,6 @@ class Loader:
         else:
             placement, self.placement_reason = self._native.placement()
             if output == "torch":
-                _require_torch()
                 import torch
 
                 self.device = torch.device(placement)
@@ -581,7 +581,6 @@ def _unpickled_loader(dataset: Dataset, arguments: dict[str, Any],
 
 def _resident_device(device: str) -> tuple[Any, str]:
     """The torch device a resident loader holds the dataset on, and on the CPU why."""
-    _require_torch()
     import torch
 
     if device in ("auto", "cuda"):
