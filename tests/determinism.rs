@@ -311,28 +311,53 @@ fn a_killed_conversion_restarted_gives_the_same_result() {
     }
 }
 
+/// `shardify args` run under the shell's `ulimit option limit`, set in the shell the binary
+/// replaces: a `pre_exec` hook makes the test process fork, and the child then holds, until
+/// its exec, copies of every descriptor another test's thread has open, work directory
+/// locks among them (a conversion in another test then found its directory `Busy`, once in
+/// CI). The shell ignores SIGXFSZ, so a write past a file-size limit fails with EFBIG, as
+/// one on a full disk or past a quota fails with ENOSPC or EDQUOT: an error returned, not
+/// a kill.
+fn shardify_under_limit(option: &str, limit: &str, args: &[&str]) -> std::process::Output {
+    Command::new("bash")
+        .args([
+            "-c",
+            "trap '' XFSZ && ulimit \"$0\" \"$1\" && shift && exec \"$@\"",
+            option,
+            limit,
+        ])
+        .arg(env!("CARGO_BIN_EXE_shardify"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
 /// What a conversion of `src` into `out` under a file-size limit (KiB, or "unlimited")
-/// printed, and whether it succeeded. The shell ignores SIGXFSZ before it execs the binary,
-/// so a write past the limit fails with EFBIG, as one on a full disk or past a quota fails
-/// with ENOSPC or EDQUOT: an error returned, not a kill.
+/// printed, and whether it succeeded (see [`shardify_under_limit`]).
 fn convert_under_file_size_limit(
     src: &std::path::Path,
     out: &std::path::Path,
     limit_kib: &str,
     phase: &str,
 ) -> (bool, String) {
-    let run = Command::new("bash")
-        .args([
-            "-c",
-            "trap '' XFSZ && ulimit -f \"$0\" && exec \"$@\"",
-            limit_kib,
-        ])
-        .arg(env!("CARGO_BIN_EXE_shardify"))
-        .args(["convert", src.to_str().unwrap(), out.to_str().unwrap()])
-        .args(["--seed", "1", "--threads", "2", "--memory-limit", "64MiB"])
-        .args(["--phase", phase])
-        .output()
-        .unwrap();
+    let (src, out) = (src.to_str().unwrap(), out.to_str().unwrap());
+    let run = shardify_under_limit(
+        "-f",
+        limit_kib,
+        &[
+            "convert",
+            src,
+            out,
+            "--seed",
+            "1",
+            "--threads",
+            "2",
+            "--memory-limit",
+            "64MiB",
+            "--phase",
+            phase,
+        ],
+    );
     (run.status.success(), text(&run.stderr))
 }
 
@@ -797,18 +822,26 @@ fn a_gather_under_a_low_open_files_limit_opens_the_rest_as_it_goes_with_the_same
     let dir = tempfile::tempdir().unwrap();
     let fixture = fixture();
     let convert = |out: &std::path::Path, open_files: &str| {
-        // The limit set by the shell the binary replaces: a `pre_exec` hook makes the
-        // test process fork, and the child then holds, until its exec, copies of every
-        // descriptor another test's thread has open, work directory locks among them (a
-        // conversion in another test then found its directory `Busy`, once in CI).
-        let run = Command::new("sh")
-            .args(["-c", "ulimit -n \"$0\" && exec \"$@\"", open_files])
-            .arg(env!("CARGO_BIN_EXE_shardify"))
-            .args(["convert", fixture.to_str().unwrap(), out.to_str().unwrap()])
-            .args(["--split", "train", "--seed", "2", "--threads", "2"])
-            .args(["--memory-limit", "64MiB", "--shard-size", "64KiB"])
-            .output()
-            .unwrap();
+        let (fixture, out) = (fixture.to_str().unwrap(), out.to_str().unwrap());
+        let run = shardify_under_limit(
+            "-n",
+            open_files,
+            &[
+                "convert",
+                fixture,
+                out,
+                "--split",
+                "train",
+                "--seed",
+                "2",
+                "--threads",
+                "2",
+                "--memory-limit",
+                "64MiB",
+                "--shard-size",
+                "64KiB",
+            ],
+        );
         assert!(run.status.success(), "{}", text(&run.stderr));
         text(&run.stderr)
     };
