@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from . import _native
 from ._dataset import Dataset, PathArg
+from ._iterators import check_current
 
 if TYPE_CHECKING:
     from ._resident import ResidentBatches
@@ -331,12 +332,18 @@ class Loader:
         """One epoch, from where the loader stands: the start of the next epoch after a
         finished one (its last batch handed out, whether or not the ``for`` over it asked
         for the end: PyTorch Lightning stops after ``len(loader)`` batches), the rest of the
-        epoch after a ``break`` or ``load_state_dict``."""
+        epoch after a ``break`` or ``load_state_dict``.
+
+        A loader is one stream of batches: a newer ``iter(loader)`` takes it over, and an
+        older iterator still held raises ``RuntimeError`` at its next batch, where it would
+        have taken the newer one's batches (or, after its epoch, the next epoch's). For two
+        independent streams, make two loaders."""
         self._follow_the_process()
         epoch, origin, taken = self._batches.position()
         if self._handed_out_every_batch(epoch, origin, taken):
             self._batches.seek(epoch + 1, 0, 0)
-        return self._batches.batches()
+        turn = self._turn = object()
+        return self._batches.batches(lambda: self._turn is turn)
 
     def __len__(self) -> int:
         """The batches this rank gets in the epoch the next ``for`` runs, counted from the
@@ -522,12 +529,14 @@ class _Streaming:
         """Moves to batch ``batches_taken`` of ``epoch`` dealt from global batch ``origin``."""
         self._native.seek(epoch, origin, batches_taken)
 
-    def batches(self) -> Iterator[dict[str, Any]]:
-        """The rest of the current epoch."""
+    def batches(self, current: Callable[[], bool]) -> Iterator[dict[str, Any]]:
+        """The rest of the current epoch, while ``current()`` says this iterator is the
+        loader's newest."""
         import numpy as np
 
         next_batch, names, convert = self._native.next_batch, self._names, np.from_dlpack
         while True:
+            check_current(current)
             sections = next_batch()
             if sections is None:
                 return
@@ -547,23 +556,23 @@ class _TorchBatches(_Streaming):
         super().__init__(native, names)
         self._device = device
 
-    def batches(self) -> Iterator[dict[str, Any]]:
-        """The rest of the current epoch."""
+    def batches(self, current: Callable[[], bool]) -> Iterator[dict[str, Any]]:
+        """The rest of the current epoch, while ``current()`` says this iterator is the
+        loader's newest."""
         import torch
 
         # torch's own capsule import, where the exchange API is missing; its public
         # wrapper adds checks that cost 1.3 µs a call.
         convert = getattr(torch._C, "_from_dlpack", None) or torch.utils.dlpack.from_dlpack
         next_batch, tensor = self._native.next_batch_dict, torch.Tensor
-        if self._device.type != "cuda":
-            while (batch := next_batch(convert, None, tensor)) is not None:
-                yield batch
-            return
+        device = self._device if self._device.type == "cuda" else None
         while True:
+            check_current(current)
             # DLPack's stream argument, as torch.from_dlpack passes it (1: the legacy
             # default stream). Asking for it also initialises torch's CUDA state, which
             # the exchange API does not.
-            stream = torch.cuda.current_stream(self._device).cuda_stream or 1
+            stream = None if device is None else (
+                torch.cuda.current_stream(device).cuda_stream or 1)
             batch = next_batch(convert, stream, tensor)
             if batch is None:
                 return

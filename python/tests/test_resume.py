@@ -74,6 +74,32 @@ def test_the_same_loop_continues_after_break(train_dir, torch):
     assert first + ids(loader) == order_lines(train_dir, "--batch-events", "8")
 
 
+@pytest.mark.parametrize("kwargs", [
+    {"output": "numpy"}, {"device": "cpu"}, {"device": "cpu", "resident": True},
+], ids=["numpy", "torch", "resident"])
+def test_a_newer_iterator_takes_the_loader_over(train_dir, kwargs, request):
+    if kwargs != {"output": "numpy"}:
+        request.getfixturevalue("torch")
+    full = order_lines(train_dir, "--batch-events", "8")
+    loader = shardify.Loader(train_dir, batch_events=8, **kwargs)
+    older = iter(loader)
+    peeked = next(older)["event_id"].tolist()  # as a script peeks at a batch's shapes
+    newer = iter(loader)
+    rest = [batch["event_id"].tolist() for batch in newer]
+    assert [peeked] + rest == full, "the newer one goes on from the loader's position"
+    # The older one would now take epoch 1's batches, yielding more than len(loader).
+    with pytest.raises(RuntimeError, match=r"iterated again .* make two loaders"):
+        next(older)
+    assert loader.state_dict()["epoch"] == 1 and loader.state_dict()["batches_taken"] == 0
+    assert ids(loader) == order_lines(train_dir, "--batch-events", "8", "--epoch", "1")
+    # Interleaved, as zip(loader, loader) would: the older one fails before a batch.
+    first, second = iter(loader), iter(loader)
+    with pytest.raises(RuntimeError, match="iterated again"):
+        next(first)
+    assert next(second)["event_id"].tolist() == order_lines(
+        train_dir, "--batch-events", "8", "--epoch", "2")[0]
+
+
 def test_a_state_saved_on_rank_0_resumes_rank_1(train_dir, torch):
     rank0 = shardify.Loader(train_dir, batch_events=8, rank=0, world=2)
     it = iter(rank0)
