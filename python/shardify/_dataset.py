@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 import os
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from . import _native
 
 if TYPE_CHECKING:
     import numpy as np
+    import numpy.typing as npt
 
 
 # How a Dataset is made again where it is unpickled: ("open", absolute path, checksums), or
@@ -125,7 +126,7 @@ class Dataset:
         return manifest
 
     @cached_property
-    def geometry(self) -> np.ndarray:
+    def geometry(self) -> npt.NDArray[np.floating[Any]]:
         """The sensor table, ``[sensors, 3]`` (x, y, z in metres; row = sensor id; NaN rows
         for ids the geometry file does not list), in its stored dtype. Read-only."""
         data, dtype = self._native.sensor_positions()
@@ -133,12 +134,12 @@ class Dataset:
 
         return np.frombuffer(data, dtype=np.dtype(dtype).newbyteorder("<")).reshape(-1, 3)
 
-    def event_ids(self) -> np.ndarray:
+    def event_ids(self) -> npt.NDArray[np.int64]:
         """Every event id, int64, in stored order (the shards concatenated): what predictions
         join back to the source on. Reads every shard's ``event_id`` column."""
         import numpy as np
 
-        return np.from_dlpack(self._native.event_ids())
+        return cast("npt.NDArray[np.int64]", np.from_dlpack(self._native.event_ids()))
 
     def __len__(self) -> int:
         return self._native.events

@@ -25,7 +25,10 @@ def mypy(tmp_path, *args: str) -> str:
 
 def test_native_stubs_match_the_module(tmp_path):
     # The installed package: stubs and compiled module side by side, as users get them.
-    out = mypy(tmp_path, "mypy.stubtest", "shardify")
+    # The native module alone: stubtest of the pure-Python modules compares each with
+    # itself, and under the configuration's Python 3.10 it finds on Python 3.13 that
+    # every dataclass lacks the __replace__ which 3.13 adds.
+    out = mypy(tmp_path, "mypy.stubtest", "shardify._native")
     assert "Success" in out
 
 

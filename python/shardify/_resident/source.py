@@ -27,10 +27,13 @@ from .columns import Columns, load_columns, torch_dtype
 from .gather import BatchSizes, gather_packed, gather_padded
 
 if TYPE_CHECKING:
-    import numpy as np
+    import numpy.typing as npt
     import torch
 
     from .._dataset import Dataset
+
+    # The plan's int64 columns, as np.from_dlpack types them (any number).
+    PlanColumn = npt.NDArray[Any]
 
 #: Environment variable choosing the gather: ``torch`` (torch operations, the reference)
 #: or ``fused`` (Triton kernels; on CPU tensors only under ``TRITON_INTERPRET=1``).
@@ -272,8 +275,8 @@ class ResidentBatches:
             capacity=self._capacity(np.diff(starts), doms, pulses, max_doms),
         )
 
-    def _capacity(self, events: np.ndarray, doms: np.ndarray, pulses: np.ndarray,
-                  max_doms: np.ndarray) -> dict[str, int]:
+    def _capacity(self, events: PlanColumn, doms: PlanColumn, pulses: PlanColumn,
+                  max_doms: PlanColumn) -> dict[str, int]:
         """Elements per section of a buffer set that holds any batch of the plan: those of a
         batch as large as the largest in every size (each section grows with the sizes)."""
         if doms.size == 0:
