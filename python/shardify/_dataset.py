@@ -141,6 +141,16 @@ class Dataset:
 
         return cast("npt.NDArray[np.int64]", np.from_dlpack(self._native.event_ids()))
 
+    def __getitem__(self, index: Any) -> Any:
+        """Refused, saying why: torch's ``DataLoader`` given a dataset of this name takes it
+        for a map-style ``torch.utils.data.Dataset`` (it has a length) and asks for
+        ``dataset[i]``, one event at a time."""
+        raise TypeError(
+            "a shardify.Dataset is not indexed event by event: its batches come from "
+            "shardify.Loader(dataset, batch_events=...), which shuffles, gathers and "
+            "batches them with threads of its own (a torch DataLoader is not needed); "
+            "`shardify dump` prints events")
+
     def __len__(self) -> int:
         return self._native.events
 

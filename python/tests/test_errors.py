@@ -189,3 +189,11 @@ def test_a_loader_wrapped_in_a_torch_dataloader_says_to_iterate_it(train_dir, to
     with pytest.raises(TypeError, match="iterate it directly instead of wrapping it in "
                                         r"torch.utils.data.DataLoader"):
         next(iter(wrapped))
+    # A Dataset in its place, taken for a torch Dataset: the Loader is named instead of
+    # "'Dataset' object is not subscriptable".
+    dataset = shardify.Dataset(train_dir)
+    wrapped = DataLoader(dataset, batch_size=16, num_workers=workers)
+    with pytest.raises(TypeError, match=r"not indexed .* shardify.Loader\(dataset"):
+        next(iter(wrapped))
+    with pytest.raises(TypeError, match="not indexed"):
+        dataset[0]
