@@ -336,7 +336,8 @@ class Loader:
 
         A loader is one stream of batches: a newer ``iter(loader)`` takes it over, and an
         older iterator still held raises ``RuntimeError`` at its next batch, where it would
-        have taken the newer one's batches (or, after its epoch, the next epoch's). For two
+        have taken the newer one's batches (or, after its epoch, the next epoch's); so does
+        one whose loader was made again for a process's new rank, world or device. For two
         independent streams, make two loaders."""
         self._follow_the_process()
         epoch, origin, taken = self._batches.position()
@@ -376,8 +377,11 @@ class Loader:
                 == self._found:
             return
         state, loaded = self.state_dict(), self._loaded == self._batches.position()
-        # The old native loader (its threads, its buffers, a resident copy) goes first.
+        # The old native loader (its threads, its buffers, a resident copy) goes first; an
+        # iterator over it still held would hand out batches of the old share, position
+        # apart from the new one's: it raises at its next batch.
         self._native = self._batches = None  # type: ignore[assignment]
+        self._turn = object()
         self._made = False
         Loader.__init__(self, self.dataset, **a)
         self.load_state_dict(state)

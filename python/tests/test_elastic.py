@@ -108,10 +108,14 @@ def test_a_loader_made_before_its_process_group_finds_its_rank_when_used(train_d
     loaded = shardify.Loader(train_dir, device="cpu", **SETTINGS)
     loaded.load_state_dict({**loaded.state_dict(), "global_batches": 6})
     assert (early.rank, early.world, early.drop_last) == (0, 1, False)
+    stale = iter(early)  # an iterator made as rank 0 of 1, not yet advanced
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "3")
     rank_1_of_3 = order_lines(train_dir, *FLAGS, "--rank", "1", "--world", "3", "--drop-last")
     assert len(early) == len(rank_1_of_3)  # taken into use: found again
+    # The iterator over the loader as it was made would hand out rank 0 of 1's batches.
+    with pytest.raises(RuntimeError, match="made again for the process's new rank"):
+        next(stale)
     assert (early.rank, early.world, early.drop_last) == (1, 3, True)
     assert ids(early) == rank_1_of_3
     # A position loaded before is kept, as a global one: the rest dealt to the new world.
