@@ -11,6 +11,7 @@ Host synchronisation (a GPU batch's sizes read back by the host):
 
 * :func:`time_ordered` without ``max_pulses``: none (every size is a tensor's shape);
 * with ``max_pulses``: one per batch, how many pulses are kept (boolean selection);
+* :func:`pad_pulses`: none with a fixed ``length``; without, one (the longest event);
 * :func:`knn_edges`: one per batch, the events' node and group counts (the distance blocks,
   or the Triton kernel's tile, are sized from them on the host; the edges are then written
   in place).
@@ -52,6 +53,9 @@ KEEP_RULES = ("non_auxiliary_first", "random", "charge")
 #: The sections :func:`time_ordered` reads.
 PACKED_SECTIONS = ("event_id", "event_dom_offsets", "dom_pulse_offsets", "dom_position",
                    "pulse_time", "pulse_charge", "pulse_auxiliary")
+
+#: The sections :func:`pad_pulses` reads: :func:`time_ordered`'s CSR of pulses per event.
+TIME_ORDERED_SECTIONS = ("event_pulse_offsets", "pulse_time")
 
 # Pairs of one block of distances in knn_edges on the CPU (int64 keys: 2 MiB, which stays in
 # cache; bigger blocks measured slower on the 2-core CPU) and on a GPU (128 MiB of keys:
@@ -99,17 +103,24 @@ _MASK64 = (1 << 64) - 1
 def _require_packed(batch: dict[str, Any], what: str) -> None:
     """A ``ValueError`` naming the sections ``batch`` lacks, or a ``TypeError`` when it is no
     dict of sections or one of them is not a torch tensor (a loader's ``output="numpy"``)."""
+    _require_sections(batch, what, PACKED_SECTIONS,
+                      "a batch: the dict of sections a shardify.Loader yields",
+                      "a packed batch", "(layout=\"packed\", dom_positions=True)")
+
+
+def _require_sections(batch: dict[str, Any], what: str, sections: tuple[str, ...],
+                      taken: str, kind: str, hint: str) -> None:
+    """As :func:`_require_packed`, for ``sections``: ``what`` takes ``taken``, a dict
+    with ``sections`` (``kind``, made as ``hint`` says)."""
     import torch
 
     if not isinstance(batch, Mapping):
-        raise TypeError(f"{what} takes a batch: the dict of sections a shardify.Loader yields, "
-                        f"not {_type_name(batch)}")
-    missing = [name for name in PACKED_SECTIONS if name not in batch]
+        raise TypeError(f"{what} takes {taken}, not {_type_name(batch)}")
+    missing = [name for name in sections if name not in batch]
     if missing:
-        raise ValueError(f"{what} needs a packed batch with {', '.join(missing)} "
-                         "(layout=\"packed\", dom_positions=True); it has "
-                         f"{', '.join(batch) or 'no sections'}")
-    for name in PACKED_SECTIONS:
+        raise ValueError(f"{what} needs {kind} with {', '.join(missing)} "
+                         f"{hint}; it has {', '.join(batch) or 'no sections'}")
+    for name in sections:
         if not isinstance(batch[name], torch.Tensor):
             raise TypeError(f"{what} needs torch tensors, and section {name} is "
                             f"{_type_name(batch[name])}: "
@@ -251,6 +262,60 @@ def time_ordered(batch: dict[str, Any], max_pulses: int | None = None,
     for label in ("event_azimuth", "event_zenith"):
         if label in batch:
             out[label] = batch[label]
+    return out
+
+
+@_left_untraced
+def pad_pulses(pulses: dict[str, Any], length: int | None = None) -> dict[str, Any]:
+    """:func:`time_ordered`'s pulses as a padded ``[B, L]`` grid, one event a row, for
+    sequence models (a transformer's ``src_key_padding_mask`` is ``~pulse_mask``).
+
+    ``pulses``: what :func:`time_ordered` returns. Returns a dict of tensors on its device:
+
+    * every ``pulse_*`` section ``[P, ...]`` as ``[B, L, ...]`` (its dtype): event ``b``'s
+      pulses in their order at ``[b, :n_b]``, zeros (``False``) after them;
+    * ``pulse_mask`` ``[B, L]`` bool: True where a pulse is;
+    * ``event_pulses`` ``[B]`` int64: the pulses of each row;
+    * the ``event_*`` sections but ``event_pulse_offsets`` (ids, labels), as they are.
+
+    ``length`` (None): ``L``. None takes the batch's longest event (one host
+    synchronisation, to read it). A fixed ``L`` needs none and gives every batch one
+    shape (``torch.compile``, CUDA graphs); an event longer keeps its first ``L`` pulses,
+    so cut events with ``time_ordered(batch, max_pulses=L, keep=...)``, which chooses them.
+    """
+    import torch
+
+    _require_sections(pulses, "pad_pulses", TIME_ORDERED_SECTIONS,
+                      "pulses: the dict of sections time_ordered returns",
+                      "time_ordered's pulses", "(shardify.transforms.time_ordered(batch))")
+    if length is not None and (isinstance(length, bool) or not isinstance(length, int)
+                               or length < 0):
+        raise ValueError(f"length must be a non-negative integer or None, not {length!r}")
+    offsets = pulses["event_pulse_offsets"].long()
+    counts = offsets.diff()
+    events, total = counts.shape[0], pulses["pulse_time"].shape[0]
+    for name, section in pulses.items():
+        if name.startswith("pulse_") and section.shape[0] != total:
+            raise ValueError(f"pad_pulses: section {name} has {section.shape[0]} rows where "
+                             f"pulse_time has {total}: not one time_ordered output")
+    if length is None:
+        length = int(counts.max()) if events else 0
+    device = offsets.device
+    # Each pulse's cell of the flat [B * L] grid; a pulse past its row's L goes to one spare
+    # cell after the grid, which is cut off.
+    pulse_event = torch.repeat_interleave(counts, output_size=total)
+    slot = torch.arange(total, device=device) - offsets[pulse_event]
+    cell = torch.where(slot < length, pulse_event * length + slot, events * length)
+    kept = counts.clamp(max=length)
+    out = {name: section for name, section in pulses.items()
+           if name.startswith("event_") and name != "event_pulse_offsets"}
+    for name, section in pulses.items():
+        if name.startswith("pulse_"):
+            grid = section.new_zeros((events * length + 1, *section.shape[1:]))
+            grid[cell] = section
+            out[name] = grid[:-1].view(events, length, *section.shape[1:])
+    out["pulse_mask"] = torch.arange(length, device=device) < kept[:, None]
+    out["event_pulses"] = kept
     return out
 
 

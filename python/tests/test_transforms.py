@@ -200,6 +200,90 @@ def test_time_ordered_needs_no_host_sync_without_a_cut(torch):
     assert out["pulse_position"].shape == (batch["pulse_time"].shape[0], 3)
 
 
+def check_padded(pulses, length=None):
+    """pad_pulses against time_ordered's CSR, event by event: each row its event's first
+    ``length`` pulses in order, zeros and False after, every section in its dtype."""
+    from shardify.transforms import pad_pulses
+
+    got = {k: v.numpy() for k, v in pad_pulses(pulses, length).items()}
+    csr = {k: v.numpy() for k, v in pulses.items()}
+    offsets = csr["event_pulse_offsets"]
+    counts = np.diff(offsets)
+    width = int(counts.max(initial=0)) if length is None else length
+    events = len(counts)
+    assert set(got) == {k for k in csr if k != "event_pulse_offsets"} | {
+        "pulse_mask", "event_pulses"}
+    kept = np.minimum(counts, width)
+    np.testing.assert_array_equal(got["event_pulses"], kept)
+    assert got["event_pulses"].dtype == np.int64
+    np.testing.assert_array_equal(got["pulse_mask"], np.arange(width) < kept[:, None])
+    for name, section in csr.items():
+        if name.startswith("event_") and name != "event_pulse_offsets":
+            np.testing.assert_array_equal(got[name], section)
+        if not name.startswith("pulse_"):
+            continue
+        grid = got[name]
+        assert grid.dtype == section.dtype and grid.shape == (events, width,
+                                                               *section.shape[1:]), name
+        for b in range(events):
+            rows = section[offsets[b]:offsets[b] + kept[b]]
+            np.testing.assert_array_equal(grid[b, :kept[b]], rows, err_msg=f"{name} {b}")
+            assert not grid[b, kept[b]:].any(), f"{name} {b}: padding is zero"
+    return got
+
+
+def test_pad_pulses_against_the_reference(realistic_dir, torch):
+    from shardify.transforms import time_ordered
+
+    for i, batch in enumerate(shardify.Loader(realistic_dir, batch_events=64, seed=3)):
+        if i == 2:
+            break
+        pulses = time_ordered(batch, max_pulses=64, keep="random")
+        longest = int(pulses["event_pulse_offsets"].diff().max())
+        assert check_padded(pulses)["pulse_time"].shape[1] == longest == 64
+        check_padded(pulses, 80)  # wider than any event
+        check_padded(pulses, 17)  # narrower: each event's first 17
+        check_padded(time_ordered(batch))  # uncut: the longest event of the batch
+    # Hand-made edge cases: an event without pulses, one of one pulse, ties in time.
+    pulses = time_ordered(make_batch(torch, boundary_events(5)))
+    got = check_padded(pulses)
+    assert got["event_pulses"].tolist() == [8, 8, 9, 3, 1, 0, 10]
+    check_padded(pulses, 0)
+    empty = time_ordered(make_batch(torch, [[]]))
+    assert check_padded(empty)["pulse_time"].shape == (1, 0)
+
+
+def test_pad_pulses_to_a_fixed_length_needs_no_host_sync(torch):
+    """On the meta device a data-dependent size raises: a fixed length reads none."""
+    from shardify.transforms import pad_pulses, time_ordered
+
+    batch = make_batch(torch, boundary_events(5))
+    meta = time_ordered({k: v.to("meta") for k, v in batch.items()})
+    out = pad_pulses(meta, 12)
+    assert out["pulse_position"].shape == (7, 12, 3) and out["pulse_mask"].shape == (7, 12)
+    with pytest.raises(Exception, match="meta"):
+        pad_pulses(meta)  # the longest event is read from the data
+
+
+def test_pad_pulses_refuses_what_is_not_time_ordered_pulses(torch):
+    from shardify.transforms import pad_pulses, time_ordered
+
+    batch = make_batch(torch, boundary_events(5))
+    with pytest.raises(ValueError, match="^pad_pulses needs time_ordered's pulses with "
+                                         "event_pulse_offsets"):
+        pad_pulses(batch)
+    with pytest.raises(TypeError, match="takes pulses: the dict of sections time_ordered"):
+        pad_pulses([batch])
+    pulses = time_ordered(batch)
+    for length in (-1, True, 2.0):
+        with pytest.raises(ValueError, match="length must be a non-negative integer"):
+            pad_pulses(pulses, length)
+    mixed = {**pulses, "pulse_charge": pulses["pulse_charge"][:-1]}
+    with pytest.raises(ValueError, match="section pulse_charge has 38 rows where pulse_time "
+                                         "has 39"):
+        pad_pulses(mixed)
+
+
 def reference_knn(pos: np.ndarray, offsets: np.ndarray, k: int) -> np.ndarray:
     """edge_index [2, E] as documented, event by event: float32 squared distances
     ((dx*dx + dy*dy) + dz*dz), each node's neighbours nearest first, ties to the lower row,
@@ -571,7 +655,7 @@ def test_torch_compile_calls_the_transforms_rather_than_tracing_them(torch):
 
     import torch._dynamo
     from shardify.torch_geometric import to_pyg
-    from shardify.transforms import knn_edges, time_ordered
+    from shardify.transforms import knn_edges, pad_pulses, time_ordered
 
     def graphs_compiled(knn):
         torch._dynamo.reset()
@@ -593,7 +677,7 @@ def test_torch_compile_calls_the_transforms_rather_than_tracing_them(torch):
     untraced, traced = graphs_compiled(knn_edges), graphs_compiled(inspect.unwrap(knn_edges))
     assert untraced <= 4, untraced
     assert traced > 3 * untraced, f"traced, {traced} graphs: the batches did not vary"
-    for function in (knn_edges, time_ordered, to_pyg):
+    for function in (knn_edges, time_ordered, pad_pulses, to_pyg):
         assert inspect.unwrap(function) is not function, function.__name__
     torch._dynamo.reset()
 
