@@ -156,6 +156,27 @@ def test_the_adapters_on_the_gpu_equal_the_cpu_ones(realistic_dir, torch, cuda):
     assert torch.equal(by_dom.cpu(), want)
 
 
+def test_pad_pulses_on_the_gpu_equals_the_cpu_and_at_a_fixed_length_never_waits(
+        realistic_dir, torch, cuda):
+    from shardify.transforms import pad_pulses, time_ordered
+
+    batch = next(iter(shardify.Loader(realistic_dir, batch_events=64, seed=2, device="cpu")))
+    pulses = time_ordered(batch, max_pulses=100)
+    on_gpu = {k: v.to(cuda) for k, v in pulses.items()}
+    for length in (None, 64, 128):
+        want, got = pad_pulses(pulses, length), pad_pulses(on_gpu, length)
+        assert got.keys() == want.keys()
+        for name in want:
+            assert torch.equal(got[name].cpu(), want[name]), (length, name)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        grid = pad_pulses(on_gpu, 128)  # a fixed length: nothing read back
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert torch.equal(grid["pulse_mask"].cpu(), pad_pulses(pulses, 128)["pulse_mask"])
+
+
 def test_the_fused_knn_on_the_gpu_equals_the_cpu(realistic_dir, torch, cuda, monkeypatch):
     """SHARDIFY_KNN=fused: the Triton kernel's edges on the GPU, for batches cut to 256 and
     64 pulses (k = 8, 1), are the torch path's on the CPU; an uncut batch, whose largest
