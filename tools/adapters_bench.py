@@ -10,6 +10,9 @@ Takes --batches batches from ``shardify.Loader`` and times, per batch (medians):
 * the loader alone: the same loader drained in Rust (``drain``: the bound of the Python
   loader), per batch;
 * ``time_ordered`` without a cut, and with ``max_pulses`` under each ``keep`` rule;
+* ``pad_pulses`` on the cut pulses, to the longest event and to ``max_pulses``, beside what
+  a user writes without it (``torch.split`` by the events' counts, read to the host, then
+  ``pad_sequence`` per section, and the mask): the same grids, checked equal;
 * ``knn_edges`` (k=8) on the cut pulses (distances per pulse, and per DOM as ``to_pyg``
   computes them on the CPU, and on a GPU for events cut to more than 256 pulses), and the
   whole ``to_pyg(standardize="graphnet", knn=8, max_pulses=...)``;
@@ -58,7 +61,8 @@ import shardify
 import shardify.transforms as transforms
 import torch
 from shardify.torch_geometric import to_pyg
-from shardify.transforms import knn_edges, time_ordered
+from shardify.transforms import knn_edges, pad_pulses, time_ordered
+from torch.nn.utils.rnn import pad_sequence
 from torch.utils._python_dispatch import TorchDispatchMode
 
 
@@ -99,6 +103,30 @@ def training_loop(device: torch.device, alone: Callable[[], Any],
         for name, loop in (("alone", alone), ("adapted", adapted)):
             times[name].append(timed(device, loop) / batches)
     return statistics.median(times["alone"]), statistics.median(times["adapted"])
+
+
+def split_and_pad(pulses: dict[str, Any]) -> dict[str, Any]:
+    """``pad_pulses(pulses)`` as a user writes it without it: the events' counts read to the
+    host, each ``pulse_*`` section split by them and padded by ``pad_sequence``, the mask
+    from the counts."""
+    counts = pulses["event_pulse_offsets"].diff()
+    sizes = counts.tolist()
+    out = {name: section for name, section in pulses.items()
+           if name.startswith("event_") and name != "event_pulse_offsets"}
+    for name, section in pulses.items():
+        if name.startswith("pulse_"):
+            out[name] = pad_sequence(list(torch.split(section, sizes)), batch_first=True)
+    length = out["pulse_time"].shape[1]
+    out["pulse_mask"] = torch.arange(length, device=counts.device) < counts[:, None]
+    out["event_pulses"] = counts
+    return out
+
+
+def same_grids(got: dict[str, Any], expected: dict[str, Any]) -> None:
+    """Stops the bench where two padded batches differ (a timing of unequal work)."""
+    if got.keys() != expected.keys() or not all(
+            torch.equal(got[name], expected[name]) for name in got):
+        sys.exit("adapters_bench: pad_pulses and split + pad_sequence gave different grids")
 
 
 def dynedge_example() -> Any:
@@ -268,6 +296,14 @@ def main() -> None:
     for keep in ("non_auxiliary_first", "random", "charge"):
         rows.append((f"time_ordered, max_pulses={n}, keep={keep}",
                      per_batch(lambda b, keep=keep: time_ordered(b, max_pulses=n, keep=keep))))
+    for p in cut:
+        same_grids(pad_pulses(p), split_and_pad(p))
+    rows.append(("pad_pulses on the cut pulses, to the longest event",
+                 median_warm(device, [lambda p=p: pad_pulses(p) for p in cut])))
+    rows.append((f"pad_pulses on the cut pulses, to {n} (no host sync)",
+                 median_warm(device, [lambda p=p: pad_pulses(p, n) for p in cut])))
+    rows.append(("the same grids by torch.split + pad_sequence (what it replaces)",
+                 median_warm(device, [lambda p=p: split_and_pad(p) for p in cut])))
     per_pulse = [lambda p=p: knn_edges(p["pulse_position"], p["event_pulse_offsets"], 8)
                  for p in cut]
     rows.append(("knn_edges k=8 on the cut pulses, distances per pulse",
@@ -391,17 +427,22 @@ def main() -> None:
         print(f"in a training loop the adapter costs {cost * 1e3:.3f} ms per batch "
               f"({cost / per_batch_in_loop:.1%} of the loop's time per batch; "
               f"{cost / adapter:.2f}x its own time above)")
+    floor = operation_time(device)
     if fused:
         print(f"with the Triton kNN: adapter / loader: {adapter_fused / loader_per_batch:.1f}x;"
               f" adapter / DynEdge step: {adapter_fused / model_step_fused:.1%} (its step with "
               f"the kernel too; {adapter_fused / model_step:.1%} of the step above); "
               f"{operations_fused:.0f} torch operations per batch (and one kernel)")
+        floor_fused = operations_fused * floor
+        print(f"with the Triton kNN the adapter's {operations_fused:.0f} operations cost at "
+              f"least {floor_fused * 1e3:.3f} ms at one trivial operation's time "
+              f"({floor_fused / loader_per_batch:.1f}x the loader's time per batch; the "
+              f"adapter is {adapter_fused / floor_fused:.1f}x that floor)")
         if in_loop is not None:
             cost, per_batch_in_loop = in_loop_fused
             print(f"in a training loop the adapter with the Triton kNN costs "
                   f"{cost * 1e3:.3f} ms per batch ({cost / per_batch_in_loop:.1%} of the "
                   f"loop's time per batch)")
-    floor = operation_time(device)
     print(f"the adapter runs {operations:.0f} torch operations per batch (views left out; on "
           f"a GPU each is a kernel launch), {adapter / operations * 1e6:.1f} us each on average;"
           f" one trivial operation takes {floor * 1e6:.1f} us here, so these operations cost "

@@ -15,12 +15,19 @@ ROWS = [
     "time_ordered, max_pulses=64, keep=non_auxiliary_first",
     "time_ordered, max_pulses=64, keep=random",
     "time_ordered, max_pulses=64, keep=charge",
+    "pad_pulses on the cut pulses, to the longest event",
+    "pad_pulses on the cut pulses, to 64 (no host sync)",
+    "the same grids by torch.split + pad_sequence (what it replaces)",
     "knn_edges k=8 on the cut pulses, distances per pulse",
     "knn_edges k=8 on the cut pulses, distances per DOM (groups)",
     "to_pyg graphnet, knn=8, max_pulses=64 (the adapter)",
     "floor: memcpy of the adapter's output",
     "DynEdge step (width 0.05), forward + backward + AdamW",
 ]
+ADAPTER, FLOOR, STEP = (ROWS.index(name) for name in (
+    "to_pyg graphnet, knn=8, max_pulses=64 (the adapter)",
+    "floor: memcpy of the adapter's output",
+    "DynEdge step (width 0.05), forward + backward + AdamW"))
 LOOP_ROWS = [
     "a training loop's steps on ready graphs (one sync per loop)",
     "the same loop calling to_pyg before each step",
@@ -73,13 +80,14 @@ def test_adapters_bench_times_every_row_and_the_training_loop(train_dir, torch):
     out = bench(train_dir, "--training-loop", "--block-costs", f"2^10,{default_cost}")
     rows = row_times(out)
     # The floor's row names its size in MB after the words listed.
-    floor = [name for name in rows if name.startswith(ROWS[8])]
+    floor = [name for name in rows if name.startswith(ROWS[FLOOR])]
     assert len(floor) == 1, out
-    assert [name for name in rows if name not in floor] == ROWS[:8] + ROWS[9:] + LOOP_ROWS, out
+    assert [name for name in rows if name not in floor] == (
+        ROWS[:FLOOR] + ROWS[FLOOR + 1:] + LOOP_ROWS), out
     assert all(seconds > 0 for seconds in rows.values()), out
     assert "on cpu" in out.splitlines()[0], out
     # The summary lines, from the rows above.
-    adapter, step = rows[ROWS[7]], rows[ROWS[9]]
+    adapter, step = rows[ROWS[ADAPTER]], rows[ROWS[STEP]]
     assert_step_share(out, "adapter / loader: ", adapter, step)
     alone, adapted = rows[LOOP_ROWS[0]], rows[LOOP_ROWS[1]]
     cost = re.search(r"in a training loop the adapter costs (-?\d+\.\d+) ms per batch", out)
@@ -105,7 +113,7 @@ def test_adapters_bench_leaves_the_training_loop_to_gpus_unless_asked(train_dir,
     rows = row_times(out)
     assert not set(LOOP_ROWS) & set(rows), out
     assert "in a training loop" not in out, out
-    assert ROWS[9] in rows, out
+    assert ROWS[STEP] in rows, out
 
 
 FUSED_ROWS = [
@@ -130,5 +138,20 @@ def test_adapters_bench_times_the_triton_knn_when_asked(train_dir, torch):
     assert "with the Triton kNN: adapter / loader: " in out, out
     assert_step_share(out, "with the Triton kNN: adapter / loader: ", adapter, step)
     assert "% (its step with the kernel" in out, out
-    assert re.search(r"; \d+ torch operations per batch \(and one kernel\)", out), out
+    operations = re.search(r"; (\d+) torch operations per batch \(and one kernel\)", out)
+    assert operations is not None, out
+    # The floor of those operations: their count at one trivial operation's time, the same
+    # time the torch path's floor line prints, and the adapter's row over it.
+    floor = re.search(r"^with the Triton kNN the adapter's (\d+) operations cost at least "
+                      r"(\d+\.\d{3}) ms at one trivial operation's time \((\d+\.\d)x the "
+                      r"loader's time per batch; the adapter is (\d+\.\d)x that floor\)$",
+                      out, re.M)
+    assert floor is not None, out
+    assert floor.group(1) == operations.group(1), out
+    trivial = re.search(r"one trivial operation takes (\d+\.\d) us here", out)
+    assert trivial is not None, out
+    expected = int(floor.group(1)) * float(trivial.group(1)) / 1e3
+    assert abs(float(floor.group(2)) - expected) <= int(floor.group(1)) * 0.05e-3 + 0.0005, out
+    assert abs(float(floor.group(4)) - adapter / float(floor.group(2))) <= (
+        0.05 + 0.01 * adapter / float(floor.group(2))), out
     assert not set(FUSED_ROWS) & set(row_times(bench(train_dir))), "rows only when asked"
