@@ -112,8 +112,6 @@ def _require_sections(batch: dict[str, Any], what: str, sections: tuple[str, ...
                       taken: str, kind: str, hint: str) -> None:
     """As :func:`_require_packed`, for ``sections``: ``what`` takes ``taken``, a dict
     with ``sections`` (``kind``, made as ``hint`` says)."""
-    import torch
-
     if not isinstance(batch, Mapping):
         raise TypeError(f"{what} takes {taken}, not {_type_name(batch)}")
     missing = [name for name in sections if name not in batch]
@@ -121,11 +119,18 @@ def _require_sections(batch: dict[str, Any], what: str, sections: tuple[str, ...
         raise ValueError(f"{what} needs {kind} with {', '.join(missing)} "
                          f"{hint}; it has {', '.join(batch) or 'no sections'}")
     for name in sections:
-        if not isinstance(batch[name], torch.Tensor):
-            raise TypeError(f"{what} needs torch tensors, and section {name} is "
-                            f"{_type_name(batch[name])}: "
-                            "make the loader with output=\"torch\" (the default), or wrap "
-                            "each array with torch.from_numpy (no copy)")
+        _require_tensor(what, name, batch[name])
+
+
+def _require_tensor(what: str, name: str, section: Any) -> None:
+    """A ``TypeError`` naming section ``name`` unless it is a torch tensor."""
+    import torch
+
+    if not isinstance(section, torch.Tensor):
+        raise TypeError(f"{what} needs torch tensors, and section {name} is "
+                        f"{_type_name(section)}: "
+                        "make the loader with output=\"torch\" (the default), or wrap "
+                        "each array with torch.from_numpy (no copy)")
 
 
 def _type_name(value: Any) -> str:
@@ -295,7 +300,10 @@ def pad_pulses(pulses: dict[str, Any], length: int | None = None) -> dict[str, A
     counts = offsets.diff()
     events, total = counts.shape[0], pulses["pulse_time"].shape[0]
     for name, section in pulses.items():
-        if name.startswith("pulse_") and section.shape[0] != total:
+        if not name.startswith("pulse_"):
+            continue
+        _require_tensor("pad_pulses", name, section)
+        if section.shape[0] != total:
             raise ValueError(f"pad_pulses: section {name} has {section.shape[0]} rows where "
                              f"pulse_time has {total}: not one time_ordered output")
     if length is None:

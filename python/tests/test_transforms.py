@@ -282,6 +282,11 @@ def test_pad_pulses_refuses_what_is_not_time_ordered_pulses(torch):
     with pytest.raises(ValueError, match="section pulse_charge has 38 rows where pulse_time "
                                          "has 39"):
         pad_pulses(mixed)
+    # Any pulse section, not only pulse_time, which the check of the sections read covers.
+    as_numpy = {**pulses, "pulse_charge": pulses["pulse_charge"].numpy()}
+    with pytest.raises(TypeError, match="^pad_pulses needs torch tensors, and section "
+                                        "pulse_charge is numpy.ndarray"):
+        pad_pulses(as_numpy)
 
 
 def reference_knn(pos: np.ndarray, offsets: np.ndarray, k: int) -> np.ndarray:
