@@ -50,15 +50,24 @@ if TYPE_CHECKING:
 
 from .transforms import (
     PACKED_SECTIONS,
+    STANDARDIZATIONS,
+    _features_and_positions,
     _left_untraced,
     _require_packed,
     choose_knn,
+    graphnet_charge,
+    graphnet_time,
+    graphnet_xyz,
     knn_edges,
+    require_standardization,
     time_ordered,
 )
 
-#: The scalings ``standardize`` accepts.
-STANDARDIZATIONS = (None, "graphnet")
+# The scalings (STANDARDIZATIONS, graphnet_*) are the transforms': pulse_features shares
+# them with sequence models. Imported here, they keep their names in this module too.
+__all__ = ["PACKED_SECTIONS", "STANDARDIZATIONS", "GPU_PULSE_DISTANCES_MAX", "GraphLoader",
+           "direction", "distances_per_dom", "graphnet_charge", "graphnet_time", "graphnet_xyz",
+           "to_pyg"]
 
 #: On a GPU, pulse nodes cut to at most this many per event get their kNN distances per
 #: pulse rather than per DOM: the edges are the same, and an event's pairs (at most 256^2)
@@ -77,23 +86,6 @@ def distances_per_dom(device: Any, max_pulses: int | None) -> bool:
     if max_pulses is None or max_pulses > GPU_PULSE_DISTANCES_MAX:
         return True
     return device.type != "cuda" and choose_knn(device) != "fused"
-
-
-def graphnet_time(t: Any) -> Any:
-    """GraphNeT IceCubeKaggle's time scaling: (t - 1e4) / 3e4."""
-    return (t - 1.0e4) / 3.0e4
-
-
-def graphnet_charge(q: Any) -> Any:
-    """GraphNeT IceCubeKaggle's charge scaling: log10(q) / 3."""
-    import torch
-
-    return torch.log10(q) / 3.0
-
-
-def graphnet_xyz(xyz: Any) -> Any:
-    """GraphNeT IceCubeKaggle's position scaling: x / 500."""
-    return xyz / 500.0
 
 
 def direction(azimuth: Any, zenith: Any) -> Any:
@@ -125,8 +117,7 @@ def to_pyg(batch: dict[str, Any], nodes: str = "pulses", *, standardize: str | N
     _require_packed(batch, "to_pyg")
     if isinstance(min_pulses, bool) or not isinstance(min_pulses, int) or min_pulses < 0:
         raise ValueError(f"min_pulses must be a non-negative integer, not {min_pulses!r}")
-    if standardize not in STANDARDIZATIONS:
-        raise ValueError(f"invalid standardize: {standardize!r} (expected None or \"graphnet\")")
+    require_standardization(standardize)
     if nodes == "pulses":
         fields = _pulse_nodes(batch, standardize, max_pulses, keep, seed, epoch)
     elif nodes == "doms":
@@ -169,18 +160,9 @@ def to_pyg(batch: dict[str, Any], nodes: str = "pulses", *, standardize: str | N
 
 def _pulse_nodes(batch: dict[str, Any], standardize: str | None, max_pulses: int | None,
                  keep: str, seed: int, epoch: int) -> dict[str, Any]:
-    import torch
 
     pulses = time_ordered(batch, max_pulses=max_pulses, keep=keep, seed=seed, epoch=epoch)
-    pos = pulses["pulse_position"].to(torch.float32)
-    time = pulses["pulse_time"].to(torch.float32)
-    charge = pulses["pulse_charge"].to(torch.float32)
-    auxiliary = pulses["pulse_auxiliary"].to(torch.float32)
-    if standardize == "graphnet":
-        columns = [graphnet_xyz(pos), graphnet_time(time), graphnet_charge(charge), auxiliary]
-    else:
-        columns = [pos, time, charge, auxiliary]
-    x = torch.cat([c if c.dim() == 2 else c[:, None] for c in columns], dim=1)
+    x, pos = _features_and_positions(pulses, standardize)
     ptr = pulses["event_pulse_offsets"]
     return dict(x=x, pos=pos, ptr=ptr, pulse_counts=ptr.diff(), pulse_dom=pulses["pulse_dom"])
 

@@ -12,6 +12,7 @@ Host synchronisation (a GPU batch's sizes read back by the host):
 * :func:`time_ordered` without ``max_pulses``: none (every size is a tensor's shape);
 * with ``max_pulses``: one per batch, how many pulses are kept (boolean selection);
 * :func:`pad_pulses`: none with a fixed ``length``; without, one (the longest event);
+* :func:`pulse_features`: none;
 * :func:`knn_edges`: one per batch, the events' node and group counts (the distance blocks,
   or the Triton kernel's tile, are sized from them on the host; the edges are then written
   in place).
@@ -19,6 +20,12 @@ Host synchronisation (a GPU batch's sizes read back by the host):
 >>> from shardify.transforms import time_ordered
 >>> for batch in shardify.Loader("dataset/", batch_events=256):   # doctest: +SKIP
 ...     pulses = time_ordered(batch, max_pulses=256)   # non-auxiliary pulses kept first
+
+A sequence model's input, GraphNeT's features on a padded grid:
+
+>>> from shardify.transforms import pad_pulses, pulse_features
+>>> pulses["pulse_features"] = pulse_features(pulses, standardize="graphnet")  # doctest: +SKIP
+>>> grid = pad_pulses(pulses, 256)   # grid["pulse_features"]: [B, 256, 6]    # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -56,6 +63,15 @@ PACKED_SECTIONS = ("event_id", "event_dom_offsets", "dom_pulse_offsets", "dom_po
 
 #: The sections :func:`pad_pulses` reads: :func:`time_ordered`'s CSR of pulses per event.
 TIME_ORDERED_SECTIONS = ("event_pulse_offsets", "pulse_time")
+
+#: The sections :func:`pulse_features` reads: :func:`time_ordered`'s pulses.
+PULSE_FEATURE_SECTIONS = ("pulse_position", "pulse_time", "pulse_charge", "pulse_auxiliary")
+
+#: The columns of :func:`pulse_features` (and of ``to_pyg``'s pulse nodes), in order.
+PULSE_FEATURES = ("x", "y", "z", "time", "charge", "auxiliary")
+
+#: The scalings :func:`pulse_features` (and ``to_pyg``) take as ``standardize``.
+STANDARDIZATIONS = (None, "graphnet")
 
 # Pairs of one block of distances in knn_edges on the CPU (int64 keys: 2 MiB, which stays in
 # cache; bigger blocks measured slower on the 2-core CPU) and on a GPU (128 MiB of keys:
@@ -325,6 +341,72 @@ def pad_pulses(pulses: dict[str, Any], length: int | None = None) -> dict[str, A
     out["pulse_mask"] = torch.arange(length, device=device) < kept[:, None]
     out["event_pulses"] = kept
     return out
+
+
+def graphnet_time(t: Any) -> Any:
+    """GraphNeT IceCubeKaggle's time scaling: (t - 1e4) / 3e4."""
+    return (t - 1.0e4) / 3.0e4
+
+
+def graphnet_charge(q: Any) -> Any:
+    """GraphNeT IceCubeKaggle's charge scaling: log10(q) / 3."""
+    import torch
+
+    return torch.log10(q) / 3.0
+
+
+def graphnet_xyz(xyz: Any) -> Any:
+    """GraphNeT IceCubeKaggle's position scaling: x / 500."""
+    return xyz / 500.0
+
+
+def require_standardization(standardize: Any) -> None:
+    """A ``ValueError`` unless ``standardize`` is one of :data:`STANDARDIZATIONS`."""
+    if standardize not in STANDARDIZATIONS:
+        raise ValueError(f"invalid standardize: {standardize!r} (expected None or \"graphnet\")")
+
+
+@_left_untraced
+def pulse_features(pulses: dict[str, Any], standardize: str | None = None) -> Any:
+    """The node features of :func:`time_ordered`'s pulses, ``[P, 6]`` float32 on their
+    device, one row a pulse in their order: x, y, z (the pulse's DOM), time, charge,
+    auxiliary (:data:`PULSE_FEATURES`), the columns ``to_pyg``'s pulse nodes have.
+
+    ``standardize``: None (raw units) or ``"graphnet"``: scaled exactly as GraphNeT's
+    ``IceCubeKaggle`` detector does (graphnet-team/graphnet,
+    ``src/graphnet/models/detector/icecube.py``, ``IceCubeKaggle.feature_map``): x, y, z /
+    500; (time - 1e4) / 3e4; log10(charge) / 3; auxiliary as is.
+
+    A sequence model's input: put it in the pulses as a section (``pulses["pulse_features"]
+    = pulse_features(pulses)``) and :func:`pad_pulses` pads it to ``[B, L, 6]`` with the
+    rest. No host synchronisation: elementwise operations and one concatenation.
+    """
+    _require_sections(pulses, "pulse_features", PULSE_FEATURE_SECTIONS,
+                      "pulses: the dict of sections time_ordered returns",
+                      "time_ordered's pulses", "(shardify.transforms.time_ordered(batch))")
+    require_standardization(standardize)
+    return _features_and_positions(pulses, standardize)[0]
+
+
+def _features_and_positions(pulses: dict[str, Any], standardize: str | None) -> tuple[Any, Any]:
+    """:func:`pulse_features` of ``pulses`` (not checked) and their positions, ``[P, 3]``
+    float32 in metres, converted once for both (``to_pyg``'s ``x`` and ``pos``)."""
+    import torch
+
+    pos = pulses["pulse_position"].to(torch.float32)
+    time = pulses["pulse_time"].to(torch.float32)
+    charge = pulses["pulse_charge"].to(torch.float32)
+    auxiliary = pulses["pulse_auxiliary"].to(torch.float32)
+    if pos.ndim != 2 or pos.shape[1] != 3 or not (
+            pos.shape[0] == time.shape[0] == charge.shape[0] == auxiliary.shape[0]):
+        raise ValueError(f"pulse_features: pulse_position must be [P, 3] and pulse_time, "
+                         f"pulse_charge, pulse_auxiliary [P], not {tuple(pos.shape)}, "
+                         f"{tuple(time.shape)}, {tuple(charge.shape)}, "
+                         f"{tuple(auxiliary.shape)}")
+    xyz = pos
+    if standardize == "graphnet":
+        xyz, time, charge = graphnet_xyz(pos), graphnet_time(time), graphnet_charge(charge)
+    return torch.cat([xyz, time[:, None], charge[:, None], auxiliary[:, None]], dim=1), pos
 
 
 def _event_time_order(time: Any, pulse_event: Any) -> Any:

@@ -660,7 +660,7 @@ def test_torch_compile_calls_the_transforms_rather_than_tracing_them(torch):
 
     import torch._dynamo
     from shardify.torch_geometric import to_pyg
-    from shardify.transforms import knn_edges, pad_pulses, time_ordered
+    from shardify.transforms import knn_edges, pad_pulses, pulse_features, time_ordered
 
     def graphs_compiled(knn):
         torch._dynamo.reset()
@@ -682,9 +682,68 @@ def test_torch_compile_calls_the_transforms_rather_than_tracing_them(torch):
     untraced, traced = graphs_compiled(knn_edges), graphs_compiled(inspect.unwrap(knn_edges))
     assert untraced <= 4, untraced
     assert traced > 3 * untraced, f"traced, {traced} graphs: the batches did not vary"
-    for function in (knn_edges, time_ordered, pad_pulses, to_pyg):
+    for function in (knn_edges, time_ordered, pad_pulses, pulse_features, to_pyg):
         assert inspect.unwrap(function) is not function, function.__name__
     torch._dynamo.reset()
+
+
+def check_features(x: np.ndarray, pulses: dict[str, np.ndarray], standardize) -> None:
+    """``x`` [P, 6] float32: x, y, z, time, charge, auxiliary of time_ordered's ``pulses``
+    (NumPy arrays), scaled as ``standardize`` says, computed here in float32."""
+    assert x.dtype == np.float32 and x.shape == (len(pulses["pulse_time"]), 6)
+    xyz = pulses["pulse_position"].astype(np.float32)
+    t = pulses["pulse_time"].astype(np.float32)
+    q = pulses["pulse_charge"].astype(np.float32)
+    a = pulses["pulse_auxiliary"].astype(np.float32)
+    if standardize == "graphnet":
+        # graphnet-team/graphnet, src/graphnet/models/detector/icecube.py, IceCubeKaggle.
+        xyz, t, q = xyz / np.float32(500.0), (t - np.float32(1e4)) / np.float32(3e4), \
+            np.log10(q) / np.float32(3.0)
+    for column, want in enumerate([xyz[:, 0], xyz[:, 1], xyz[:, 2], t, q, a]):
+        np.testing.assert_allclose(x[:, column], want, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("standardize", [None, "graphnet"])
+def test_pulse_features_against_the_reference_and_padded(realistic_dir, torch, standardize):
+    """Every column of every pulse, cut and uncut; as a section, pad_pulses pads it with the
+    rest ([B, L, 6]); no host synchronisation (it runs on the meta device)."""
+    from shardify.transforms import PULSE_FEATURES, pulse_features, time_ordered
+
+    assert PULSE_FEATURES == ("x", "y", "z", "time", "charge", "auxiliary")
+    for i, batch in enumerate(shardify.Loader(realistic_dir, batch_events=64, seed=4)):
+        if i == 2:
+            break
+        for cut in (None, 48):
+            pulses = time_ordered(batch, max_pulses=cut, keep="charge")
+            features = pulse_features(pulses, standardize=standardize)
+            check_features(features.numpy(), {k: v.numpy() for k, v in pulses.items()},
+                           standardize)
+            pulses["pulse_features"] = features
+            assert check_padded(pulses, 40)["pulse_features"].shape == (64, 40, 6)
+    edge = time_ordered(make_batch(torch, boundary_events(5)))
+    assert pulse_features(edge, standardize).shape == (edge["pulse_time"].shape[0], 6)
+    meta = time_ordered({k: v.to("meta") for k, v in make_batch(
+        torch, boundary_events(5)).items()})
+    assert pulse_features(meta, standardize).shape == (meta["pulse_time"].shape[0], 6)
+
+
+def test_pulse_features_refuses_what_is_not_time_ordered_pulses(torch):
+    from shardify.transforms import pulse_features, time_ordered
+
+    batch = make_batch(torch, boundary_events(5))
+    with pytest.raises(ValueError, match="^pulse_features needs time_ordered's pulses with "
+                                         "pulse_position"):
+        pulse_features(batch)
+    pulses = time_ordered(batch)
+    with pytest.raises(ValueError, match="invalid standardize: 'zscore'"):
+        pulse_features(pulses, "zscore")
+    with pytest.raises(TypeError, match="^pulse_features needs torch tensors, and section "
+                                        "pulse_charge is numpy.ndarray"):
+        pulse_features({**pulses, "pulse_charge": pulses["pulse_charge"].numpy()})
+    with pytest.raises(ValueError, match=r"pulse_position must be \[P, 3\] and pulse_time, "
+                                         r"pulse_charge, pulse_auxiliary \[P\], not \(39, 3\), "
+                                         r"\(39,\), \(38,\), \(39,\)"):
+        pulse_features({**pulses, "pulse_charge": pulses["pulse_charge"][:-1]})
 
 
 @pytest.mark.parametrize("standardize", [None, "graphnet"])
@@ -697,18 +756,7 @@ def test_to_pyg_pulses_graphnet_features_labels_and_edges(realistic_dir, torch, 
     graphs = to_pyg(batch, standardize=standardize, knn=8, max_pulses=128)
     assert isinstance(graphs, pyg.data.Batch) and graphs.num_graphs == 32
     pulses = {k: v.numpy() for k, v in time_ordered(batch, max_pulses=128).items()}
-    x = graphs.x.numpy()
-    assert x.dtype == np.float32 and x.shape == (len(pulses["pulse_time"]), 6)
-    xyz = pulses["pulse_position"].astype(np.float32)
-    t = pulses["pulse_time"].astype(np.float32)
-    q = pulses["pulse_charge"].astype(np.float32)
-    a = pulses["pulse_auxiliary"].astype(np.float32)
-    if standardize == "graphnet":
-        # graphnet-team/graphnet, src/graphnet/models/detector/icecube.py, IceCubeKaggle.
-        xyz, t, q = xyz / np.float32(500.0), (t - np.float32(1e4)) / np.float32(3e4), \
-            np.log10(q) / np.float32(3.0)
-    for column, want in enumerate([xyz[:, 0], xyz[:, 1], xyz[:, 2], t, q, a]):
-        np.testing.assert_allclose(x[:, column], want, rtol=1e-6, atol=1e-7)
+    check_features(graphs.x.numpy(), pulses, standardize)
     np.testing.assert_array_equal(graphs.ptr.numpy(), pulses["event_pulse_offsets"])
     np.testing.assert_array_equal(graphs.n_pulses.numpy(),
                                   np.diff(pulses["event_pulse_offsets"]).astype(np.float32))
