@@ -27,12 +27,12 @@ Checkpoints hold the model, the optimiser and ``loader.state_dict()``, as train_
 from __future__ import annotations
 
 import argparse
-import math
-import time
 
+import adapted_training
 import checkpoints
 import shardify
 import torch
+from adapted_training import angular_loss
 from shardify.torch_geometric import to_pyg
 from shardify.transforms import choose_knn, knn_edges
 from torch import nn
@@ -115,12 +115,6 @@ class DynEdge(nn.Module):
         return nn.functional.normalize(self.head(self.readout(torch.cat(pooled, dim=1))), dim=1)
 
 
-def angular_loss(predicted: torch.Tensor, graphs) -> torch.Tensor:
-    """1 - cos(angle) between the predicted unit directions and the graphs' ``direction``,
-    averaged over the events."""
-    return (1 - (predicted * graphs.direction.to(predicted.dtype)).sum(-1)).mean()
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -137,8 +131,7 @@ def main() -> None:
     ap.add_argument("--device", default="auto")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("--warmup", type=int, default=3,
-                    help="first steps reported apart from the steady state")
+    adapted_training.add_arguments(ap)
     checkpoints.add_arguments(ap)
     args = ap.parse_args()
 
@@ -154,74 +147,25 @@ def main() -> None:
         saved.resume(device)
     checkpoint = saved.save
 
-    on_gpu = device.type == "cuda"
-
-    def now() -> float:
-        if on_gpu:
-            torch.cuda.synchronize(device)
-        return time.perf_counter()
-
     # The kNN edges' path (SHARDIFY_KNN): on a GPU with Triton one kernel, for events of at
     # most 256 nodes (the cut below); elsewhere torch operations.
     print(f"{len(loader.dataset)} events, {len(loader)} batches per epoch, on {device}; kNN "
           f"edges by {'the Triton kernel' if choose_knn(device) == 'fused' else 'torch'}")
-    timings = []  # per step: (events, waited, adapting, stepping), times in seconds
-    for _ in range(args.epochs):
-        losses = []
-        epoch = loader.epoch
-        batches = iter(loader)
-        while True:
-            asked = now()
-            batch = next(batches, None)
-            adapt_start = now()
-            if batch is None:
-                break
-            graphs = to_pyg(batch, standardize="graphnet", knn=args.knn,
-                            max_pulses=args.max_pulses or None, keep=args.keep,
-                            epoch=epoch)
-            step_start = now()
-            predicted = model(graphs)
-            loss = angular_loss(predicted, graphs)
-            optimiser.zero_grad(set_to_none=True)
-            loss.backward()
-            optimiser.step()
-            timings.append((graphs.num_graphs, adapt_start - asked, step_start - adapt_start,
-                            now() - step_start))
-            losses.append(loss.item())
-            if len(timings) % args.checkpoint_every == 0:
-                checkpoint()
-            if args.stop_after is not None and len(timings) >= args.stop_after:
-                break
-        if losses:
-            mean = sum(losses) / len(losses)
-            print(f"epoch {epoch}: mean loss {mean:.4f} (mean angular error "
-                  f"~{math.degrees(math.acos(max(-1.0, 1 - mean))):.1f} deg)")
-        if args.stop_after is not None and len(timings) >= args.stop_after:
-            break
-    checkpoint()
-    if not timings:
-        print("no steps: the epochs held no batch")
-        return
-    events, elapsed = sum(t[0] for t in timings), sum(sum(t[1:]) for t in timings)
-    print(f"{len(timings)} steps, {events} events in {elapsed:.2f} s: "
-          f"{events / max(elapsed, 1e-12):,.0f} events/s")
-    warm = min(max(args.warmup, 0), len(timings) - 1)
-    if warm:
-        report(f"warm-up (the first {warm} steps)", timings[:warm])
-    report(f"steady state ({len(timings) - warm} steps)" if warm else "all steps",
-           timings[warm:])
 
+    def adapt(batch: dict, epoch: int):
+        return to_pyg(batch, standardize="graphnet", knn=args.knn,
+                      max_pulses=args.max_pulses or None, keep=args.keep, epoch=epoch)
 
-def report(title: str, timings: list[tuple[int, float, float, float]]) -> None:
-    """Prints events/s and the per-batch waiting, adapter and model times of ``timings``."""
-    events, waited, adapting, stepping = (sum(column) for column in zip(*timings, strict=True))
-    elapsed = waited + adapting + stepping
-    per = 1e3 / len(timings)
-    print(f"{title}: {events / max(elapsed, 1e-12):,.0f} events/s; per batch: waiting for "
-          f"data {waited * per:.2f} ms, adapter (to_pyg) {adapting * per:.2f} ms, model step "
-          f"{stepping * per:.2f} ms; adapter share of a step "
-          f"{adapting / max(adapting + stepping, 1e-12):.1%}; waited "
-          f"{waited / max(elapsed, 1e-12):.1%} of the time")
+    def step(graphs) -> torch.Tensor:
+        loss = angular_loss(model(graphs), graphs.direction)
+        optimiser.zero_grad(set_to_none=True)
+        loss.backward()
+        optimiser.step()
+        return loss
+
+    adapted_training.train(loader, adapt, step, lambda graphs: graphs.num_graphs, args,
+                           checkpoint, "to_pyg")
+
 
 if __name__ == "__main__":
     main()

@@ -27,10 +27,11 @@ from pathlib import Path
 import lightning
 import shardify
 import torch
+from adapted_training import angular_loss
 from distributed_exit import exit_without_finalising
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from shardify.torch_geometric import GraphLoader
-from train_dynedge import DynEdge, angular_loss
+from train_dynedge import DynEdge
 
 
 class DirectionModel(lightning.LightningModule):
@@ -44,7 +45,7 @@ class DirectionModel(lightning.LightningModule):
         self.events_trained = 0
 
     def loss(self, graphs) -> torch.Tensor:
-        return angular_loss(self.net(graphs), graphs)
+        return angular_loss(self.net(graphs), graphs.direction)
 
     def training_step(self, graphs, index: int) -> torch.Tensor:
         loss = self.loss(graphs)

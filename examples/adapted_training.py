@@ -1,0 +1,97 @@
+"""The training loop shared by the examples that adapt each batch on its device before the
+model's step (train_dynedge.py: graphs, train_transformer.py: padded pulse sequences): the
+loader's epochs, checkpoints every ``--checkpoint-every`` steps and at the end,
+``--stop-after``, each epoch's mean loss, and per step the time waiting for data, in the
+adapter and in the model's step, the first ``--warmup`` steps reported apart from the steady
+state (on a GPU they load CUDA's kernels and libraries and grow the allocator's pools). On a
+GPU each time is taken with the device synchronised, so the three parts overlap nothing."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    """``--warmup``: the first steps reported apart."""
+    ap.add_argument("--warmup", type=int, default=3,
+                    help="first steps reported apart from the steady state")
+
+
+def train(loader: Any, adapt: Callable[[dict[str, Any], int], Any],
+          step: Callable[[Any], torch.Tensor], events_of: Callable[[Any], int],
+          args: argparse.Namespace, checkpoint: Callable[[], None], adapter: str) -> None:
+    """Trains over ``args.epochs`` epochs of ``loader``: each batch through ``adapt(batch,
+    epoch)``, then ``step(inputs)`` (forward, backward, optimiser; returns the loss) on what
+    it made, which holds ``events_of(inputs)`` events. ``adapter`` names the adapter in the
+    report."""
+    device = loader.device
+    on_gpu = device.type == "cuda"
+
+    def now() -> float:
+        if on_gpu:
+            torch.cuda.synchronize(device)
+        return time.perf_counter()
+
+    timings = []  # per step: (events, waited, adapting, stepping), times in seconds
+    for _ in range(args.epochs):
+        losses = []
+        epoch = loader.epoch
+        batches = iter(loader)
+        while True:
+            asked = now()
+            batch = next(batches, None)
+            adapt_start = now()
+            if batch is None:
+                break
+            inputs = adapt(batch, epoch)
+            step_start = now()
+            loss = step(inputs)
+            timings.append((events_of(inputs), adapt_start - asked, step_start - adapt_start,
+                            now() - step_start))
+            losses.append(loss.item())
+            if len(timings) % args.checkpoint_every == 0:
+                checkpoint()
+            if args.stop_after is not None and len(timings) >= args.stop_after:
+                break
+        if losses:
+            mean = sum(losses) / len(losses)
+            print(f"epoch {epoch}: mean loss {mean:.4f} (mean angular error "
+                  f"~{math.degrees(math.acos(max(-1.0, 1 - mean))):.1f} deg)")
+        if args.stop_after is not None and len(timings) >= args.stop_after:
+            break
+    checkpoint()
+    if not timings:
+        print("no steps: the epochs held no batch")
+        return
+    events, elapsed = sum(t[0] for t in timings), sum(sum(t[1:]) for t in timings)
+    print(f"{len(timings)} steps, {events} events in {elapsed:.2f} s: "
+          f"{events / max(elapsed, 1e-12):,.0f} events/s")
+    warm = min(max(args.warmup, 0), len(timings) - 1)
+    if warm:
+        report(f"warm-up (the first {warm} steps)", timings[:warm], adapter)
+    report(f"steady state ({len(timings) - warm} steps)" if warm else "all steps",
+           timings[warm:], adapter)
+
+
+def report(title: str, timings: list[tuple[int, float, float, float]], adapter: str) -> None:
+    """Prints events/s and the per-batch waiting, adapter and model times of ``timings``."""
+    events, waited, adapting, stepping = (sum(column) for column in zip(*timings, strict=True))
+    elapsed = waited + adapting + stepping
+    per = 1e3 / len(timings)
+    print(f"{title}: {events / max(elapsed, 1e-12):,.0f} events/s; per batch: waiting for "
+          f"data {waited * per:.2f} ms, adapter ({adapter}) {adapting * per:.2f} ms, model "
+          f"step {stepping * per:.2f} ms; adapter share of a step "
+          f"{adapting / max(adapting + stepping, 1e-12):.1%}; waited "
+          f"{waited / max(elapsed, 1e-12):.1%} of the time")
+
+
+def angular_loss(predicted: torch.Tensor, direction: torch.Tensor) -> torch.Tensor:
+    """1 - cos(angle) between the predicted unit directions and the true ``direction`` [B, 3],
+    averaged over the events."""
+    return (1 - (predicted * direction.to(predicted.dtype)).sum(-1)).mean()
