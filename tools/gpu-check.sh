@@ -46,7 +46,7 @@
 # (python/tests/test_gpu.py: DLPack's stream hand-over, resident batches, the adapters),
 # tools/adapters_bench.py (the torch operations beside the Triton kernels, and the adapter's
 # cost inside an unsynchronised training loop), examples/train_dynedge.py (with an empty
-# Triton cache, then warm),
+# Triton cache, then warm), examples/train_transformer.py,
 # tools/resident_host_time.py, tools/compile_check.py (torch.compile of DynEdge), and
 # tools/peers/peers.py on cuda:0 and on two CPU cores, into
 # $OUT/gpu-check-python.tar.gz; a step that fails is logged and the others still run.
@@ -162,6 +162,9 @@ if [[ "${1:-}" == "--python" ]]; then
         step "train-dynedge-$cache" env TRITON_CACHE_DIR="$work/triton-cache" \
             python3 examples/train_dynedge.py "$work/ds" --device cuda:0 --stop-after 60
     done
+    # The sequence models' path: time_ordered, pulse_features, pad_pulses to one shape.
+    step train-transformer python3 examples/train_transformer.py "$work/ds" --device cuda:0 \
+        --stop-after 60
     step resident-host-time python3 tools/resident_host_time.py "$work/ds" --device cuda:0
     # torch.compile (inductor: Triton code on the GPU) of DynEdge, the transforms untraced
     # (43 s at 36aba7b; before peers.py, whose rounds are the longest steps and come back
