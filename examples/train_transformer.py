@@ -7,12 +7,12 @@ Kaggle "IceCube - Neutrinos in Deep Ice" top solutions fed them.
            [--width 128] [--heads 8] [--layers 4] [--warmup 3] [--checkpoint ckpt.pt]
            [--checkpoint-every 200] [--resume] [--stop-after N]
 
-Each batch becomes the model's input on its device, with torch operations:
-``shardify.transforms.time_ordered(batch, max_pulses=N, keep=...)`` (each event's pulses in
-time order, at most N of them, non-auxiliary first by default), ``pulse_features(pulses,
-standardize="graphnet")`` (x, y, z, time, charge, auxiliary, scaled as GraphNeT's
-IceCubeKaggle) and ``pad_pulses(pulses, N)`` (a ``[B, N, 6]`` grid and its mask: every batch
-one shape). The model embeds each pulse, runs a transformer encoder over the event's pulses
+Each batch becomes the model's input on its device, with torch operations, in one call of
+``shardify.transforms.pulse_sequences(batch, N, keep=..., standardize="graphnet")``:
+``time_ordered`` (each event's pulses in time order, at most N of them, non-auxiliary first
+by default), ``pulse_features`` (x, y, z, time, charge, auxiliary, scaled as GraphNeT's
+IceCubeKaggle) and ``pad_pulses`` (a ``[B, N, 6]`` grid and its mask: every batch one
+shape). The model embeds each pulse, runs a transformer encoder over the event's pulses
 (the padding masked out), averages the encoded pulses and reads out a unit direction; the
 loss is 1 - cos(angle) to the direction from the event's azimuth and zenith. ``--width``,
 ``--heads`` and ``--layers`` size it (the 2nd place solution's encoders were some 192 wide
@@ -33,7 +33,7 @@ import shardify
 import torch
 from adapted_training import angular_loss
 from shardify.torch_geometric import direction
-from shardify.transforms import KEEP_RULES, pad_pulses, pulse_features, time_ordered
+from shardify.transforms import KEEP_RULES, pulse_sequences
 from torch import nn
 
 
@@ -66,11 +66,9 @@ class PulseTransformer(nn.Module):
 
 def sequences(batch: dict, max_pulses: int, keep: str, epoch: int) -> dict:
     """A batch as the model's input: the padded features, their mask and the directions."""
-    pulses = time_ordered(batch, max_pulses=max_pulses, keep=keep, epoch=epoch)
-    pulses["pulse_features"] = pulse_features(pulses, standardize="graphnet")
-    grid = pad_pulses(pulses, max_pulses)
+    grid = pulse_sequences(batch, max_pulses, keep=keep, standardize="graphnet", epoch=epoch)
     return {"features": grid["pulse_features"], "mask": grid["pulse_mask"],
-            "direction": direction(batch["event_azimuth"], batch["event_zenith"])}
+            "direction": direction(grid["event_azimuth"], grid["event_zenith"])}
 
 
 def main() -> None:
@@ -116,8 +114,7 @@ def main() -> None:
 
     adapted_training.train(
         loader, lambda batch, epoch: sequences(batch, args.max_pulses, args.keep, epoch), step,
-        lambda inputs: inputs["mask"].shape[0], args, saved.save, "time_ordered, "
-        "pulse_features, pad_pulses")
+        lambda inputs: inputs["mask"].shape[0], args, saved.save, "pulse_sequences")
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ Datasets are written by the ``shardify convert`` command (installed with this pa
 
 from ._dataset import Dataset, copy_dataset
 from ._loader import Loader
+from ._mapped import MappedLoader
 from ._native import DatasetError, __version__
 
-__all__ = ["Dataset", "DatasetError", "Loader", "__version__", "copy_dataset"]
+__all__ = ["Dataset", "DatasetError", "Loader", "MappedLoader", "__version__", "copy_dataset"]

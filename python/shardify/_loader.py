@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from . import _native
 from ._dataset import Dataset, PathArg
 from ._iterators import check_current
+from ._mapped import BatchFunction, MappedLoader
 
 if TYPE_CHECKING:
     from ._resident import ResidentBatches
@@ -485,6 +486,18 @@ class Loader:
                 "world", saved.get("world", self.world))
         self._batches.seek(_count("epoch", state["epoch"]), position, 0)
         self._loaded = self._batches.position()
+
+    def map(self, function: BatchFunction) -> MappedLoader:
+        """This loader with each batch as ``function(batch, epoch)`` makes it (``epoch``: the
+        epoch the batch belongs to, for transforms that draw anew each epoch, such as
+        ``time_ordered(..., keep="random")``): the dataloader a training framework takes
+        when the model wants something else than the batch, such as padded sequences
+        (``shardify.transforms.pulse_sequences``). Its length, epochs, sampler and state are
+        this loader's (a Lightning checkpoint resumes it mid-epoch), and iterating it
+        iterates this loader. A lambda cannot be pickled: where a framework pickles its
+        dataloader (Lightning's ``ddp_spawn``), map a function defined at a module's top
+        level."""
+        return MappedLoader(self, function)
 
     def __getitem__(self, index: Any) -> Any:
         """Refused, saying why: torch's ``DataLoader`` given a loader as its dataset reads it

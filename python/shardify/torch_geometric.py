@@ -42,8 +42,9 @@ least 5 pulses per event, so only truncation to fewer could make such events).
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
+
+from ._mapped import MappedLoader
 
 if TYPE_CHECKING:
     from ._loader import Loader
@@ -199,7 +200,7 @@ def _dom_nodes(batch: dict[str, Any], standardize: str | None) -> dict[str, Any]
     return dict(x=x, pos=pos, ptr=ptr, pulse_counts=dom_pulses[event_doms].diff())
 
 
-class GraphLoader:
+class GraphLoader(MappedLoader):
     """``loader``'s batches as :func:`to_pyg` graphs, made with ``to_pyg_arguments``
     (``nodes``, ``standardize``, ``knn``, ``max_pulses``, ``keep``, ``seed``,
     ``min_pulses``; ``epoch`` is the loader's, so ``keep="random"`` draws anew each epoch).
@@ -210,9 +211,10 @@ class GraphLoader:
     >>> model.fit(train, max_epochs=10)   # doctest: +SKIP
 
     Length, epochs, :meth:`set_epoch` (Lightning's, through :attr:`sampler`),
-    :meth:`state_dict` and :meth:`load_state_dict` are the loader's: a Lightning checkpoint
-    made at any step resumes the batches left, and under Lightning's DDP each rank reads its
-    share (the loader finds its rank when first used).
+    :meth:`state_dict` and :meth:`load_state_dict` are the loader's (a
+    :class:`shardify.MappedLoader`): a Lightning checkpoint made at any step resumes the
+    batches left, and under Lightning's DDP each rank reads its share (the loader finds its
+    rank when first used).
     """
 
     def __init__(self, loader: Loader, **to_pyg_arguments: Any):
@@ -232,48 +234,11 @@ class GraphLoader:
             raise ValueError(f"GraphLoader needs packed batches with {', '.join(missing)}: "
                              'make the loader with layout="packed" and dom_positions=True '
                              "(the defaults)")
-        self.loader, self.to_pyg_arguments = loader, to_pyg_arguments
+        self.to_pyg_arguments = to_pyg_arguments
+        super().__init__(loader, self._graphs)
 
-    def __iter__(self) -> Iterator[Any]:
-        """One epoch of the loader (see ``shardify.Loader.__iter__``), each batch a graph."""
-        batches = iter(self.loader)
-        epoch, arguments = self.loader.epoch, self.to_pyg_arguments
-        return (to_pyg(batch, epoch=epoch, **arguments) for batch in batches)
-
-    def __len__(self) -> int:
-        """The loader's length: its batches in the epoch the next ``for`` runs."""
-        return len(self.loader)
-
-    @property
-    def epoch(self) -> int:
-        """The epoch the next graph belongs to."""
-        return self.loader.epoch
-
-    def set_epoch(self, epoch: int) -> None:
-        """The loader's ``set_epoch``."""
-        self.loader.set_epoch(epoch)
-
-    #: None, as a ``DataLoader``'s beside its ``sampler``: what Lightning reads with it.
-    batch_sampler: None = None
-
-    @property
-    def sampler(self) -> Any:
-        """The loader's sampler (see ``shardify.Loader.sampler``): Lightning calls its
-        ``set_epoch`` at every epoch's start."""
-        return self.loader.sampler
-
-    @property
-    def dataset(self) -> Any:
-        """The loader's dataset (GraphNeT's ``predict_as_dataframe`` counts its events)."""
-        return self.loader.dataset
-
-    def state_dict(self) -> dict[str, Any]:
-        """The loader's state: where it stands, its settings, the dataset's identity."""
-        return self.loader.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resumes the loader at ``state`` (see ``shardify.Loader.load_state_dict``)."""
-        self.loader.load_state_dict(state)
+    def _graphs(self, batch: dict[str, Any], epoch: int) -> Any:
+        return to_pyg(batch, epoch=epoch, **self.to_pyg_arguments)
 
     def __repr__(self) -> str:
         arguments = ", ".join(f"{k}={v!r}" for k, v in self.to_pyg_arguments.items())

@@ -13,6 +13,8 @@ Host synchronisation (a GPU batch's sizes read back by the host):
 * with ``max_pulses``: one per batch, how many pulses are kept (boolean selection);
 * :func:`pad_pulses`: none with a fixed ``length``; without, one (the longest event);
 * :func:`pulse_features`: none;
+* :func:`pulse_sequences`: one (:func:`time_ordered`'s, with its cut; the padding to a
+  fixed length reads none);
 * :func:`knn_edges`: one per batch, the events' node and group counts (the distance blocks,
   or the Triton kernel's tile, are sized from them on the host; the edges are then written
   in place).
@@ -386,6 +388,29 @@ def pulse_features(pulses: dict[str, Any], standardize: str | None = None) -> An
                       "time_ordered's pulses", "(shardify.transforms.time_ordered(batch))")
     require_standardization(standardize)
     return _features_and_positions(pulses, standardize)[0]
+
+
+@_left_untraced
+def pulse_sequences(batch: dict[str, Any], length: int, *,
+                    keep: str = "non_auxiliary_first", standardize: str | None = None,
+                    seed: int = 0, epoch: int = 0) -> dict[str, Any]:
+    """A packed batch as a sequence model's input in one call: each event's pulses in time
+    order, at most ``length`` of them chosen by ``keep`` (with ``seed`` and ``epoch``, as
+    :func:`time_ordered`), their :func:`pulse_features` (scaled as ``standardize`` says) as
+    the section ``pulse_features``, all padded to ``length`` (:func:`pad_pulses`): every
+    batch ``[B, length, ...]``, with ``pulse_mask``, ``event_pulses``, the ids and labels.
+
+    >>> train = loader.map(lambda batch, epoch: pulse_sequences(   # doctest: +SKIP
+    ...     batch, 256, standardize="graphnet", epoch=epoch))
+
+    One host synchronisation a batch (:func:`time_ordered`'s kept count).
+    """
+    if isinstance(length, bool) or not isinstance(length, int) or length < 1:
+        raise ValueError(f"length must be a positive integer, not {length!r}")
+    require_standardization(standardize)
+    pulses = time_ordered(batch, max_pulses=length, keep=keep, seed=seed, epoch=epoch)
+    pulses["pulse_features"] = _features_and_positions(pulses, standardize)[0]
+    return pad_pulses(pulses, length)
 
 
 def _features_and_positions(pulses: dict[str, Any], standardize: str | None) -> tuple[Any, Any]:

@@ -31,7 +31,7 @@ def test_train_torch_example_trains_checkpoints_and_resumes(train_dir, torch, tm
 @pytest.mark.parametrize("script, sizes, adapter", [
     ("train_dynedge.py", ["--width", "0.05"], "to_pyg"),
     ("train_transformer.py", ["--width", "16", "--heads", "2", "--layers", "1"],
-     "time_ordered, pulse_features, pad_pulses"),
+     "pulse_sequences"),
 ])
 def test_adapted_training_example_trains_checkpoints_and_resumes(train_dir, torch, tmp_path,
                                                                  script, sizes, adapter):

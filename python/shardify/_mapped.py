@@ -1,0 +1,76 @@
+"""A loader whose batches pass through a function: what a training framework takes as its
+dataloader, with the loader's length, epochs, sampler and state (``Loader.map``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._loader import Loader
+
+#: What a mapped loader calls on each batch: ``function(batch, epoch)``.
+BatchFunction = Callable[[dict[str, Any], int], Any]
+
+
+class MappedLoader:
+    """``loader``'s batches, each as ``function(batch, epoch)`` makes it (``epoch``: the
+    loader's epoch the batch belongs to, for transforms that draw anew each epoch).
+
+    Everything else is the loader's: its length, epochs, :meth:`set_epoch` (PyTorch
+    Lightning's, through :attr:`sampler`), :meth:`state_dict` and :meth:`load_state_dict`,
+    so a Lightning checkpoint made at any step resumes the batches left, and under
+    Lightning's DDP each rank reads its share. Made by ``shardify.Loader.map``; GraphNeT's
+    graphs come from ``shardify.torch_geometric.GraphLoader``, one of these.
+    """
+
+    def __init__(self, loader: Loader, function: BatchFunction):
+        if not callable(function):
+            raise TypeError(f"a mapped loader needs a function(batch, epoch), not "
+                            f"{type(function).__module__}.{type(function).__name__}")
+        self.loader, self.function = loader, function
+
+    def __iter__(self) -> Iterator[Any]:
+        """One epoch of the loader (see ``shardify.Loader.__iter__``), each batch mapped."""
+        batches = iter(self.loader)
+        epoch, function = self.loader.epoch, self.function
+        return (function(batch, epoch) for batch in batches)
+
+    def __len__(self) -> int:
+        """The loader's length: its batches in the epoch the next ``for`` runs."""
+        return len(self.loader)
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next batch belongs to."""
+        return self.loader.epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """The loader's ``set_epoch``."""
+        self.loader.set_epoch(epoch)
+
+    #: None, as a ``DataLoader``'s beside its ``sampler``: what Lightning reads with it.
+    batch_sampler: None = None
+
+    @property
+    def sampler(self) -> Any:
+        """The loader's sampler (see ``shardify.Loader.sampler``): Lightning calls its
+        ``set_epoch`` at every epoch's start."""
+        return self.loader.sampler
+
+    @property
+    def dataset(self) -> Any:
+        """The loader's dataset (GraphNeT's ``predict_as_dataframe`` counts its events)."""
+        return self.loader.dataset
+
+    def state_dict(self) -> dict[str, Any]:
+        """The loader's state: where it stands, its settings, the dataset's identity."""
+        return self.loader.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resumes the loader at ``state`` (see ``shardify.Loader.load_state_dict``)."""
+        self.loader.load_state_dict(state)
+
+    def __repr__(self) -> str:
+        name = getattr(self.function, "__qualname__", None) or repr(self.function)
+        return f"shardify.MappedLoader({self.loader!r}, {name})"
