@@ -161,7 +161,6 @@ def to_pyg(batch: dict[str, Any], nodes: str = "pulses", *, standardize: str | N
 
 def _pulse_nodes(batch: dict[str, Any], standardize: str | None, max_pulses: int | None,
                  keep: str, seed: int, epoch: int) -> dict[str, Any]:
-
     pulses = time_ordered(batch, max_pulses=max_pulses, keep=keep, seed=seed, epoch=epoch)
     x, pos = _features_and_positions(pulses, standardize)
     ptr = pulses["event_pulse_offsets"]
