@@ -660,7 +660,13 @@ def test_torch_compile_calls_the_transforms_rather_than_tracing_them(torch):
 
     import torch._dynamo
     from shardify.torch_geometric import to_pyg
-    from shardify.transforms import knn_edges, pad_pulses, pulse_features, time_ordered
+    from shardify.transforms import (
+        knn_edges,
+        pad_pulses,
+        pulse_features,
+        pulse_sequences,
+        time_ordered,
+    )
 
     def graphs_compiled(knn):
         torch._dynamo.reset()
@@ -682,7 +688,8 @@ def test_torch_compile_calls_the_transforms_rather_than_tracing_them(torch):
     untraced, traced = graphs_compiled(knn_edges), graphs_compiled(inspect.unwrap(knn_edges))
     assert untraced <= 4, untraced
     assert traced > 3 * untraced, f"traced, {traced} graphs: the batches did not vary"
-    for function in (knn_edges, time_ordered, pad_pulses, pulse_features, to_pyg):
+    for function in (knn_edges, time_ordered, pad_pulses, pulse_features, pulse_sequences,
+                     to_pyg):
         assert inspect.unwrap(function) is not function, function.__name__
     torch._dynamo.reset()
 
