@@ -1,5 +1,6 @@
-"""The training loop shared by the examples that adapt each batch on its device before the
-model's step (train_dynedge.py: graphs, train_transformer.py: padded pulse sequences): the
+"""What the examples that adapt each batch on its device before the model's step share
+(train_dynedge.py: graphs, train_transformer.py: padded pulse sequences): their common
+arguments, the labelled loader, the optimiser and checkpoints, and the training loop: the
 loader's epochs, checkpoints every ``--checkpoint-every`` steps and at the end,
 ``--stop-after``, each epoch's mean loss, and per step the time waiting for data, in the
 adapter and in the model's step, the first ``--warmup`` steps reported apart from the steady
@@ -14,13 +15,50 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import checkpoints
+import shardify
 import torch
+from shardify.transforms import KEEP_RULES
 
 
-def add_arguments(ap: argparse.ArgumentParser) -> None:
-    """``--warmup``: the first steps reported apart."""
+def add_arguments(ap: argparse.ArgumentParser, *, lr: float, max_pulses_help: str) -> None:
+    """The arguments of the examples that run :func:`train`: the dataset, ``--epochs``,
+    ``--batch-events``, ``--max-pulses`` (saying ``max_pulses_help``), ``--keep``,
+    ``--device``, ``--workers``, ``--lr`` (default ``lr``), ``--warmup`` (the first steps
+    reported apart) and the checkpoints' (examples/checkpoints.py)."""
+    ap.add_argument("dataset")
+    ap.add_argument("--epochs", type=int, default=1)
+    ap.add_argument("--batch-events", type=int, default=256)
+    ap.add_argument("--max-pulses", type=int, default=256, help=max_pulses_help)
+    ap.add_argument("--keep", default="non_auxiliary_first", choices=KEEP_RULES)
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--lr", type=float, default=lr)
     ap.add_argument("--warmup", type=int, default=3,
                     help="first steps reported apart from the steady state")
+    checkpoints.add_arguments(ap)
+
+
+def labelled_loader(args: argparse.Namespace) -> shardify.Loader:
+    """The loader of ``args.dataset`` on ``args.device``; a dataset without labels (a test
+    split) stops the example."""
+    loader = shardify.Loader(args.dataset, batch_events=args.batch_events, device=args.device,
+                             workers=args.workers, seed=0)
+    if not loader.dataset.labels:
+        raise SystemExit(f"{args.dataset} has no labels (a test split): nothing to train on")
+    return loader
+
+
+def optimiser_and_checkpoints(args: argparse.Namespace, model: torch.nn.Module,
+                              loader: shardify.Loader
+                              ) -> tuple[torch.optim.Optimizer, checkpoints.Checkpoints]:
+    """AdamW at ``args.lr`` over ``model``, and the checkpoints of the three at
+    ``args.checkpoint``, resumed from there with ``--resume``."""
+    optimiser = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    saved = checkpoints.Checkpoints(args.checkpoint, model, optimiser, loader)
+    if args.resume:
+        saved.resume(loader.device)
+    return optimiser, saved
 
 
 def train(loader: Any, adapt: Callable[[dict[str, Any], int], Any],

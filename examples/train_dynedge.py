@@ -29,8 +29,6 @@ from __future__ import annotations
 import argparse
 
 import adapted_training
-import checkpoints
-import shardify
 import torch
 from adapted_training import angular_loss
 from shardify.torch_geometric import to_pyg
@@ -118,34 +116,17 @@ class DynEdge(nn.Module):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("dataset")
-    ap.add_argument("--epochs", type=int, default=1)
-    ap.add_argument("--batch-events", type=int, default=256)
-    ap.add_argument("--max-pulses", type=int, default=256,
-                    help="pulses kept per event (0: all)")
-    ap.add_argument("--keep", default="non_auxiliary_first",
-                    choices=["non_auxiliary_first", "random", "charge"])
+    adapted_training.add_arguments(ap, lr=1e-3,
+                                   max_pulses_help="pulses kept per event (0: all)")
     ap.add_argument("--knn", type=int, default=8)
     ap.add_argument("--width", type=float, default=1.0,
                     help="scales every layer (1.0: GraphNeT's DynEdge sizes)")
-    ap.add_argument("--device", default="auto")
-    ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--lr", type=float, default=1e-3)
-    adapted_training.add_arguments(ap)
-    checkpoints.add_arguments(ap)
     args = ap.parse_args()
 
-    loader = shardify.Loader(args.dataset, batch_events=args.batch_events, device=args.device,
-                             workers=args.workers, seed=0)
+    loader = adapted_training.labelled_loader(args)
     device = loader.device
-    if not loader.dataset.labels:
-        raise SystemExit(f"{args.dataset} has no labels (a test split): nothing to train on")
     model = DynEdge(6, k=args.knn, width=args.width).to(device)
-    optimiser = torch.optim.AdamW(model.parameters(), lr=args.lr)
-    saved = checkpoints.Checkpoints(args.checkpoint, model, optimiser, loader)
-    if args.resume:
-        saved.resume(device)
-    checkpoint = saved.save
+    optimiser, saved = adapted_training.optimiser_and_checkpoints(args, model, loader)
 
     # The kNN edges' path (SHARDIFY_KNN): on a GPU with Triton one kernel, for events of at
     # most 256 nodes (the cut below); elsewhere torch operations.
@@ -164,7 +145,7 @@ def main() -> None:
         return loss
 
     adapted_training.train(loader, adapt, step, lambda graphs: graphs.num_graphs, args,
-                           checkpoint, "to_pyg")
+                           saved.save, "to_pyg")
 
 
 if __name__ == "__main__":

@@ -28,12 +28,10 @@ from __future__ import annotations
 import argparse
 
 import adapted_training
-import checkpoints
-import shardify
 import torch
 from adapted_training import angular_loss
 from shardify.torch_geometric import direction
-from shardify.transforms import KEEP_RULES, pulse_sequences
+from shardify.transforms import pulse_sequences
 from torch import nn
 
 
@@ -74,34 +72,19 @@ def sequences(batch: dict, max_pulses: int, keep: str, epoch: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("dataset")
-    ap.add_argument("--epochs", type=int, default=1)
-    ap.add_argument("--batch-events", type=int, default=256)
-    ap.add_argument("--max-pulses", type=int, default=256,
-                    help="pulses kept per event, the sequences' padded length")
-    ap.add_argument("--keep", default="non_auxiliary_first", choices=KEEP_RULES)
+    adapted_training.add_arguments(
+        ap, lr=3e-4, max_pulses_help="pulses kept per event, the sequences' padded length")
     ap.add_argument("--width", type=int, default=128)
     ap.add_argument("--heads", type=int, default=8)
     ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--device", default="auto")
-    ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--lr", type=float, default=3e-4)
-    adapted_training.add_arguments(ap)
-    checkpoints.add_arguments(ap)
     args = ap.parse_args()
     if args.max_pulses < 1:
         raise SystemExit("--max-pulses must be at least 1: it is the sequences' length")
 
-    loader = shardify.Loader(args.dataset, batch_events=args.batch_events, device=args.device,
-                             workers=args.workers, seed=0)
+    loader = adapted_training.labelled_loader(args)
     device = loader.device
-    if not loader.dataset.labels:
-        raise SystemExit(f"{args.dataset} has no labels (a test split): nothing to train on")
     model = PulseTransformer(width=args.width, heads=args.heads, layers=args.layers).to(device)
-    optimiser = torch.optim.AdamW(model.parameters(), lr=args.lr)
-    saved = checkpoints.Checkpoints(args.checkpoint, model, optimiser, loader)
-    if args.resume:
-        saved.resume(device)
+    optimiser, saved = adapted_training.optimiser_and_checkpoints(args, model, loader)
     print(f"{len(loader.dataset)} events, {len(loader)} batches per epoch, on {device}; "
           f"pulses padded to {args.max_pulses}")
 

@@ -130,8 +130,8 @@ def same_grids(got: dict[str, Any], expected: dict[str, Any]) -> None:
 
 
 def dynedge_example() -> Any:
-    """examples/train_dynedge.py as a module (it imports its neighbours checkpoints.py and
-    adapted_training.py): its DynEdge model, here and in tools/compile_check.py."""
+    """examples/train_dynedge.py as a module (it imports its neighbour adapted_training.py,
+    which imports checkpoints.py): its DynEdge model, here and in tools/compile_check.py."""
     examples = Path(__file__).resolve().parents[1] / "examples"
     sys.path.insert(0, str(examples))
     spec = importlib.util.spec_from_file_location("train_dynedge", examples / "train_dynedge.py")
