@@ -177,6 +177,34 @@ def test_pad_pulses_on_the_gpu_equals_the_cpu_and_at_a_fixed_length_never_waits(
     assert torch.equal(grid["pulse_mask"].cpu(), pad_pulses(pulses, 128)["pulse_mask"])
 
 
+def test_pulse_sequences_on_the_gpu_equal_the_cpu_and_read_back_only_the_cut(
+        realistic_dir, torch, cuda):
+    """pulse_sequences (time_ordered's cut, pulse_features, pad_pulses) on the GPU against
+    the CPU, every section (the features to float32 rounding: log10 on the two devices);
+    pulse_features alone reads nothing back."""
+    from shardify.transforms import pulse_features, pulse_sequences, time_ordered
+
+    batch = next(iter(shardify.Loader(realistic_dir, batch_events=64, seed=7, device="cpu")))
+    on_gpu = {k: v.to(cuda) for k, v in batch.items()}
+    for standardize in (None, "graphnet"):
+        want = pulse_sequences(batch, 96, keep="random", standardize=standardize, epoch=2)
+        got = pulse_sequences(on_gpu, 96, keep="random", standardize=standardize, epoch=2)
+        assert got.keys() == want.keys()
+        for name in want:
+            if name == "pulse_features":
+                assert torch.allclose(got[name].cpu(), want[name], rtol=1e-6, atol=1e-7)
+            else:
+                assert torch.equal(got[name].cpu(), want[name]), (standardize, name)
+    pulses = time_ordered(on_gpu, max_pulses=96)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        features = pulse_features(pulses, standardize="graphnet")
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert features.shape == (pulses["pulse_time"].shape[0], 6)
+
+
 def test_the_fused_knn_on_the_gpu_equals_the_cpu(realistic_dir, torch, cuda, monkeypatch):
     """SHARDIFY_KNN=fused: the Triton kernel's edges on the GPU, for batches cut to 256 and
     64 pulses (k = 8, 1), are the torch path's on the CPU; an uncut batch, whose largest
