@@ -12,7 +12,9 @@ Takes --batches batches from ``shardify.Loader`` and times, per batch (medians):
 * ``time_ordered`` without a cut, and with ``max_pulses`` under each ``keep`` rule;
 * ``pad_pulses`` on the cut pulses, to the longest event and to ``max_pulses``, beside what
   a user writes without it (``torch.split`` by the events' counts, read to the host, then
-  ``pad_sequence`` per section, and the mask): the same grids, checked equal;
+  ``pad_sequence`` per section, and the mask): the same grids, checked equal; and
+  ``pulse_sequences`` (the cut, GraphNeT's features and the padding to ``max_pulses``: a
+  transformer's whole input, as examples/train_transformer.py makes it);
 * ``knn_edges`` (k=8) on the cut pulses (distances per pulse, and per DOM as ``to_pyg``
   computes them on the CPU, and on a GPU for events cut to more than 256 pulses), and the
   whole ``to_pyg(standardize="graphnet", knn=8, max_pulses=...)``;
@@ -61,7 +63,7 @@ import shardify
 import shardify.transforms as transforms
 import torch
 from shardify.torch_geometric import to_pyg
-from shardify.transforms import knn_edges, pad_pulses, time_ordered
+from shardify.transforms import knn_edges, pad_pulses, pulse_sequences, time_ordered
 from torch.nn.utils.rnn import pad_sequence
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -304,6 +306,8 @@ def main() -> None:
                  median_warm(device, [lambda p=p: pad_pulses(p, n) for p in cut])))
     rows.append(("the same grids by torch.split + pad_sequence (what it replaces)",
                  median_warm(device, [lambda p=p: split_and_pad(p) for p in cut])))
+    rows.append((f"pulse_sequences to {n} (a transformer's input)",
+                 per_batch(lambda b: pulse_sequences(b, n, standardize="graphnet"))))
     per_pulse = [lambda p=p: knn_edges(p["pulse_position"], p["event_pulse_offsets"], 8)
                  for p in cut]
     rows.append(("knn_edges k=8 on the cut pulses, distances per pulse",

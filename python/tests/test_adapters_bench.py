@@ -18,6 +18,7 @@ ROWS = [
     "pad_pulses on the cut pulses, to the longest event",
     "pad_pulses on the cut pulses, to 64 (no host sync)",
     "the same grids by torch.split + pad_sequence (what it replaces)",
+    "pulse_sequences to 64 (a transformer's input)",
     "knn_edges k=8 on the cut pulses, distances per pulse",
     "knn_edges k=8 on the cut pulses, distances per DOM (groups)",
     "to_pyg graphnet, knn=8, max_pulses=64 (the adapter)",
