@@ -71,6 +71,14 @@ class MappedLoader:
         """Resumes the loader at ``state`` (see ``shardify.Loader.load_state_dict``)."""
         self.loader.load_state_dict(state)
 
+    def __getitem__(self, index: Any) -> Any:
+        """Refused, saying why, as ``shardify.Loader`` refuses it: torch's ``DataLoader``
+        given a mapped loader reads it as a map-style dataset and asks for ``mapped[i]``."""
+        raise TypeError(
+            f"a {type(self).__name__} is not indexed: it is the data loader itself (its "
+            "loader's threads gather the batches, in a shuffled order, this rank's share), so "
+            "iterate it directly instead of wrapping it in torch.utils.data.DataLoader")
+
     def __repr__(self) -> str:
         name = getattr(self.function, "__qualname__", None) or repr(self.function)
         return f"shardify.MappedLoader({self.loader!r}, {name})"

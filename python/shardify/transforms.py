@@ -405,6 +405,7 @@ def pulse_sequences(batch: dict[str, Any], length: int, *,
 
     One host synchronisation a batch (:func:`time_ordered`'s kept count).
     """
+    _require_packed(batch, "pulse_sequences")
     if isinstance(length, bool) or not isinstance(length, int) or length < 1:
         raise ValueError(f"length must be a positive integer, not {length!r}")
     require_standardization(standardize)

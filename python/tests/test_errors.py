@@ -197,3 +197,10 @@ def test_a_loader_wrapped_in_a_torch_dataloader_says_to_iterate_it(train_dir, to
         next(iter(wrapped))
     with pytest.raises(TypeError, match="not indexed"):
         dataset[0]
+    # A mapped loader (GraphLoader among them), taken for one too.
+    mapped = shardify.Loader(train_dir, batch_events=16).map(lambda batch, epoch: batch)
+    wrapped = DataLoader(mapped, batch_size=None, num_workers=0)
+    with pytest.raises(TypeError, match="a MappedLoader is not indexed: .* iterate it "
+                                        "directly instead of wrapping it in "
+                                        r"torch.utils.data.DataLoader"):
+        next(iter(wrapped))

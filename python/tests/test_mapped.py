@@ -88,6 +88,9 @@ def test_pulse_sequences_is_time_ordered_then_features_then_padding(realistic_di
             pulse_sequences(batch, length)
     with pytest.raises(ValueError, match="invalid standardize"):
         pulse_sequences(batch, 8, standardize="z")
+    with pytest.raises(ValueError, match="^pulse_sequences needs a packed batch with "
+                                         "dom_position"):
+        pulse_sequences({k: v for k, v in batch.items() if k != "dom_position"}, 8)
 
 
 def _sequences(batch, epoch, standardize):
