@@ -62,12 +62,13 @@ def optimiser_and_checkpoints(args: argparse.Namespace, model: torch.nn.Module,
 
 
 def train(loader: Any, adapt: Callable[[dict[str, Any], int], Any],
-          step: Callable[[Any], torch.Tensor], events_of: Callable[[Any], int],
-          args: argparse.Namespace, checkpoint: Callable[[], None], adapter: str) -> None:
+          loss_of: Callable[[Any], torch.Tensor], events_of: Callable[[Any], int],
+          optimiser: torch.optim.Optimizer, args: argparse.Namespace,
+          checkpoint: Callable[[], None], adapter: str) -> None:
     """Trains over ``args.epochs`` epochs of ``loader``: each batch through ``adapt(batch,
-    epoch)``, then ``step(inputs)`` (forward, backward, optimiser; returns the loss) on what
-    it made, which holds ``events_of(inputs)`` events. ``adapter`` names the adapter in the
-    report."""
+    epoch)``, then a step on what it made, which holds ``events_of(inputs)`` events: the
+    model's loss ``loss_of(inputs)`` (its forward), backward, ``optimiser``'s step.
+    ``adapter`` names the adapter in the report."""
     device = loader.device
     on_gpu = device.type == "cuda"
 
@@ -89,7 +90,10 @@ def train(loader: Any, adapt: Callable[[dict[str, Any], int], Any],
                 break
             inputs = adapt(batch, epoch)
             step_start = now()
-            loss = step(inputs)
+            loss = loss_of(inputs)
+            optimiser.zero_grad(set_to_none=True)
+            loss.backward()
+            optimiser.step()
             timings.append((events_of(inputs), adapt_start - asked, step_start - adapt_start,
                             now() - step_start))
             losses.append(loss.item())

@@ -137,15 +137,10 @@ def main() -> None:
         return to_pyg(batch, standardize="graphnet", knn=args.knn,
                       max_pulses=args.max_pulses or None, keep=args.keep, epoch=epoch)
 
-    def step(graphs) -> torch.Tensor:
-        loss = angular_loss(model(graphs), graphs.direction)
-        optimiser.zero_grad(set_to_none=True)
-        loss.backward()
-        optimiser.step()
-        return loss
-
-    adapted_training.train(loader, adapt, step, lambda graphs: graphs.num_graphs, args,
-                           saved.save, "to_pyg")
+    adapted_training.train(loader, adapt,
+                           lambda graphs: angular_loss(model(graphs), graphs.direction),
+                           lambda graphs: graphs.num_graphs, optimiser, args, saved.save,
+                           "to_pyg")
 
 
 if __name__ == "__main__":

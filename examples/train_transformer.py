@@ -88,16 +88,13 @@ def main() -> None:
     print(f"{len(loader.dataset)} events, {len(loader)} batches per epoch, on {device}; "
           f"pulses padded to {args.max_pulses}")
 
-    def step(inputs: dict) -> torch.Tensor:
-        loss = angular_loss(model(inputs["features"], inputs["mask"]), inputs["direction"])
-        optimiser.zero_grad(set_to_none=True)
-        loss.backward()
-        optimiser.step()
-        return loss
+    def loss_of(inputs: dict) -> torch.Tensor:
+        return angular_loss(model(inputs["features"], inputs["mask"]), inputs["direction"])
 
     adapted_training.train(
-        loader, lambda batch, epoch: sequences(batch, args.max_pulses, args.keep, epoch), step,
-        lambda inputs: inputs["mask"].shape[0], args, saved.save, "pulse_sequences")
+        loader, lambda batch, epoch: sequences(batch, args.max_pulses, args.keep, epoch),
+        loss_of, lambda inputs: inputs["mask"].shape[0], optimiser, args, saved.save,
+        "pulse_sequences")
 
 
 if __name__ == "__main__":

@@ -298,14 +298,16 @@ def main() -> None:
     for keep in ("non_auxiliary_first", "random", "charge"):
         rows.append((f"time_ordered, max_pulses={n}, keep={keep}",
                      per_batch(lambda b, keep=keep: time_ordered(b, max_pulses=n, keep=keep))))
+    def per_cut_batch(work: Callable[[dict[str, Any]], Any]) -> float:
+        return median_warm(device, [lambda p=p: work(p) for p in cut])
+
     for p in cut:
         same_grids(pad_pulses(p), split_and_pad(p))
-    rows.append(("pad_pulses on the cut pulses, to the longest event",
-                 median_warm(device, [lambda p=p: pad_pulses(p) for p in cut])))
+    rows.append(("pad_pulses on the cut pulses, to the longest event", per_cut_batch(pad_pulses)))
     rows.append((f"pad_pulses on the cut pulses, to {n} (no host sync)",
-                 median_warm(device, [lambda p=p: pad_pulses(p, n) for p in cut])))
+                 per_cut_batch(lambda p: pad_pulses(p, n))))
     rows.append(("the same grids by torch.split + pad_sequence (what it replaces)",
-                 median_warm(device, [lambda p=p: split_and_pad(p) for p in cut])))
+                 per_cut_batch(split_and_pad)))
     rows.append((f"pulse_sequences to {n} (a transformer's input)",
                  per_batch(lambda b: pulse_sequences(b, n, standardize="graphnet"))))
     per_pulse = [lambda p=p: knn_edges(p["pulse_position"], p["event_pulse_offsets"], 8)

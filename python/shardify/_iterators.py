@@ -18,3 +18,13 @@ def check_current(current: Callable[[], bool]) -> None:
     without it (a newer ``iter(loader)``, or the loader made again)."""
     if not current():
         raise RuntimeError(SUPERSEDED)
+
+
+def not_indexed(what: str) -> TypeError:
+    """The refusal of ``what[i]`` (``what``: "a shardify.Loader", "a MappedLoader"): torch's
+    ``DataLoader`` given a loader reads it as a map-style dataset (it has a length) and asks
+    for item ``i``; the loader is the data loader itself."""
+    return TypeError(
+        f"{what} is not indexed: it is the data loader itself (a shardify.Loader's threads "
+        "gather the batches, in a shuffled order, this rank's share), so iterate it directly "
+        "instead of wrapping it in torch.utils.data.DataLoader")

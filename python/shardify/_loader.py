@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import _native
 from ._dataset import Dataset, PathArg
-from ._iterators import check_current
+from ._iterators import check_current, not_indexed
 from ._mapped import BatchFunction, MappedLoader
 
 if TYPE_CHECKING:
@@ -502,10 +502,7 @@ class Loader:
     def __getitem__(self, index: Any) -> Any:
         """Refused, saying why: torch's ``DataLoader`` given a loader as its dataset reads it
         as a map-style dataset (it has a length) and asks for ``loader[i]``."""
-        raise TypeError(
-            "a shardify.Loader is not indexed: it is the data loader itself (its threads "
-            "gather the batches, in a shuffled order, this rank's share), so iterate it "
-            "directly instead of wrapping it in torch.utils.data.DataLoader")
+        raise not_indexed("a shardify.Loader")
 
     def __reduce__(self) -> tuple[Any, ...]:
         return _unpickled_loader, (self.dataset, self._arguments, self.state_dict())

@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from ._iterators import not_indexed
+
 if TYPE_CHECKING:
     from ._loader import Loader
 
@@ -74,10 +76,7 @@ class MappedLoader:
     def __getitem__(self, index: Any) -> Any:
         """Refused, saying why, as ``shardify.Loader`` refuses it: torch's ``DataLoader``
         given a mapped loader reads it as a map-style dataset and asks for ``mapped[i]``."""
-        raise TypeError(
-            f"a {type(self).__name__} is not indexed: it is the data loader itself (its "
-            "loader's threads gather the batches, in a shuffled order, this rank's share), so "
-            "iterate it directly instead of wrapping it in torch.utils.data.DataLoader")
+        raise not_indexed(f"a {type(self).__name__}")
 
     def __repr__(self) -> str:
         name = getattr(self.function, "__qualname__", None) or repr(self.function)

@@ -126,6 +126,15 @@ def _require_packed(batch: dict[str, Any], what: str) -> None:
                       "a packed batch", "(layout=\"packed\", dom_positions=True)")
 
 
+def _require_time_ordered(pulses: dict[str, Any], what: str,
+                          sections: tuple[str, ...]) -> None:
+    """As :func:`_require_packed`, for ``what``, which takes :func:`time_ordered`'s pulses
+    with ``sections``."""
+    _require_sections(pulses, what, sections, "pulses: the dict of sections time_ordered "
+                      "returns", "time_ordered's pulses",
+                      "(shardify.transforms.time_ordered(batch))")
+
+
 def _require_sections(batch: dict[str, Any], what: str, sections: tuple[str, ...],
                       taken: str, kind: str, hint: str) -> None:
     """As :func:`_require_packed`, for ``sections``: ``what`` takes ``taken``, a dict
@@ -308,9 +317,7 @@ def pad_pulses(pulses: dict[str, Any], length: int | None = None) -> dict[str, A
     """
     import torch
 
-    _require_sections(pulses, "pad_pulses", TIME_ORDERED_SECTIONS,
-                      "pulses: the dict of sections time_ordered returns",
-                      "time_ordered's pulses", "(shardify.transforms.time_ordered(batch))")
+    _require_time_ordered(pulses, "pad_pulses", TIME_ORDERED_SECTIONS)
     if length is not None and (isinstance(length, bool) or not isinstance(length, int)
                                or length < 0):
         raise ValueError(f"length must be a non-negative integer or None, not {length!r}")
@@ -383,9 +390,7 @@ def pulse_features(pulses: dict[str, Any], standardize: str | None = None) -> An
     = pulse_features(pulses)``) and :func:`pad_pulses` pads it to ``[B, L, 6]`` with the
     rest. No host synchronisation: elementwise operations and one concatenation.
     """
-    _require_sections(pulses, "pulse_features", PULSE_FEATURE_SECTIONS,
-                      "pulses: the dict of sections time_ordered returns",
-                      "time_ordered's pulses", "(shardify.transforms.time_ordered(batch))")
+    _require_time_ordered(pulses, "pulse_features", PULSE_FEATURE_SECTIONS)
     require_standardization(standardize)
     return _features_and_positions(pulses, standardize)[0]
 
