@@ -14,7 +14,7 @@ use shardify::bench::report::{run, table, BenchConfig};
 use shardify::dataset::{ChecksumPolicy, Dataset};
 use shardify::device::DeviceChoice;
 use shardify::pipeline::WorkerScheduling;
-use shardify::sampler::BatchOrder;
+use shardify::sampler::{BatchOrder, LengthGrouping};
 
 fn arg(name: &str, default: u64) -> u64 {
     let args: Vec<String> = std::env::args().collect();
@@ -35,6 +35,7 @@ fn main() {
         block_events: 256,
         run_events: arg("--run-events", 1) as usize,
         batch_order: BatchOrder::Stored,
+        group_by_length: LengthGrouping::Off,
         workers: arg("--workers", 2) as usize,
         prefetch: None,
         worker_scheduling: vec![WorkerScheduling::Batch],

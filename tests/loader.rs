@@ -16,7 +16,7 @@ use shardify::device::{DeviceChoice, Placement};
 use shardify::format::ShardLayout;
 use shardify::pipeline::{Batch, Loader, LoaderConfig, LoaderState};
 use shardify::prefetch::PrefetchLevel;
-use shardify::sampler::{BatchOrder, Batching, SamplerConfig, SamplerState};
+use shardify::sampler::{BatchOrder, Batching, LengthGrouping, SamplerConfig, SamplerState};
 use shardify::Error;
 
 fn dataset(dir: &Path) -> Arc<Dataset> {
@@ -38,6 +38,7 @@ fn config(batching: Batching, workers: usize) -> LoaderConfig {
             // Shuffled inside batches: the gather's general case (runs scattered in the batch).
             batch_order: BatchOrder::Drawn,
             shuffle: true,
+            group_by_length: LengthGrouping::Off,
             drop_last: false,
             rank: 0,
             world: 1,

@@ -26,6 +26,17 @@ def _count(name: str, value: Any) -> int:
     return value
 
 
+def _length_grouping(value: Any) -> tuple[bool, int | None]:
+    """``group_by_length`` as the native loader takes it: whether, and the cap (a
+    ``ValueError`` unless False, True or a positive integer)."""
+    if isinstance(value, bool):
+        return value, None
+    if isinstance(value, int) and value >= 1:
+        return True, _count("group_by_length", value)
+    raise ValueError(f"invalid group_by_length: expected False, True or a positive pulse "
+                     f"count (the length events are cut to), not {value!r}")
+
+
 def _optional_count(name: str, value: Any) -> int | None:
     """None, or a non-negative integer argument (else a ValueError naming it)."""
     return None if value is None else _count(name, value)
@@ -144,6 +155,16 @@ class Loader:
       or ``"drawn"`` (the order the shuffle drew them).
     * ``shuffle`` (True): False delivers the stored order every epoch (evaluation,
       inference): every event of this rank's share once, the last partial batch kept.
+    * ``group_by_length`` (False): True or a pulse count ``L``: the batches inside each
+      window hold events of similar pulse count (counts above ``L`` counting as ``L``: give
+      the length a sequence model cuts events to), in a random order of lengths, as the
+      Kaggle competition's top transformers were batched and as Hugging Face's
+      ``group_by_length`` does. A batch padded to its longest event then holds little
+      padding: with the real statistics cut to 256 pulses, 30% of such a grid is pulses
+      drawn at random, 91% grouped in windows of 16 batches (wider windows group tighter).
+      The events of a window are the same, each batch is one length class of them; only
+      with ``batch_events`` (not ``max_pulses``). Without shuffle, each window's batches
+      come shortest first.
     * ``drop_last`` (None): drop the last partial batch. None means True when ``world > 1``
       and shuffling, so every rank gets as many batches (DDP needs it), else False.
     * ``rank``, ``world`` (None): this process's share; None takes them from
@@ -228,6 +249,7 @@ class Loader:
         run_events: int = 1,
         batch_order: str = "stored",
         shuffle: bool = True,
+        group_by_length: bool | int = False,
         drop_last: bool | None = None,
         rank: int | None = None,
         world: int | None = None,
@@ -276,6 +298,7 @@ class Loader:
         self.output = output
         self.rank, self.world, self.drop_last = rank, world, bool(drop_last)
         workers, prefetch = _count("workers", workers), _optional_count("prefetch", prefetch)
+        grouped, length_cap = _length_grouping(group_by_length)
         self._native = _native.Loader(
             dataset._native,
             batch_events=_count("batch_events", batch_events),
@@ -290,6 +313,8 @@ class Loader:
             run_events=_count("run_events", run_events),
             batch_order=batch_order,
             shuffle=bool(shuffle),
+            group_by_length=grouped,
+            length_cap=length_cap,
             drop_last=self.drop_last,
             rank=rank,
             world=world,
@@ -458,12 +483,12 @@ class Loader:
         ``global_batches`` on (batch ``global_batches + r`` to rank ``r``, then round-robin),
         so no event of the epoch comes twice and none is skipped beyond what ``drop_last``
         drops. A ``ValueError`` names the field when the state was made with settings that
-        decide another order (seed, batching, blocks, window, runs, batch order, shuffle),
-        and names ``dataset`` when it was saved reading other events (another conversion,
-        source, shard size or split; a state without ``dataset``, saved before it was
-        recorded, is not checked); ``world`` and ``drop_last`` may differ. Save rank 0's
-        state: at the end of an epoch without ``drop_last``, other ranks may have had one
-        batch fewer."""
+        decide another order (seed, batching, blocks, window, runs, batch order, shuffle,
+        length grouping), and names ``dataset`` when it was saved reading other events
+        (another conversion, source, shard size or split; a state without ``dataset``, saved
+        before it was recorded, is not checked); ``world`` and ``drop_last`` may differ.
+        Save rank 0's state: at the end of an epoch without ``drop_last``, other ranks may
+        have had one batch fewer."""
         if not isinstance(state, dict):
             raise ValueError(f"invalid state: expected a dict, not {type(state).__name__}")
         missing = [k for k in ("epoch", "sampler") if k not in state]

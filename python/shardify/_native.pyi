@@ -114,6 +114,8 @@ class Loader:
         run_events: int,
         batch_order: str,
         shuffle: bool,
+        group_by_length: bool,
+        length_cap: int | None,
         drop_last: bool,
         rank: int,
         world: int,

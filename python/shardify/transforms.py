@@ -14,7 +14,7 @@ Host synchronisation (a GPU batch's sizes read back by the host):
 * :func:`pad_pulses`: none with a fixed ``length``; without, one (the longest event);
 * :func:`pulse_features`: none;
 * :func:`pulse_sequences`: one (:func:`time_ordered`'s, with its cut; the padding to a
-  fixed length reads none);
+  fixed length reads none, to the longest event one more);
 * :func:`knn_edges`: one per batch, the events' node and group counts (the distance blocks,
   or the Triton kernel's tile, are sized from them on the host; the edges are then written
   in place).
@@ -298,7 +298,8 @@ def time_ordered(batch: dict[str, Any], max_pulses: int | None = None,
 
 
 @_left_untraced
-def pad_pulses(pulses: dict[str, Any], length: int | None = None) -> dict[str, Any]:
+def pad_pulses(pulses: dict[str, Any], length: int | None = None, *,
+               pad_to_multiple_of: int | None = None) -> dict[str, Any]:
     """:func:`time_ordered`'s pulses as a padded ``[B, L]`` grid, one event a row, for
     sequence models (a transformer's ``src_key_padding_mask`` is ``~pulse_mask``).
 
@@ -314,6 +315,11 @@ def pad_pulses(pulses: dict[str, Any], length: int | None = None) -> dict[str, A
     synchronisation, to read it). A fixed ``L`` needs none and gives every batch one
     shape (``torch.compile``, CUDA graphs); an event longer keeps its first ``L`` pulses,
     so cut events with ``time_ordered(batch, max_pulses=L, keep=...)``, which chooses them.
+
+    ``pad_to_multiple_of`` (None): with ``length=None``, the longest event's length rounded
+    up to a multiple of it, as Hugging Face tokenizers' argument of that name: batches of
+    similar length (``Loader(..., group_by_length=L)``) then come in a few shapes, which
+    ``torch.compile`` and tensor cores like.
     """
     import torch
 
@@ -321,6 +327,10 @@ def pad_pulses(pulses: dict[str, Any], length: int | None = None) -> dict[str, A
     if length is not None and (isinstance(length, bool) or not isinstance(length, int)
                                or length < 0):
         raise ValueError(f"length must be a non-negative integer or None, not {length!r}")
+    _require_positive_or_none("pad_to_multiple_of", pad_to_multiple_of)
+    if length is not None and pad_to_multiple_of is not None:
+        raise ValueError("pad_pulses: pad_to_multiple_of rounds the longest event's length "
+                         "up; give it with length=None, or give a length alone")
     offsets = pulses["event_pulse_offsets"].long()
     counts = offsets.diff()
     events, total = counts.shape[0], pulses["pulse_time"].shape[0]
@@ -332,7 +342,7 @@ def pad_pulses(pulses: dict[str, Any], length: int | None = None) -> dict[str, A
             raise ValueError(f"pad_pulses: section {name} has {section.shape[0]} rows where "
                              f"pulse_time has {total}: not one time_ordered output")
     if length is None:
-        length = int(counts.max()) if events else 0
+        length = _rounded_up(int(counts.max()) if events else 0, pad_to_multiple_of)
     device = offsets.device
     # Each pulse's cell of the flat [B * L] grid; a pulse past its row's L goes to one spare
     # cell after the grid, which is cut off.
@@ -395,27 +405,62 @@ def pulse_features(pulses: dict[str, Any], standardize: str | None = None) -> An
     return _features_and_positions(pulses, standardize)[0]
 
 
+def _require_positive_or_none(name: str, value: Any) -> None:
+    """A ``ValueError`` naming ``name`` unless ``value`` is None or a positive integer."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                              or value < 1):
+        raise ValueError(f"{name} must be a positive integer or None, not {value!r}")
+
+
+def _rounded_up(length: int, multiple: int | None) -> int:
+    """``length`` rounded up to a multiple of ``multiple`` (as it is when None)."""
+    return length if multiple is None else -(-length // multiple) * multiple
+
+
+#: What :func:`pulse_sequences` pads to: ``length`` or the batch's longest event.
+PADDINGS = ("length", "longest")
+
+
 @_left_untraced
 def pulse_sequences(batch: dict[str, Any], length: int, *,
                     keep: str = "non_auxiliary_first", standardize: str | None = None,
-                    seed: int = 0, epoch: int = 0) -> dict[str, Any]:
+                    seed: int = 0, epoch: int = 0, padding: str = "length",
+                    pad_to_multiple_of: int | None = None) -> dict[str, Any]:
     """A packed batch as a sequence model's input in one call: each event's pulses in time
     order, at most ``length`` of them chosen by ``keep`` (with ``seed`` and ``epoch``, as
     :func:`time_ordered`), their :func:`pulse_features` (scaled as ``standardize`` says) as
-    the section ``pulse_features``, all padded to ``length`` (:func:`pad_pulses`): every
-    batch ``[B, length, ...]``, with ``pulse_mask``, ``event_pulses``, the ids and labels.
+    the section ``pulse_features``, all padded (:func:`pad_pulses`) as ``padding`` says:
+
+    * ``"length"``: to ``length``, every batch ``[B, length, ...]`` (one shape);
+    * ``"longest"``: to the batch's longest kept event, rounded up to a multiple of
+      ``pad_to_multiple_of`` when given (at most ``length``): far less padding for batches
+      of similar length (``Loader(..., group_by_length=length)``: with the real statistics
+      cut to 256 pulses, 91% of the cells are pulses, against 30% at ``length``).
+
+    With ``pulse_mask``, ``event_pulses``, the ids and labels.
 
     >>> train = loader.map(lambda batch, epoch: pulse_sequences(   # doctest: +SKIP
     ...     batch, 256, standardize="graphnet", epoch=epoch))
 
-    One host synchronisation a batch (:func:`time_ordered`'s kept count).
+    One host synchronisation a batch (:func:`time_ordered`'s kept count), and one more with
+    ``padding="longest"`` (the longest event).
     """
     _require_packed(batch, "pulse_sequences")
     if isinstance(length, bool) or not isinstance(length, int) or length < 1:
         raise ValueError(f"length must be a positive integer, not {length!r}")
+    if padding not in PADDINGS:
+        raise ValueError(f"invalid padding: {padding!r} (expected \"length\" or \"longest\")")
+    _require_positive_or_none("pad_to_multiple_of", pad_to_multiple_of)
+    if pad_to_multiple_of is not None and padding != "longest":
+        raise ValueError("pulse_sequences: pad_to_multiple_of rounds the longest event's "
+                         "length up; give it with padding=\"longest\"")
     require_standardization(standardize)
     pulses = time_ordered(batch, max_pulses=length, keep=keep, seed=seed, epoch=epoch)
     pulses["pulse_features"] = _features_and_positions(pulses, standardize)[0]
+    if padding == "longest":
+        counts = pulses["event_pulse_offsets"].diff()
+        longest = int(counts.max()) if counts.numel() else 0
+        length = min(_rounded_up(longest, pad_to_multiple_of), length)
     return pad_pulses(pulses, length)
 
 

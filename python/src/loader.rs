@@ -15,7 +15,7 @@ use shardify::pipeline::{
     check_staging_fits, rank_batch_count, Arrival, Batch, Loader, LoaderConfig, WorkerScheduling,
 };
 use shardify::resident::plan_epoch;
-use shardify::sampler::{BatchOrder, Batching, SamplerConfig, SamplerState};
+use shardify::sampler::{BatchOrder, Batching, LengthGrouping, SamplerConfig, SamplerState};
 use shardify::Error;
 
 use crate::array::{numpy_name, PyHostArray};
@@ -124,11 +124,25 @@ fn order_settings(s: &SamplerConfig) -> serde_json::Value {
         "max_events": max_events,
         "batch_order": s.batch_order.to_string(),
         "shuffle": s.shuffle,
+        "group_by_length": match s.group_by_length {
+            LengthGrouping::Off => serde_json::json!(false),
+            LengthGrouping::Pulses { cap: None } => serde_json::json!(true),
+            LengthGrouping::Pulses { cap: Some(cap) } => serde_json::json!(cap),
+        },
     })
 }
 
+/// `group_by_length` as the Python loader passes it on: whether, and the cap.
+fn length_grouping(group: bool, cap: Option<usize>) -> LengthGrouping {
+    match group {
+        false => LengthGrouping::Off,
+        true => LengthGrouping::Pulses { cap },
+    }
+}
+
 /// The settings a state saved as [`order_settings`] JSON was made with, as a sampler (rank,
-/// world and drop_last taken from `ours`; `shuffle` true in a state from before it existed).
+/// world and drop_last taken from `ours`; `shuffle` true and `group_by_length` off in a state
+/// from before they existed).
 fn saved_sampler(json: &str, ours: &SamplerConfig) -> Result<SamplerConfig, Error> {
     #[derive(serde::Deserialize)]
     struct Saved {
@@ -141,6 +155,9 @@ fn saved_sampler(json: &str, ours: &SamplerConfig) -> Result<SamplerConfig, Erro
         max_events: Option<usize>,
         batch_order: String,
         shuffle: Option<bool>,
+        /// false, true (no cap) or the cap.
+        #[serde(default)]
+        group_by_length: Option<serde_json::Value>,
     }
     let saved: Saved = serde_json::from_str(json)
         .map_err(|e| Error::config("state", format!("the saved sampler settings: {e}")))?;
@@ -156,6 +173,25 @@ fn saved_sampler(json: &str, ours: &SamplerConfig) -> Result<SamplerConfig, Erro
         )?,
         batch_order: batch_order(&saved.batch_order)?,
         shuffle: saved.shuffle.unwrap_or(true),
+        group_by_length: match saved.group_by_length {
+            None | Some(serde_json::Value::Bool(false)) => LengthGrouping::Off,
+            Some(serde_json::Value::Bool(true)) => LengthGrouping::Pulses { cap: None },
+            Some(serde_json::Value::Number(cap)) => LengthGrouping::Pulses {
+                cap: Some(
+                    cap.as_u64()
+                        .and_then(|c| usize::try_from(c).ok())
+                        .ok_or_else(|| {
+                            Error::config("state", format!("the saved group_by_length {cap}"))
+                        })?,
+                ),
+            },
+            Some(other) => {
+                return Err(Error::config(
+                    "state",
+                    format!("the saved group_by_length {other}: expected false, true or a cap"),
+                ))
+            }
+        },
         ..ours.clone()
     })
 }
@@ -281,7 +317,7 @@ impl PyLoader {
     #[allow(clippy::too_many_arguments)]
     #[pyo3(signature = (dataset, *, batch_events, max_pulses, max_events, layout, max_doms,
         pulses_per_dom, seed, block_events, window_blocks, run_events, batch_order, shuffle,
-        drop_last, rank, world, workers, worker_scheduling, consumer_gathers, prefetch, device,
+        group_by_length, length_cap, drop_last, rank, world, workers, worker_scheduling, consumer_gathers, prefetch, device,
         dom_positions))]
     fn new(
         py: Python<'_>,
@@ -298,6 +334,8 @@ impl PyLoader {
         run_events: usize,
         batch_order: &str,
         shuffle: bool,
+        group_by_length: bool,
+        length_cap: Option<usize>,
         drop_last: bool,
         rank: usize,
         world: usize,
@@ -317,6 +355,7 @@ impl PyLoader {
                 batching: batching(batch_events, max_pulses, max_events).map_err(to_py)?,
                 batch_order: self::batch_order(batch_order).map_err(to_py)?,
                 shuffle,
+                group_by_length: length_grouping(group_by_length, length_cap),
                 drop_last,
                 rank,
                 world,

@@ -93,6 +93,35 @@ def test_pulse_sequences_is_time_ordered_then_features_then_padding(realistic_di
         pulse_sequences({k: v for k, v in batch.items() if k != "dom_position"}, 8)
 
 
+def test_pulse_sequences_pad_length_grouped_batches_to_their_longest(realistic_dir, torch):
+    from shardify.transforms import pad_pulses, pulse_features, pulse_sequences, time_ordered
+
+    loader = shardify.Loader(realistic_dir, batch_events=32, block_events=64, window_blocks=8,
+                             group_by_length=100)
+    widths, cells, pulses_kept = set(), 0, 0
+    for batch in loader:
+        got = pulse_sequences(batch, 100, padding="longest", pad_to_multiple_of=16)
+        pulses = time_ordered(batch, max_pulses=100)
+        pulses["pulse_features"] = pulse_features(pulses)
+        longest = int(pulses["event_pulse_offsets"].diff().max())
+        width = min(-(-longest // 16) * 16, 100)
+        want = pad_pulses(pulses, width)
+        assert got.keys() == want.keys()
+        for name in want:
+            assert torch.equal(got[name], want[name]), name
+        widths.add(width)
+        cells += got["pulse_mask"].numel()
+        pulses_kept += int(got["event_pulses"].sum())
+    assert widths <= {16, 32, 48, 64, 80, 96, 100} and len(widths) > 3, widths
+    assert pulses_kept / cells > 0.75, "grouped batches padded to their longest: little padding"
+    longest = pulse_sequences(batch, 100, padding="longest")
+    assert longest["pulse_time"].shape[1] == int(longest["event_pulses"].max())
+    with pytest.raises(ValueError, match="invalid padding: 'max'"):
+        pulse_sequences(batch, 100, padding="max")
+    with pytest.raises(ValueError, match="give it with padding=\"longest\""):
+        pulse_sequences(batch, 100, pad_to_multiple_of=8)
+
+
 def _sequences(batch, epoch, standardize):
     from shardify.transforms import pulse_sequences
 

@@ -19,6 +19,11 @@ SETTINGS = [
     (dict(batch_events=16, batch_order="drawn", run_events=4),
      ["--batch-events", "16", "--batch-order", "drawn", "--run-events", "4"]),
     (dict(max_pulses=900, max_events=40), ["--max-pulses", "900", "--max-events", "40"]),
+    (dict(batch_events=8, block_events=12, window_blocks=4, group_by_length=40),
+     ["--batch-events", "8", "--block-events", "12", "--window", "4",
+      "--group-by-length", "40"]),
+    (dict(batch_events=16, shuffle=False, group_by_length=True),
+     ["--batch-events", "16", "--no-shuffle", "--group-by-length"]),
 ]
 
 
@@ -180,3 +185,48 @@ def test_the_gathers_machine_settings_change_no_batch(train_dir, monkeypatch, va
     first = epoch(values[0])
     assert len(first) > 1
     assert epoch(values[1]) == first
+
+
+def pulse_counts(batch):
+    """Each event's pulse count in a packed batch (numpy)."""
+    event_doms = batch["event_dom_offsets"].astype("int64")
+    return (batch["dom_pulse_offsets"].astype("int64")[event_doms][1:]
+            - batch["dom_pulse_offsets"].astype("int64")[event_doms][:-1])
+
+
+def padded_fill(batches, cap):
+    """Pulses over the cells of grids padded to each batch's longest event cut to ``cap``."""
+    import numpy as np
+
+    real = cells = 0
+    for batch in batches:
+        counts = np.minimum(pulse_counts(batch), cap)
+        real, cells = real + counts.sum(), cells + counts.size * counts.max()
+    return real / cells
+
+
+def test_group_by_length_batches_events_of_similar_length(realistic_dir):
+    import numpy as np
+
+    settings = dict(batch_events=32, block_events=64, window_blocks=8, output="numpy")
+    drawn = list(shardify.Loader(realistic_dir, **settings))
+    grouped = list(shardify.Loader(realistic_dir, group_by_length=256, **settings))
+    assert len(grouped) == len(drawn)
+    for window in range(0, len(drawn) - 15, 16):  # 16 batches of 32 a window of 512
+        events = [np.sort(np.concatenate([b["event_id"] for b in run[window:window + 16]]))
+                  for run in (drawn, grouped)]
+        np.testing.assert_array_equal(*events, "a window's events, regrouped")
+        lengths = sorted((np.minimum(pulse_counts(b), 256).min(),
+                          np.minimum(pulse_counts(b), 256).max())
+                         for b in grouped[window:window + 16])
+        assert all(a[1] <= b[0] for a, b in zip(lengths, lengths[1:], strict=False)), lengths
+    before, after = padded_fill(drawn, 256), padded_fill(grouped, 256)
+    assert after > 0.8 > 0.5 > before, (before, after)
+
+
+def test_group_by_length_refusals_name_it(train_dir):
+    for value in (0, -3, 2.5, "256", None):
+        with pytest.raises(ValueError, match="invalid group_by_length: expected False"):
+            shardify.Loader(train_dir, group_by_length=value, output="numpy")
+    with pytest.raises(ValueError, match="invalid group_by_length: groups batches of a fixed"):
+        shardify.Loader(train_dir, max_pulses=900, group_by_length=True, output="numpy")

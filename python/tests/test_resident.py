@@ -22,6 +22,8 @@ SETTINGS = [
     pytest.param(dict(max_pulses=2000, layout="padded", max_doms=6, pulses_per_dom=1,
                       window_blocks=3), id="padded-pulse-budget"),
     pytest.param(dict(batch_events=20, dom_positions=False), id="no-positions"),
+    pytest.param(dict(batch_events=12, window_blocks=3, group_by_length=50),
+                 id="grouped-by-length"),
     pytest.param(dict(batch_events=7, rank=1, world=3, seed=4), id="rank-1-of-3"),
 ]
 

@@ -253,6 +253,26 @@ def test_pad_pulses_against_the_reference(realistic_dir, torch):
     assert check_padded(empty)["pulse_time"].shape == (1, 0)
 
 
+def test_pad_pulses_rounds_the_longest_event_up_to_a_multiple(torch):
+    from shardify.transforms import pad_pulses, time_ordered
+
+    pulses = time_ordered(make_batch(torch, boundary_events(5)))  # longest event: 10
+    for multiple, width in ((1, 10), (4, 12), (5, 10), (16, 16)):
+        got = pad_pulses(pulses, pad_to_multiple_of=multiple)
+        want = pad_pulses(pulses, width)
+        assert got["pulse_time"].shape == (7, width), multiple
+        for name in want:
+            assert torch.equal(got[name], want[name]), (multiple, name)
+    empty = time_ordered(make_batch(torch, [[]]))
+    assert pad_pulses(empty, pad_to_multiple_of=8)["pulse_time"].shape == (1, 0)
+    for multiple in (0, -2, 1.5, True):
+        with pytest.raises(ValueError, match="pad_to_multiple_of must be a positive integer"):
+            pad_pulses(pulses, pad_to_multiple_of=multiple)
+    with pytest.raises(ValueError, match="pad_to_multiple_of rounds the longest event's "
+                                         "length up; give it with length=None"):
+        pad_pulses(pulses, 16, pad_to_multiple_of=8)
+
+
 def test_pad_pulses_to_a_fixed_length_needs_no_host_sync(torch):
     """On the meta device a data-dependent size raises: a fixed length reads none."""
     from shardify.transforms import pad_pulses, time_ordered

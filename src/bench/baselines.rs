@@ -130,6 +130,7 @@ impl SourceIndex {
                     source_file: batch.batch_id,
                     zenith: m.zenith,
                     stored_position: events.len() as u64,
+                    pulses: (m.last_row - m.first_row + 1) as u64,
                 };
                 events.push(SourceEvent {
                     file,

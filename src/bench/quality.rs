@@ -11,7 +11,11 @@
 //!   fraction that share a batch again in the next epoch, against `(B - 1) / (N - 1)` for
 //!   i.i.d.;
 //! - **displacement**: mean distance between an event's position in the stream and its
-//!   stored position, as a fraction of the dataset size (1/3 for a uniform permutation).
+//!   stored position, as a fraction of the dataset size (1/3 for a uniform permutation);
+//! - **padded fill**: what a sequence model that cuts events to [`PADDED_FILL_CUT`] pulses
+//!   and pads each batch to its longest event computes on: pulses over the grid's cells (1
+//!   without padding). Not a randomness figure: batches grouped by length
+//!   (`group_by_length`) trade some randomness for it.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -30,7 +34,13 @@ pub struct EventInfo {
     pub zenith: f64,
     /// Its position in stored order (0..N).
     pub stored_position: u64,
+    /// Its pulses.
+    pub pulses: u64,
 }
+
+/// The pulses events are cut to for [`padded_fill`]: the Kaggle competition's transformers
+/// took 192 to 256 in training.
+pub const PADDED_FILL_CUT: u64 = 256;
 
 /// The shuffle-quality figures of a loader.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -45,6 +55,9 @@ pub struct Quality {
     pub pair_repeat_iid: f64,
     /// Mean |stream position - stored position| / N (1/3 for a uniform permutation).
     pub displacement: f64,
+    /// Pulses over the cells of the batches padded to their longest event, events cut to
+    /// [`PADDED_FILL_CUT`] pulses (1 without padding).
+    pub padded_fill: f64,
 }
 
 fn entropy_bits(counts: impl Iterator<Item = usize>, total: usize) -> f64 {
@@ -157,6 +170,21 @@ pub fn displacement(epoch: &[Vec<EventInfo>]) -> f64 {
     total / (n.max(1) as f64).powi(2)
 }
 
+/// Padded fill of `epoch` (see the module docs): events cut to `cut` pulses, each batch
+/// padded to its longest.
+pub fn padded_fill(epoch: &[Vec<EventInfo>], cut: u64) -> f64 {
+    let (mut pulses, mut cells) = (0u64, 0u64);
+    for batch in epoch {
+        let cut_pulses = batch.iter().map(|e| e.pulses.min(cut));
+        pulses += cut_pulses.clone().sum::<u64>();
+        cells += batch.len() as u64 * cut_pulses.max().unwrap_or(0);
+    }
+    if cells == 0 {
+        return 1.0;
+    }
+    pulses as f64 / cells as f64
+}
+
 /// All metrics from two consecutive epochs of one loader.
 pub fn quality(first: &[Vec<EventInfo>], second: &[Vec<EventInfo>]) -> Quality {
     let (pair_repeat, pair_repeat_iid) = pair_repeat(first, second);
@@ -166,6 +194,7 @@ pub fn quality(first: &[Vec<EventInfo>], second: &[Vec<EventInfo>]) -> Quality {
         pair_repeat,
         pair_repeat_iid,
         displacement: displacement(first),
+        padded_fill: padded_fill(first, PADDED_FILL_CUT),
     }
 }
 
@@ -184,6 +213,7 @@ mod tests {
                         source_file: (i * files / n) as i64,
                         zenith: (i as f64 / n as f64) * 3.0,
                         stored_position: i,
+                        pulses: 1 + i % 300,
                     })
                     .collect()
             })
@@ -216,6 +246,29 @@ mod tests {
         assert!(good.pair_repeat < 0.02 && (good.pair_repeat_iid - 99.0 / 19_999.0).abs() < 1e-9);
         assert!(poor.displacement < 1e-9);
         assert!((good.displacement - 1.0 / 3.0).abs() < 0.02, "{good:?}");
+    }
+
+    #[test]
+    fn padded_fill_counts_the_cut_pulses_over_the_padded_cells() {
+        // Pulses 1 + i % 300: batches of 100 sorted by length pad less than shuffled ones.
+        let mut by_length: Vec<u64> = (0..600).collect();
+        by_length.sort_by_key(|&i| (1 + i % 300, i));
+        let sorted = stream(&by_length, 1, 100);
+        // Batch k holds pulse counts 50k+1..=50k+50 twice, cut at 256: padded to 50k+50.
+        let fill = padded_fill(&sorted, 256);
+        let pulses: u64 = (0..600u64).map(|i| (1 + i % 300).min(256)).sum();
+        let cells: u64 = (0..6u64).map(|k| 100 * (50 * k + 50).min(256)).sum();
+        assert_eq!(fill, pulses as f64 / cells as f64);
+        let shuffled: Vec<u64> = {
+            let mut order: Vec<u64> = (0..600).collect();
+            Rng::new(3).shuffle(&mut order);
+            order
+        };
+        assert!(
+            padded_fill(&stream(&shuffled, 1, 100), 256) < 0.6 && fill > 0.85,
+            "{fill}"
+        );
+        assert_eq!(padded_fill(&[], 256), 1.0, "no batch, no padding");
     }
 
     #[test]

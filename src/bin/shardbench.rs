@@ -191,6 +191,7 @@ fn bench(args: Args) -> Result<()> {
         block_events: args.sampler.block_events,
         run_events: args.sampler.run_events,
         batch_order: args.sampler.batch_order,
+        group_by_length: args.sampler.length_grouping(),
         workers: args.workers,
         prefetch: args.prefetch.map(|n| n as usize),
         worker_scheduling: args.worker_scheduling,

@@ -112,7 +112,7 @@ struct OrderArgs {
     #[arg(long, default_value_t = 1)]
     world: usize,
     /// Batch by a pulse budget instead of an event count.
-    #[arg(long, conflicts_with = "batch_events")]
+    #[arg(long, conflicts_with_all = ["batch_events", "group_by_length"])]
     max_pulses: Option<usize>,
     /// With --max-pulses: events per batch at most.
     #[arg(long, requires = "max_pulses")]
@@ -696,6 +696,7 @@ fn run_order(args: OrderArgs) -> Result<()> {
             batching,
             batch_order: args.sampler.batch_order,
             shuffle: !args.no_shuffle,
+            group_by_length: args.sampler.length_grouping(),
             drop_last: args.drop_last,
             rank: args.rank,
             world: args.world,

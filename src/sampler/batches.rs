@@ -56,7 +56,7 @@ impl<'a> GlobalBatches<'a> {
             if self.read_ahead {
                 self.events.announce(self.sizes);
             }
-            let Some(window) = self.events.window() else {
+            let Some(window) = self.events.window(self.sizes) else {
                 break false;
             };
             let (n, full) = match self.batching {

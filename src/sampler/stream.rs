@@ -1,7 +1,7 @@
 //! The global event sequence of an epoch: the stored order rotated, cut into blocks,
 //! permuted, and drawn window by window.
 
-use super::{BatchOrder, EventRef, EventSizes, SamplerConfig};
+use super::{BatchOrder, Batching, EventRef, EventSizes, LengthGrouping, SamplerConfig};
 use crate::rng::Rng;
 
 /// `len` consecutive events of the stored order from global position `start`.
@@ -15,6 +15,7 @@ const STREAM_BLOCKS: u64 = 0x0b10_c4b1;
 const STREAM_WINDOW: u64 = 0x3a7d_0e11;
 
 const STREAM_ROTATION: u64 = 0x5107_a7e5;
+const STREAM_LENGTH_GROUPS: u64 = 0x1e96_7a05;
 
 /// The stored order (shards concatenated in manifest order), rotated by an epoch's offset:
 /// position `p` is the event at stored position `(p + rotation) % total`.
@@ -98,7 +99,13 @@ pub(super) struct EventStream {
     shuffle: bool,
     seed: u64,
     epoch: u64,
+    /// With [`LengthGrouping::Pulses`] and batches of `n` events: `(n, cap)`, the cap
+    /// `usize::MAX` when none.
+    length_groups: Option<(usize, usize)>,
     next_window: usize,
+    /// Events in the windows before the current one: the current one's first global
+    /// position.
+    window_start: u64,
     window: Window,
     /// Windows whose events were announced through [`EventSizes::read_ahead`].
     announced: usize,
@@ -270,7 +277,14 @@ impl EventStream {
             shuffle: config.shuffle,
             seed: config.seed,
             epoch,
+            length_groups: match (config.group_by_length, config.batching) {
+                (LengthGrouping::Pulses { cap }, Batching::Events(n)) => {
+                    Some((n, cap.unwrap_or(usize::MAX)))
+                }
+                _ => None,
+            },
             next_window: 0,
+            window_start: 0,
             window: Window::default(),
             announced: 0,
         }
@@ -299,14 +313,15 @@ impl EventStream {
         }
     }
 
-    /// The current window while it has events left, else the next one; `None` at the end
-    /// of the epoch.
-    pub(super) fn window(&mut self) -> Option<&mut Window> {
+    /// The current window while it has events left, else the next one (`sizes` gives the
+    /// events' lengths when batches are grouped by length); `None` at the end of the epoch.
+    pub(super) fn window(&mut self, sizes: &dyn EventSizes) -> Option<&mut Window> {
         while self.window.remaining() == 0 {
             let first = self.next_window * self.window_blocks;
             if first >= self.blocks.len() {
                 return None;
             }
+            self.window_start += self.window.events.len() as u64;
             let mut blocks =
                 self.blocks[first..(first + self.window_blocks).min(self.blocks.len())].to_vec();
             blocks.sort_unstable_by_key(|b| b.start);
@@ -337,9 +352,99 @@ impl EventStream {
                 w.drawn.extend(0..w.events.len() as u32);
                 rng.shuffle(&mut w.drawn);
             }
+            if let Some((batch_events, cap)) = self.length_groups {
+                let mut batch_order = self
+                    .shuffle
+                    .then(|| Rng::stream(self.seed ^ STREAM_LENGTH_GROUPS, stream));
+                let whole = WholeBatches::of(self.window_start, w.events.len(), batch_events);
+                group_by_length(w, whole, cap, sizes, batch_order.as_mut());
+            }
             self.next_window += 1;
         }
         Some(&mut self.window)
+    }
+}
+
+/// The batches of `batch_events` events that lie whole inside a window: from its drawn
+/// position `first`, `count` of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct WholeBatches {
+    first: usize,
+    count: usize,
+    batch_events: usize,
+}
+
+impl WholeBatches {
+    /// Those of a window of `events` events starting at global position `start`, the epoch
+    /// cut into batches of `batch_events` from position 0.
+    fn of(start: u64, events: usize, batch_events: usize) -> WholeBatches {
+        let n = batch_events as u64;
+        // The rest of a batch begun in the window before (none when `start` is a boundary).
+        let first = ((n - start % n) % n).min(events as u64) as usize;
+        WholeBatches {
+            first,
+            count: (events - first) / batch_events,
+            batch_events,
+        }
+    }
+}
+
+/// Regroups `window`'s drawn order over its `whole` batches: their events sorted by pulse
+/// count (`sizes`, counts above `cap` as `cap`; ties in drawn order), cut into batches, and
+/// those put in the order `batch_order` shuffles them into (shortest first without one).
+fn group_by_length(
+    window: &mut Window,
+    whole: WholeBatches,
+    cap: usize,
+    sizes: &dyn EventSizes,
+    batch_order: Option<&mut Rng>,
+) {
+    let n = whole.batch_events;
+    let grouped = &mut window.drawn[whole.first..whole.first + whole.count * n];
+    // Asked in the window's order, which is stored order: its offsets are read
+    // sequentially, where asked in drawn order they were read at random (25 ns an event).
+    let mut event_lengths = Vec::new();
+    sizes.pulses_into(&window.events, &mut event_lengths);
+    let lengths: Vec<usize> = grouped
+        .iter()
+        .map(|&i| event_lengths[i as usize].min(cap))
+        .collect();
+    let by_length = stable_order_by(&lengths);
+    let mut classes: Vec<usize> = (0..whole.count).collect();
+    if let Some(rng) = batch_order {
+        rng.shuffle(&mut classes);
+    }
+    let drawn = grouped.to_vec();
+    for (batch, &class) in grouped.chunks_exact_mut(n).zip(&classes) {
+        for (slot, &position) in batch.iter_mut().zip(&by_length[class * n..(class + 1) * n]) {
+            *slot = drawn[position as usize];
+        }
+    }
+}
+
+/// The positions of `lengths`, ordered by length, ties by position (a stable sort): by
+/// [`radix_sort`] of `length * count + position` where that fits 32 bits (a cap of 256
+/// over a window of 16 million events), else by a comparison sort (`cap` None over long
+/// events).
+fn stable_order_by(lengths: &[usize]) -> Vec<u32> {
+    let count = lengths.len();
+    let longest = lengths.iter().copied().max().unwrap_or(0);
+    match (longest + 1).checked_mul(count) {
+        Some(bound) if bound <= u32::MAX as usize + 1 => {
+            let keys: Vec<u32> = (0..count)
+                .map(|p| (lengths[p] * count + p) as u32)
+                .collect();
+            let mut scratch = RadixScratch::default();
+            radix_sort(&keys, bound, &mut scratch)
+                .iter()
+                .map(|&key| key % count as u32)
+                .collect()
+        }
+        _ => {
+            let mut positions: Vec<u32> = (0..count as u32).collect();
+            positions.sort_by_key(|&p| lengths[p as usize]);
+            positions
+        }
     }
 }
 

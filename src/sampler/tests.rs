@@ -38,6 +38,14 @@ fn order() -> impl Strategy<Value = BatchOrder> {
     prop_oneof![Just(BatchOrder::Stored), Just(BatchOrder::Drawn)]
 }
 
+/// Off, or by pulse count with or without a cap (the test sizes are 1 to 97 pulses).
+fn grouping() -> impl Strategy<Value = LengthGrouping> {
+    prop_oneof![
+        Just(LengthGrouping::Off),
+        proptest::option::of(1usize..120).prop_map(|cap| LengthGrouping::Pulses { cap }),
+    ]
+}
+
 #[test]
 fn a_refused_resume_names_the_setting_as_the_loader_takes_it() {
     let saved = SamplerConfig {
@@ -70,6 +78,14 @@ fn a_refused_resume_names_the_setting_as_the_loader_takes_it() {
         refusal(other_order),
         "invalid batch_order: the saved state has stored, this loader drawn"
     );
+    let grouped = SamplerConfig {
+        group_by_length: LengthGrouping::Pulses { cap: Some(256) },
+        ..saved.clone()
+    };
+    assert_eq!(
+        refusal(grouped),
+        "invalid group_by_length: the saved state has off, this loader pulses up to 256"
+    );
     let another_world = SamplerConfig {
         world: 3,
         rank: 2,
@@ -77,6 +93,90 @@ fn a_refused_resume_names_the_setting_as_the_loader_takes_it() {
         ..saved.clone()
     };
     assert!(another_world.check_resumable(&saved).is_ok());
+}
+
+#[test]
+fn length_groups_are_refused_with_a_pulse_budget_or_a_zero_cap() {
+    let refusal = |config: SamplerConfig| config.validate().unwrap_err().to_string();
+    let budget = SamplerConfig {
+        batching: Batching::Pulses {
+            max_pulses: 4096,
+            max_events: None,
+        },
+        group_by_length: LengthGrouping::Pulses { cap: None },
+        ..SamplerConfig::default()
+    };
+    assert!(
+        refusal(budget).starts_with("invalid group_by_length: groups batches of a fixed number"),
+        "names the setting"
+    );
+    let zero = SamplerConfig {
+        group_by_length: LengthGrouping::Pulses { cap: Some(0) },
+        ..SamplerConfig::default()
+    };
+    assert_eq!(
+        refusal(zero),
+        "invalid group_by_length: the cap must be at least 1"
+    );
+}
+
+#[test]
+fn length_groups_come_in_a_new_random_order_and_pad_less() {
+    let sizes = Sizes(vec![5000, 3000]);
+    let config = |group_by_length| SamplerConfig {
+        seed: 3,
+        block_events: 64,
+        window_blocks: 16,
+        batching: Batching::Events(64),
+        group_by_length,
+        ..SamplerConfig::default()
+    };
+    let grouped = config(LengthGrouping::Pulses { cap: Some(60) });
+    // What a batch padded to its longest event (cut to 60 pulses) holds: real cells over
+    // all cells.
+    let filled = |config: &SamplerConfig, epoch| {
+        let (mut real, mut cells) = (0, 0);
+        for b in all(&sizes, config, epoch) {
+            let lengths: Vec<usize> = b.events.iter().map(|&e| sizes.pulses(e).min(60)).collect();
+            real += lengths.iter().sum::<usize>();
+            cells += lengths.len() * lengths.iter().max().unwrap();
+        }
+        real as f64 / cells as f64
+    };
+    let (before, after) = (filled(&config(LengthGrouping::Off), 0), filled(&grouped, 0));
+    assert!(
+        after > 0.85 && before < 0.7,
+        "filled {before:.3} drawn, {after:.3} grouped"
+    );
+    // Each window's 16 classes in an order drawn per window and epoch, not shortest first.
+    let class_order = |epoch| -> Vec<Vec<usize>> {
+        all(&sizes, &grouped, epoch)
+            .chunks_exact(16)
+            .map(|window| {
+                let mut longest: Vec<(usize, usize)> = window
+                    .iter()
+                    .enumerate()
+                    .map(|(i, b)| {
+                        (
+                            b.events
+                                .iter()
+                                .map(|&e| sizes.pulses(e).min(60))
+                                .max()
+                                .unwrap(),
+                            i,
+                        )
+                    })
+                    .collect();
+                longest.sort();
+                longest.into_iter().map(|(_, i)| i).collect()
+            })
+            .collect()
+    };
+    let (first, second) = (class_order(0), class_order(1));
+    let ascending: Vec<usize> = (0..16).collect();
+    assert!(first.iter().all(|order| *order != ascending), "{first:?}");
+    assert_ne!(first[0], first[1], "another order in another window");
+    assert_ne!(first, second, "another order in another epoch");
 }
 
 /// Each event's position in the stored order (shards concatenated).
@@ -92,10 +192,11 @@ proptest! {
         shards in proptest::collection::vec(0usize..300, 1..6),
         seed in any::<u64>(), epoch in 0u64..5, block in 1usize..64, window in 1usize..8,
         batching in batching(), world in 1usize..9, run in 1usize..12, batch_order in order(),
+        group_by_length in grouping(),
     ) {
         let sizes = Sizes(shards.clone());
         let total: usize = shards.iter().sum();
-        let base = SamplerConfig { seed, block_events: block, window_blocks: window, run_events: run, batching, batch_order, shuffle: true, drop_last: false, rank: 0, world: 1 };
+        let base = SamplerConfig { seed, block_events: block, window_blocks: window, run_events: run, batching, batch_order, shuffle: true, group_by_length, drop_last: false, rank: 0, world: 1 };
         let reference: Vec<BatchPlan> = all(&sizes, &base, epoch);
         let mut union = Vec::new();
         for rank in 0..world {
@@ -124,9 +225,10 @@ proptest! {
         shards in proptest::collection::vec(0usize..300, 1..6),
         seed in any::<u64>(), block in 1usize..64, window in 1usize..8,
         batching in batching(), world in 1usize..9, run in 1usize..12, batch_order in order(),
+        group_by_length in grouping(),
     ) {
         let sizes = Sizes(shards.clone());
-        let base = SamplerConfig { seed, block_events: block, window_blocks: window, run_events: run, batching, batch_order, shuffle: true, drop_last: true, rank: 0, world };
+        let base = SamplerConfig { seed, block_events: block, window_blocks: window, run_events: run, batching, batch_order, shuffle: true, group_by_length, drop_last: true, rank: 0, world };
         let per_rank: Vec<Vec<BatchPlan>> = (0..world).map(|rank| all(&sizes, &SamplerConfig { rank, ..base.clone() }, 1)).collect();
         let counts: BTreeSet<usize> = per_rank.iter().map(|r| r.len()).collect();
         prop_assert!(counts.len() <= 1, "every rank the same number of batches: {:?}", counts);
@@ -144,10 +246,11 @@ proptest! {
         shards in proptest::collection::vec(0usize..300, 1..6),
         seed in any::<u64>(), epoch in 0u64..3, block in 1usize..64, window in 1usize..8,
         batching in batching(), world in 1usize..9, drop_last: bool, batch_order in order(),
+        group_by_length in grouping(),
     ) {
         let sizes = Sizes(shards);
         for rank in 0..world {
-            let config = SamplerConfig { seed, block_events: block, window_blocks: window, run_events: 1, batching, batch_order, shuffle: true, drop_last, rank, world };
+            let config = SamplerConfig { seed, block_events: block, window_blocks: window, run_events: 1, batching, batch_order, shuffle: true, group_by_length, drop_last, rank, world };
             let yielded = all(&sizes, &config, epoch).len() as u64;
             prop_assert_eq!(rank_batch_count(&sizes, &config, epoch, 0), yielded, "rank {} of {}", rank, world);
         }
@@ -157,10 +260,10 @@ proptest! {
     fn resume_yields_exactly_the_rest(
         shards in proptest::collection::vec(1usize..200, 1..4), seed in any::<u64>(),
         batching in batching(), world in 1usize..4, rank_pick in 0usize..4, skip in 0u64..30, drop_last: bool,
-        run in 1usize..12, batch_order in order(),
+        run in 1usize..12, batch_order in order(), group_by_length in grouping(),
     ) {
         let sizes = Sizes(shards);
-        let config = SamplerConfig { seed, block_events: 16, window_blocks: 3, run_events: run, batching, batch_order, shuffle: true, drop_last, rank: rank_pick % world, world };
+        let config = SamplerConfig { seed, block_events: 16, window_blocks: 3, run_events: run, batching, batch_order, shuffle: true, group_by_length, drop_last, rank: rank_pick % world, world };
         let whole = all(&sizes, &config, 2);
         let rest: Vec<BatchPlan> = EpochBatches::new(&sizes, &config, SamplerState::at(2, skip)).collect();
         prop_assert_eq!(&rest[..], &whole[(skip as usize).min(whole.len())..]);
@@ -170,10 +273,10 @@ proptest! {
     fn a_state_resumes_at_any_world_size(
         shards in proptest::collection::vec(1usize..200, 1..4), seed in any::<u64>(),
         batching in batching(), world in 1usize..6, new_world in 1usize..9, taken in 0u64..12,
-        drop_last: bool, new_drop_last: bool, run in 1usize..6,
+        drop_last: bool, new_drop_last: bool, run in 1usize..6, group_by_length in grouping(),
     ) {
         let sizes = Sizes(shards);
-        let base = SamplerConfig { seed, block_events: 16, window_blocks: 3, run_events: run, batching, drop_last, world, ..SamplerConfig::default() };
+        let base = SamplerConfig { seed, block_events: 16, window_blocks: 3, run_events: run, batching, group_by_length, drop_last, world, ..SamplerConfig::default() };
         let every = all(&sizes, &SamplerConfig { world: 1, drop_last: false, ..base.clone() }, 1);
         // Every rank of the old world took `taken` batches (or all it had), then stopped.
         let mut seen: Vec<u64> = Vec::new();
@@ -236,6 +339,55 @@ proptest! {
     }
 
     #[test]
+    fn length_groups_regroup_only_each_windows_whole_batches(
+        shards in proptest::collection::vec(0usize..300, 1..6),
+        seed in any::<u64>(), epoch in 0u64..4, block in 1usize..40, window in 1usize..8,
+        batch_events in 1usize..24, cap in proptest::option::of(1usize..120),
+        run in 1usize..6, batch_order in order(), shuffle: bool,
+    ) {
+        let sizes = Sizes(shards.clone());
+        let plain = SamplerConfig { seed, block_events: block, window_blocks: window, run_events: run, batching: Batching::Events(batch_events), batch_order, shuffle, ..SamplerConfig::default() };
+        let grouped = SamplerConfig { group_by_length: LengthGrouping::Pulses { cap }, ..plain.clone() };
+        prop_assert!(grouped.validate().is_ok());
+        let (drawn, regrouped) = (all(&sizes, &plain, epoch), all(&sizes, &grouped, epoch));
+        prop_assert_eq!(drawn.len(), regrouped.len());
+        let length = |e: &EventRef| sizes.pulses(*e).min(cap.unwrap_or(usize::MAX));
+        // Window k holds the global positions k * window_events onwards (its blocks are
+        // whole but for the epoch's last).
+        let window_events = (block * window) as u64;
+        let mut whole: std::collections::BTreeMap<u64, [Vec<EventRef>; 2]> = Default::default();
+        let mut ranges: std::collections::BTreeMap<u64, Vec<(usize, usize)>> = Default::default();
+        for (before, after) in drawn.iter().zip(&regrouped) {
+            prop_assert_eq!(before.global_index, after.global_index);
+            let start = after.global_index * batch_events as u64;
+            let end = start + after.events.len() as u64;
+            let w = start / window_events;
+            if after.events.len() < batch_events || (end - 1) / window_events != w {
+                prop_assert_eq!(before, after, "a batch not whole inside a window is as drawn");
+                continue;
+            }
+            let [a, b] = whole.entry(w).or_default();
+            a.extend(&before.events);
+            b.extend(&after.events);
+            let lengths = after.events.iter().map(length);
+            let (min, max) = (lengths.clone().min().unwrap(), lengths.max().unwrap());
+            ranges.entry(w).or_default().push((min, max));
+        }
+        for [mut a, mut b] in whole.into_values() {
+            a.sort();
+            b.sort();
+            prop_assert_eq!(a, b, "a window's whole batches hold the events drawn for them");
+        }
+        for mut classes in ranges.into_values() {
+            if !shuffle {
+                prop_assert!(classes.windows(2).all(|c| c[0].1 <= c[1].0), "shortest first: {:?}", classes);
+            }
+            classes.sort();
+            prop_assert!(classes.windows(2).all(|c| c[0].1 <= c[1].0), "disjoint length classes: {:?}", classes);
+        }
+    }
+
+    #[test]
     fn batch_order_changes_no_batch_content(
         shards in proptest::collection::vec(0usize..400, 1..5),
         seed in any::<u64>(), epoch in 0u64..4, block in 1usize..80, window in 1usize..20,
@@ -262,10 +414,10 @@ proptest! {
         shards in proptest::collection::vec(0usize..300, 1..6),
         seed in any::<u64>(), block in 1usize..64, window in 1usize..8,
         batching in batching(), world in 1usize..4, batch_order in order(),
-        drop_last in any::<bool>(), stale in 0usize..600,
+        drop_last in any::<bool>(), stale in 0usize..600, group_by_length in grouping(),
     ) {
         let sizes = Sizes(shards);
-        let config = SamplerConfig { seed, block_events: block, window_blocks: window, run_events: 4, batching, batch_order, shuffle: true, drop_last, rank: world - 1, world };
+        let config = SamplerConfig { seed, block_events: block, window_blocks: window, run_events: 4, batching, batch_order, shuffle: true, group_by_length, drop_last, rank: world - 1, world };
         let expected = all(&sizes, &config, 1);
         // Each plan is made in the vector of the one before, first in one holding
         // events of another batch.

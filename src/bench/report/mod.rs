@@ -28,7 +28,7 @@ use crate::device::{DeviceChoice, Placement};
 use crate::error::Result;
 use crate::pipeline::{batches_ahead, WorkerScheduling};
 use crate::prefetch::PrefetchLevel;
-use crate::sampler::BatchOrder;
+use crate::sampler::{BatchOrder, LengthGrouping};
 use crate::source::InputSet;
 
 /// What to run.
@@ -44,6 +44,9 @@ pub struct BenchConfig {
     pub run_events: usize,
     /// The order of events inside a shardify batch.
     pub batch_order: BatchOrder,
+    /// Whether shardify batches hold events of similar length
+    /// (`SamplerConfig::group_by_length`).
+    pub group_by_length: LengthGrouping,
     /// Gather threads.
     pub workers: usize,
     /// Batches the loader prepares ahead of the consumer (`LoaderConfig::prefetch`; `None`:
@@ -308,6 +311,8 @@ pub struct Report {
     pub run_events: usize,
     /// The order of events inside a shardify batch.
     pub batch_order: BatchOrder,
+    /// Whether shardify batches held events of similar length.
+    pub group_by_length: LengthGrouping,
     /// Gather threads (shardify).
     pub workers: usize,
     /// Batches the loader prepared ahead of the consumer (shardify).
@@ -544,6 +549,7 @@ pub fn run(
         block_events: config.block_events,
         run_events: config.run_events,
         batch_order: config.batch_order,
+        group_by_length: config.group_by_length,
         workers: config.workers,
         prefetch: batches_ahead(config.prefetch, config.workers),
         prefetch_level,

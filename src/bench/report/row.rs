@@ -308,6 +308,7 @@ pub(super) fn sampler(config: &BenchConfig, window: usize) -> SamplerConfig {
         run_events: config.run_events,
         batching: Batching::Events(config.batch_events),
         batch_order: config.batch_order,
+        group_by_length: config.group_by_length,
         ..SamplerConfig::default()
     }
 }
@@ -498,6 +499,9 @@ fn shardify_infos(dataset: &Dataset, plans: &[BatchPlan]) -> Result<Vec<Vec<Even
                         source_file: h.batch_id,
                         zenith: h.zenith,
                         stored_position: first_index[e.shard as usize] + e.index as u64,
+                        pulses: views[e.shard as usize]
+                            .pulse_range(e.index as usize..e.index as usize + 1)
+                            .len() as u64,
                     }
                 })
                 .collect()

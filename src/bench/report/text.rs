@@ -4,6 +4,7 @@
 use super::{waiting_thread, LoaderFigures, Report};
 use crate::batch::ColumnsPasses;
 use crate::bench::hand_off::{CachePlacement, SPLIT_ROUND_TRIP_NS};
+use crate::bench::quality::PADDED_FILL_CUT;
 use crate::bench::stages::GatherStages;
 
 /// Seconds for a reader: s, ms or µs.
@@ -257,8 +258,8 @@ pub fn table(report: &Report) -> String {
         report.dataset_events, report.dataset_pulses, report.machine.cpus, report.machine.describe_cpu(), report.memcpy_gb_per_s, report.memcpy_after_loaders_gb_per_s, report.simulate_compute_ms
     );
     out += &format!(
-        "batches of {} events; shardify: blocks of {} events, runs of {}, batch order {}, {} workers ({} scheduling; {}), {} batches prepared ahead, prefetching into {} ({}), columns shards copied in {} pass{}\n",
-        report.batch_events, report.block_events, report.run_events, report.batch_order, report.workers,
+        "batches of {} events; shardify: blocks of {} events, runs of {}, batch order {}, grouped by length: {}, {} workers ({} scheduling; {}), {} batches prepared ahead, prefetching into {} ({}), columns shards copied in {} pass{}\n",
+        report.batch_events, report.block_events, report.run_events, report.batch_order, report.group_by_length, report.workers,
         report.worker_scheduling.iter().map(|s| s.name()).collect::<Vec<_>>().join(", then "),
         report.consumer_gathers.iter().map(|&g| waiting_thread(g)).collect::<Vec<_>>().join(", then "),
         report.prefetch,
@@ -268,7 +269,7 @@ pub fn table(report: &Report) -> String {
         if report.columns_passes == ColumnsPasses::One { "" } else { "es" }
     );
     out += &format!(
-        "{:<44} {:>6} {:>11} {:>12} {:>7} {:>6} {:>7} {:>7} {:>7} {:>7} {:>6}\n",
+        "{:<44} {:>6} {:>11} {:>12} {:>7} {:>6} {:>7} {:>7} {:>7} {:>7} {:>6} {:>6}\n",
         "loader",
         "window",
         "events/s",
@@ -279,13 +280,14 @@ pub fn table(report: &Report) -> String {
         "mixing",
         "autocor",
         "repeat",
-        "displ"
+        "displ",
+        "fill"
     );
     for l in &report.loaders {
         let q = &l.quality;
         out +=
             &format!(
-            "{:<44} {:>6} {:>11.0} {:>12.0} {:>7.3} {:>6.2} {:>7} {:>7.3} {:>7} {:>7.4} {:>6.3}\n",
+            "{:<44} {:>6} {:>11.0} {:>12.0} {:>7.3} {:>6.2} {:>7} {:>7.3} {:>7} {:>7.4} {:>6.3} {:>6.3}\n",
             l.name,
             l.window.map_or("-".into(), |w| w.to_string()),
             l.events_per_s,
@@ -296,7 +298,8 @@ pub fn table(report: &Report) -> String {
             q.file_mixing,
             q.label_autocorrelation.map_or("-".into(), |a| format!("{a:.3}")),
             q.pair_repeat,
-            q.displacement
+            q.displacement,
+            q.padded_fill
         );
     }
     out += &placement_line(&report.loaders);
@@ -360,7 +363,8 @@ pub fn table(report: &Report) -> String {
         .map_or(0.0, |l| l.quality.pair_repeat_iid);
     out += &format!(
         "mixing: in-batch source-file entropy / i.i.d. (1 ideal); autocor: lag-1 zenith autocorrelation (0 ideal);\n\
-         repeat: same-batch pairs repeated next epoch (i.i.d. {iid:.4}); displ: mean displacement / N (1/3 for a uniform shuffle)\n"
+         repeat: same-batch pairs repeated next epoch (i.i.d. {iid:.4}); displ: mean displacement / N (1/3 for a uniform shuffle);\n\
+         fill: pulses over the cells of batches padded to their longest event, events cut to {PADDED_FILL_CUT} pulses (1 without padding)\n"
     );
     out
 }
@@ -397,6 +401,7 @@ mod tests {
             pair_repeat: 0.0,
             pair_repeat_iid: 0.0,
             displacement: 0.3,
+            padded_fill: 0.3,
         };
         let mut f = figures("shardify", window, throughput, 1.0, quality);
         f.cache_placement = placement;

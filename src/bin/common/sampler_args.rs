@@ -1,6 +1,6 @@
 //! The sampler's command-line flags, shared by `shardify order` and `shardbench`.
 
-use shardify::sampler::BatchOrder;
+use shardify::sampler::{BatchOrder, LengthGrouping};
 
 /// Order and batching flags.
 #[derive(clap::Args, Debug, Clone)]
@@ -20,4 +20,18 @@ pub struct SamplerArgs {
     /// Events inside a batch in stored order (ascending reads) or as the shuffle drew them.
     #[arg(long, default_value_t = BatchOrder::Stored)]
     pub batch_order: BatchOrder,
+    /// Batches of events of similar pulse count inside each window; with CAP, counts above
+    /// CAP count as CAP (the length a model cuts events to).
+    #[arg(long, value_name = "CAP", num_args = 0..=1)]
+    pub group_by_length: Option<Option<usize>>,
+}
+
+impl SamplerArgs {
+    /// `--group-by-length` as the sampler takes it.
+    pub fn length_grouping(&self) -> LengthGrouping {
+        match self.group_by_length {
+            None => LengthGrouping::Off,
+            Some(cap) => LengthGrouping::Pulses { cap },
+        }
+    }
 }
