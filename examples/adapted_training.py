@@ -39,11 +39,11 @@ def add_arguments(ap: argparse.ArgumentParser, *, lr: float, max_pulses_help: st
     checkpoints.add_arguments(ap)
 
 
-def labelled_loader(args: argparse.Namespace) -> shardify.Loader:
-    """The loader of ``args.dataset`` on ``args.device``; a dataset without labels (a test
-    split) stops the example."""
+def labelled_loader(args: argparse.Namespace, **loader_arguments: Any) -> shardify.Loader:
+    """The loader of ``args.dataset`` on ``args.device`` (with ``loader_arguments`` beside);
+    a dataset without labels (a test split) stops the example."""
     loader = shardify.Loader(args.dataset, batch_events=args.batch_events, device=args.device,
-                             workers=args.workers, seed=0)
+                             workers=args.workers, seed=0, **loader_arguments)
     if not loader.dataset.labels:
         raise SystemExit(f"{args.dataset} has no labels (a test split): nothing to train on")
     return loader

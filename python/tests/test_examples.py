@@ -32,6 +32,8 @@ def test_train_torch_example_trains_checkpoints_and_resumes(train_dir, torch, tm
     ("train_dynedge.py", ["--width", "0.05"], "to_pyg"),
     ("train_transformer.py", ["--width", "16", "--heads", "2", "--layers", "1"],
      "pulse_sequences"),
+    ("train_transformer.py", ["--width", "16", "--heads", "2", "--layers", "1",
+                              "--group-by-length"], "pulse_sequences"),
 ])
 def test_adapted_training_example_trains_checkpoints_and_resumes(train_dir, torch, tmp_path,
                                                                  script, sizes, adapter):
@@ -58,6 +60,19 @@ def test_adapted_training_example_trains_checkpoints_and_resumes(train_dir, torc
     # The resumed run trains exactly the rest of the epoch.
     batches = len(shardify.Loader(train_dir, batch_events=32))
     assert f"{batches - 3} steps, " in rest
+
+
+def test_transformer_example_pads_batches_grouped_by_length_less(train_dir, torch, tmp_path):
+    common = [str(train_dir), "--batch-events", "32", "--width", "16", "--heads", "2",
+              "--layers", "1", "--max-pulses", "64", "--checkpoint", str(tmp_path / "m.pt")]
+    fills = {}
+    for flags in ([], ["--group-by-length"]):
+        out = run("train_transformer.py", *common, *flags)
+        found = re.search(r"padding: ([\d.]+)% of the grids' cells hold pulses", out)
+        assert found, out
+        fills[bool(flags)] = float(found.group(1))
+    assert "each padded to its longest (a multiple of 16, at most 64)" in out
+    assert fills[True] > fills[False] + 15, fills
 
 
 def test_train_lightning_example_resumes_and_runs_ddp(train_dir, torch, lightning, tmp_path):
