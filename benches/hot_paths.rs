@@ -82,6 +82,10 @@ impl EventSizes for ShardSizes {
     fn pulses(&self, _: EventRef) -> usize {
         unreachable!("batches by event count")
     }
+
+    fn doms(&self, _: EventRef) -> usize {
+        unreachable!("batches not grouped by length")
+    }
 }
 
 /// Gathers `plans` into one reused buffer, as a loader worker does: the shape pass (which

@@ -155,16 +155,18 @@ class Loader:
       or ``"drawn"`` (the order the shuffle drew them).
     * ``shuffle`` (True): False delivers the stored order every epoch (evaluation,
       inference): every event of this rank's share once, the last partial batch kept.
-    * ``group_by_length`` (False): True or a pulse count ``L``: the batches inside each
-      window hold events of similar pulse count (counts above ``L`` counting as ``L``: give
-      the length a sequence model cuts events to), in a random order of lengths, as the
-      Kaggle competition's top transformers were batched and as Hugging Face's
-      ``group_by_length`` does. A batch padded to its longest event then holds little
-      padding: with the real statistics cut to 256 pulses, 30% of such a grid is pulses
-      drawn at random, 91% grouped in windows of 16 batches (wider windows group tighter).
-      The events of a window are the same, each batch is one length class of them; only
-      with ``batch_events`` (not ``max_pulses``). Without shuffle, each window's batches
-      come shortest first.
+    * ``group_by_length`` (False): True or a length ``L``: the batches inside each window
+      hold events of similar length (lengths above ``L`` counting as ``L``: give the length
+      a model cuts events to), in a random order of lengths, as the Kaggle competition's
+      top transformers were batched and as Hugging Face's ``group_by_length`` does.
+      ``length_of`` ("pulses"): what a length counts, pulses (sequence models) or
+      ``"doms"`` (DOM-level models, and the padded layout, whose grid is as wide as a
+      batch's most DOMs: give ``max_doms`` as ``L``). A batch padded to its longest event
+      then holds little padding: with the real statistics cut to 256 pulses, 30% of such a
+      grid is pulses drawn at random, 91% grouped in windows of 16 batches (wider windows
+      group tighter). The events of a window are the same, each batch is one length class
+      of them; only with ``batch_events`` (not ``max_pulses``). Without shuffle, each
+      window's batches come shortest first.
     * ``drop_last`` (None): drop the last partial batch. None means True when ``world > 1``
       and shuffling, so every rank gets as many batches (DDP needs it), else False.
     * ``rank``, ``world`` (None): this process's share; None takes them from
@@ -250,6 +252,7 @@ class Loader:
         batch_order: str = "stored",
         shuffle: bool = True,
         group_by_length: bool | int = False,
+        length_of: str = "pulses",
         drop_last: bool | None = None,
         rank: int | None = None,
         world: int | None = None,
@@ -315,6 +318,7 @@ class Loader:
             shuffle=bool(shuffle),
             group_by_length=grouped,
             length_cap=length_cap,
+            length_of=length_of,
             drop_last=self.drop_last,
             rank=rank,
             world=world,

@@ -116,6 +116,7 @@ class Loader:
         shuffle: bool,
         group_by_length: bool,
         length_cap: int | None,
+        length_of: str,
         drop_last: bool,
         rank: int,
         world: int,

@@ -15,7 +15,9 @@ use shardify::pipeline::{
     check_staging_fits, rank_batch_count, Arrival, Batch, Loader, LoaderConfig, WorkerScheduling,
 };
 use shardify::resident::plan_epoch;
-use shardify::sampler::{BatchOrder, Batching, LengthGrouping, SamplerConfig, SamplerState};
+use shardify::sampler::{
+    BatchOrder, Batching, EventLength, LengthGrouping, SamplerConfig, SamplerState,
+};
 use shardify::Error;
 
 use crate::array::{numpy_name, PyHostArray};
@@ -114,6 +116,7 @@ fn order_settings(s: &SamplerConfig) -> serde_json::Value {
             max_events,
         } => (None, Some(max_pulses), max_events),
     };
+    let grouping = s.group_by_length.length_and_cap();
     serde_json::json!({
         "seed": s.seed,
         "block_events": s.block_events,
@@ -124,20 +127,30 @@ fn order_settings(s: &SamplerConfig) -> serde_json::Value {
         "max_events": max_events,
         "batch_order": s.batch_order.to_string(),
         "shuffle": s.shuffle,
-        "group_by_length": match s.group_by_length {
-            LengthGrouping::Off => serde_json::json!(false),
-            LengthGrouping::Pulses { cap: None } => serde_json::json!(true),
-            LengthGrouping::Pulses { cap: Some(cap) } => serde_json::json!(cap),
+        "group_by_length": match grouping {
+            None => serde_json::json!(false),
+            Some((_, None)) => serde_json::json!(true),
+            Some((_, Some(cap))) => serde_json::json!(cap),
         },
+        "length_of": grouping.map_or(EventLength::Pulses, |(length, _)| length).to_string(),
     })
 }
 
-/// `group_by_length` as the Python loader passes it on: whether, and the cap.
-fn length_grouping(group: bool, cap: Option<usize>) -> LengthGrouping {
-    match group {
-        false => LengthGrouping::Off,
-        true => LengthGrouping::Pulses { cap },
-    }
+/// `group_by_length` and `length_of` as the Python loader passes them on: whether, the
+/// cap, and what lengths count.
+fn length_grouping(
+    group: bool,
+    cap: Option<usize>,
+    length_of: &str,
+) -> Result<LengthGrouping, Error> {
+    let length = length_of
+        .parse::<EventLength>()
+        .map_err(|problem| Error::config("length_of", problem))?;
+    Ok(match (group, length) {
+        (false, _) => LengthGrouping::Off,
+        (true, EventLength::Pulses) => LengthGrouping::Pulses { cap },
+        (true, EventLength::Doms) => LengthGrouping::Doms { cap },
+    })
 }
 
 /// The settings a state saved as [`order_settings`] JSON was made with, as a sampler (rank,
@@ -158,6 +171,9 @@ fn saved_sampler(json: &str, ours: &SamplerConfig) -> Result<SamplerConfig, Erro
         /// false, true (no cap) or the cap.
         #[serde(default)]
         group_by_length: Option<serde_json::Value>,
+        /// What the grouping counts (pulses in a state from before it existed).
+        #[serde(default)]
+        length_of: Option<String>,
     }
     let saved: Saved = serde_json::from_str(json)
         .map_err(|e| Error::config("state", format!("the saved sampler settings: {e}")))?;
@@ -173,24 +189,25 @@ fn saved_sampler(json: &str, ours: &SamplerConfig) -> Result<SamplerConfig, Erro
         )?,
         batch_order: batch_order(&saved.batch_order)?,
         shuffle: saved.shuffle.unwrap_or(true),
-        group_by_length: match saved.group_by_length {
-            None | Some(serde_json::Value::Bool(false)) => LengthGrouping::Off,
-            Some(serde_json::Value::Bool(true)) => LengthGrouping::Pulses { cap: None },
-            Some(serde_json::Value::Number(cap)) => LengthGrouping::Pulses {
-                cap: Some(
-                    cap.as_u64()
-                        .and_then(|c| usize::try_from(c).ok())
-                        .ok_or_else(|| {
-                            Error::config("state", format!("the saved group_by_length {cap}"))
-                        })?,
-                ),
-            },
-            Some(other) => {
-                return Err(Error::config(
-                    "state",
-                    format!("the saved group_by_length {other}: expected false, true or a cap"),
-                ))
-            }
+        group_by_length: {
+            let (group, cap) = match saved.group_by_length {
+                None | Some(serde_json::Value::Bool(false)) => (false, None),
+                Some(serde_json::Value::Bool(true)) => (true, None),
+                Some(serde_json::Value::Number(cap)) => {
+                    let cap = cap.as_u64().and_then(|c| usize::try_from(c).ok());
+                    let cap = cap.ok_or_else(|| {
+                        Error::config("state", format!("the saved group_by_length {cap:?}"))
+                    })?;
+                    (true, Some(cap))
+                }
+                Some(other) => {
+                    return Err(Error::config(
+                        "state",
+                        format!("the saved group_by_length {other}: expected false, true or a cap"),
+                    ))
+                }
+            };
+            length_grouping(group, cap, saved.length_of.as_deref().unwrap_or("pulses"))?
         },
         ..ours.clone()
     })
@@ -317,7 +334,7 @@ impl PyLoader {
     #[allow(clippy::too_many_arguments)]
     #[pyo3(signature = (dataset, *, batch_events, max_pulses, max_events, layout, max_doms,
         pulses_per_dom, seed, block_events, window_blocks, run_events, batch_order, shuffle,
-        group_by_length, length_cap, drop_last, rank, world, workers, worker_scheduling, consumer_gathers, prefetch, device,
+        group_by_length, length_cap, length_of, drop_last, rank, world, workers, worker_scheduling, consumer_gathers, prefetch, device,
         dom_positions))]
     fn new(
         py: Python<'_>,
@@ -336,6 +353,7 @@ impl PyLoader {
         shuffle: bool,
         group_by_length: bool,
         length_cap: Option<usize>,
+        length_of: &str,
         drop_last: bool,
         rank: usize,
         world: usize,
@@ -355,7 +373,8 @@ impl PyLoader {
                 batching: batching(batch_events, max_pulses, max_events).map_err(to_py)?,
                 batch_order: self::batch_order(batch_order).map_err(to_py)?,
                 shuffle,
-                group_by_length: length_grouping(group_by_length, length_cap),
+                group_by_length: length_grouping(group_by_length, length_cap, length_of)
+                    .map_err(to_py)?,
                 drop_last,
                 rank,
                 world,

@@ -24,6 +24,9 @@ SETTINGS = [
       "--group-by-length", "40"]),
     (dict(batch_events=16, shuffle=False, group_by_length=True),
      ["--batch-events", "16", "--no-shuffle", "--group-by-length"]),
+    (dict(batch_events=8, window_blocks=2, group_by_length=20, length_of="doms"),
+     ["--batch-events", "8", "--window", "2", "--group-by-length", "20", "--length-of",
+      "doms"]),
 ]
 
 
@@ -224,9 +227,27 @@ def test_group_by_length_batches_events_of_similar_length(realistic_dir):
     assert after > 0.8 > 0.5 > before, (before, after)
 
 
+def test_grouped_by_dom_count_padded_batches_hold_less_padding(realistic_dir):
+    settings = dict(batch_events=32, block_events=64, window_blocks=8, layout="padded",
+                    max_doms=128, pulses_per_dom=2, output="numpy")
+    cells = {}
+    for grouped in (False, True):
+        grouping = dict(group_by_length=128, length_of="doms") if grouped else {}
+        batches = list(shardify.Loader(realistic_dir, **settings, **grouping))
+        assert sum(len(b["event_id"]) for b in batches) == 3000
+        assert all(b["dom_mask"].shape[1] <= 128 for b in batches)
+        filled = sum(int(b["dom_mask"].sum()) for b in batches)
+        cells[grouped] = sum(b["dom_mask"].size for b in batches)
+        assert filled == sum(int((b["dom_features"][..., 3] > 0).sum()) for b in batches), \
+            "a DOM row holds pulses where the mask is set"
+    assert cells[True] < 0.6 * cells[False], cells
+
+
 def test_group_by_length_refusals_name_it(train_dir):
     for value in (0, -3, 2.5, "256", None):
         with pytest.raises(ValueError, match="invalid group_by_length: expected False"):
             shardify.Loader(train_dir, group_by_length=value, output="numpy")
     with pytest.raises(ValueError, match="invalid group_by_length: groups batches of a fixed"):
         shardify.Loader(train_dir, max_pulses=900, group_by_length=True, output="numpy")
+    with pytest.raises(ValueError, match="invalid length_of: `dom`: expected pulses or doms"):
+        shardify.Loader(train_dir, group_by_length=True, length_of="dom", output="numpy")

@@ -124,6 +124,7 @@ def test_a_state_saved_on_rank_0_resumes_rank_1(train_dir, torch):
     ("batch_order", {"batch_order": "drawn"}),
     ("shuffle", {"shuffle": False}),
     ("group_by_length", {"group_by_length": 100}),
+    ("group_by_length", {"group_by_length": True, "length_of": "doms"}),
 ])
 def test_a_state_from_other_settings_is_refused(train_dir, torch, field, other):
     state = shardify.Loader(train_dir, batch_events=8).state_dict()
@@ -179,22 +180,24 @@ def test_the_sampler_frameworks_look_for(train_dir, torch):
     assert [e for batch in ids(stored) for e in batch] == events
 
 
-@pytest.mark.parametrize("group_by_length", [True, 60])
+@pytest.mark.parametrize("group_by_length, length_of", [
+    (True, "pulses"), (60, "pulses"), (12, "doms")])
 def test_a_length_grouped_epoch_resumes_at_another_world_size(train_dir, torch,
-                                                               group_by_length):
-    flags = ["--batch-events", "8", "--group-by-length"] + (
+                                                               group_by_length, length_of):
+    flags = ["--batch-events", "8", "--length-of", length_of, "--group-by-length"] + (
         [] if group_by_length is True else [str(group_by_length)])
     full = order_lines(train_dir, *flags, "--epoch", "1")
-    loader = shardify.Loader(train_dir, batch_events=8, group_by_length=group_by_length,
-                             device="cpu")
+    grouping = dict(group_by_length=group_by_length, length_of=length_of)
+    loader = shardify.Loader(train_dir, batch_events=8, device="cpu", **grouping)
     loader.set_epoch(1)
     first = take(loader, 9)
     state = loader.state_dict()
     assert state["sampler"]["group_by_length"] == group_by_length
+    assert state["sampler"]["length_of"] == length_of
     ranks = []
     for rank in range(2):
-        resumed = shardify.Loader(train_dir, batch_events=8, group_by_length=group_by_length,
-                                  rank=rank, world=2, drop_last=False, device="cpu")
+        resumed = shardify.Loader(train_dir, batch_events=8, rank=rank, world=2,
+                                  drop_last=False, device="cpu", **grouping)
         resumed.load_state_dict(state)
         ranks.append(ids(resumed))
     # Dealt round-robin from the saved position: rank 0, rank 1, rank 0, ...

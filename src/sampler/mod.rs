@@ -12,9 +12,9 @@
 //! 3. the permuted blocks are taken `window_blocks` at a time; the events of a window, in
 //!    runs of `run_events` consecutive events of a block, are shuffled run by run (seeded by
 //!    `(seed, e, window)`) and emitted (runs turn many small copies into few large ones);
-//!    With [`LengthGrouping::Pulses`] (batches of `n` events only), the window's events that
-//!    fill whole batches inside it (as step 4 cuts them) are then sorted by pulse count
-//!    (capped; ties in drawn order) and cut into those batches, which are put in an order
+//!    With [`LengthGrouping`] on (batches of `n` events only), the window's events that
+//!    fill whole batches inside it (as step 4 cuts them) are then sorted by pulse or DOM
+//!    count (capped; ties in drawn order) and cut into those batches, which are put in an order
 //!    drawn from `(seed, e, window)`: each batch holds events of similar length, as the
 //!    Kaggle competition's top transformers were fed (less padding; see
 //!    [`LengthGrouping`]). The events before the window's first whole batch and after its
@@ -146,16 +146,66 @@ pub enum LengthGrouping {
         /// The pulse count above which events count as equally long.
         cap: Option<usize>,
     },
+    /// Batches of events of similar DOM count, counts above `cap` counting as `cap`: for
+    /// DOM-level models, and the padded layout, whose `[B, M, F]` grid is as wide as the
+    /// batch's most DOMs (at most `max_doms`: give it as `cap`).
+    Doms {
+        /// The DOM count above which events count as equally long.
+        cap: Option<usize>,
+    },
 }
 
-/// As the loader's argument `group_by_length` spells it: `off`, `pulses` or
-/// `pulses up to 256`.
+impl LengthGrouping {
+    /// What lengths are counted in and their cap; `None` when off.
+    pub fn length_and_cap(self) -> Option<(EventLength, Option<usize>)> {
+        match self {
+            LengthGrouping::Off => None,
+            LengthGrouping::Pulses { cap } => Some((EventLength::Pulses, cap)),
+            LengthGrouping::Doms { cap } => Some((EventLength::Doms, cap)),
+        }
+    }
+}
+
+/// As the loader's arguments `group_by_length` and `length_of` spell it: `off`, `pulses`,
+/// `pulses up to 256` or `doms up to 128`.
 impl std::fmt::Display for LengthGrouping {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            LengthGrouping::Off => f.write_str("off"),
-            LengthGrouping::Pulses { cap: None } => f.write_str("pulses"),
-            LengthGrouping::Pulses { cap: Some(cap) } => write!(f, "pulses up to {cap}"),
+        match self.length_and_cap() {
+            None => f.write_str("off"),
+            Some((length, None)) => write!(f, "{length}"),
+            Some((length, Some(cap))) => write!(f, "{length} up to {cap}"),
+        }
+    }
+}
+
+/// What an event's length is counted in ([`LengthGrouping`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EventLength {
+    /// Its pulses (a sequence model's tokens).
+    Pulses,
+    /// Its DOMs (a DOM-level model's tokens; the padded layout's rows).
+    Doms,
+}
+
+impl std::fmt::Display for EventLength {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            EventLength::Pulses => "pulses",
+            EventLength::Doms => "doms",
+        })
+    }
+}
+
+impl std::str::FromStr for EventLength {
+    type Err = String;
+
+    /// `pulses` or `doms`.
+    fn from_str(s: &str) -> Result<EventLength, String> {
+        match s {
+            "pulses" => Ok(EventLength::Pulses),
+            "doms" => Ok(EventLength::Doms),
+            _ => Err(format!("`{s}`: expected pulses or doms")),
         }
     }
 }
@@ -247,14 +297,14 @@ impl SamplerConfig {
                 format!("{} must be below world size {}", self.rank, self.world),
             ));
         }
-        match (self.group_by_length, self.batching) {
-            (LengthGrouping::Pulses { cap: Some(0) }, _) => {
+        match (self.group_by_length.length_and_cap(), self.batching) {
+            (Some((_, Some(0))), _) => {
                 return Err(Error::config(
                     "group_by_length",
                     "the cap must be at least 1",
                 ))
             }
-            (LengthGrouping::Pulses { .. }, Batching::Pulses { .. }) => {
+            (Some(_), Batching::Pulses { .. }) => {
                 return Err(Error::config(
                     "group_by_length",
                     "groups batches of a fixed number of events (batch_events), not batches \
@@ -333,11 +383,17 @@ pub trait EventSizes: Sync {
     /// Pulses of one event (asked only when batching by a pulse budget or grouping by
     /// length).
     fn pulses(&self, event: EventRef) -> usize;
-    /// The pulses of each of `events`, appended to `out` in order (a window's events, to
-    /// group its batches by length): by default [`EventSizes::pulses`] each, which a
-    /// memory-mapped dataset speeds up by reading ahead.
-    fn pulses_into(&self, events: &[EventRef], out: &mut Vec<usize>) {
-        out.extend(events.iter().map(|&e| self.pulses(e)));
+    /// DOMs of one event (asked only when grouping by DOM count).
+    fn doms(&self, event: EventRef) -> usize;
+    /// The `length` of each of `events`, appended to `out` in order (a window's events, to
+    /// group its batches by length): by default [`EventSizes::pulses`] or
+    /// [`EventSizes::doms`] each, which a memory-mapped dataset speeds up by reading runs
+    /// of consecutive events together.
+    fn lengths_into(&self, events: &[EventRef], length: EventLength, out: &mut Vec<usize>) {
+        out.extend(events.iter().map(|&e| match length {
+            EventLength::Pulses => self.pulses(e),
+            EventLength::Doms => self.doms(e),
+        }));
     }
     /// A hint that events `events` of `shard` will be read soon, given when the window
     /// before theirs opens: a memory-mapped dataset asks the kernel to read them ahead.

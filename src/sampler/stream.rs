@@ -1,7 +1,7 @@
 //! The global event sequence of an epoch: the stored order rotated, cut into blocks,
 //! permuted, and drawn window by window.
 
-use super::{BatchOrder, Batching, EventRef, EventSizes, LengthGrouping, SamplerConfig};
+use super::{BatchOrder, Batching, EventLength, EventRef, EventSizes, SamplerConfig};
 use crate::rng::Rng;
 
 /// `len` consecutive events of the stored order from global position `start`.
@@ -99,9 +99,9 @@ pub(super) struct EventStream {
     shuffle: bool,
     seed: u64,
     epoch: u64,
-    /// With [`LengthGrouping::Pulses`] and batches of `n` events: `(n, cap)`, the cap
-    /// `usize::MAX` when none.
-    length_groups: Option<(usize, usize)>,
+    /// With [`super::LengthGrouping`] on and batches of `n` events: `(n, length, cap)`, the
+    /// cap `usize::MAX` when none.
+    length_groups: Option<(usize, EventLength, usize)>,
     next_window: usize,
     /// Events in the windows before the current one: the current one's first global
     /// position.
@@ -277,9 +277,9 @@ impl EventStream {
             shuffle: config.shuffle,
             seed: config.seed,
             epoch,
-            length_groups: match (config.group_by_length, config.batching) {
-                (LengthGrouping::Pulses { cap }, Batching::Events(n)) => {
-                    Some((n, cap.unwrap_or(usize::MAX)))
+            length_groups: match (config.group_by_length.length_and_cap(), config.batching) {
+                (Some((length, cap)), Batching::Events(n)) => {
+                    Some((n, length, cap.unwrap_or(usize::MAX)))
                 }
                 _ => None,
             },
@@ -352,12 +352,13 @@ impl EventStream {
                 w.drawn.extend(0..w.events.len() as u32);
                 rng.shuffle(&mut w.drawn);
             }
-            if let Some((batch_events, cap)) = self.length_groups {
+            if let Some((batch_events, length, cap)) = self.length_groups {
                 let mut batch_order = self
                     .shuffle
                     .then(|| Rng::stream(self.seed ^ STREAM_LENGTH_GROUPS, stream));
                 let whole = WholeBatches::of(self.window_start, w.events.len(), batch_events);
-                group_by_length(w, whole, cap, sizes, batch_order.as_mut());
+                let lengths = (length, cap);
+                group_by_length(w, whole, lengths, sizes, batch_order.as_mut());
             }
             self.next_window += 1;
         }
@@ -389,13 +390,14 @@ impl WholeBatches {
     }
 }
 
-/// Regroups `window`'s drawn order over its `whole` batches: their events sorted by pulse
-/// count (`sizes`, counts above `cap` as `cap`; ties in drawn order), cut into batches, and
-/// those put in the order `batch_order` shuffles them into (shortest first without one).
+/// Regroups `window`'s drawn order over its `whole` batches: their events sorted by
+/// `length` (from `sizes`, counts above `cap` as `cap`; ties in drawn order), cut into
+/// batches, and those put in the order `batch_order` shuffles them into (shortest first
+/// without one).
 fn group_by_length(
     window: &mut Window,
     whole: WholeBatches,
-    cap: usize,
+    (length, cap): (EventLength, usize),
     sizes: &dyn EventSizes,
     batch_order: Option<&mut Rng>,
 ) {
@@ -404,7 +406,7 @@ fn group_by_length(
     // Asked in the window's order, which is stored order: its offsets are read
     // sequentially, where asked in drawn order they were read at random (25 ns an event).
     let mut event_lengths = Vec::new();
-    sizes.pulses_into(&window.events, &mut event_lengths);
+    sizes.lengths_into(&window.events, length, &mut event_lengths);
     let lengths: Vec<usize> = grouped
         .iter()
         .map(|&i| event_lengths[i as usize].min(cap))

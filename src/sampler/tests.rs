@@ -16,6 +16,18 @@ impl EventSizes for Sizes {
     fn pulses(&self, e: EventRef) -> usize {
         1 + ((e.shard as usize * 7919 + e.index as usize * 104_729) % 97)
     }
+    fn doms(&self, e: EventRef) -> usize {
+        1 + ((e.shard as usize * 31 + e.index as usize * 7_727) % 41)
+    }
+}
+
+/// `e`'s length as `grouping` counts it, capped (its pulses when off).
+fn grouped_length(sizes: &Sizes, grouping: LengthGrouping, e: EventRef) -> usize {
+    match grouping.length_and_cap() {
+        Some((EventLength::Doms, cap)) => sizes.doms(e).min(cap.unwrap_or(usize::MAX)),
+        Some((EventLength::Pulses, cap)) => sizes.pulses(e).min(cap.unwrap_or(usize::MAX)),
+        None => sizes.pulses(e),
+    }
 }
 
 fn all(sizes: &Sizes, config: &SamplerConfig, epoch: u64) -> Vec<BatchPlan> {
@@ -38,11 +50,17 @@ fn order() -> impl Strategy<Value = BatchOrder> {
     prop_oneof![Just(BatchOrder::Stored), Just(BatchOrder::Drawn)]
 }
 
-/// Off, or by pulse count with or without a cap (the test sizes are 1 to 97 pulses).
+/// Off, or by pulse or DOM count with or without a cap (the test sizes are 1 to 97 pulses
+/// and 1 to 41 DOMs).
 fn grouping() -> impl Strategy<Value = LengthGrouping> {
+    prop_oneof![Just(LengthGrouping::Off), on_grouping(),]
+}
+
+/// By pulse or DOM count, with or without a cap.
+fn on_grouping() -> impl Strategy<Value = LengthGrouping> {
     prop_oneof![
-        Just(LengthGrouping::Off),
         proptest::option::of(1usize..120).prop_map(|cap| LengthGrouping::Pulses { cap }),
+        proptest::option::of(1usize..50).prop_map(|cap| LengthGrouping::Doms { cap }),
     ]
 }
 
@@ -83,8 +101,16 @@ fn a_refused_resume_names_the_setting_as_the_loader_takes_it() {
         ..saved.clone()
     };
     assert_eq!(
-        refusal(grouped),
+        refusal(grouped.clone()),
         "invalid group_by_length: the saved state has off, this loader pulses up to 256"
+    );
+    let by_doms = SamplerConfig {
+        group_by_length: LengthGrouping::Doms { cap: None },
+        ..saved.clone()
+    };
+    assert_eq!(
+        by_doms.check_resumable(&grouped).unwrap_err().to_string(),
+        "invalid group_by_length: the saved state has pulses up to 256, this loader doms"
     );
     let another_world = SamplerConfig {
         world: 3,
@@ -107,17 +133,28 @@ fn length_groups_are_refused_with_a_pulse_budget_or_a_zero_cap() {
         ..SamplerConfig::default()
     };
     assert!(
-        refusal(budget).starts_with("invalid group_by_length: groups batches of a fixed number"),
+        refusal(budget.clone())
+            .starts_with("invalid group_by_length: groups batches of a fixed number"),
         "names the setting"
     );
-    let zero = SamplerConfig {
-        group_by_length: LengthGrouping::Pulses { cap: Some(0) },
-        ..SamplerConfig::default()
+    let doms_budget = SamplerConfig {
+        group_by_length: LengthGrouping::Doms { cap: Some(64) },
+        ..budget.clone()
     };
-    assert_eq!(
-        refusal(zero),
-        "invalid group_by_length: the cap must be at least 1"
-    );
+    assert!(refusal(doms_budget).starts_with("invalid group_by_length: groups batches of"));
+    for group_by_length in [
+        LengthGrouping::Pulses { cap: Some(0) },
+        LengthGrouping::Doms { cap: Some(0) },
+    ] {
+        let zero = SamplerConfig {
+            group_by_length,
+            ..SamplerConfig::default()
+        };
+        assert_eq!(
+            refusal(zero),
+            "invalid group_by_length: the cap must be at least 1"
+        );
+    }
 }
 
 #[test]
@@ -342,16 +379,16 @@ proptest! {
     fn length_groups_regroup_only_each_windows_whole_batches(
         shards in proptest::collection::vec(0usize..300, 1..6),
         seed in any::<u64>(), epoch in 0u64..4, block in 1usize..40, window in 1usize..8,
-        batch_events in 1usize..24, cap in proptest::option::of(1usize..120),
+        batch_events in 1usize..24, group_by_length in on_grouping(),
         run in 1usize..6, batch_order in order(), shuffle: bool,
     ) {
         let sizes = Sizes(shards.clone());
         let plain = SamplerConfig { seed, block_events: block, window_blocks: window, run_events: run, batching: Batching::Events(batch_events), batch_order, shuffle, ..SamplerConfig::default() };
-        let grouped = SamplerConfig { group_by_length: LengthGrouping::Pulses { cap }, ..plain.clone() };
+        let grouped = SamplerConfig { group_by_length, ..plain.clone() };
         prop_assert!(grouped.validate().is_ok());
         let (drawn, regrouped) = (all(&sizes, &plain, epoch), all(&sizes, &grouped, epoch));
         prop_assert_eq!(drawn.len(), regrouped.len());
-        let length = |e: &EventRef| sizes.pulses(*e).min(cap.unwrap_or(usize::MAX));
+        let length = |e: &EventRef| grouped_length(&sizes, group_by_length, *e);
         // Window k holds the global positions k * window_events onwards (its blocks are
         // whole but for the epoch's last).
         let window_events = (block * window) as u64;

@@ -1,6 +1,6 @@
 //! The sampler's command-line flags, shared by `shardify order` and `shardbench`.
 
-use shardify::sampler::{BatchOrder, LengthGrouping};
+use shardify::sampler::{BatchOrder, EventLength, LengthGrouping};
 
 /// Order and batching flags.
 #[derive(clap::Args, Debug, Clone)]
@@ -20,18 +20,23 @@ pub struct SamplerArgs {
     /// Events inside a batch in stored order (ascending reads) or as the shuffle drew them.
     #[arg(long, default_value_t = BatchOrder::Stored)]
     pub batch_order: BatchOrder,
-    /// Batches of events of similar pulse count inside each window; with CAP, counts above
-    /// CAP count as CAP (the length a model cuts events to).
+    /// Batches of events of similar length inside each window; with CAP, lengths above CAP
+    /// count as CAP (the length a model cuts events to).
     #[arg(long, value_name = "CAP", num_args = 0..=1)]
     pub group_by_length: Option<Option<usize>>,
+    /// What --group-by-length counts: pulses (sequence models) or doms (DOM-level models,
+    /// the padded layout).
+    #[arg(long, default_value = "pulses", requires = "group_by_length")]
+    pub length_of: EventLength,
 }
 
 impl SamplerArgs {
     /// `--group-by-length` as the sampler takes it.
     pub fn length_grouping(&self) -> LengthGrouping {
-        match self.group_by_length {
-            None => LengthGrouping::Off,
-            Some(cap) => LengthGrouping::Pulses { cap },
+        match (self.group_by_length, self.length_of) {
+            (None, _) => LengthGrouping::Off,
+            (Some(cap), EventLength::Pulses) => LengthGrouping::Pulses { cap },
+            (Some(cap), EventLength::Doms) => LengthGrouping::Doms { cap },
         }
     }
 }
