@@ -123,10 +123,7 @@ impl EventSizes for DatasetSizes<'_> {
     fn lengths_into(&self, events: &[EventRef], length: EventLength, out: &mut Vec<usize>) {
         out.reserve(events.len());
         if !self.view.is_whole() {
-            out.extend(events.iter().map(|&e| match length {
-                EventLength::Pulses => self.pulses(e),
-                EventLength::Doms => self.doms(e),
-            }));
+            out.extend(events.iter().map(|&e| self.length(e, length)));
             return;
         }
         let mut rest = events;
@@ -246,13 +243,13 @@ mod tests {
                 let sizes = DatasetSizes::without_read_ahead(view);
                 let events = windowed(&sizes, 7);
                 for length in [EventLength::Pulses, EventLength::Doms] {
-                    let one_by_one: Vec<usize> = events
-                        .iter()
-                        .map(|&e| match length {
-                            EventLength::Pulses => sizes.pulses(e),
-                            EventLength::Doms => sizes.doms(e),
-                        })
-                        .collect();
+                    // Each event on its own, through the methods the sampler's other
+                    // callers use.
+                    let one = |e| match length {
+                        EventLength::Pulses => sizes.pulses(e),
+                        EventLength::Doms => sizes.doms(e),
+                    };
+                    let one_by_one: Vec<usize> = events.iter().map(|&e| one(e)).collect();
                     let mut runs = vec![3];
                     sizes.lengths_into(&events, length, &mut runs);
                     assert_eq!(runs[0], 3, "appended");

@@ -390,10 +390,14 @@ pub trait EventSizes: Sync {
     /// [`EventSizes::doms`] each, which a memory-mapped dataset speeds up by reading runs
     /// of consecutive events together.
     fn lengths_into(&self, events: &[EventRef], length: EventLength, out: &mut Vec<usize>) {
-        out.extend(events.iter().map(|&e| match length {
-            EventLength::Pulses => self.pulses(e),
-            EventLength::Doms => self.doms(e),
-        }));
+        out.extend(events.iter().map(|&e| self.length(e, length)));
+    }
+    /// One event's `length`: [`EventSizes::pulses`] or [`EventSizes::doms`].
+    fn length(&self, event: EventRef, length: EventLength) -> usize {
+        match length {
+            EventLength::Pulses => self.pulses(event),
+            EventLength::Doms => self.doms(event),
+        }
     }
     /// A hint that events `events` of `shard` will be read soon, given when the window
     /// before theirs opens: a memory-mapped dataset asks the kernel to read them ahead.
