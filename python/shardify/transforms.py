@@ -263,9 +263,7 @@ def time_ordered(batch: dict[str, Any], max_pulses: int | None = None,
     _require_packed(batch, "time_ordered")
     if keep not in KEEP_RULES:
         raise ValueError(f"invalid keep: {keep!r} (expected one of {', '.join(KEEP_RULES)})")
-    if max_pulses is not None and (isinstance(max_pulses, bool) or not isinstance(
-            max_pulses, int) or max_pulses < 1):
-        raise ValueError(f"max_pulses must be a positive integer or None, not {max_pulses!r}")
+    _require_positive_or_none("max_pulses", max_pulses)
     time = batch["pulse_time"]
     event_doms = batch["event_dom_offsets"].long()
     dom_pulses = batch["dom_pulse_offsets"].long()
@@ -342,7 +340,7 @@ def pad_pulses(pulses: dict[str, Any], length: int | None = None, *,
             raise ValueError(f"pad_pulses: section {name} has {section.shape[0]} rows where "
                              f"pulse_time has {total}: not one time_ordered output")
     if length is None:
-        length = _rounded_up(int(counts.max()) if events else 0, pad_to_multiple_of)
+        length = _rounded_up(_longest(counts), pad_to_multiple_of)
     device = offsets.device
     # Each pulse's cell of the flat [B * L] grid; a pulse past its row's L goes to one spare
     # cell after the grid, which is cut off.
@@ -412,6 +410,12 @@ def _require_positive_or_none(name: str, value: Any) -> None:
         raise ValueError(f"{name} must be a positive integer or None, not {value!r}")
 
 
+def _longest(counts: Any) -> int:
+    """The largest of ``counts`` (a tensor of pulses per event), read on the host; 0 for
+    no event."""
+    return int(counts.max()) if counts.numel() else 0
+
+
 def _rounded_up(length: int, multiple: int | None) -> int:
     """``length`` rounded up to a multiple of ``multiple`` (as it is when None)."""
     return length if multiple is None else -(-length // multiple) * multiple
@@ -458,8 +462,7 @@ def pulse_sequences(batch: dict[str, Any], length: int, *,
     pulses = time_ordered(batch, max_pulses=length, keep=keep, seed=seed, epoch=epoch)
     pulses["pulse_features"] = _features_and_positions(pulses, standardize)[0]
     if padding == "longest":
-        counts = pulses["event_pulse_offsets"].diff()
-        longest = int(counts.max()) if counts.numel() else 0
+        longest = _longest(pulses["event_pulse_offsets"].diff())
         length = min(_rounded_up(longest, pad_to_multiple_of), length)
     return pad_pulses(pulses, length)
 

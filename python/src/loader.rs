@@ -146,10 +146,9 @@ fn length_grouping(
     let length = length_of
         .parse::<EventLength>()
         .map_err(|problem| Error::config("length_of", problem))?;
-    Ok(match (group, length) {
-        (false, _) => LengthGrouping::Off,
-        (true, EventLength::Pulses) => LengthGrouping::Pulses { cap },
-        (true, EventLength::Doms) => LengthGrouping::Doms { cap },
+    Ok(match group {
+        false => LengthGrouping::Off,
+        true => LengthGrouping::of(length, cap),
     })
 }
 
@@ -334,8 +333,8 @@ impl PyLoader {
     #[allow(clippy::too_many_arguments)]
     #[pyo3(signature = (dataset, *, batch_events, max_pulses, max_events, layout, max_doms,
         pulses_per_dom, seed, block_events, window_blocks, run_events, batch_order, shuffle,
-        group_by_length, length_cap, length_of, drop_last, rank, world, workers, worker_scheduling, consumer_gathers, prefetch, device,
-        dom_positions))]
+        group_by_length, length_cap, length_of, drop_last, rank, world, workers,
+        worker_scheduling, consumer_gathers, prefetch, device, dom_positions))]
     fn new(
         py: Python<'_>,
         dataset: &PyDataset,

@@ -156,6 +156,15 @@ pub enum LengthGrouping {
 }
 
 impl LengthGrouping {
+    /// Grouped by `length`, capped at `cap`: the inverse of
+    /// [`LengthGrouping::length_and_cap`].
+    pub fn of(length: EventLength, cap: Option<usize>) -> LengthGrouping {
+        match length {
+            EventLength::Pulses => LengthGrouping::Pulses { cap },
+            EventLength::Doms => LengthGrouping::Doms { cap },
+        }
+    }
+
     /// What lengths are counted in and their cap; `None` when off.
     pub fn length_and_cap(self) -> Option<(EventLength, Option<usize>)> {
         match self {
@@ -331,8 +340,8 @@ impl SamplerConfig {
 impl SamplerConfig {
     /// Checks that a position saved under `saved` means the same events here: every setting
     /// that decides the epoch's order (seed, block size, window, runs, batching, batch
-    /// order, shuffle, length grouping) must be equal; rank, world and `drop_last` may differ (an elastic
-    /// resume, see [`SamplerState::resumed`]). The error names the first field that differs,
+    /// order, shuffle, length grouping) must be equal; rank, world and `drop_last` may
+    /// differ (an elastic resume, see [`SamplerState::resumed`]). The error names the first field that differs,
     /// with both values.
     pub fn check_resumable(&self, saved: &SamplerConfig) -> crate::Result<()> {
         let differs = |field: &'static str, saved: String, ours: String| {

@@ -33,10 +33,8 @@ pub struct SamplerArgs {
 impl SamplerArgs {
     /// `--group-by-length` as the sampler takes it.
     pub fn length_grouping(&self) -> LengthGrouping {
-        match (self.group_by_length, self.length_of) {
-            (None, _) => LengthGrouping::Off,
-            (Some(cap), EventLength::Pulses) => LengthGrouping::Pulses { cap },
-            (Some(cap), EventLength::Doms) => LengthGrouping::Doms { cap },
-        }
+        self.group_by_length.map_or(LengthGrouping::Off, |cap| {
+            LengthGrouping::of(self.length_of, cap)
+        })
     }
 }
