@@ -4,7 +4,7 @@ Kaggle "IceCube - Neutrinos in Deep Ice" top solutions fed them.
 
     python examples/train_transformer.py DATASET [--epochs 1] [--device auto]
            [--batch-events 256] [--max-pulses 256] [--keep non_auxiliary_first]
-           [--width 128] [--heads 8] [--layers 4] [--group-by-length]
+           [--width 128] [--heads 8] [--layers 4] [--group-by-length [--max-tokens T]]
            [--warmup 3] [--checkpoint ckpt.pt] [--checkpoint-every 200] [--resume]
            [--stop-after N]
 
@@ -16,7 +16,11 @@ IceCubeKaggle) and ``pad_pulses`` (a ``[B, N, 6]`` grid and its mask: every batc
 shape). With ``--group-by-length`` the loader batches events of similar length
 (``group_by_length=N``, as the top solutions batched theirs) and each batch is padded to
 its longest event, rounded up to a multiple of 16: a third of the cells at window 16 with
-the real statistics, in at most N / 16 shapes.
+the real statistics, in at most N / 16 shapes. ``--max-tokens T`` then cuts batches by a
+budget of padded tokens instead of ``--batch-events`` (``max_tokens=T``): each grid holds at
+most T cells (padded to its longest event exactly, as rounding up would overrun the budget),
+short events in big batches and long ones in small, so the grids, and the memory a step
+takes, are nearly equal.
 
 The model embeds each pulse, runs a transformer encoder over the event's pulses (the
 padding masked out), averages the encoded pulses and reads out a unit direction; the loss
@@ -79,18 +83,21 @@ class Sequences:
     to :data:`PAD_TO_MULTIPLE_OF`); counts the cells and the pulses in them (on the device:
     no host read per batch)."""
 
-    def __init__(self, max_pulses: int, keep: str, to_longest: bool):
+    def __init__(self, max_pulses: int, keep: str, to_longest: bool,
+                 pad_to_multiple_of: int | None):
         self.max_pulses, self.keep, self.to_longest = max_pulses, keep, to_longest
-        self.cells = 0
+        self.pad_to_multiple_of = pad_to_multiple_of
+        self.cells = self.largest = 0
         self.pulses: torch.Tensor | int = 0
 
     def __call__(self, batch: dict, epoch: int) -> dict:
         grid = pulse_sequences(
             batch, self.max_pulses, keep=self.keep, standardize="graphnet", epoch=epoch,
             padding="longest" if self.to_longest else "length",
-            pad_to_multiple_of=PAD_TO_MULTIPLE_OF if self.to_longest else None)
+            pad_to_multiple_of=self.pad_to_multiple_of)
         mask = grid["pulse_mask"]
         self.cells += mask.numel()
+        self.largest = max(self.largest, mask.numel())
         self.pulses = self.pulses + grid["event_pulses"].sum()
         return {"features": grid["pulse_features"], "mask": mask,
                 "direction": direction(grid["event_azimuth"], grid["event_zenith"])}
@@ -110,28 +117,43 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--group-by-length", action="store_true",
                     help="batches of events of similar length, each padded to its longest")
+    ap.add_argument("--max-tokens", type=int,
+                    help="with --group-by-length: batches cut by a budget of padded tokens "
+                         "(events x longest) instead of --batch-events")
     args = ap.parse_args()
     if args.max_pulses < 1:
         raise SystemExit("--max-pulses must be at least 1: it is the sequences' length")
+    if args.max_tokens is not None and not args.group_by_length:
+        raise SystemExit("--max-tokens bounds batches grouped by length: add --group-by-length")
 
     grouping = {"group_by_length": args.max_pulses} if args.group_by_length else {}
+    if args.max_tokens is not None:
+        grouping["max_tokens"] = args.max_tokens
     loader = adapted_training.labelled_loader(args, **grouping)
     device = loader.device
     model = PulseTransformer(width=args.width, heads=args.heads, layers=args.layers).to(device)
     optimiser, saved = adapted_training.optimiser_and_checkpoints(args, model, loader)
-    padded = (f"batches of similar length, each padded to its longest (a multiple of "
-              f"{PAD_TO_MULTIPLE_OF}, at most {args.max_pulses})" if args.group_by_length
-              else f"pulses padded to {args.max_pulses}")
+    # Rounded up, a grid could overrun a token budget.
+    multiple = PAD_TO_MULTIPLE_OF if args.group_by_length and args.max_tokens is None else None
+    if not args.group_by_length:
+        padded = f"pulses padded to {args.max_pulses}"
+    elif multiple is None:
+        padded = (f"batches of similar length within {args.max_tokens} padded tokens, each "
+                  f"padded to its longest (at most {args.max_pulses})")
+    else:
+        padded = (f"batches of similar length, each padded to its longest (a multiple of "
+                  f"{multiple}, at most {args.max_pulses})")
     print(f"{len(loader.dataset)} events, {len(loader)} batches per epoch, on {device}; "
           f"{padded}")
-    sequences = Sequences(args.max_pulses, args.keep, args.group_by_length)
+    sequences = Sequences(args.max_pulses, args.keep, args.group_by_length, multiple)
 
     def loss_of(inputs: dict) -> torch.Tensor:
         return angular_loss(model(inputs["features"], inputs["mask"]), inputs["direction"])
 
     adapted_training.train(loader, sequences, loss_of, lambda inputs: inputs["mask"].shape[0],
                            optimiser, args, saved.save, "pulse_sequences")
-    print(f"padding: {sequences.fill():.1%} of the grids' cells hold pulses")
+    print(f"padding: {sequences.fill():.1%} of the grids' cells hold pulses; "
+          f"the largest grid {sequences.largest} cells")
 
 
 if __name__ == "__main__":

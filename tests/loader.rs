@@ -113,14 +113,20 @@ fn check_packed(ds: &Dataset, batch: &Batch) {
 fn a_whole_epoch_delivers_every_event_once_with_exact_content() {
     let dir = tempfile::tempdir().unwrap();
     let ds = dataset(dir.path());
-    let drawn = [
+    let mut drawn = [
         Batching::Events(7),
         Batching::Pulses {
             max_pulses: 600,
             max_events: None,
         },
+        Batching::Tokens {
+            max_tokens: 900,
+            max_events: Some(20),
+        },
     ]
     .map(|batching| config(batching, 3));
+    // A token budget counts the padded grid of batches grouped by length.
+    drawn[2].sampler.group_by_length = LengthGrouping::Pulses { cap: Some(64) };
     let stored = drawn.clone().map(|mut c| {
         c.sampler.batch_order = BatchOrder::Stored;
         c

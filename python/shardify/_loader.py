@@ -141,6 +141,13 @@ class Loader:
     * ``max_pulses`` (None): batch by a pulse budget instead: each batch holds as many
       events as fit in ``max_pulses`` pulses (an event larger than the budget forms a batch
       of its own); ``max_events`` (None) caps the events of such a batch.
+    * ``max_tokens`` (None): with ``group_by_length``, batch by a budget of padded tokens
+      instead, as fairseq's ``max_tokens`` does: each batch holds as many events as fit in a
+      grid of ``max_tokens`` (events times the batch's longest length, counted and capped
+      as ``group_by_length`` and ``length_of`` count it), so a model that pads each batch
+      to its longest event gets grids of nearly equal size and memory: short events in big
+      batches, long ones in small. Each window is cut on its own; ``max_events`` caps the
+      events of a batch (the shortest events otherwise come in batches of thousands).
     * ``layout`` ("packed"): ``"packed"`` (the two-level CSR below) or ``"padded"``, which
       needs ``max_doms`` (M, DOMs kept per event, earliest first) and ``pulses_per_dom``
       (K, pulses kept per DOM) and costs ``B x M x (4 + 3K)`` float32 per batch.
@@ -165,10 +172,11 @@ class Loader:
       then holds little padding: with the real statistics cut to 256 pulses, 30% of such a
       grid is pulses drawn at random, 91% grouped in windows of 16 batches (wider windows
       group tighter). The events of a window are the same, each batch is one length class
-      of them; only with ``batch_events`` (not ``max_pulses``). Without shuffle, each
-      window's batches come shortest first.
+      of them; with ``batch_events`` or ``max_tokens`` (not ``max_pulses``). Without
+      shuffle, each window's batches come shortest first.
     * ``drop_last`` (None): drop the last partial batch. None means True when ``world > 1``
-      and shuffling, so every rank gets as many batches (DDP needs it), else False.
+      and shuffling, so every rank gets as many batches (DDP needs it), else False. With
+      ``max_tokens`` no batch counts as partial: it only evens the ranks' batch counts.
     * ``rank``, ``world`` (None): this process's share; None takes them from
       ``torch.distributed`` when initialised, else ``RANK`` / ``WORLD_SIZE``, else 0 / 1.
     * ``workers`` (2): threads gathering batches (each one a core while it works).
@@ -241,6 +249,7 @@ class Loader:
         *,
         batch_events: int = 256,
         max_pulses: int | None = None,
+        max_tokens: int | None = None,
         max_events: int | None = None,
         layout: str = "packed",
         max_doms: int | None = None,
@@ -306,6 +315,7 @@ class Loader:
             dataset._native,
             batch_events=_count("batch_events", batch_events),
             max_pulses=_optional_count("max_pulses", max_pulses),
+            max_tokens=_optional_count("max_tokens", max_tokens),
             max_events=_optional_count("max_events", max_events),
             layout=layout,
             max_doms=_optional_count("max_doms", max_doms),

@@ -104,6 +104,7 @@ class Loader:
         *,
         batch_events: int,
         max_pulses: int | None,
+        max_tokens: int | None,
         max_events: int | None,
         layout: str,
         max_doms: int | None,

@@ -61,22 +61,33 @@ pub struct PyLoader {
     exchange: OnceLock<(Py<PyAny>, Option<TensorExchange>)>,
 }
 
-/// `batch_events`, or a pulse budget (`max_pulses`, optionally `max_events`).
+/// `batch_events`, a pulse budget (`max_pulses`) or a token budget (`max_tokens`), the
+/// budgets optionally with `max_events`.
 fn batching(
     batch_events: usize,
     max_pulses: Option<usize>,
+    max_tokens: Option<usize>,
     max_events: Option<usize>,
 ) -> Result<Batching, Error> {
-    match (max_pulses, max_events) {
-        (Some(max_pulses), max_events) => Ok(Batching::Pulses {
+    match (max_pulses, max_tokens, max_events) {
+        (Some(_), Some(_), _) => Err(Error::config(
+            "max_tokens",
+            "give max_pulses (a budget of pulses) or max_tokens (of padded tokens), not both",
+        )),
+        (Some(max_pulses), None, max_events) => Ok(Batching::Pulses {
             max_pulses,
             max_events,
         }),
-        (None, Some(_)) => Err(Error::config(
+        (None, Some(max_tokens), max_events) => Ok(Batching::Tokens {
+            max_tokens,
+            max_events,
+        }),
+        (None, None, Some(_)) => Err(Error::config(
             "max_events",
-            "applies with max_pulses only (batch_events fixes the event count otherwise)",
+            "applies with max_pulses or max_tokens only (batch_events fixes the event count \
+             otherwise)",
         )),
-        (None, None) => Ok(Batching::Events(batch_events)),
+        (None, None, None) => Ok(Batching::Events(batch_events)),
     }
 }
 
@@ -109,12 +120,14 @@ fn layout(
 
 /// The settings that decide the order, as the Python state dict spells them.
 fn order_settings(s: &SamplerConfig) -> serde_json::Value {
-    let (batch_events, max_pulses, max_events) = match s.batching {
+    let (batch_events, max_pulses, max_tokens) = match s.batching {
         Batching::Events(n) => (Some(n), None, None),
-        Batching::Pulses {
-            max_pulses,
-            max_events,
-        } => (None, Some(max_pulses), max_events),
+        Batching::Pulses { max_pulses, .. } => (None, Some(max_pulses), None),
+        Batching::Tokens { max_tokens, .. } => (None, None, Some(max_tokens)),
+    };
+    let max_events = match s.batching {
+        Batching::Events(_) => None,
+        budget => budget.max_events(),
     };
     let grouping = s.group_by_length.length_and_cap();
     serde_json::json!({
@@ -124,6 +137,7 @@ fn order_settings(s: &SamplerConfig) -> serde_json::Value {
         "run_events": s.run_events,
         "batch_events": batch_events,
         "max_pulses": max_pulses,
+        "max_tokens": max_tokens,
         "max_events": max_events,
         "batch_order": s.batch_order.to_string(),
         "shuffle": s.shuffle,
@@ -164,6 +178,9 @@ fn saved_sampler(json: &str, ours: &SamplerConfig) -> Result<SamplerConfig, Erro
         run_events: usize,
         batch_events: Option<usize>,
         max_pulses: Option<usize>,
+        /// Absent from a state from before it existed.
+        #[serde(default)]
+        max_tokens: Option<usize>,
         max_events: Option<usize>,
         batch_order: String,
         shuffle: Option<bool>,
@@ -184,6 +201,7 @@ fn saved_sampler(json: &str, ours: &SamplerConfig) -> Result<SamplerConfig, Erro
         batching: batching(
             saved.batch_events.unwrap_or(0),
             saved.max_pulses,
+            saved.max_tokens,
             saved.max_events,
         )?,
         batch_order: batch_order(&saved.batch_order)?,
@@ -331,7 +349,7 @@ impl PyLoader {
     /// Every argument explicit: `shardify.Loader` (Python) resolves the defaults.
     #[new]
     #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (dataset, *, batch_events, max_pulses, max_events, layout, max_doms,
+    #[pyo3(signature = (dataset, *, batch_events, max_pulses, max_tokens, max_events, layout, max_doms,
         pulses_per_dom, seed, block_events, window_blocks, run_events, batch_order, shuffle,
         group_by_length, length_cap, length_of, drop_last, rank, world, workers,
         worker_scheduling, consumer_gathers, prefetch, device, dom_positions))]
@@ -340,6 +358,7 @@ impl PyLoader {
         dataset: &PyDataset,
         batch_events: usize,
         max_pulses: Option<usize>,
+        max_tokens: Option<usize>,
         max_events: Option<usize>,
         layout: &str,
         max_doms: Option<usize>,
@@ -369,7 +388,8 @@ impl PyLoader {
                 block_events,
                 window_blocks,
                 run_events,
-                batching: batching(batch_events, max_pulses, max_events).map_err(to_py)?,
+                batching: batching(batch_events, max_pulses, max_tokens, max_events)
+                    .map_err(to_py)?,
                 batch_order: self::batch_order(batch_order).map_err(to_py)?,
                 shuffle,
                 group_by_length: length_grouping(group_by_length, length_cap, length_of)

@@ -27,6 +27,13 @@ SETTINGS = [
     (dict(batch_events=8, window_blocks=2, group_by_length=20, length_of="doms"),
      ["--batch-events", "8", "--window", "2", "--group-by-length", "20", "--length-of",
       "doms"]),
+    (dict(max_tokens=2048, group_by_length=64, block_events=64, window_blocks=2),
+     ["--max-tokens", "2048", "--group-by-length", "64", "--block-events", "64", "--window",
+      "2"]),
+    (dict(max_tokens=240, max_events=20, group_by_length=True, length_of="doms",
+          shuffle=False),
+     ["--max-tokens", "240", "--max-events", "20", "--group-by-length", "--length-of", "doms",
+      "--no-shuffle"]),
 ]
 
 
@@ -251,3 +258,47 @@ def test_group_by_length_refusals_name_it(train_dir):
         shardify.Loader(train_dir, max_pulses=900, group_by_length=True, output="numpy")
     with pytest.raises(ValueError, match="invalid length_of: `dom`: expected pulses or doms"):
         shardify.Loader(train_dir, group_by_length=True, length_of="dom", output="numpy")
+
+
+def test_token_budget_refusals_name_it(train_dir):
+    refusals = [
+        (dict(max_tokens=4096), "invalid max_tokens: bounds the padded grid of batches grouped"),
+        (dict(max_tokens=4096, max_pulses=900, group_by_length=True),
+         "invalid max_tokens: give max_pulses .* or max_tokens .*, not both"),
+        (dict(max_tokens=0, group_by_length=True),
+         "invalid batching: token budget and event cap must be at least 1"),
+        (dict(max_tokens=4096, max_events=0, group_by_length=True),
+         "invalid batching: token budget and event cap must be at least 1"),
+        (dict(max_tokens=-1, group_by_length=True), "invalid max_tokens: expected a non-neg"),
+        (dict(max_events=8), "invalid max_events: applies with max_pulses or max_tokens only"),
+    ]
+    for kwargs, message in refusals:
+        with pytest.raises(ValueError, match=message):
+            shardify.Loader(train_dir, output="numpy", **kwargs)
+
+
+def test_a_token_budget_gives_grids_of_nearly_equal_size(realistic_dir):
+    """Batches cut by a budget of padded tokens: each grid (events times the batch's longest
+    event, cut to 256 pulses) within the budget and most of them nearly full, where batches
+    of a fixed count grouped alike range from a few to 32 x 256 cells."""
+    import numpy as np
+
+    settings = dict(block_events=64, window_blocks=8, group_by_length=256, output="numpy")
+    grids = {}
+    for name, batching in (("fixed", dict(batch_events=32)), ("tokens", dict(max_tokens=4096))):
+        batches = list(shardify.Loader(realistic_dir, **settings, **batching))
+        events = np.concatenate([b["event_id"] for b in batches])
+        assert len(events) == len(np.unique(events)) == 3000, "every event once"
+        counts = [np.minimum(pulse_counts(b), 256) for b in batches]
+        grids[name] = np.array([c.size * c.max() for c in counts])
+        if name == "tokens":
+            assert all(grid <= 4096 or c.size == 1 for grid, c in zip(grids[name], counts,
+                                                                      strict=True))
+            sizes = [c.size for c in counts]
+            assert max(sizes) >= 8 * min(sizes), "short events in big batches, long in small"
+            assert padded_fill(batches, 256) > 0.8
+    # Six windows of 512 events, each with a last batch of its remainder: nearly all the
+    # others at 90% of the budget or more (a batch is cut when the next event overruns it).
+    assert (grids["tokens"] >= 0.9 * 4096).sum() >= len(grids["tokens"]) - 12, grids["tokens"]
+    spread = {name: g.std() / g.mean() for name, g in grids.items()}
+    assert spread["tokens"] < 0.5 * spread["fixed"], spread

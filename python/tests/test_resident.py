@@ -27,6 +27,11 @@ SETTINGS = [
     pytest.param(dict(batch_events=12, window_blocks=3, layout="padded", max_doms=20,
                       pulses_per_dom=2, group_by_length=20, length_of="doms"),
                  id="padded-grouped-by-doms"),
+    pytest.param(dict(max_tokens=600, max_events=16, window_blocks=3, group_by_length=50),
+                 id="token-budget"),
+    pytest.param(dict(max_tokens=100, window_blocks=2, layout="padded", max_doms=20,
+                      pulses_per_dom=2, group_by_length=20, length_of="doms"),
+                 id="padded-token-budget-of-doms"),
     pytest.param(dict(batch_events=7, rank=1, world=3, seed=4), id="rank-1-of-3"),
 ]
 

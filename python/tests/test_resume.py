@@ -180,23 +180,29 @@ def test_the_sampler_frameworks_look_for(train_dir, torch):
     assert [e for batch in ids(stored) for e in batch] == events
 
 
-@pytest.mark.parametrize("group_by_length, length_of", [
-    (True, "pulses"), (60, "pulses"), (12, "doms")])
+@pytest.mark.parametrize("group_by_length, length_of, max_tokens", [
+    (True, "pulses", None), (60, "pulses", None), (12, "doms", None), (60, "pulses", 600),
+    (12, "doms", 96)])
 def test_a_length_grouped_epoch_resumes_at_another_world_size(train_dir, torch,
-                                                               group_by_length, length_of):
-    flags = ["--batch-events", "8", "--length-of", length_of, "--group-by-length"] + (
+                                                               group_by_length, length_of,
+                                                               max_tokens):
+    batching, batching_flags = (
+        (dict(batch_events=8), ["--batch-events", "8"]) if max_tokens is None
+        else (dict(max_tokens=max_tokens), ["--max-tokens", str(max_tokens)]))
+    flags = batching_flags + ["--length-of", length_of, "--group-by-length"] + (
         [] if group_by_length is True else [str(group_by_length)])
     full = order_lines(train_dir, *flags, "--epoch", "1")
-    grouping = dict(group_by_length=group_by_length, length_of=length_of)
-    loader = shardify.Loader(train_dir, batch_events=8, device="cpu", **grouping)
+    grouping = dict(group_by_length=group_by_length, length_of=length_of, **batching)
+    loader = shardify.Loader(train_dir, device="cpu", **grouping)
     loader.set_epoch(1)
     first = take(loader, 9)
     state = loader.state_dict()
     assert state["sampler"]["group_by_length"] == group_by_length
     assert state["sampler"]["length_of"] == length_of
+    assert state["sampler"]["max_tokens"] == max_tokens
     ranks = []
     for rank in range(2):
-        resumed = shardify.Loader(train_dir, batch_events=8, rank=rank, world=2,
+        resumed = shardify.Loader(train_dir, rank=rank, world=2,
                                   drop_last=False, device="cpu", **grouping)
         resumed.load_state_dict(state)
         ranks.append(ids(resumed))
@@ -205,5 +211,8 @@ def test_a_length_grouped_epoch_resumes_at_another_world_size(train_dir, torch,
     rest += ranks[0][len(ranks[1]):]
     assert first + rest == full
     plain = shardify.Loader(train_dir, batch_events=8, device="cpu")
-    with pytest.raises(ValueError, match="invalid group_by_length: the saved state has "):
+    refusal = ("invalid group_by_length: the saved state has " if max_tokens is None else
+               f"invalid batching: the saved state has max_tokens {max_tokens}, this loader "
+               f"batch_events 8")
+    with pytest.raises(ValueError, match=refusal):
         plain.load_state_dict(state)

@@ -7,7 +7,7 @@ use crate::batch::BatchLayout;
 use crate::dataset::View;
 use crate::device::{memory, Placement};
 use crate::error::{Error, Result};
-use crate::sampler::Batching;
+use crate::sampler::{Batching, EventLength};
 
 use super::{LoaderConfig, INITIAL_BUFFER_BYTES};
 
@@ -92,15 +92,21 @@ fn mean_batch_bytes(view: &View, config: &LoaderConfig) -> f64 {
             doms_per_event.min(max_doms as f64) * row
         }
     };
-    let batch_events = match config.sampler.batching {
+    // A budgeted batch holds about its budget over the mean length: a pulse budget's
+    // pulses, and a grouped batch's grid is nearly all tokens (counted uncapped: the events
+    // of a capped class are longer than their grid).
+    let by_budget = |budget: usize, counted: u64| budget as f64 * events / counted.max(1) as f64;
+    let batching = config.sampler.batching;
+    let batch_events = match batching {
         Batching::Events(n) => n as f64,
-        Batching::Pulses {
-            max_pulses,
-            max_events,
-        } => {
-            let by_pulses = max_pulses as f64 * events / totals.pulses.max(1) as f64;
-            by_pulses.min(max_events.map_or(f64::INFINITY, |m| m as f64))
+        Batching::Pulses { max_pulses, .. } => by_budget(max_pulses, totals.pulses),
+        Batching::Tokens { max_tokens, .. } => {
+            match config.sampler.group_by_length.length_and_cap() {
+                Some((EventLength::Doms, _)) => by_budget(max_tokens, totals.doms),
+                _ => by_budget(max_tokens, totals.pulses),
+            }
         }
-    };
+    }
+    .min(batching.max_events().map_or(f64::INFINITY, |m| m as f64));
     per_event * batch_events.min(events)
 }

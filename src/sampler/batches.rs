@@ -40,10 +40,7 @@ impl<'a> GlobalBatches<'a> {
         events: &mut Vec<EventRef>,
         scratch: &mut PlanScratch,
     ) -> Option<(BatchPlan, bool)> {
-        let capacity = match self.batching {
-            Batching::Events(n) => n,
-            Batching::Pulses { max_events, .. } => max_events.unwrap_or(0),
-        };
+        let capacity = self.batching.max_events().unwrap_or(0);
         events.clear();
         events.reserve(capacity.min(1 << 16));
         let mut plan = BatchPlan {
@@ -85,6 +82,8 @@ impl<'a> GlobalBatches<'a> {
                     }
                     (k, full)
                 }
+                // The window was cut into batches when it opened: a batch never spans two.
+                Batching::Tokens { .. } => (window.until_batch_end(), true),
             };
             window.take(n, self.order, &mut plan.events, scratch);
             pieces += 1;

@@ -18,12 +18,15 @@
 //!    drawn from `(seed, e, window)`: each batch holds events of similar length, as the
 //!    Kaggle competition's top transformers were fed (less padding; see
 //!    [`LengthGrouping`]). The events before the window's first whole batch and after its
-//!    last stay as drawn;
+//!    last stay as drawn. With a token budget (`Tokens`) all of the window's events are
+//!    sorted so and cut on their own: each batch takes the next events while its padded
+//!    grid (events times its longest capped length) stays within `max_tokens`, and the
+//!    window's batches are put in an order drawn from `(seed, e, window)`;
 //! 4. the resulting global event sequence is cut into batches: `Events(n)` takes `n`
 //!    events at a time; `Pulses { max_pulses, max_events }` adds events while the batch stays
 //!    within the pulse budget (an event larger than the budget forms a batch of its own);
-//!    with [`BatchOrder::Stored`] (the default) a batch's events are then put in stored
-//!    order, which changes no batch's content;
+//!    `Tokens` takes the batches step 3 cut; with [`BatchOrder::Stored`] (the default) a
+//!    batch's events are then put in stored order, which changes no batch's content;
 //! 5. global batch `k` goes to rank `k % world`.
 //!
 //! The global sequence depends only on the dataset, seed, epoch, block size, window,
@@ -31,7 +34,8 @@
 //! every event is delivered exactly once per epoch across ranks (ranks' batch counts differ
 //! by at most one). With `drop_last` the final batch is dropped when it is incomplete
 //! (fewer than `n` events; in pulse mode, closed by the end of the epoch rather than by the
-//! budget), then trailing batches are dropped until every rank has the same number: at
+//! budget; never with a token budget, whose windows are cut on their own), then trailing
+//! batches are dropped until every rank has the same number: at
 //! most `world` batches' worth of events are skipped, and they differ from epoch to epoch.
 //!
 //! When the block size is a multiple of the batch size, no batch but the last straddles
@@ -65,24 +69,60 @@ pub enum Batching {
         /// Events per batch at most.
         max_events: Option<usize>,
     },
+    /// Batches of events grouped by length ([`LengthGrouping`]) whose padded grid (events
+    /// times the batch's longest length, capped as the grouping caps it) holds at most
+    /// `max_tokens` tokens (pulses, or DOMs when grouped by DOM count), as fairseq's
+    /// `max_tokens` and ESPnet's `batch_bins` bound a batch: a model that pads each batch to
+    /// its longest event gets grids of nearly equal size, short events in big batches and
+    /// long ones in small. Each window's events are sorted by length and cut on their own
+    /// (no batch spans two windows), then its batches are put in a random order.
+    Tokens {
+        /// Events times the batch's longest (capped) length, at most (unless one event
+        /// alone is longer).
+        max_tokens: usize,
+        /// Events per batch at most.
+        max_events: Option<usize>,
+    },
 }
 
-/// As the loader's arguments name it: `batch_events 256`, `max_pulses 4096` or
-/// `max_pulses 4096, max_events 64`.
+/// As the loader's arguments name it: `batch_events 256`, `max_pulses 4096`,
+/// `max_pulses 4096, max_events 64` or `max_tokens 65536, max_events 1024`.
 impl std::fmt::Display for Batching {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Batching::Events(events) => write!(f, "batch_events {events}"),
             Batching::Pulses {
-                max_pulses,
+                max_pulses: budget,
                 max_events,
-            } => {
-                write!(f, "max_pulses {max_pulses}")?;
-                match max_events {
-                    Some(events) => write!(f, ", max_events {events}"),
-                    None => Ok(()),
-                }
-            }
+            } => Batching::write_budget(f, "max_pulses", *budget, *max_events),
+            Batching::Tokens {
+                max_tokens: budget,
+                max_events,
+            } => Batching::write_budget(f, "max_tokens", *budget, *max_events),
+        }
+    }
+}
+
+impl Batching {
+    /// `name budget`, and `, max_events m` when capped.
+    fn write_budget(
+        f: &mut std::fmt::Formatter<'_>,
+        name: &str,
+        budget: usize,
+        max_events: Option<usize>,
+    ) -> std::fmt::Result {
+        write!(f, "{name} {budget}")?;
+        match max_events {
+            Some(events) => write!(f, ", max_events {events}"),
+            None => Ok(()),
+        }
+    }
+
+    /// The events a batch holds at most, when bounded.
+    pub fn max_events(self) -> Option<usize> {
+        match self {
+            Batching::Events(n) => Some(n),
+            Batching::Pulses { max_events, .. } | Batching::Tokens { max_events, .. } => max_events,
         }
     }
 }
@@ -238,10 +278,12 @@ pub struct SamplerConfig {
     /// `false`: no shuffle at all, every epoch the stored order (evaluation, inference):
     /// neither rotation nor block permutation nor window draws, so blocks, windows, runs
     /// and the batch order change nothing; but `group_by_length` still groups each window's
-    /// batches, shortest first (inference over length-matched batches).
+    /// batches, shortest first (inference over length-matched batches), and a token budget
+    /// still cuts each window on its own.
     #[serde(default = "shuffled")]
     pub shuffle: bool,
-    /// Batches of events of similar length inside each window (fixed-size batches only).
+    /// Batches of events of similar length inside each window (fixed-size batches, or cut
+    /// by a token budget, which needs it).
     #[serde(default)]
     pub group_by_length: LengthGrouping,
     /// Drop incomplete trailing batches (see the module docs).
@@ -316,8 +358,17 @@ impl SamplerConfig {
             (Some(_), Batching::Pulses { .. }) => {
                 return Err(Error::config(
                     "group_by_length",
-                    "groups batches of a fixed number of events (batch_events), not batches \
-                     cut by a pulse budget (max_pulses)",
+                    "groups batches of a fixed number of events (batch_events) or cut by a \
+                     budget of padded tokens (max_tokens), not batches cut by a pulse budget \
+                     (max_pulses)",
+                ))
+            }
+            (None, Batching::Tokens { .. }) => {
+                return Err(Error::config(
+                    "max_tokens",
+                    "bounds the padded grid of batches grouped by length: set \
+                     group_by_length too (max_pulses bounds the pulses of batches drawn at \
+                     random)",
                 ))
             }
             _ => {}
@@ -331,6 +382,14 @@ impl SamplerConfig {
             } => Err(Error::config(
                 "batching",
                 "pulse budget and event cap must be at least 1",
+            )),
+            Batching::Tokens { max_tokens: 0, .. }
+            | Batching::Tokens {
+                max_events: Some(0),
+                ..
+            } => Err(Error::config(
+                "batching",
+                "token budget and event cap must be at least 1",
             )),
             _ => Ok(()),
         }

@@ -99,9 +99,8 @@ pub(super) struct EventStream {
     shuffle: bool,
     seed: u64,
     epoch: u64,
-    /// With [`super::LengthGrouping`] on and batches of `n` events: `(n, length, cap)`, the
-    /// cap `usize::MAX` when none.
-    length_groups: Option<(usize, EventLength, usize)>,
+    /// How each window's drawn order is regrouped.
+    regrouping: Regrouping,
     next_window: usize,
     /// Events in the windows before the current one: the current one's first global
     /// position.
@@ -121,6 +120,39 @@ pub(super) struct Window {
     drawn: Vec<u32>,
     /// How many of `drawn` were handed out.
     taken: usize,
+    /// Where each of its batches ends in `drawn`, in order, when the window is cut into
+    /// batches on its own (a token budget); else empty.
+    batch_ends: Vec<u32>,
+}
+
+/// What is done to a window's drawn order before it is handed out.
+#[derive(Debug, Clone, Copy)]
+enum Regrouping {
+    /// Nothing: handed out as drawn.
+    AsDrawn,
+    /// Its whole batches of `batch_events` regrouped by `lengths` ([`group_by_length`]).
+    WholeBatches {
+        batch_events: usize,
+        lengths: CappedLength,
+    },
+    /// All of it cut into batches by a token budget ([`cut_by_tokens`]), sorted by
+    /// `lengths` first when given (else counted in uncapped pulses, as drawn: a budget the
+    /// sampler's configuration check refuses, still a partition of the window).
+    Tokens {
+        budget: TokenBudget,
+        lengths: Option<CappedLength>,
+    },
+}
+
+/// What an event's length counts, and the cap above which lengths count as the cap
+/// (`usize::MAX` when none).
+type CappedLength = (EventLength, usize);
+
+/// `max_tokens` and `max_events` of [`Batching::Tokens`].
+#[derive(Debug, Clone, Copy)]
+struct TokenBudget {
+    max_tokens: usize,
+    max_events: Option<usize>,
 }
 
 /// The memory a batch's events are put in stored order with: one bit per event of the
@@ -138,6 +170,18 @@ pub struct PlanScratch {
 impl Window {
     pub(super) fn remaining(&self) -> usize {
         self.drawn.len() - self.taken
+    }
+
+    /// The events left before the end of the batch being handed out, when the window is cut
+    /// into batches on its own (see [`Window::batch_ends`]); else all that are left.
+    pub(super) fn until_batch_end(&self) -> usize {
+        let next = self
+            .batch_ends
+            .partition_point(|&end| end as usize <= self.taken);
+        match self.batch_ends.get(next) {
+            Some(&end) => end as usize - self.taken,
+            None => self.remaining(),
+        }
     }
 
     /// The next event to hand out.
@@ -277,12 +321,7 @@ impl EventStream {
             shuffle: config.shuffle,
             seed: config.seed,
             epoch,
-            length_groups: match (config.group_by_length.length_and_cap(), config.batching) {
-                (Some((length, cap)), Batching::Events(n)) => {
-                    Some((n, length, cap.unwrap_or(usize::MAX)))
-                }
-                _ => None,
-            },
+            regrouping: Regrouping::of(config),
             next_window: 0,
             window_start: 0,
             window: Window::default(),
@@ -328,6 +367,7 @@ impl EventStream {
             let w = &mut self.window;
             w.events.clear();
             w.drawn.clear();
+            w.batch_ends.clear();
             w.taken = 0;
             let mut runs: Vec<(u32, u32)> = Vec::new();
             for b in &blocks {
@@ -352,17 +392,55 @@ impl EventStream {
                 w.drawn.extend(0..w.events.len() as u32);
                 rng.shuffle(&mut w.drawn);
             }
-            if let Some((batch_events, length, cap)) = self.length_groups {
-                let mut batch_order = self
-                    .shuffle
-                    .then(|| Rng::stream(self.seed ^ STREAM_LENGTH_GROUPS, stream));
-                let whole = WholeBatches::of(self.window_start, w.events.len(), batch_events);
-                let lengths = (length, cap);
-                group_by_length(w, whole, lengths, sizes, batch_order.as_mut());
+            let mut batch_order = self
+                .shuffle
+                .then(|| Rng::stream(self.seed ^ STREAM_LENGTH_GROUPS, stream));
+            match self.regrouping {
+                Regrouping::AsDrawn => {}
+                Regrouping::WholeBatches {
+                    batch_events,
+                    lengths,
+                } => {
+                    let whole = WholeBatches::of(self.window_start, w.events.len(), batch_events);
+                    group_by_length(w, whole, lengths, sizes, batch_order.as_mut());
+                }
+                Regrouping::Tokens { budget, lengths } => {
+                    cut_by_tokens(w, budget, lengths, sizes, batch_order.as_mut())
+                }
             }
             self.next_window += 1;
         }
         Some(&mut self.window)
+    }
+}
+
+impl Regrouping {
+    /// What `config`'s batching and length grouping do to each window.
+    fn of(config: &SamplerConfig) -> Regrouping {
+        let lengths = config
+            .group_by_length
+            .length_and_cap()
+            .map(|(length, cap)| (length, cap.unwrap_or(usize::MAX)));
+        match (config.batching, lengths) {
+            (Batching::Events(batch_events), Some(lengths)) => Regrouping::WholeBatches {
+                batch_events,
+                lengths,
+            },
+            (
+                Batching::Tokens {
+                    max_tokens,
+                    max_events,
+                },
+                lengths,
+            ) => Regrouping::Tokens {
+                budget: TokenBudget {
+                    max_tokens,
+                    max_events,
+                },
+                lengths,
+            },
+            _ => Regrouping::AsDrawn,
+        }
     }
 }
 
@@ -397,20 +475,14 @@ impl WholeBatches {
 fn group_by_length(
     window: &mut Window,
     whole: WholeBatches,
-    (length, cap): (EventLength, usize),
+    lengths: CappedLength,
     sizes: &dyn EventSizes,
     batch_order: Option<&mut Rng>,
 ) {
     let n = whole.batch_events;
-    let grouped = &mut window.drawn[whole.first..whole.first + whole.count * n];
-    // Asked in the window's order, which is stored order: its offsets are read
-    // sequentially, where asked in drawn order they were read at random (25 ns an event).
-    let mut event_lengths = Vec::new();
-    sizes.lengths_into(&window.events, length, &mut event_lengths);
-    let lengths: Vec<usize> = grouped
-        .iter()
-        .map(|&i| event_lengths[i as usize].min(cap))
-        .collect();
+    let range = whole.first..whole.first + whole.count * n;
+    let lengths = drawn_lengths(window, range.clone(), lengths, sizes);
+    let grouped = &mut window.drawn[range];
     let by_length = stable_order_by(&lengths);
     let mut classes: Vec<usize> = (0..whole.count).collect();
     if let Some(rng) = batch_order {
@@ -421,6 +493,75 @@ fn group_by_length(
         for (slot, &position) in batch.iter_mut().zip(&by_length[class * n..(class + 1) * n]) {
             *slot = drawn[position as usize];
         }
+    }
+}
+
+/// The capped lengths of the events at drawn positions `range` of `window`, in drawn order.
+fn drawn_lengths(
+    window: &Window,
+    range: std::ops::Range<usize>,
+    (length, cap): CappedLength,
+    sizes: &dyn EventSizes,
+) -> Vec<usize> {
+    // Asked in the window's order, which is stored order: its offsets are read
+    // sequentially, where asked in drawn order they were read at random (25 ns an event).
+    let mut event_lengths = Vec::new();
+    sizes.lengths_into(&window.events, length, &mut event_lengths);
+    window.drawn[range]
+        .iter()
+        .map(|&i| event_lengths[i as usize].min(cap))
+        .collect()
+}
+
+/// Cuts all of `window`'s drawn order into batches by `budget`: sorted by `lengths` (ties
+/// in drawn order), each batch takes the next events while its padded grid, events times
+/// its longest length, stays within `budget.max_tokens` (one event longer than the budget
+/// forms a batch of its own) and its events within `budget.max_events`; the batches are
+/// then put in the order `batch_order` shuffles them into (shortest first without one),
+/// and their ends recorded in [`Window::batch_ends`]. Without `lengths`, the drawn order
+/// is cut as it is, by uncapped pulse counts.
+fn cut_by_tokens(
+    window: &mut Window,
+    budget: TokenBudget,
+    lengths: Option<CappedLength>,
+    sizes: &dyn EventSizes,
+    batch_order: Option<&mut Rng>,
+) {
+    let count = window.drawn.len();
+    let counted = lengths.unwrap_or((EventLength::Pulses, usize::MAX));
+    let lengths_drawn = drawn_lengths(window, 0..count, counted, sizes);
+    let sorted: Vec<u32> = match lengths {
+        Some(_) => stable_order_by(&lengths_drawn),
+        None => (0..count as u32).collect(),
+    };
+    // Each batch as a range of `sorted`.
+    let mut batches: Vec<std::ops::Range<usize>> = Vec::new();
+    let (mut start, mut longest) = (0, 0);
+    for (k, &position) in sorted.iter().enumerate() {
+        let length = lengths_drawn[position as usize];
+        let held = k - start;
+        let grid = (held + 1).saturating_mul(longest.max(length));
+        let full = budget.max_events.is_some_and(|m| held == m);
+        if held > 0 && (full || grid > budget.max_tokens) {
+            batches.push(start..k);
+            (start, longest) = (k, 0);
+        }
+        longest = longest.max(length);
+    }
+    if start < count {
+        batches.push(start..count);
+    }
+    if let (Some(rng), Some(_)) = (batch_order, lengths) {
+        rng.shuffle(&mut batches);
+    }
+    let drawn = window.drawn.clone();
+    window.drawn.clear();
+    for batch in batches {
+        let events = sorted[batch]
+            .iter()
+            .map(|&position| drawn[position as usize]);
+        window.drawn.extend(events);
+        window.batch_ends.push(window.drawn.len() as u32);
     }
 }
 

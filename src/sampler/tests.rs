@@ -43,7 +43,24 @@ fn batching() -> impl Strategy<Value = Batching> {
                 max_events,
             }
         }),
+        tokens(),
     ]
+}
+
+/// A token budget: from below one event's length (1 to 97 pulses, 1 to 41 DOMs) to many.
+fn tokens() -> impl Strategy<Value = Batching> {
+    (1usize..2000, proptest::option::of(1usize..30)).prop_map(|(max_tokens, max_events)| {
+        Batching::Tokens {
+            max_tokens,
+            max_events,
+        }
+    })
+}
+
+/// The longest of `events`' lengths as `grouping` counts them, capped (pulses when off).
+fn longest(sizes: &Sizes, grouping: LengthGrouping, events: &[EventRef]) -> usize {
+    let lengths = events.iter().map(|&e| grouped_length(sizes, grouping, e));
+    lengths.max().unwrap_or(0)
 }
 
 fn order() -> impl Strategy<Value = BatchOrder> {
@@ -88,6 +105,14 @@ fn a_refused_resume_names_the_setting_as_the_loader_takes_it() {
     };
     assert!(refusal(pulses(None)).ends_with("this loader max_pulses 4096"));
     assert!(refusal(pulses(Some(64))).ends_with("this loader max_pulses 4096, max_events 64"));
+    let tokens = SamplerConfig {
+        batching: Batching::Tokens {
+            max_tokens: 65536,
+            max_events: Some(1024),
+        },
+        ..saved.clone()
+    };
+    assert!(refusal(tokens).ends_with("this loader max_tokens 65536, max_events 1024"));
     let other_order = SamplerConfig {
         batch_order: BatchOrder::Drawn,
         ..saved.clone()
@@ -155,6 +180,83 @@ fn length_groups_are_refused_with_a_pulse_budget_or_a_zero_cap() {
             "invalid group_by_length: the cap must be at least 1"
         );
     }
+}
+
+#[test]
+fn a_token_budget_is_refused_without_grouping_or_at_zero() {
+    let refusal = |config: SamplerConfig| config.validate().unwrap_err().to_string();
+    let budget = |max_tokens, max_events, group_by_length| SamplerConfig {
+        batching: Batching::Tokens {
+            max_tokens,
+            max_events,
+        },
+        group_by_length,
+        ..SamplerConfig::default()
+    };
+    let grouped = LengthGrouping::Doms { cap: Some(64) };
+    assert!(budget(4096, Some(64), grouped).validate().is_ok());
+    assert!(refusal(budget(4096, None, LengthGrouping::Off))
+        .starts_with("invalid max_tokens: bounds the padded grid of batches grouped by length"));
+    for (max_tokens, max_events) in [(0, None), (4096, Some(0))] {
+        assert_eq!(
+            refusal(budget(max_tokens, max_events, grouped)),
+            "invalid batching: token budget and event cap must be at least 1"
+        );
+    }
+}
+
+#[test]
+fn a_token_budget_fills_nearly_equal_grids_in_a_random_order() {
+    let sizes = Sizes(vec![5000, 3000]);
+    let (cap, max_tokens) = (60, 64 * 60);
+    let config = |shuffle| SamplerConfig {
+        seed: 3,
+        block_events: 64,
+        window_blocks: 16,
+        batching: Batching::Tokens {
+            max_tokens,
+            max_events: None,
+        },
+        group_by_length: LengthGrouping::Pulses { cap: Some(cap) },
+        shuffle,
+        ..SamplerConfig::default()
+    };
+    // Each batch's events and longest length, cut to `cap` pulses.
+    let batches = |shuffle, epoch| -> Vec<(usize, usize)> {
+        all(&sizes, &config(shuffle), epoch)
+            .iter()
+            .map(|b| {
+                let lengths = b.events.iter().map(|&e| sizes.pulses(e).min(cap));
+                (b.events.len(), lengths.max().unwrap())
+            })
+            .collect()
+    };
+    let shuffled = batches(true, 0);
+    let grids: Vec<usize> = shuffled.iter().map(|&(n, longest)| n * longest).collect();
+    assert!(grids.iter().all(|&grid| grid <= max_tokens), "{grids:?}");
+    // Grids nearly full but for each window's last batch (8 windows).
+    let full = grids
+        .iter()
+        .filter(|&&grid| grid * 10 >= max_tokens * 9)
+        .count();
+    assert!(
+        full + 8 >= grids.len(),
+        "{full} of {} grids at 90%",
+        grids.len()
+    );
+    let events: Vec<usize> = shuffled.iter().map(|&(n, _)| n).collect();
+    let (fewest, most) = (events.iter().min().unwrap(), events.iter().max().unwrap());
+    assert!(
+        *fewest <= 64 && *most >= 150,
+        "{fewest} to {most} events a batch"
+    );
+    // Shortest first in each window without shuffle: 7 descents at window starts at most;
+    // in a random order, about half the steps descend.
+    let descents =
+        |batches: &[(usize, usize)]| batches.windows(2).filter(|w| w[1].1 < w[0].1).count();
+    assert!(descents(&batches(false, 0)) <= 7);
+    assert!(descents(&shuffled) * 4 >= shuffled.len(), "{shuffled:?}");
+    assert_ne!(shuffled, batches(true, 1), "another order in another epoch");
 }
 
 #[test]
@@ -247,11 +349,16 @@ proptest! {
         prop_assert_eq!(events.iter().collect::<BTreeSet<_>>().len(), total, "no event twice");
         for b in &reference {
             let pulses: usize = b.events.iter().map(|&e| sizes.pulses(e)).sum();
+            prop_assert!(!b.events.is_empty());
+            prop_assert!(batching.max_events().is_none_or(|m| b.events.len() <= m));
             match batching {
-                Batching::Events(n) => prop_assert!(b.events.len() <= n),
-                Batching::Pulses { max_pulses, max_events } => {
+                Batching::Events(_) => {}
+                Batching::Pulses { max_pulses, .. } => {
                     prop_assert!(pulses <= max_pulses || b.events.len() == 1);
-                    prop_assert!(max_events.is_none_or(|m| b.events.len() <= m));
+                }
+                Batching::Tokens { max_tokens, .. } => {
+                    let grid = b.events.len() * longest(&sizes, group_by_length, &b.events);
+                    prop_assert!(grid <= max_tokens || b.events.len() == 1, "a grid of {}", grid);
                 }
             }
         }
@@ -368,6 +475,9 @@ proptest! {
         union.sort_by_key(|b| b.global_index);
         let events: Vec<u64> = union.iter().flat_map(|b| b.events.iter().map(|&e| stored_position(&sizes, e))).collect();
         prop_assert_eq!(events, (0..shards.iter().sum::<usize>() as u64).collect::<Vec<_>>());
+        if matches!(batching, Batching::Tokens { .. }) {
+            return Ok(()); // cut window by window: the windows' size matters
+        }
         let other = SamplerConfig { seed: seed ^ 1, block_events: block + 3, rank: 0, world: 1, ..config.clone() };
         let mut single = all(&sizes, &other, epoch + 1);
         for b in &mut single { b.global_index = 0; }
@@ -422,6 +532,56 @@ proptest! {
             classes.sort();
             prop_assert!(classes.windows(2).all(|c| c[0].1 <= c[1].0), "disjoint length classes: {:?}", classes);
         }
+    }
+
+    #[test]
+    fn a_token_budget_cuts_each_window_sorted_by_length(
+        shards in proptest::collection::vec(0usize..300, 1..6),
+        seed in any::<u64>(), epoch in 0u64..4, block in 1usize..40, window in 1usize..8,
+        budget in tokens(), group_by_length in on_grouping(), run in 1usize..6,
+        batch_order in order(), shuffle: bool,
+    ) {
+        let sizes = Sizes(shards.clone());
+        // Batch k of `windows` holds window k's events in drawn order (its blocks are
+        // whole but for the epoch's last).
+        let windows = SamplerConfig { seed, block_events: block, window_blocks: window, run_events: run, batching: Batching::Events(block * window), batch_order: BatchOrder::Drawn, shuffle, ..SamplerConfig::default() };
+        let cut = SamplerConfig { batching: budget, batch_order, group_by_length, ..windows.clone() };
+        prop_assert!(cut.validate().is_ok());
+        let Batching::Tokens { max_tokens, max_events } = budget else { unreachable!() };
+        let length = |e: &EventRef| grouped_length(&sizes, group_by_length, *e);
+        let mut batches = all(&sizes, &cut, epoch).into_iter();
+        for (w, drawn) in all(&sizes, &windows, epoch).iter().enumerate() {
+            // The reference: the window's drawn events, stably sorted by length, each batch
+            // taking events while the grid and the event cap allow.
+            let mut sorted = drawn.events.clone();
+            sorted.sort_by_key(length);
+            let mut expected: Vec<Vec<EventRef>> = Vec::new();
+            for e in sorted {
+                match expected.last_mut() {
+                    Some(b) if max_events.is_none_or(|m| b.len() < m)
+                        && (b.len() + 1) * length(&e) <= max_tokens => b.push(e),
+                    _ => expected.push(vec![e]),
+                }
+            }
+            // The window's batches, next in the epoch: no batch spans two windows.
+            let mut got: Vec<Vec<EventRef>> = Vec::new();
+            while got.iter().map(Vec::len).sum::<usize>() < drawn.events.len() {
+                let b = batches.next();
+                prop_assert!(b.is_some(), "window {} ends early", w);
+                got.push(b.unwrap().events);
+            }
+            let canonical = |batches: &mut Vec<Vec<EventRef>>| {
+                batches.iter_mut().for_each(|b| b.sort());
+            };
+            canonical(&mut expected);
+            canonical(&mut got);
+            if shuffle {
+                expected.sort();
+                got.sort();
+            }
+            prop_assert_eq!(got, expected, "window {}: its events, cut in length order", w);
+        }
+        prop_assert!(batches.next().is_none());
     }
 
     #[test]
