@@ -14,7 +14,7 @@ use shardify::bench::report::{run, table, BenchConfig};
 use shardify::dataset::{ChecksumPolicy, Dataset};
 use shardify::device::DeviceChoice;
 use shardify::pipeline::WorkerScheduling;
-use shardify::sampler::{BatchOrder, LengthGrouping};
+use shardify::sampler::{BatchOrder, Batching, LengthGrouping};
 
 fn arg(name: &str, default: u64) -> u64 {
     let args: Vec<String> = std::env::args().collect();
@@ -28,10 +28,12 @@ fn main() {
     let events = arg("--events", 1_000_000);
     let dir = data::converted(&data::root(), events, 8).unwrap();
     let dataset = Arc::new(Dataset::open(&dir, ChecksumPolicy::Full).unwrap());
+    let batch_events = arg("--batch", 256) as usize;
     let config = BenchConfig {
         consumer_gathers: vec![true],
         windows: vec![1, 4, 16, 64],
-        batch_events: arg("--batch", 256) as usize,
+        batch_events,
+        batching: Batching::Events(batch_events),
         block_events: 256,
         run_events: arg("--run-events", 1) as usize,
         batch_order: BatchOrder::Stored,

@@ -232,6 +232,14 @@ fn bad_arguments_are_explained() {
     ]);
     assert!(!size.status.success());
     assert!(text(&size.stderr).contains("unknown size unit"));
+    // The dataset after --group-by-length is read as its CAP: refused, saying so.
+    let grouped = shardify(&["order", "--group-by-length", &o]);
+    assert!(!grouped.status.success());
+    assert!(
+        text(&grouped.stderr).contains("is not a length: the value after --group-by-length is"),
+        "{}",
+        text(&grouped.stderr)
+    );
 }
 
 /// A limit beyond the machine's memory is warned about, and converts without asking the

@@ -295,7 +295,10 @@ def test_a_token_budget_gives_grids_of_nearly_equal_size(realistic_dir):
             assert all(grid <= 4096 or c.size == 1 for grid, c in zip(grids[name], counts,
                                                                       strict=True))
             sizes = [c.size for c in counts]
-            assert max(sizes) >= 8 * min(sizes), "short events in big batches, long in small"
+            assert max(sizes) >= 4 * min(sizes), "short events in big batches, long in small"
+            # Cut from the longest down: every batch of events cut to 256 holds 16 of them,
+            # a window's remainder falling among its shortest events.
+            assert all(c.size == 16 for c in counts if c.max() == 256), sizes
             assert padded_fill(batches, 256) > 0.8
     # Six windows of 512 events, each with a last batch of its remainder: nearly all the
     # others at 90% of the budget or more (a batch is cut when the next event overruns it).

@@ -13,6 +13,7 @@ use shardify::dataset::{ChecksumPolicy, Dataset};
 use shardify::device::DeviceChoice;
 use shardify::pipeline::WorkerScheduling;
 use shardify::prefetch::PrefetchLevel;
+use shardify::sampler::{Batching, EventLength};
 use shardify::source::InputSet;
 
 #[macro_use]
@@ -139,13 +140,27 @@ fn check_size(dataset: &Dataset, sampler: &SamplerArgs, windows: &[usize]) -> Re
          --files 8` writes data with the real statistics to convert)",
         dataset.dir().display()
     );
-    let batches = events.div_ceil(sampler.batch_events.max(1) as u64);
+    // A token budget's batches hold about the budget in tokens (counted uncapped here).
+    let totals = &dataset.manifest().totals;
+    let (batches, of) = match sampler.batching() {
+        Batching::Tokens { max_tokens, .. } => {
+            let tokens = match sampler.length_of {
+                EventLength::Pulses => totals.pulses,
+                EventLength::Doms => totals.doms,
+            };
+            let batches = tokens.div_ceil(max_tokens.max(1) as u64);
+            (batches, format!("about {max_tokens} tokens"))
+        }
+        _ => {
+            let batches = events.div_ceil(sampler.batch_events.max(1) as u64);
+            (batches, format!("{} events", sampler.batch_events))
+        }
+    };
     if batches < FEW_BATCHES {
         tell!(
-            "warning: {events} events make {batches} batches of {} an epoch: the figures are \
+            "warning: {events} events make {batches} batches of {of} an epoch: the figures are \
              a few batches' noise (`shardify-gen --events 320000 --files 8` writes data with \
-             the real statistics)",
-            sampler.batch_events
+             the real statistics)"
         );
     }
     let widest = windows.iter().copied().max().unwrap_or(1);
@@ -188,6 +203,7 @@ fn bench(args: Args) -> Result<()> {
     let config = BenchConfig {
         windows,
         batch_events: args.sampler.batch_events,
+        batching: args.sampler.batching(),
         block_events: args.sampler.block_events,
         run_events: args.sampler.run_events,
         batch_order: args.sampler.batch_order,

@@ -114,18 +114,6 @@ struct OrderArgs {
     /// Batch by a pulse budget instead of an event count.
     #[arg(long, group = "budget", conflicts_with_all = ["batch_events", "group_by_length"])]
     max_pulses: Option<usize>,
-    /// Batch by a budget of padded tokens instead of an event count: events times the
-    /// batch's longest length, as --group-by-length counts and caps it (which it needs).
-    #[arg(
-        long,
-        group = "budget",
-        conflicts_with = "batch_events",
-        requires = "group_by_length"
-    )]
-    max_tokens: Option<usize>,
-    /// With --max-pulses or --max-tokens: events per batch at most.
-    #[arg(long, requires = "budget")]
-    max_events: Option<usize>,
     /// Blocks open at once.
     #[arg(long, default_value_t = 16)]
     window: usize,
@@ -689,16 +677,12 @@ fn run_inspect(dir: PathBuf, json: bool) -> Result<()> {
 }
 
 fn run_order(args: OrderArgs) -> Result<()> {
-    let batching = match (args.max_pulses, args.max_tokens) {
-        (Some(max_pulses), _) => Batching::Pulses {
+    let batching = match args.max_pulses {
+        Some(max_pulses) => Batching::Pulses {
             max_pulses,
-            max_events: args.max_events,
+            max_events: args.sampler.max_events,
         },
-        (None, Some(max_tokens)) => Batching::Tokens {
-            max_tokens,
-            max_events: args.max_events,
-        },
-        (None, None) => Batching::Events(args.sampler.batch_events),
+        None => args.sampler.batching(),
     };
     let config = LoaderConfig {
         sampler: SamplerConfig {

@@ -136,8 +136,8 @@ enum Regrouping {
         lengths: CappedLength,
     },
     /// All of it cut into batches by a token budget ([`cut_by_tokens`]), sorted by
-    /// `lengths` first when given (else counted in uncapped pulses, as drawn: a budget the
-    /// sampler's configuration check refuses, still a partition of the window).
+    /// `lengths` (uncapped pulse counts when none: a budget the sampler's configuration
+    /// check refuses, still a partition of the window).
     Tokens {
         budget: TokenBudget,
         lengths: Option<CappedLength>,
@@ -514,12 +514,13 @@ fn drawn_lengths(
 }
 
 /// Cuts all of `window`'s drawn order into batches by `budget`: sorted by `lengths` (ties
-/// in drawn order), each batch takes the next events while its padded grid, events times
-/// its longest length, stays within `budget.max_tokens` (one event longer than the budget
-/// forms a batch of its own) and its events within `budget.max_events`; the batches are
-/// then put in the order `batch_order` shuffles them into (shortest first without one),
-/// and their ends recorded in [`Window::batch_ends`]. Without `lengths`, the drawn order
-/// is cut as it is, by uncapped pulse counts.
+/// in drawn order; uncapped pulse counts without a grouping, a budget the configuration
+/// check refuses), then cut from the longest events down, each batch as many events as its
+/// longest length allows within `budget.max_tokens` (one when it alone is longer) and
+/// `budget.max_events`. So the window's remainder, the one batch that holds less, is of its
+/// shortest events, many of them, not one or two long ones (a noisy step, and a BatchNorm
+/// that fails on one). The batches are put in the order `batch_order` shuffles them into
+/// (shortest first without one), and their ends recorded in [`Window::batch_ends`].
 fn cut_by_tokens(
     window: &mut Window,
     budget: TokenBudget,
@@ -530,28 +531,21 @@ fn cut_by_tokens(
     let count = window.drawn.len();
     let counted = lengths.unwrap_or((EventLength::Pulses, usize::MAX));
     let lengths_drawn = drawn_lengths(window, 0..count, counted, sizes);
-    let sorted: Vec<u32> = match lengths {
-        Some(_) => stable_order_by(&lengths_drawn),
-        None => (0..count as u32).collect(),
-    };
-    // Each batch as a range of `sorted`.
+    let sorted = stable_order_by(&lengths_drawn);
+    // Each batch as a range of `sorted`, longest first.
     let mut batches: Vec<std::ops::Range<usize>> = Vec::new();
-    let (mut start, mut longest) = (0, 0);
-    for (k, &position) in sorted.iter().enumerate() {
-        let length = lengths_drawn[position as usize];
-        let held = k - start;
-        let grid = (held + 1).saturating_mul(longest.max(length));
-        let full = budget.max_events.is_some_and(|m| held == m);
-        if held > 0 && (full || grid > budget.max_tokens) {
-            batches.push(start..k);
-            (start, longest) = (k, 0);
-        }
-        longest = longest.max(length);
+    let mut end = count;
+    while end > 0 {
+        let longest = lengths_drawn[sorted[end - 1] as usize];
+        let fit = budget.max_tokens.checked_div(longest).unwrap_or(usize::MAX);
+        let take = fit
+            .clamp(1, budget.max_events.unwrap_or(usize::MAX))
+            .min(end);
+        batches.push(end - take..end);
+        end -= take;
     }
-    if start < count {
-        batches.push(start..count);
-    }
-    if let (Some(rng), Some(_)) = (batch_order, lengths) {
+    batches.reverse();
+    if let Some(rng) = batch_order {
         rng.shuffle(&mut batches);
     }
     let drawn = window.drawn.clone();

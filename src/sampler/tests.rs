@@ -35,6 +35,11 @@ fn all(sizes: &Sizes, config: &SamplerConfig, epoch: u64) -> Vec<BatchPlan> {
 }
 
 fn batching() -> impl Strategy<Value = Batching> {
+    prop_oneof![events_or_pulses(), tokens()]
+}
+
+/// Batches of a fixed count, or by a pulse budget: the batchings that need no grouping.
+fn events_or_pulses() -> impl Strategy<Value = Batching> {
     prop_oneof![
         (1usize..40).prop_map(Batching::Events),
         (1usize..400, proptest::option::of(1usize..30)).prop_map(|(max_pulses, max_events)| {
@@ -43,7 +48,6 @@ fn batching() -> impl Strategy<Value = Batching> {
                 max_events,
             }
         }),
-        tokens(),
     ]
 }
 
@@ -466,8 +470,8 @@ proptest! {
     #[test]
     fn without_shuffle_every_epoch_is_the_stored_order(
         shards in proptest::collection::vec(0usize..300, 1..6), seed in any::<u64>(),
-        block in 1usize..64, window in 1usize..8, batching in batching(), world in 1usize..5,
-        run in 1usize..12, batch_order in order(), epoch in 0u64..4,
+        block in 1usize..64, window in 1usize..8, batching in events_or_pulses(),
+        world in 1usize..5, run in 1usize..12, batch_order in order(), epoch in 0u64..4,
     ) {
         let sizes = Sizes(shards.clone());
         let config = SamplerConfig { seed, block_events: block, window_blocks: window, run_events: run, batching, batch_order, shuffle: false, world, ..SamplerConfig::default() };
@@ -475,9 +479,6 @@ proptest! {
         union.sort_by_key(|b| b.global_index);
         let events: Vec<u64> = union.iter().flat_map(|b| b.events.iter().map(|&e| stored_position(&sizes, e))).collect();
         prop_assert_eq!(events, (0..shards.iter().sum::<usize>() as u64).collect::<Vec<_>>());
-        if matches!(batching, Batching::Tokens { .. }) {
-            return Ok(()); // cut window by window: the windows' size matters
-        }
         let other = SamplerConfig { seed: seed ^ 1, block_events: block + 3, rank: 0, world: 1, ..config.clone() };
         let mut single = all(&sizes, &other, epoch + 1);
         for b in &mut single { b.global_index = 0; }
@@ -551,18 +552,20 @@ proptest! {
         let length = |e: &EventRef| grouped_length(&sizes, group_by_length, *e);
         let mut batches = all(&sizes, &cut, epoch).into_iter();
         for (w, drawn) in all(&sizes, &windows, epoch).iter().enumerate() {
-            // The reference: the window's drawn events, stably sorted by length, each batch
-            // taking events while the grid and the event cap allow.
+            // The reference: the window's drawn events, stably sorted by length, cut from the
+            // longest down, each batch taking events while its grid (its first event's
+            // length) and the event cap allow; then shortest first.
             let mut sorted = drawn.events.clone();
             sorted.sort_by_key(length);
             let mut expected: Vec<Vec<EventRef>> = Vec::new();
-            for e in sorted {
+            for e in sorted.into_iter().rev() {
                 match expected.last_mut() {
                     Some(b) if max_events.is_none_or(|m| b.len() < m)
-                        && (b.len() + 1) * length(&e) <= max_tokens => b.push(e),
+                        && (b.len() + 1) * length(&b[0]) <= max_tokens => b.push(e),
                     _ => expected.push(vec![e]),
                 }
             }
+            expected.reverse();
             // The window's batches, next in the epoch: no batch spans two windows.
             let mut got: Vec<Vec<EventRef>> = Vec::new();
             while got.iter().map(Vec::len).sum::<usize>() < drawn.events.len() {

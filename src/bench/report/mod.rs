@@ -28,7 +28,7 @@ use crate::device::{DeviceChoice, Placement};
 use crate::error::Result;
 use crate::pipeline::{batches_ahead, WorkerScheduling};
 use crate::prefetch::PrefetchLevel;
-use crate::sampler::{BatchOrder, LengthGrouping};
+use crate::sampler::{BatchOrder, Batching, LengthGrouping};
 use crate::source::InputSet;
 
 /// What to run.
@@ -36,8 +36,11 @@ use crate::source::InputSet;
 pub struct BenchConfig {
     /// Window sizes (blocks) to run the shardify loader at.
     pub windows: Vec<usize>,
-    /// Events per batch (all loaders).
+    /// Events per batch (all loaders, but the shardify rows' with `batching` a token budget).
     pub batch_events: usize,
+    /// The shardify rows' batching: `Events(batch_events)`, or a token budget
+    /// (`Batching::Tokens`, with `group_by_length`).
+    pub batching: Batching,
     /// Events per block.
     pub block_events: usize,
     /// Consecutive events drawn together.
@@ -303,8 +306,12 @@ pub struct Report {
     pub speedup_vs_block_shuffle: Option<f64>,
     /// Simulated compute per batch, ms.
     pub simulate_compute_ms: f64,
-    /// Events per batch.
+    /// Events per batch (the baselines', and shardify's unless `batching` says otherwise).
     pub batch_events: usize,
+    /// The shardify rows' batching, as the loader's arguments name it (`batch_events 256`,
+    /// `max_tokens 65536`).
+    #[serde(default)]
+    pub batching: Option<String>,
     /// Events per block (shardify).
     pub block_events: usize,
     /// Consecutive events drawn together (shardify).
@@ -452,6 +459,19 @@ fn figures(
     }
 }
 
+/// The events of a mean shardify batch: `batch_events`, or with a token budget the
+/// dataset's events over the batches of an epoch at the first window (one pass over its
+/// order, reading the events' lengths).
+fn mean_batch_events(dataset: &Arc<Dataset>, config: &BenchConfig) -> Result<usize> {
+    if let Batching::Events(n) = config.batching {
+        return Ok(n);
+    }
+    let sampler = row::sampler(config, config.windows.first().copied().unwrap_or(1));
+    let view = crate::dataset::View::from(dataset.clone());
+    let batches = crate::pipeline::rank_batch_count(&view, &sampler, 0, 0)?;
+    Ok((dataset.manifest().totals.events / batches.max(1)).max(1) as usize)
+}
+
 /// Runs every loader: the Parquet baselines when `source` is given, then shardify at each
 /// window size.
 pub fn run(
@@ -475,7 +495,8 @@ pub fn run(
     // One bound for the whole run: copies of an average batch's size, with the loader's
     // threads (`MemcpyBound`). Measured again around every measured epoch, and after the
     // shardify loaders, to show how far the machine drifted while they ran.
-    let batch_bytes = (m.totals.bytes / m.totals.events.max(1)) as usize * config.batch_events;
+    let batch_bytes =
+        (m.totals.bytes / m.totals.events.max(1)) as usize * mean_batch_events(&dataset, config)?;
     let memcpy = MemcpyBound::new(&dataset, batch_bytes, config.workers)?;
     let bound = memcpy.measure_settled()?;
     let (shard_read_gb_per_s, shard_read_seconds) = shard_read_gb_per_s(&dataset)?;
@@ -546,6 +567,7 @@ pub fn run(
         speedup_vs_block_shuffle,
         simulate_compute_ms: config.simulate_compute_ms,
         batch_events: config.batch_events,
+        batching: Some(config.batching.to_string()),
         block_events: config.block_events,
         run_events: config.run_events,
         batch_order: config.batch_order,

@@ -21,7 +21,7 @@ use crate::device::staging::StagingPool;
 use crate::device::Placement;
 use crate::error::Result;
 use crate::pipeline::{Loader, LoaderConfig, WorkerScheduling};
-use crate::sampler::{BatchPlan, Batching, SamplerConfig, SamplerState};
+use crate::sampler::{BatchPlan, SamplerConfig, SamplerState};
 
 /// What every row of a run shares: the dataset, the settings, where batches go and the
 /// bounds measured once for the run.
@@ -299,14 +299,14 @@ impl Rows<'_> {
     }
 }
 
-/// The sampler of a row at `window`: the run's settings, batches of `batch_events`.
+/// The sampler of a row at `window`: the run's settings and batching.
 pub(super) fn sampler(config: &BenchConfig, window: usize) -> SamplerConfig {
     SamplerConfig {
         seed: config.seed,
         block_events: config.block_events,
         window_blocks: window,
         run_events: config.run_events,
-        batching: Batching::Events(config.batch_events),
+        batching: config.batching,
         batch_order: config.batch_order,
         group_by_length: config.group_by_length,
         ..SamplerConfig::default()

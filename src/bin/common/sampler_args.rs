@@ -1,6 +1,6 @@
 //! The sampler's command-line flags, shared by `shardify order` and `shardbench`.
 
-use shardify::sampler::{BatchOrder, EventLength, LengthGrouping};
+use shardify::sampler::{BatchOrder, Batching, EventLength, LengthGrouping};
 
 /// Order and batching flags.
 #[derive(clap::Args, Debug, Clone)]
@@ -22,15 +22,50 @@ pub struct SamplerArgs {
     pub batch_order: BatchOrder,
     /// Batches of events of similar length inside each window; with CAP, lengths above CAP
     /// count as CAP (the length a model cuts events to).
-    #[arg(long, value_name = "CAP", num_args = 0..=1)]
+    #[arg(long, value_name = "CAP", num_args = 0..=1, value_parser = length_cap)]
     pub group_by_length: Option<Option<usize>>,
     /// What --group-by-length counts: pulses (sequence models) or doms (DOM-level models,
     /// the padded layout).
     #[arg(long, default_value = "pulses", requires = "group_by_length")]
     pub length_of: EventLength,
+    /// Batch by a budget of padded tokens instead of an event count: events times the
+    /// batch's longest length, as --group-by-length counts and caps it (which it needs).
+    #[arg(
+        long,
+        group = "budget",
+        conflicts_with = "batch_events",
+        requires = "group_by_length"
+    )]
+    pub max_tokens: Option<usize>,
+    /// With a budget (--max-tokens, or --max-pulses where there is one): events per batch
+    /// at most.
+    #[arg(long, requires = "budget")]
+    pub max_events: Option<usize>,
+}
+
+/// `--group-by-length`'s CAP: a count. The value after the flag is taken as its CAP, so a
+/// dataset written there (`--group-by-length DATASET`) is refused saying so.
+fn length_cap(value: &str) -> Result<usize, String> {
+    value.parse().map_err(|_| {
+        format!(
+            "`{value}` is not a length: the value after --group-by-length is its CAP (a count \
+             of pulses or DOMs); write the dataset before the flag, or --group-by-length=CAP"
+        )
+    })
 }
 
 impl SamplerArgs {
+    /// `--max-tokens` (with `--max-events`), else `--batch-events`.
+    pub fn batching(&self) -> Batching {
+        match self.max_tokens {
+            Some(max_tokens) => Batching::Tokens {
+                max_tokens,
+                max_events: self.max_events,
+            },
+            None => Batching::Events(self.batch_events),
+        }
+    }
+
     /// `--group-by-length` as the sampler takes it.
     pub fn length_grouping(&self) -> LengthGrouping {
         self.group_by_length.map_or(LengthGrouping::Off, |cap| {
