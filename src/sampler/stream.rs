@@ -518,8 +518,9 @@ fn drawn_lengths(
 /// check refuses), then cut from the longest events down, each batch as many events as its
 /// longest length allows within `budget.max_tokens` (one when it alone is longer) and
 /// `budget.max_events`. So the window's remainder, the one batch that holds less, is of its
-/// shortest events, many of them, not one or two long ones (a noisy step, and a BatchNorm
-/// that fails on one). The batches are put in the order `batch_order` shuffles them into
+/// shortest events, not one or two long ones (a noisy step, and a BatchNorm that fails on
+/// one); and a remainder of less than half the batch before it shares that batch's events
+/// evenly (an event cap would otherwise leave a few short events alone). The batches are put in the order `batch_order` shuffles them into
 /// (shortest first without one), and their ends recorded in [`Window::batch_ends`].
 fn cut_by_tokens(
     window: &mut Window,
@@ -533,14 +534,21 @@ fn cut_by_tokens(
     let lengths_drawn = drawn_lengths(window, 0..count, counted, sizes);
     let sorted = stable_order_by(&lengths_drawn);
     // Each batch as a range of `sorted`, longest first.
+    let capacity = |longest: usize| {
+        let fit = budget.max_tokens.checked_div(longest).unwrap_or(usize::MAX);
+        fit.clamp(1, budget.max_events.unwrap_or(usize::MAX))
+    };
+    let longest_of = |end: usize| lengths_drawn[sorted[end - 1] as usize];
     let mut batches: Vec<std::ops::Range<usize>> = Vec::new();
     let mut end = count;
     while end > 0 {
-        let longest = lengths_drawn[sorted[end - 1] as usize];
-        let fit = budget.max_tokens.checked_div(longest).unwrap_or(usize::MAX);
-        let take = fit
-            .clamp(1, budget.max_events.unwrap_or(usize::MAX))
-            .min(end);
+        let mut take = capacity(longest_of(end)).min(end);
+        let rest = end - take;
+        // The rest would be the window's last batch and hold less than half of this one's
+        // events: the two share them (the shorter half last; both still fit).
+        if rest > 0 && rest <= capacity(longest_of(rest)) && rest < take / 2 {
+            take = end - end / 2;
+        }
         batches.push(end - take..end);
         end -= take;
     }
