@@ -2,6 +2,7 @@
 """Predict every event's direction and write a Kaggle submission-shaped Parquet file.
 
     python examples/predict.py DATASET submission.parquet [--checkpoint ckpt.pt]
+           [--batch-events 1024 | --max-tokens T] [--max-doms 64] [--pulses-per-dom 4]
     torchrun --standalone --nproc-per-node 4 examples/predict.py DATASET submission.parquet ...
 
 The loader runs with ``shuffle=False``: every event exactly once over all ranks, in stored
@@ -12,6 +13,12 @@ or fewer, which inference does not mind). The ranks' predictions are gathered wi
 [0, pi]), sorted by event id, after checking the ids against the dataset's own. The model is
 ``train_torch.py``'s DeepSets, with the weights of ``--checkpoint`` (written by
 ``train_torch.py`` or ``train_ddp.py``); without one it is untrained (a smoke test).
+
+``--max-tokens T`` batches events of similar DOM count instead of ``--batch-events``
+(``group_by_length=max_doms, length_of="doms", max_tokens=T``): each batch's padded grid
+holds at most T DOM rows, so the model computes on little padding. Inference sees each event
+once either way, and each event's prediction does not depend on its batch, so the file is
+the same.
 """
 
 from __future__ import annotations
@@ -46,6 +53,9 @@ def main() -> None:
     ap.add_argument("output", help="the Parquet file to write (event_id, azimuth, zenith)")
     ap.add_argument("--checkpoint", default=None)
     ap.add_argument("--batch-events", type=int, default=1024)
+    ap.add_argument("--max-tokens", type=int, default=None,
+                    help="batches of similar DOM count within T padded DOM rows, instead of "
+                         "--batch-events")
     ap.add_argument("--max-doms", type=int, default=64)
     ap.add_argument("--pulses-per-dom", type=int, default=4)
     ap.add_argument("--device", default="auto")
@@ -59,9 +69,11 @@ def main() -> None:
     device = torch.device("cuda", local_rank) if use_gpu else torch.device("cpu")
     if distributed:
         dist.init_process_group("nccl" if use_gpu else "gloo")
+    grouped = {} if args.max_tokens is None else dict(
+        max_tokens=args.max_tokens, group_by_length=args.max_doms, length_of="doms")
     loader = shardify.Loader(args.dataset, batch_events=args.batch_events, layout="padded",
                              max_doms=args.max_doms, pulses_per_dom=args.pulses_per_dom,
-                             shuffle=False, device=device)
+                             shuffle=False, device=device, **grouped)
     model = DeepSets(4 + 3 * args.pulses_per_dom).to(device).eval()
     if args.checkpoint:
         model.load_state_dict(torch.load(args.checkpoint, map_location=device)["model"])

@@ -1097,8 +1097,30 @@ fn a_dataset_too_small_to_measure_says_so() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     assert!(
-        stderr.contains("warning: 300 events make 10 batches of 32 an epoch"),
+        stderr.contains("warning: 300 events make 10 batches of 32 events an epoch"),
         "{stderr}"
+    );
+    // A token budget: the batches its tokens make, and the budget in the report.
+    let tokens = [
+        "--group-by-length",
+        "64",
+        "--max-tokens",
+        "4096",
+        "--no-baselines",
+    ];
+    let out = quick_shardbench(&ds, &json, &tokens);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("warning: 300 events make 5 batches of about 4096 tokens an epoch"),
+        "{stderr}"
+    );
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    assert_eq!(report["batching"], "max_tokens 4096");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("shardify: batches by max_tokens 4096, "),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
     );
     // --quick measures windows 1 and 4: 4 blocks of 16 events are within the 300.
     assert!(!stderr.contains("covers"), "{stderr}");

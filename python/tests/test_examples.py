@@ -28,6 +28,35 @@ def test_train_torch_example_trains_checkpoints_and_resumes(train_dir, torch, tm
     assert f"{len(shardify.Loader(train_dir, batch_events=32)) - 2} steps" in rest
 
 
+def test_predict_example_writes_the_same_file_from_batches_of_similar_dom_count(
+        train_dir, torch, tmp_path):
+    """Inference grouped by DOM count within a budget of DOM rows predicts what batches of a
+    fixed count predict: each event once, its prediction independent of its batch."""
+    pq = pytest.importorskip("pyarrow.parquet")
+    ckpt = tmp_path / "torch.pt"
+    shape = ["--max-doms", "16", "--pulses-per-dom", "2"]
+    run("train_torch.py", str(train_dir), "--batch-events", "32", *shape, "--checkpoint",
+        str(ckpt), "--stop-after", "2")
+    tables = []
+    for batching in (["--batch-events", "32"], ["--max-tokens", "256"]):
+        out = tmp_path / f"submission{len(tables)}.parquet"
+        done = run("predict.py", str(train_dir), str(out), "--checkpoint", str(ckpt), *shape,
+                   "--device", "cpu", *batching)
+        assert "300 events from 1 rank(s)" in done
+        tables.append(pq.read_table(out).to_pydict())
+    fixed, grouped = tables
+    assert fixed["event_id"] == grouped["event_id"] == sorted(fixed["event_id"])
+    for column in ("azimuth", "zenith"):
+        assert torch.allclose(torch.tensor(fixed[column]), torch.tensor(grouped[column]),
+                              rtol=0, atol=1e-9), column
+    # Grouped by DOM count, the batches are not those of 32 events.
+    loader = shardify.Loader(train_dir, max_tokens=256, group_by_length=16, length_of="doms",
+                             layout="padded", max_doms=16, pulses_per_dom=2, shuffle=False,
+                             output="numpy")
+    grids = [batch["dom_mask"].size for batch in loader]
+    assert max(grids) <= 256 and len(grids) != 300 // 32 + 1
+
+
 @pytest.mark.parametrize("script, sizes, adapter", [
     ("train_dynedge.py", ["--width", "0.05"], "to_pyg"),
     ("train_transformer.py", ["--width", "16", "--heads", "2", "--layers", "1"],

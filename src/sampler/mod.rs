@@ -47,6 +47,7 @@
 //! randomness (see the shuffle-quality report of the bench).
 
 mod batches;
+mod regroup;
 mod stream;
 #[cfg(test)]
 mod tests;
@@ -373,26 +374,21 @@ impl SamplerConfig {
             }
             _ => {}
         }
-        match self.batching {
-            Batching::Events(0) => Err(Error::config("batching", "at least 1 event per batch")),
-            Batching::Pulses { max_pulses: 0, .. }
-            | Batching::Pulses {
-                max_events: Some(0),
-                ..
-            } => Err(Error::config(
+        let (kind, budget) = match self.batching {
+            Batching::Events(0) => {
+                return Err(Error::config("batching", "at least 1 event per batch"))
+            }
+            Batching::Events(_) => return Ok(()),
+            Batching::Pulses { max_pulses, .. } => ("pulse", max_pulses),
+            Batching::Tokens { max_tokens, .. } => ("token", max_tokens),
+        };
+        if budget == 0 || self.batching.max_events() == Some(0) {
+            return Err(Error::config(
                 "batching",
-                "pulse budget and event cap must be at least 1",
-            )),
-            Batching::Tokens { max_tokens: 0, .. }
-            | Batching::Tokens {
-                max_events: Some(0),
-                ..
-            } => Err(Error::config(
-                "batching",
-                "token budget and event cap must be at least 1",
-            )),
-            _ => Ok(()),
+                format!("{kind} budget and event cap must be at least 1"),
+            ));
         }
+        Ok(())
     }
 }
 

@@ -28,14 +28,10 @@ pub struct SamplerArgs {
     /// the padded layout).
     #[arg(long, default_value = "pulses", requires = "group_by_length")]
     pub length_of: EventLength,
-    /// Batch by a budget of padded tokens instead of an event count: events times the
-    /// batch's longest length, as --group-by-length counts and caps it (which it needs).
-    #[arg(
-        long,
-        group = "budget",
-        conflicts_with = "batch_events",
-        requires = "group_by_length"
-    )]
+    /// Batch by a budget of padded tokens instead of --batch-events (which then sizes only
+    /// shardbench's baselines): events times the batch's longest length, as
+    /// --group-by-length counts and caps it (which it needs).
+    #[arg(long, group = "budget", requires = "group_by_length")]
     pub max_tokens: Option<usize>,
     /// With a budget (--max-tokens, or --max-pulses where there is one): events per batch
     /// at most.
