@@ -125,12 +125,27 @@ def test_a_state_saved_on_rank_0_resumes_rank_1(train_dir, torch):
     ("shuffle", {"shuffle": False}),
     ("group_by_length", {"group_by_length": 100}),
     ("group_by_length", {"group_by_length": True, "length_of": "doms"}),
+    ("batching", {"max_tokens": 600, "group_by_length": 60}),
 ])
 def test_a_state_from_other_settings_is_refused(train_dir, torch, field, other):
     state = shardify.Loader(train_dir, batch_events=8).state_dict()
     loader = shardify.Loader(train_dir, **{"batch_events": 8, **other})
     with pytest.raises(ValueError, match=field):
         loader.load_state_dict(state)
+
+
+def test_a_state_saved_before_length_grouping_and_token_budgets_resumes(train_dir, torch):
+    loader = shardify.Loader(train_dir, batch_events=8, device="cpu")
+    first = take(loader, 3)
+    state = loader.state_dict()
+    for key in ("group_by_length", "length_of", "max_tokens"):
+        del state["sampler"][key]  # as a checkpoint of an older shardify holds it
+    resumed = shardify.Loader(train_dir, batch_events=8, device="cpu")
+    resumed.load_state_dict(state)
+    assert first + ids(resumed) == order_lines(train_dir, "--batch-events", "8")
+    grouped = shardify.Loader(train_dir, batch_events=8, group_by_length=True, device="cpu")
+    with pytest.raises(ValueError, match="invalid group_by_length: the saved state has off"):
+        grouped.load_state_dict(state)
 
 
 def test_a_state_resumes_on_a_copy_but_not_on_other_events(train_dir, torch, tmp_path):
