@@ -120,14 +120,16 @@ fn layout(
 
 /// The settings that decide the order, as the Python state dict spells them.
 fn order_settings(s: &SamplerConfig) -> serde_json::Value {
-    let (batch_events, max_pulses, max_tokens) = match s.batching {
-        Batching::Events(n) => (Some(n), None, None),
-        Batching::Pulses { max_pulses, .. } => (None, Some(max_pulses), None),
-        Batching::Tokens { max_tokens, .. } => (None, None, Some(max_tokens)),
-    };
-    let max_events = match s.batching {
-        Batching::Events(_) => None,
-        budget => budget.max_events(),
+    let (batch_events, max_pulses, max_tokens, max_events) = match s.batching {
+        Batching::Events(n) => (Some(n), None, None, None),
+        Batching::Pulses {
+            max_pulses,
+            max_events,
+        } => (None, Some(max_pulses), None, max_events),
+        Batching::Tokens {
+            max_tokens,
+            max_events,
+        } => (None, None, Some(max_tokens), max_events),
     };
     let grouping = s.group_by_length.length_and_cap();
     serde_json::json!({

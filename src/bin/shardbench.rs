@@ -13,7 +13,7 @@ use shardify::dataset::{ChecksumPolicy, Dataset};
 use shardify::device::DeviceChoice;
 use shardify::pipeline::WorkerScheduling;
 use shardify::prefetch::PrefetchLevel;
-use shardify::sampler::{Batching, EventLength};
+use shardify::sampler::Batching;
 use shardify::source::InputSet;
 
 #[macro_use]
@@ -144,11 +144,9 @@ fn check_size(dataset: &Dataset, sampler: &SamplerArgs, windows: &[usize]) -> Re
     let totals = &dataset.manifest().totals;
     let (batches, of) = match sampler.batching() {
         Batching::Tokens { max_tokens, .. } => {
-            let tokens = match sampler.length_of {
-                EventLength::Pulses => totals.pulses,
-                EventLength::Doms => totals.doms,
-            };
-            let batches = tokens.div_ceil(max_tokens.max(1) as u64);
+            let batches = totals
+                .of(sampler.length_of)
+                .div_ceil(max_tokens.max(1) as u64);
             (batches, format!("about {max_tokens} tokens"))
         }
         _ => {

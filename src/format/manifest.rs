@@ -134,6 +134,16 @@ pub struct Totals {
     pub bytes: u64,
 }
 
+impl Totals {
+    /// The dataset's events' `length` summed: its pulses or its DOMs.
+    pub fn of(&self, length: crate::sampler::EventLength) -> u64 {
+        match length {
+            crate::sampler::EventLength::Pulses => self.pulses,
+            crate::sampler::EventLength::Doms => self.doms,
+        }
+    }
+}
+
 /// One of a dataset's files besides its manifest, as the manifest records it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DataFile<'a> {

@@ -101,10 +101,11 @@ fn mean_batch_bytes(view: &View, config: &LoaderConfig) -> f64 {
         Batching::Events(n) => n as f64,
         Batching::Pulses { max_pulses, .. } => by_budget(max_pulses, totals.pulses),
         Batching::Tokens { max_tokens, .. } => {
-            match config.sampler.group_by_length.length_and_cap() {
-                Some((EventLength::Doms, _)) => by_budget(max_tokens, totals.doms),
-                _ => by_budget(max_tokens, totals.pulses),
-            }
+            let length = config.sampler.group_by_length.length_and_cap();
+            by_budget(
+                max_tokens,
+                totals.of(length.map_or(EventLength::Pulses, |(l, _)| l)),
+            )
         }
     }
     .min(batching.max_events().map_or(f64::INFINITY, |m| m as f64));

@@ -19,8 +19,9 @@
 //!    Kaggle competition's top transformers were fed (less padding; see
 //!    [`LengthGrouping`]). The events before the window's first whole batch and after its
 //!    last stay as drawn. With a token budget (`Tokens`) all of the window's events are
-//!    sorted so and cut on their own: each batch takes the next events while its padded
-//!    grid (events times its longest capped length) stays within `max_tokens`, and the
+//!    sorted so and cut on their own, from the longest down: each batch as many events as
+//!    its padded grid (events times its longest capped length) allows within `max_tokens`,
+//!    a last batch of less than half the one before sharing that one's events; the
 //!    window's batches are put in an order drawn from `(seed, e, window)`;
 //! 4. the resulting global event sequence is cut into batches: `Events(n)` takes `n`
 //!    events at a time; `Pulses { max_pulses, max_events }` adds events while the batch stays

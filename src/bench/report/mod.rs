@@ -308,8 +308,8 @@ pub struct Report {
     pub simulate_compute_ms: f64,
     /// Events per batch (the baselines', and shardify's unless `batching` says otherwise).
     pub batch_events: usize,
-    /// The shardify rows' batching, as the loader's arguments name it (`batch_events 256`,
-    /// `max_tokens 65536`).
+    /// The shardify rows' budget when they are not batches of `batch_events`, as the
+    /// loader's arguments name it (`max_tokens 65536`).
     #[serde(default)]
     pub batching: Option<String>,
     /// Events per block (shardify).
@@ -567,7 +567,8 @@ pub fn run(
         speedup_vs_block_shuffle,
         simulate_compute_ms: config.simulate_compute_ms,
         batch_events: config.batch_events,
-        batching: Some(config.batching.to_string()),
+        batching: (!matches!(config.batching, Batching::Events(_)))
+            .then(|| config.batching.to_string()),
         block_events: config.block_events,
         run_events: config.run_events,
         batch_order: config.batch_order,

@@ -259,7 +259,7 @@ pub fn table(report: &Report) -> String {
     );
     out += &format!(
         "batches of {} events; shardify: {}blocks of {} events, runs of {}, batch order {}, grouped by length: {}, {} workers ({} scheduling; {}), {} batches prepared ahead, prefetching into {} ({}), columns shards copied in {} pass{}\n",
-        report.batch_events, report.batching.as_deref().filter(|b| !b.starts_with("batch_events")).map_or(String::new(), |b| format!("batches by {b}, ")), report.block_events, report.run_events, report.batch_order, report.group_by_length, report.workers,
+        report.batch_events, report.batching.as_deref().map_or(String::new(), |b| format!("batches by {b}, ")), report.block_events, report.run_events, report.batch_order, report.group_by_length, report.workers,
         report.worker_scheduling.iter().map(|s| s.name()).collect::<Vec<_>>().join(", then "),
         report.consumer_gathers.iter().map(|&g| waiting_thread(g)).collect::<Vec<_>>().join(", then "),
         report.prefetch,
