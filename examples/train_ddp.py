@@ -2,7 +2,8 @@
 """Data-parallel training from shardify under torchrun, preemptible and elastic.
 
     torchrun --standalone --nproc-per-node 4 examples/train_ddp.py DATASET \\
-        --checkpoint ckpt.pt [--resume] [--epochs 1] [--batch-events 256] [--resident]
+        --checkpoint ckpt.pt [--resume] [--epochs 1] [--batch-events 256 | --max-tokens T]
+        [--resident]
 
 The same command line starts a job and restarts it after a preemption: with ``--resume`` it
 continues from ``--checkpoint`` when there is one, and ``--epochs`` counts the epochs done
@@ -12,6 +13,13 @@ Every rank builds ``shardify.Loader(DATASET, ...)`` with nothing about ranks: ra
 come from torch.distributed, and ``drop_last`` (on by default with several ranks) gives every
 rank the same number of batches, so no rank waits forever in the last all-reduce. The model is
 ``train_torch.py``'s DeepSets, wrapped in DistributedDataParallel (gloo on CPUs, NCCL on GPUs).
+
+``--max-tokens T`` batches events of similar DOM count instead of ``--batch-events``
+(``group_by_length=max_doms, length_of="doms", max_tokens=T``, as ``predict.py``): each
+padded batch holds at most T DOM rows, so the ranks of one step get different numbers of
+events. The loss is ``shardify.distributed.event_mean`` of the per-event losses, which
+weighs every event of the step the same once DDP averaged the ranks' gradients (a mean per
+rank would weigh an event of a small batch more).
 
 **Preemption.** On SIGTERM (what Slurm sends before it kills a job: ``sbatch
 --signal=B:TERM@120 --requeue``, see the README) every rank finishes its step; the ranks agree
@@ -44,6 +52,7 @@ from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from distributed_exit import exit_without_finalising  # noqa: E402
+from shardify.distributed import event_mean  # noqa: E402
 from train_torch import DeepSets, direction, normalise  # noqa: E402
 
 
@@ -74,6 +83,9 @@ def main() -> None:
                     help="train until this many epochs are done (counting those before a "
                          "--resume: the same command line restarts a requeued job)")
     ap.add_argument("--batch-events", type=int, default=256)
+    ap.add_argument("--max-tokens", type=int, default=None,
+                    help="batches of similar DOM count within T padded DOM rows, instead of "
+                         "--batch-events")
     ap.add_argument("--max-doms", type=int, default=64)
     ap.add_argument("--pulses-per-dom", type=int, default=4)
     ap.add_argument("--resident", action="store_true")
@@ -97,9 +109,11 @@ def main() -> None:
                             timeout=datetime.timedelta(seconds=args.timeout))
     rank, world = dist.get_rank(), dist.get_world_size()
 
+    grouped = {} if args.max_tokens is None else dict(
+        max_tokens=args.max_tokens, group_by_length=args.max_doms, length_of="doms")
     loader = shardify.Loader(args.dataset, batch_events=args.batch_events, layout="padded",
                              max_doms=args.max_doms, pulses_per_dom=args.pulses_per_dom,
-                             device=device, resident=args.resident, seed=0)
+                             device=device, resident=args.resident, seed=0, **grouped)
     assert (loader.rank, loader.world) == (rank, world), "rank and world from torch.distributed"
     torch.manual_seed(0)  # the same initial weights on every rank (DDP also broadcasts them)
     model = nn.parallel.DistributedDataParallel(
@@ -137,7 +151,7 @@ def main() -> None:
             features = normalise(batch["dom_features"], args.pulses_per_dom)
             mask = batch["dom_mask"].to(features.dtype)
             target = direction(batch["event_azimuth"], batch["event_zenith"]).to(features.dtype)
-            loss = (1 - (model(features, mask) * target).sum(-1)).mean()
+            loss = event_mean(1 - (model(features, mask) * target).sum(-1))
             optimiser.zero_grad(set_to_none=True)
             loss.backward()  # DDP all-reduces the gradients: every rank takes part
             optimiser.step()

@@ -1,10 +1,17 @@
-"""Evaluation over several ranks: putting the ranks' predictions back together.
+"""Several ranks: a loss over every rank's events, and the ranks' predictions put together.
 
-With ``shardify.Loader(..., shuffle=False)`` every rank gets its share of the dataset, each
-event exactly once over all ranks, in stored order, the last partial batch kept; ranks may
-then get unequal numbers of batches (one more for the first ranks), which is fine for
-inference (no collective per batch) but means the per-rank results have unequal lengths.
-:func:`gather_predictions` concatenates them over ranks, whatever their lengths.
+**Training.** Batches cut by a budget (``max_pulses`` or ``max_tokens``) hold different
+numbers of events on the ranks of one step, and ``DistributedDataParallel`` averages the
+ranks' gradients, each rank's weighing the same: with every rank's mean loss, an event in a
+small batch weighs more than one in a big batch (with a token budget, a long event several
+times a short one). :func:`event_mean` is the loss that weighs every event of the step the
+same, as fairseq divides a step's summed loss by the sample size summed over its ranks.
+
+**Evaluation.** With ``shardify.Loader(..., shuffle=False)`` every rank gets its share of
+the dataset, each event exactly once over all ranks, in stored order, the last partial batch
+kept; ranks may then get unequal numbers of batches (one more for the first ranks), which is
+fine for inference (no collective per batch) but means the per-rank results have unequal
+lengths. :func:`gather_predictions` concatenates them over ranks, whatever their lengths.
 """
 
 from __future__ import annotations
@@ -13,6 +20,33 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
+
+
+def event_mean(values: torch.Tensor, group: Any = None) -> torch.Tensor:
+    """The loss of a data-parallel step that weighs every event of every rank the same:
+    this rank's ``values`` ``[n_r]`` (one per event of its batch) summed, times the world
+    size, over the events of all ranks in this step (``sum(values) * W / sum(n_r)``). Once
+    ``DistributedDataParallel`` averaged the ranks' gradients (over ``group``, which must be
+    its process group), they are those of the mean over all ``sum(n_r)`` events, as one
+    process would compute it on the step's events together. Every rank calls it once per
+    step (an ``all_reduce`` of the event count: on GPU tensors it is queued on the stream,
+    no host synchronisation). Without an initialised process group, ``values.mean()``.
+
+    With batches of a fixed count the ranks' counts are equal (``drop_last``) and this is
+    each rank's mean; with a ``max_pulses`` or ``max_tokens`` budget they are not."""
+    import torch
+    import torch.distributed as dist
+
+    if values.dim() != 1:
+        raise ValueError(f"values of shape {tuple(values.shape)}: give one value per event "
+                         "([n] events)")
+    if not (dist.is_available() and dist.is_initialized()):
+        return values.mean()
+    # A fill on the device, not a copy from the host (which would wait for the stream).
+    count = torch.full((1,), values.shape[0], dtype=torch.int64, device=values.device)
+    dist.all_reduce(count, group=group)
+    world = dist.get_world_size(group)
+    return values.sum() * world / count.clamp(min=1).to(values.dtype)[0]
 
 
 def gather_predictions(event_id: torch.Tensor, *values: torch.Tensor, group: Any = None,
