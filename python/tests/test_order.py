@@ -271,10 +271,23 @@ def test_token_budget_refusals_name_it(train_dir):
          "invalid batching: token budget and event cap must be at least 1"),
         (dict(max_tokens=-1, group_by_length=True), "invalid max_tokens: expected a non-neg"),
         (dict(max_events=8), "invalid max_events: applies with max_pulses or max_tokens only"),
+        # Padded batches keep at most max_doms DOMs an event: a budget of their rows counts
+        # no more (uncapped, an event of 300 DOMs would count 300 of 64 rows).
+        (dict(max_tokens=4096, group_by_length=True, length_of="doms", layout="padded",
+              max_doms=64, pulses_per_dom=4),
+         "invalid group_by_length: uncapped, over the padded layout's max_doms 64: .* give "
+         "group_by_length=64 \\(or less\\)"),
+        (dict(max_tokens=4096, group_by_length=65, length_of="doms", layout="padded",
+              max_doms=64, pulses_per_dom=4),
+         "invalid group_by_length: a cap of 65, over the padded layout's max_doms 64"),
     ]
     for kwargs, message in refusals:
         with pytest.raises(ValueError, match=message):
             shardify.Loader(train_dir, output="numpy", **kwargs)
+    # At max_doms or under it, and grouped by pulses, the budget is the loader's to apply.
+    for cap, length_of in ((64, "doms"), (16, "doms"), (True, "pulses")):
+        shardify.Loader(train_dir, output="numpy", max_tokens=4096, group_by_length=cap,
+                        length_of=length_of, layout="padded", max_doms=64, pulses_per_dom=4)
 
 
 def test_a_token_budget_gives_grids_of_nearly_equal_size(realistic_dir):

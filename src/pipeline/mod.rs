@@ -56,7 +56,7 @@ use crate::device::transfer::{DeviceCopy, DeviceSlots};
 use crate::device::{DeviceChoice, Placement};
 use crate::error::{Error, Result};
 use crate::prefetch::PrefetchLevel;
-use crate::sampler::{self, SamplerConfig, SamplerState};
+use crate::sampler::{self, Batching, LengthGrouping, SamplerConfig, SamplerState};
 use helping::Lending;
 use in_order::InOrder;
 use permits::GatherPermits;
@@ -205,6 +205,7 @@ impl LoaderConfig {
                 "a padded batch needs max_doms of at least 1 (DOMs kept per event)",
             ));
         }
+        self.check_budget_of_padded_rows()?;
         if !self.dom_positions && self.layout != BatchLayout::Packed {
             return Err(Error::config(
                 "dom_positions",
@@ -213,6 +214,35 @@ impl LoaderConfig {
             ));
         }
         Ok(())
+    }
+
+    /// Refuses a token budget of DOM rows over the padded layout that counts an event's DOMs
+    /// past `max_doms`: the grid keeps at most `max_doms` of them, so an event of more
+    /// would count for rows it never fills, and batches of long events would hold a
+    /// fraction of `max_tokens` (at `max_doms` 64, an event of 300 DOMs counted 300 rows
+    /// where it fills 64).
+    fn check_budget_of_padded_rows(&self) -> Result<()> {
+        let BatchLayout::Padded { max_doms, .. } = self.layout else {
+            return Ok(());
+        };
+        let (Batching::Tokens { .. }, LengthGrouping::Doms { cap }) =
+            (self.sampler.batching, self.sampler.group_by_length)
+        else {
+            return Ok(());
+        };
+        if cap.is_some_and(|cap| cap <= max_doms) {
+            return Ok(());
+        }
+        let given = cap.map_or("uncapped".to_string(), |cap| format!("a cap of {cap}"));
+        Err(Error::config(
+            "group_by_length",
+            format!(
+                "{given}, over the padded layout's max_doms {max_doms}: a token budget of \
+                 DOM rows counts at most the {max_doms} rows an event fills; give \
+                 group_by_length={max_doms} (or less), or the batches of long events hold a \
+                 fraction of max_tokens"
+            ),
+        ))
     }
 }
 
