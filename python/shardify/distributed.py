@@ -31,6 +31,8 @@ def event_mean(values: torch.Tensor, group: Any = None) -> torch.Tensor:
     process would compute it on the step's events together. Every rank calls it once per
     step (an ``all_reduce`` of the event count: on GPU tensors it is queued on the stream,
     no host synchronisation). Without an initialised process group, ``values.mean()``.
+    Half-precision values are summed in float32, and the loss is float32: a step of more
+    than 65,504 events would overflow a float16 count.
 
     With batches of a fixed count the ranks' counts are equal (``drop_last``) and this is
     each rank's mean; with a ``max_pulses`` or ``max_tokens`` budget they are not."""
@@ -40,6 +42,8 @@ def event_mean(values: torch.Tensor, group: Any = None) -> torch.Tensor:
     if values.dim() != 1:
         raise ValueError(f"values of shape {tuple(values.shape)}: give one value per event "
                          "([n] events)")
+    if values.dtype not in (torch.float32, torch.float64):
+        values = values.float()
     if not (dist.is_available() and dist.is_initialized()):
         return values.mean()
     # A fill on the device, not a copy from the host (which would wait for the stream).

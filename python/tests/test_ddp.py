@@ -159,6 +159,8 @@ def test_event_mean_without_a_process_group_is_the_mean(torch):
     loss = event_mean(values)
     loss.backward()
     assert loss.item() == 3.0 and values.grad.tolist() == [1 / 3] * 3
+    half = event_mean(torch.full((70000,), 0.5, dtype=torch.float16))
+    assert half.dtype == torch.float32 and half.item() == 0.5, "summed in float32"
     with pytest.raises(ValueError, match=r"values of shape \(2, 2\): give one value per event"):
         event_mean(torch.zeros(2, 2))
 
