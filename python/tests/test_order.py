@@ -272,22 +272,32 @@ def test_token_budget_refusals_name_it(train_dir):
         (dict(max_tokens=-1, group_by_length=True), "invalid max_tokens: expected a non-neg"),
         (dict(max_events=8), "invalid max_events: applies with max_pulses or max_tokens only"),
         # Padded batches keep at most max_doms DOMs an event: a budget of their rows counts
-        # no more (uncapped, an event of 300 DOMs would count 300 of 64 rows).
+        # them so (uncapped, an event of 300 DOMs would count 300 of 64 rows; capped at 16,
+        # an event of 64 would count 16, and grids overrun the budget).
         (dict(max_tokens=4096, group_by_length=True, length_of="doms", layout="padded",
               max_doms=64, pulses_per_dom=4),
-         "invalid group_by_length: uncapped, over the padded layout's max_doms 64: .* give "
-         "group_by_length=64 \\(or less\\)"),
+         "invalid group_by_length: uncapped, over the padded layout's max_doms 64: .* never "
+         "fills, .* give group_by_length=64$"),
         (dict(max_tokens=4096, group_by_length=65, length_of="doms", layout="padded",
               max_doms=64, pulses_per_dom=4),
          "invalid group_by_length: a cap of 65, over the padded layout's max_doms 64"),
+        (dict(max_tokens=4096, group_by_length=16, length_of="doms", layout="padded",
+              max_doms=64, pulses_per_dom=4),
+         "invalid group_by_length: a cap of 16, under the padded layout's max_doms 64: an "
+         "event of more DOMs would count 16 rows where it fills up to 64, and grids would "
+         "overrun max_tokens"),
     ]
     for kwargs, message in refusals:
         with pytest.raises(ValueError, match=message):
             shardify.Loader(train_dir, output="numpy", **kwargs)
-    # At max_doms or under it, and grouped by pulses, the budget is the loader's to apply.
-    for cap, length_of in ((64, "doms"), (16, "doms"), (True, "pulses")):
-        shardify.Loader(train_dir, output="numpy", max_tokens=4096, group_by_length=cap,
-                        length_of=length_of, layout="padded", max_doms=64, pulses_per_dom=4)
+    # Capped at max_doms, the grids keep within the budget; grouped by pulses, the budget
+    # is the model's to apply (the padded grid is not of pulses).
+    grids = [batch["dom_mask"].size for batch in shardify.Loader(
+        train_dir, output="numpy", max_tokens=256, group_by_length=16, length_of="doms",
+        layout="padded", max_doms=16, pulses_per_dom=2)]
+    assert sum(grids) >= 300 and max(grids) <= 256
+    shardify.Loader(train_dir, output="numpy", max_tokens=4096, group_by_length=True,
+                    layout="padded", max_doms=64, pulses_per_dom=4)
 
 
 def test_a_token_budget_gives_grids_of_nearly_equal_size(realistic_dir):

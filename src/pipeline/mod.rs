@@ -216,11 +216,12 @@ impl LoaderConfig {
         Ok(())
     }
 
-    /// Refuses a token budget of DOM rows over the padded layout that counts an event's DOMs
-    /// past `max_doms`: the grid keeps at most `max_doms` of them, so an event of more
-    /// would count for rows it never fills, and batches of long events would hold a
-    /// fraction of `max_tokens` (at `max_doms` 64, an event of 300 DOMs counted 300 rows
-    /// where it fills 64).
+    /// Refuses a token budget of DOM rows over the padded layout unless it counts an
+    /// event's DOMs as the grid keeps them, capped at `max_doms`: uncapped or capped above,
+    /// an event of more DOMs would count rows it never fills (at `max_doms` 64, one of 300
+    /// DOMs counted 300), and batches of long events would hold a fraction of `max_tokens`;
+    /// capped below, it would count fewer rows than it fills, and grids would overrun the
+    /// budget (a cap of 16 under `max_doms` 64 gave grids of 1,024 rows for a budget of 256).
     fn check_budget_of_padded_rows(&self) -> Result<()> {
         let BatchLayout::Padded { max_doms, .. } = self.layout else {
             return Ok(());
@@ -230,17 +231,33 @@ impl LoaderConfig {
         else {
             return Ok(());
         };
-        if cap.is_some_and(|cap| cap <= max_doms) {
-            return Ok(());
-        }
-        let given = cap.map_or("uncapped".to_string(), |cap| format!("a cap of {cap}"));
+        let (given, side, effect) = match cap {
+            Some(cap) if cap == max_doms => return Ok(()),
+            Some(cap) if cap < max_doms => (
+                format!("a cap of {cap}"),
+                "under",
+                format!(
+                    "would count {cap} rows where it fills up to {max_doms}, and grids would \
+                     overrun max_tokens"
+                ),
+            ),
+            over => (
+                over.map_or("uncapped".to_string(), |cap| format!("a cap of {cap}")),
+                "over",
+                "would count rows it never fills, and batches of long events would hold a \
+                 fraction of max_tokens"
+                    .to_string(),
+            ),
+        };
+        let problem = format!(
+            "{given}, {side} the padded layout's max_doms {max_doms}: an event of more DOMs \
+             {effect}"
+        );
         Err(Error::config(
             "group_by_length",
             format!(
-                "{given}, over the padded layout's max_doms {max_doms}: a token budget of \
-                 DOM rows counts at most the {max_doms} rows an event fills; give \
-                 group_by_length={max_doms} (or less), or the batches of long events hold a \
-                 fraction of max_tokens"
+                "{problem}; a token budget of padded DOM rows counts an event's DOMs as the \
+                 grid keeps them: give group_by_length={max_doms}"
             ),
         ))
     }
