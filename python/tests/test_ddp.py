@@ -202,12 +202,15 @@ def test_sigterm_checkpoints_and_a_resume_at_another_world_sees_exactly_the_rest
     assert 3 * steps + len(dealt) == usable - (usable - 3 * steps) % 2
 
 
-def test_distributed_prediction_writes_every_event_once(train_dir, distributed, tmp_path):
+@pytest.mark.parametrize("batching", [["--batch-events", "32"], ["--max-tokens", "512"]],
+                         ids=["batch-events", "token-budget"])
+def test_distributed_prediction_writes_every_event_once(train_dir, distributed, tmp_path,
+                                                        batching):
     pq = importlib.import_module("pyarrow.parquet") if IN_CI else pytest.importorskip(
         "pyarrow.parquet")
     out = tmp_path / "submission.parquet"
-    done = run(torchrun(3, "predict.py", str(train_dir), str(out), "--batch-events", "32",
-                        "--device", "cpu"))
+    done = run(torchrun(3, "predict.py", str(train_dir), str(out), *batching, "--device",
+                        "cpu"))
     assert "300 events from 3 rank(s)" in done.stdout
     table = pq.read_table(out).to_pydict()
     assert list(table) == ["event_id", "azimuth", "zenith"]
