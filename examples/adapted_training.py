@@ -133,7 +133,12 @@ def report(title: str, timings: list[tuple[int, float, float, float]], adapter: 
           f"{waited / max(elapsed, 1e-12):.1%} of the time")
 
 
-def angular_loss(predicted: torch.Tensor, direction: torch.Tensor) -> torch.Tensor:
+def angular_errors(predicted: torch.Tensor, direction: torch.Tensor) -> torch.Tensor:
     """1 - cos(angle) between the predicted unit directions and the true ``direction`` [B, 3],
-    averaged over the events."""
-    return (1 - (predicted * direction.to(predicted.dtype)).sum(-1)).mean()
+    one per event ([B])."""
+    return 1 - (predicted * direction.to(predicted.dtype)).sum(-1)
+
+
+def angular_loss(predicted: torch.Tensor, direction: torch.Tensor) -> torch.Tensor:
+    """:func:`angular_errors` averaged over the events."""
+    return angular_errors(predicted, direction).mean()

@@ -4,14 +4,19 @@
 graphs (GraphNeT's features and kNN edges), for training and for validation.
 
     python examples/train_lightning.py DATASET [--epochs 1] [--devices 1]
-           [--accelerator auto] [--batch-events 256] [--max-pulses 256] [--knn 8]
+           [--accelerator auto] [--batch-events 256 | --pulse-budget P] [--max-pulses 256]
+           [--knn 8]
            [--width 1.0] [--val-fraction 0.05] [--checkpoint-dir DIR]
            [--checkpoint-every 200] [--resume] [--stop-after N]
 
 A held-out ``--val-fraction`` of the events (``Dataset.split``, no second conversion) is
 validated at every epoch's end, in stored order. With ``--devices N`` (N > 1) Lightning runs
 DDP: the loaders made here, before its process groups start, find their rank when Lightning
-first uses them, so each rank trains on its share. Lightning checkpoints into
+first uses them, so each rank trains on its share. ``--pulse-budget P`` batches training
+events by a budget of pulses instead (``Loader(max_pulses=P)``: a GNN's memory grows with
+its nodes), so the ranks of one step get different numbers of events: the training loss is
+``shardify.distributed.event_mean`` of the per-event errors, which weighs every event of the
+step the same once DDP averaged the ranks' gradients. Lightning checkpoints into
 ``--checkpoint-dir`` every ``--checkpoint-every`` steps (the model, the optimiser, its loops
 and the loader's ``state_dict``); ``--resume`` continues from the latest one, mid-epoch,
 with exactly the batches that were left. ``--stop-after N`` ends the process after N
@@ -27,9 +32,10 @@ from pathlib import Path
 import lightning
 import shardify
 import torch
-from adapted_training import angular_loss
+from adapted_training import angular_errors
 from distributed_exit import exit_without_finalising
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from shardify.distributed import event_mean
 from shardify.torch_geometric import GraphLoader
 from train_dynedge import DynEdge
 
@@ -44,18 +50,20 @@ class DirectionModel(lightning.LightningModule):
         self.lr = lr
         self.events_trained = 0
 
-    def loss(self, graphs) -> torch.Tensor:
-        return angular_loss(self.net(graphs), graphs.direction)
+    def errors(self, graphs) -> torch.Tensor:
+        return angular_errors(self.net(graphs), graphs.direction)
 
     def training_step(self, graphs, index: int) -> torch.Tensor:
-        loss = self.loss(graphs)
-        self.log("train_loss", loss, batch_size=graphs.num_graphs, on_epoch=True,
+        errors = self.errors(graphs)
+        # Logged as this batch's mean (Lightning's epoch value weighs it by batch_size).
+        self.log("train_loss", errors.mean(), batch_size=graphs.num_graphs, on_epoch=True,
                  on_step=False, sync_dist=True)
         self.events_trained += graphs.num_graphs
-        return loss
+        return event_mean(errors)
 
     def validation_step(self, graphs, index: int) -> None:
-        self.log("val_loss", self.loss(graphs), batch_size=graphs.num_graphs, sync_dist=True)
+        self.log("val_loss", self.errors(graphs).mean(), batch_size=graphs.num_graphs,
+                 sync_dist=True)
 
     def on_train_epoch_end(self) -> None:
         metrics = self.trainer.callback_metrics
@@ -97,6 +105,9 @@ def main() -> None:
     ap.add_argument("--devices", type=int, default=1)
     ap.add_argument("--accelerator", default="auto", choices=["auto", "cpu", "gpu"])
     ap.add_argument("--batch-events", type=int, default=256)
+    ap.add_argument("--pulse-budget", type=int, default=None,
+                    help="training batches of at most this many pulses (before the cut to "
+                         "--max-pulses), instead of --batch-events")
     ap.add_argument("--max-pulses", type=int, default=256, help="pulses kept per event")
     ap.add_argument("--knn", type=int, default=8)
     ap.add_argument("--width", type=float, default=1.0,
@@ -115,8 +126,10 @@ def main() -> None:
         raise SystemExit(f"{args.dataset} has no labels (a test split): nothing to train on")
     device = "cpu" if args.accelerator == "cpu" else "auto"
     graphs = dict(standardize="graphnet", knn=args.knn, max_pulses=args.max_pulses)
+    budget = {} if args.pulse_budget is None else {"max_pulses": args.pulse_budget}
     train_graphs = GraphLoader(
-        shardify.Loader(train, batch_events=args.batch_events, device=device), **graphs)
+        shardify.Loader(train, batch_events=args.batch_events, device=device, **budget),
+        **graphs)
     val_graphs = GraphLoader(
         shardify.Loader(val, batch_events=args.batch_events, shuffle=False, device=device),
         **graphs)
