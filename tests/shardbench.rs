@@ -146,7 +146,6 @@ fn quick_report_is_complete_and_consistent() {
     assert!(
         table.contains("window    1: delivered")
             && table.contains("of memcpy measured around its epochs (")
-            && table.contains(" after); a cache line between two threads and back ")
             && table.contains("; epoch by epoch over the memcpy just before and after each ")
             && table.contains("; copying the same events' pieces")
             && table
@@ -184,6 +183,12 @@ fn quick_report_is_complete_and_consistent() {
             loader["cache_line_round_trip_ns_before"].as_f64(),
             loader["cache_line_round_trip_ns_after"].as_f64(),
         );
+        if before.is_some() || after.is_some() {
+            // Left out only when neither could be timed (a busy machine held a core for
+            // 200 ms: seen in a CI run beside two builds).
+            let said = " after); a cache line between two threads and back ";
+            assert!(table.contains(said), "{table}");
+        }
         let expected = match (before, after) {
             (Some(b), Some(a)) => match (b >= 200.0, a >= 200.0) {
                 (false, false) => "shared",
