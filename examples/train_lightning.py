@@ -13,8 +13,9 @@ A held-out ``--val-fraction`` of the events (``Dataset.split``, no second conver
 validated at every epoch's end, in stored order. With ``--devices N`` (N > 1) Lightning runs
 DDP: the loaders made here, before its process groups start, find their rank when Lightning
 first uses them, so each rank trains on its share. ``--pulse-budget P`` batches training
-events by a budget of pulses instead (``Loader(max_pulses=P)``: a GNN's memory grows with
-its nodes), so the ranks of one step get different numbers of events: the training loss is
+events by a budget of nodes instead (``Loader(max_pulses=P, pulse_cap=MAX_PULSES)``: each
+event counts the pulses its graph keeps, and a GNN's memory grows with its nodes), so the
+ranks of one step get different numbers of events: the training loss is
 ``shardify.distributed.event_mean`` of the per-event errors, which weighs every event of the
 step the same once DDP averaged the ranks' gradients. Lightning checkpoints into
 ``--checkpoint-dir`` every ``--checkpoint-every`` steps (the model, the optimiser, its loops
@@ -106,8 +107,8 @@ def main() -> None:
     ap.add_argument("--accelerator", default="auto", choices=["auto", "cpu", "gpu"])
     ap.add_argument("--batch-events", type=int, default=256)
     ap.add_argument("--pulse-budget", type=int, default=None,
-                    help="training batches of at most this many pulses (before the cut to "
-                         "--max-pulses), instead of --batch-events")
+                    help="training batches of at most this many nodes (each event's pulses cut "
+                         "to --max-pulses), instead of --batch-events")
     ap.add_argument("--max-pulses", type=int, default=256, help="pulses kept per event")
     ap.add_argument("--knn", type=int, default=8)
     ap.add_argument("--width", type=float, default=1.0,
@@ -126,7 +127,8 @@ def main() -> None:
         raise SystemExit(f"{args.dataset} has no labels (a test split): nothing to train on")
     device = "cpu" if args.accelerator == "cpu" else "auto"
     graphs = dict(standardize="graphnet", knn=args.knn, max_pulses=args.max_pulses)
-    budget = {} if args.pulse_budget is None else {"max_pulses": args.pulse_budget}
+    budget = {} if args.pulse_budget is None else {"max_pulses": args.pulse_budget,
+                                                   "pulse_cap": args.max_pulses}
     train_graphs = GraphLoader(
         shardify.Loader(train, batch_events=args.batch_events, device=device, **budget),
         **graphs)

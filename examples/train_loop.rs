@@ -103,6 +103,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             batching: Batching::Pulses {
                 max_pulses: 64 * 1024,
                 max_events: Some(512),
+                pulse_cap: None,
             },
             ..SamplerConfig::default()
         },

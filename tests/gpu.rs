@@ -38,6 +38,7 @@ fn config(layout: BatchLayout, device: DeviceChoice) -> LoaderConfig {
             batching: Batching::Pulses {
                 max_pulses: 4000,
                 max_events: Some(64),
+                pulse_cap: None,
             },
             ..SamplerConfig::default()
         },

@@ -118,6 +118,7 @@ fn a_whole_epoch_delivers_every_event_once_with_exact_content() {
         Batching::Pulses {
             max_pulses: 600,
             max_events: None,
+            pulse_cap: None,
         },
         Batching::Tokens {
             max_tokens: 900,
@@ -458,6 +459,7 @@ fn the_steady_state_allocates_nothing() {
         Batching::Pulses {
             max_pulses: 120,
             max_events: None,
+            pulse_cap: None,
         },
         2,
     );
@@ -640,6 +642,7 @@ fn resume_continues_exactly() {
         Batching::Pulses {
             max_pulses: 500,
             max_events: Some(12),
+            pulse_cap: None,
         },
         2,
     );

@@ -85,6 +85,7 @@ fn the_plan_is_the_streaming_loaders_epoch() {
     let pulses = Batching::Pulses {
         max_pulses: 700,
         max_events: Some(9),
+        pulse_cap: None,
     };
     for order in [BatchOrder::Stored, BatchOrder::Drawn] {
         for window in [1, 4, total.div_ceil(8)] {

@@ -81,6 +81,7 @@ fn a_loader_reads_a_view_like_a_dataset() {
                 batching: Batching::Pulses {
                     max_pulses: 600,
                     max_events: None,
+                    pulse_cap: None,
                 },
                 window_blocks: 2,
                 block_events: 16,

@@ -106,6 +106,7 @@ class Loader:
         max_pulses: int | None,
         max_tokens: int | None,
         max_events: int | None,
+        pulse_cap: int | None,
         layout: str,
         max_doms: int | None,
         pulses_per_dom: int | None,

@@ -61,14 +61,22 @@ pub struct PyLoader {
     exchange: OnceLock<(Py<PyAny>, Option<TensorExchange>)>,
 }
 
-/// `batch_events`, a pulse budget (`max_pulses`) or a token budget (`max_tokens`), the
-/// budgets optionally with `max_events`.
+/// `batch_events`, a pulse budget (`max_pulses`, optionally with `pulse_cap`) or a token
+/// budget (`max_tokens`), the budgets optionally with `max_events`.
 fn batching(
     batch_events: usize,
     max_pulses: Option<usize>,
     max_tokens: Option<usize>,
     max_events: Option<usize>,
+    pulse_cap: Option<usize>,
 ) -> Result<Batching, Error> {
+    if pulse_cap.is_some() && max_pulses.is_none() {
+        return Err(Error::config(
+            "pulse_cap",
+            "applies with max_pulses only (each event counts at most pulse_cap of its pulses \
+             toward the budget)",
+        ));
+    }
     match (max_pulses, max_tokens, max_events) {
         (Some(_), Some(_), _) => Err(Error::config(
             "max_tokens",
@@ -77,6 +85,7 @@ fn batching(
         (Some(max_pulses), None, max_events) => Ok(Batching::Pulses {
             max_pulses,
             max_events,
+            pulse_cap,
         }),
         (None, Some(max_tokens), max_events) => Ok(Batching::Tokens {
             max_tokens,
@@ -120,16 +129,17 @@ fn layout(
 
 /// The settings that decide the order, as the Python state dict spells them.
 fn order_settings(s: &SamplerConfig) -> serde_json::Value {
-    let (batch_events, max_pulses, max_tokens, max_events) = match s.batching {
-        Batching::Events(n) => (Some(n), None, None, None),
+    let (batch_events, max_pulses, max_tokens, max_events, pulse_cap) = match s.batching {
+        Batching::Events(n) => (Some(n), None, None, None, None),
         Batching::Pulses {
             max_pulses,
             max_events,
-        } => (None, Some(max_pulses), None, max_events),
+            pulse_cap,
+        } => (None, Some(max_pulses), None, max_events, pulse_cap),
         Batching::Tokens {
             max_tokens,
             max_events,
-        } => (None, None, Some(max_tokens), max_events),
+        } => (None, None, Some(max_tokens), max_events, None),
     };
     let grouping = s.group_by_length.length_and_cap();
     serde_json::json!({
@@ -141,6 +151,7 @@ fn order_settings(s: &SamplerConfig) -> serde_json::Value {
         "max_pulses": max_pulses,
         "max_tokens": max_tokens,
         "max_events": max_events,
+        "pulse_cap": pulse_cap,
         "batch_order": s.batch_order.to_string(),
         "shuffle": s.shuffle,
         "group_by_length": match grouping {
@@ -184,6 +195,9 @@ fn saved_sampler(json: &str, ours: &SamplerConfig) -> Result<SamplerConfig, Erro
         #[serde(default)]
         max_tokens: Option<usize>,
         max_events: Option<usize>,
+        /// Absent from a state from before it existed.
+        #[serde(default)]
+        pulse_cap: Option<usize>,
         batch_order: String,
         shuffle: Option<bool>,
         /// false, true (no cap) or the cap.
@@ -205,6 +219,7 @@ fn saved_sampler(json: &str, ours: &SamplerConfig) -> Result<SamplerConfig, Erro
             saved.max_pulses,
             saved.max_tokens,
             saved.max_events,
+            saved.pulse_cap,
         )?,
         batch_order: batch_order(&saved.batch_order)?,
         shuffle: saved.shuffle.unwrap_or(true),
@@ -351,7 +366,7 @@ impl PyLoader {
     /// Every argument explicit: `shardify.Loader` (Python) resolves the defaults.
     #[new]
     #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (dataset, *, batch_events, max_pulses, max_tokens, max_events, layout, max_doms,
+    #[pyo3(signature = (dataset, *, batch_events, max_pulses, max_tokens, max_events, pulse_cap, layout, max_doms,
         pulses_per_dom, seed, block_events, window_blocks, run_events, batch_order, shuffle,
         group_by_length, length_cap, length_of, drop_last, rank, world, workers,
         worker_scheduling, consumer_gathers, prefetch, device, dom_positions))]
@@ -362,6 +377,7 @@ impl PyLoader {
         max_pulses: Option<usize>,
         max_tokens: Option<usize>,
         max_events: Option<usize>,
+        pulse_cap: Option<usize>,
         layout: &str,
         max_doms: Option<usize>,
         pulses_per_dom: Option<usize>,
@@ -390,7 +406,7 @@ impl PyLoader {
                 block_events,
                 window_blocks,
                 run_events,
-                batching: batching(batch_events, max_pulses, max_tokens, max_events)
+                batching: batching(batch_events, max_pulses, max_tokens, max_events, pulse_cap)
                     .map_err(to_py)?,
                 batch_order: self::batch_order(batch_order).map_err(to_py)?,
                 shuffle,

@@ -126,13 +126,14 @@ def test_train_lightning_example_resumes_and_runs_ddp(train_dir, torch, lightnin
     # The rest of the epoch, exactly: its events less the 96 trained before the stop.
     assert f"rank 0: {train_events - 96} events trained in this run" in rest
     assert "epoch 0: train_loss" in rest and "val_loss" in rest
-    # Lightning's DDP on 2 CPU processes, batches by a pulse budget (the loss event_mean):
+    # Lightning's DDP on 2 CPU processes, batches by a budget of nodes (the loss event_mean):
     # each rank exactly its share, and the ranks' shares unequal in events.
     ddp = run("train_lightning.py", *common[:-2], "--checkpoint-dir", str(tmp_path / "ddp"),
               "--devices", "2", "--pulse-budget", "1500")
     train = shardify.Dataset(train_dir).split(0.2, seed=0)[0]
     shares = [sum(len(batch["event_id"]) for batch in shardify.Loader(
-        train, max_pulses=1500, rank=rank, world=2, device="cpu", output="numpy"))
+        train, max_pulses=1500, pulse_cap=64, rank=rank, world=2, device="cpu",
+        output="numpy"))
         for rank in (0, 1)]
     assert shares[0] != shares[1] and sum(shares) > train_events * 0.8, shares
     for rank, share in enumerate(shares):

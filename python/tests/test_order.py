@@ -19,6 +19,8 @@ SETTINGS = [
     (dict(batch_events=16, batch_order="drawn", run_events=4),
      ["--batch-events", "16", "--batch-order", "drawn", "--run-events", "4"]),
     (dict(max_pulses=900, max_events=40), ["--max-pulses", "900", "--max-events", "40"]),
+    (dict(max_pulses=900, pulse_cap=30, window_blocks=2),
+     ["--max-pulses", "900", "--pulse-cap", "30", "--window", "2"]),
     (dict(batch_events=8, block_events=12, window_blocks=4, group_by_length=40),
      ["--batch-events", "8", "--block-events", "12", "--window", "4",
       "--group-by-length", "40"]),
@@ -271,6 +273,10 @@ def test_token_budget_refusals_name_it(train_dir):
          "invalid batching: token budget and event cap must be at least 1"),
         (dict(max_tokens=-1, group_by_length=True), "invalid max_tokens: expected a non-neg"),
         (dict(max_events=8), "invalid max_events: applies with max_pulses or max_tokens only"),
+        (dict(pulse_cap=64), "invalid pulse_cap: applies with max_pulses only"),
+        (dict(pulse_cap=64, max_tokens=4096, group_by_length=True),
+         "invalid pulse_cap: applies with max_pulses only"),
+        (dict(max_pulses=900, pulse_cap=0), "invalid pulse_cap: must be at least 1"),
         # Padded batches keep at most max_doms DOMs an event: a budget of their rows counts
         # them so (uncapped, an event of 300 DOMs would count 300 of 64 rows; capped at 16,
         # an event of 64 would count 16, and grids overrun the budget).
@@ -328,3 +334,26 @@ def test_a_token_budget_gives_grids_of_nearly_equal_size(realistic_dir):
     assert (grids["tokens"] >= 0.9 * 4096).sum() >= len(grids["tokens"]) - 12, grids["tokens"]
     spread = {name: g.std() / g.mean() for name, g in grids.items()}
     assert spread["tokens"] < 0.5 * spread["fixed"], spread
+
+
+def test_a_pulse_cap_fills_the_budget_with_the_pulses_a_model_keeps(realistic_dir):
+    """A pulse budget for a GNN that cuts events to 64 pulses: counting each event's pulses
+    up to 64, the batches hold nearly the budget in kept pulses (nodes); counting them all,
+    with the real statistics, long events fill batches with pulses the model drops, and one
+    longer than the budget is a batch alone."""
+    import numpy as np
+
+    kept = {}
+    for name, cap in (("capped", 64), ("uncapped", None)):
+        loader = shardify.Loader(realistic_dir, max_pulses=2048, pulse_cap=cap, window_blocks=4,
+                                 output="numpy")
+        counts = [np.diff(b["dom_pulse_offsets"][b["event_dom_offsets"]]) for b in loader]
+        assert sum(c.size for c in counts) == 3000
+        kept[name] = np.array([np.minimum(c, 64).sum() for c in counts])
+        if cap is not None:
+            assert kept[name].max() <= 2048
+            # Each batch is closed by an event of at most 64 kept pulses that did not fit.
+            assert (kept[name][:-1] > 2048 - 64).all(), kept[name]
+    assert kept["capped"].mean() > 0.97 * 2048
+    assert kept["uncapped"].mean() < 0.8 * 2048, kept["uncapped"].mean()
+    assert len(kept["capped"]) < 0.8 * len(kept["uncapped"]), "fewer steps for as many events"

@@ -126,6 +126,7 @@ def test_a_state_saved_on_rank_0_resumes_rank_1(train_dir, torch):
     ("group_by_length", {"group_by_length": 100}),
     ("group_by_length", {"group_by_length": True, "length_of": "doms"}),
     ("batching", {"max_tokens": 600, "group_by_length": 60}),
+    ("batching", {"max_pulses": 500, "pulse_cap": 30}),
 ])
 def test_a_state_from_other_settings_is_refused(train_dir, torch, field, other):
     state = shardify.Loader(train_dir, batch_events=8).state_dict()
@@ -138,7 +139,7 @@ def test_a_state_saved_before_length_grouping_and_token_budgets_resumes(train_di
     loader = shardify.Loader(train_dir, batch_events=8, device="cpu")
     first = take(loader, 3)
     state = loader.state_dict()
-    for key in ("group_by_length", "length_of", "max_tokens"):
+    for key in ("group_by_length", "length_of", "max_tokens", "pulse_cap"):
         del state["sampler"][key]  # as a checkpoint of an older shardify holds it
     resumed = shardify.Loader(train_dir, batch_events=8, device="cpu")
     resumed.load_state_dict(state)
@@ -146,6 +147,23 @@ def test_a_state_saved_before_length_grouping_and_token_budgets_resumes(train_di
     grouped = shardify.Loader(train_dir, batch_events=8, group_by_length=True, device="cpu")
     with pytest.raises(ValueError, match="invalid group_by_length: the saved state has off"):
         grouped.load_state_dict(state)
+
+
+def test_a_pulse_capped_state_resumes_and_another_cap_is_refused(train_dir, torch):
+    settings = dict(max_pulses=500, pulse_cap=30)
+    loader = shardify.Loader(train_dir, device="cpu", **settings)
+    first = take(loader, 3)
+    state = loader.state_dict()
+    assert state["sampler"]["pulse_cap"] == 30
+    resumed = shardify.Loader(train_dir, device="cpu", **settings)
+    resumed.load_state_dict(state)
+    assert first + ids(resumed) == order_lines(train_dir, "--max-pulses", "500",
+                                               "--pulse-cap", "30")
+    for other, ours in ((None, "max_pulses 500"), (31, "max_pulses 500, pulse_cap 31")):
+        loader = shardify.Loader(train_dir, device="cpu", max_pulses=500, pulse_cap=other)
+        with pytest.raises(ValueError, match="invalid batching: the saved state has max_pulses "
+                                             f"500, pulse_cap 30, this loader {ours}$"):
+            loader.load_state_dict(state)
 
 
 def test_a_state_resumes_on_a_copy_but_not_on_other_events(train_dir, torch, tmp_path):

@@ -310,6 +310,7 @@ mod tests {
                     batching: Batching::Pulses {
                         max_pulses: 300,
                         max_events: Some(5),
+                        pulse_cap: None,
                     },
                     ..small
                 },

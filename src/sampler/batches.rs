@@ -64,10 +64,12 @@ impl<'a> GlobalBatches<'a> {
                 Batching::Pulses {
                     max_pulses,
                     max_events,
+                    pulse_cap,
                 } => {
                     let (mut k, mut full) = (0, false);
+                    let cap = pulse_cap.unwrap_or(usize::MAX);
                     while k < window.remaining() {
-                        let pulses = self.sizes.pulses(window.peek(k));
+                        let pulses = self.sizes.pulses(window.peek(k)).min(cap);
                         let held = plan.events.len() + k;
                         if held > 0 && batch_pulses + pulses > max_pulses {
                             full = true;

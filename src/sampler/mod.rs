@@ -70,6 +70,12 @@ pub enum Batching {
         max_pulses: usize,
         /// Events per batch at most.
         max_events: Option<usize>,
+        /// Each event counts at most this many of its pulses toward `max_pulses`: the
+        /// pulses a model that cuts events to `pulse_cap` keeps (a GNN's nodes), so the
+        /// budget bounds what it computes on, and an event of thousands of pulses does not
+        /// fill a batch alone. None: all of them.
+        #[serde(default)]
+        pulse_cap: Option<usize>,
     },
     /// Batches of events grouped by length ([`LengthGrouping`]) whose padded grid (events
     /// times the batch's longest length, capped as the grouping caps it) holds at most
@@ -88,7 +94,7 @@ pub enum Batching {
 }
 
 /// As the loader's arguments name it: `batch_events 256`, `max_pulses 4096`,
-/// `max_pulses 4096, max_events 64` or `max_tokens 65536, max_events 1024`.
+/// `max_pulses 4096, max_events 64, pulse_cap 256` or `max_tokens 65536, max_events 1024`.
 impl std::fmt::Display for Batching {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
@@ -96,7 +102,14 @@ impl std::fmt::Display for Batching {
             Batching::Pulses {
                 max_pulses: budget,
                 max_events,
-            } => Batching::write_budget(f, "max_pulses", *budget, *max_events),
+                pulse_cap,
+            } => {
+                Batching::write_budget(f, "max_pulses", *budget, *max_events)?;
+                match pulse_cap {
+                    Some(cap) => write!(f, ", pulse_cap {cap}"),
+                    None => Ok(()),
+                }
+            }
             Batching::Tokens {
                 max_tokens: budget,
                 max_events,
@@ -383,6 +396,12 @@ impl SamplerConfig {
             Batching::Pulses { max_pulses, .. } => ("pulse", max_pulses),
             Batching::Tokens { max_tokens, .. } => ("token", max_tokens),
         };
+        if let Batching::Pulses {
+            pulse_cap: Some(0), ..
+        } = self.batching
+        {
+            return Err(Error::config("pulse_cap", "must be at least 1"));
+        }
         if budget == 0 || self.batching.max_events() == Some(0) {
             return Err(Error::config(
                 "batching",

@@ -38,16 +38,21 @@ fn batching() -> impl Strategy<Value = Batching> {
     prop_oneof![events_or_pulses(), tokens()]
 }
 
-/// Batches of a fixed count, or by a pulse budget: the batchings that need no grouping.
+/// Batches of a fixed count, or by a pulse budget (counting each event's pulses up to a cap
+/// of 1 to 59, or all of its 1 to 97): the batchings that need no grouping.
 fn events_or_pulses() -> impl Strategy<Value = Batching> {
     prop_oneof![
         (1usize..40).prop_map(Batching::Events),
-        (1usize..400, proptest::option::of(1usize..30)).prop_map(|(max_pulses, max_events)| {
-            Batching::Pulses {
+        (
+            1usize..400,
+            proptest::option::of(1usize..30),
+            proptest::option::of(1usize..60)
+        )
+            .prop_map(|(max_pulses, max_events, pulse_cap)| Batching::Pulses {
                 max_pulses,
                 max_events,
-            }
-        }),
+                pulse_cap,
+            }),
     ]
 }
 
@@ -59,6 +64,12 @@ fn tokens() -> impl Strategy<Value = Batching> {
             max_events,
         }
     })
+}
+
+/// The pulses of `events` as a pulse budget counts them: each event's up to `cap`.
+fn counted_pulses(sizes: &Sizes, cap: Option<usize>, events: &[EventRef]) -> usize {
+    let cap = cap.unwrap_or(usize::MAX);
+    events.iter().map(|&e| sizes.pulses(e).min(cap)).sum()
 }
 
 /// The longest of `events`' lengths as `grouping` counts them, capped (pulses when off).
@@ -104,6 +115,7 @@ fn a_refused_resume_names_the_setting_as_the_loader_takes_it() {
         batching: Batching::Pulses {
             max_pulses: 4096,
             max_events,
+            pulse_cap: None,
         },
         ..saved.clone()
     };
@@ -157,6 +169,7 @@ fn length_groups_are_refused_with_a_pulse_budget_or_a_zero_cap() {
         batching: Batching::Pulses {
             max_pulses: 4096,
             max_events: None,
+            pulse_cap: None,
         },
         group_by_length: LengthGrouping::Pulses { cap: None },
         ..SamplerConfig::default()
@@ -358,13 +371,26 @@ proptest! {
             prop_assert!(batching.max_events().is_none_or(|m| b.events.len() <= m));
             match batching {
                 Batching::Events(_) => {}
-                Batching::Pulses { max_pulses, .. } => {
-                    prop_assert!(pulses <= max_pulses || b.events.len() == 1);
+                Batching::Pulses { max_pulses, pulse_cap, .. } => {
+                    let counted = counted_pulses(&sizes, pulse_cap, &b.events);
+                    prop_assert!(counted <= max_pulses || b.events.len() == 1);
+                    prop_assert!(counted <= pulses);
                 }
                 Batching::Tokens { max_tokens, .. } => {
                     let grid = b.events.len() * longest(&sizes, group_by_length, &b.events);
                     prop_assert!(grid <= max_tokens || b.events.len() == 1, "a grid of {}", grid);
                 }
+            }
+        }
+        // A pulse budget closes a batch only at an event that does not fit (the next
+        // batch's, as counted with the cap) or at max_events.
+        if let Batching::Pulses { max_pulses, max_events, pulse_cap } = batching {
+            for pair in reference.windows(2) {
+                let full = max_events.is_some_and(|m| pair[0].events.len() == m);
+                let counted = counted_pulses(&sizes, pulse_cap, &pair[0].events);
+                let next = pair[1].events.iter().map(|&e| counted_pulses(&sizes, pulse_cap, &[e]));
+                let largest_next = next.max().unwrap_or(0);
+                prop_assert!(full || counted + largest_next > max_pulses, "closed with room");
             }
         }
     }

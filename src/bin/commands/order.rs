@@ -33,6 +33,10 @@ pub(super) struct OrderArgs {
     /// Batch by a pulse budget instead of an event count.
     #[arg(long, group = "budget", conflicts_with_all = ["batch_events", "group_by_length"])]
     max_pulses: Option<usize>,
+    /// With --max-pulses: each event counts at most this many of its pulses toward the
+    /// budget (the pulses a model that cuts events to this many keeps).
+    #[arg(long, requires = "max_pulses")]
+    pulse_cap: Option<usize>,
     /// Blocks open at once.
     #[arg(long, default_value_t = 16)]
     window: usize,
@@ -63,6 +67,7 @@ pub(super) fn run_order(args: OrderArgs) -> Result<()> {
         Some(max_pulses) => Batching::Pulses {
             max_pulses,
             max_events: args.sampler.max_events,
+            pulse_cap: args.pulse_cap,
         },
         None => args.sampler.batching(),
     };
