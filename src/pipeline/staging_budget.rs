@@ -93,8 +93,9 @@ fn mean_batch_bytes(view: &View, config: &LoaderConfig) -> f64 {
         }
     };
     // A budgeted batch holds about its budget over the mean length: a pulse budget's
-    // pulses, and a grouped batch's grid is nearly all tokens (counted uncapped: the events
-    // of a capped class are longer than their grid).
+    // pulses, and a grouped batch's grid is nearly all tokens (both counted uncapped, from
+    // the manifest's totals: with a pulse cap or a capped class a batch holds more events,
+    // which this estimate of settings the machine cannot hold leaves out).
     let by_budget = |budget: usize, counted: u64| budget as f64 * events / counted.max(1) as f64;
     let batching = config.sampler.batching;
     let batch_events = match batching {
