@@ -42,6 +42,7 @@ least 5 pulses per event, so only truncation to fewer could make such events).
 from __future__ import annotations
 
 import inspect
+import warnings
 from typing import TYPE_CHECKING, Any
 
 from ._mapped import MappedLoader
@@ -199,6 +200,27 @@ def _dom_nodes(batch: dict[str, Any], standardize: str | None) -> dict[str, Any]
     return dict(x=x, pos=pos, ptr=ptr, pulse_counts=dom_pulses[event_doms].diff())
 
 
+def _warn_of_a_budget_of_other_pulses(loader: Loader, to_pyg_arguments: dict[str, Any]) -> None:
+    """Warns when ``loader``'s pulse budget counts other pulses than the graphs' nodes: each
+    event's pulses up to the loader's ``pulse_cap`` against the ``max_pulses`` that
+    :func:`to_pyg` keeps. Counting more, the batches hold fewer nodes than the budget (with
+    the real statistics cut to 256, uncapped: 52-58% of it); counting fewer, more."""
+    arguments = getattr(loader, "_arguments", {})
+    budget, cap = arguments.get("max_pulses"), arguments.get("pulse_cap")
+    kept = to_pyg_arguments.get("max_pulses")
+    if budget is None or cap == kept or to_pyg_arguments.get("nodes", "pulses") != "pulses":
+        return
+    counted = "all of" if cap is None else f"up to pulse_cap={cap} of"
+    graphs = "all their pulses" if kept is None else f"at most max_pulses={kept} pulses an event"
+    effect = ("fewer nodes than the budget" if kept is not None and (cap is None or cap > kept)
+              else "more nodes than the budget")
+    fix = (f"; make the loader with pulse_cap={kept}" if kept is not None
+           else f"; give GraphLoader max_pulses={cap}, or make the loader without pulse_cap")
+    warnings.warn(f"GraphLoader: the loader's budget of max_pulses={budget} counts {counted} "
+                  f"each event's pulses, while its graphs keep {graphs}: batches of {effect}"
+                  f"{fix}", UserWarning, stacklevel=3)
+
+
 class GraphLoader(MappedLoader):
     """``loader``'s batches as :func:`to_pyg` graphs, made with ``to_pyg_arguments``
     (``nodes``, ``standardize``, ``knn``, ``max_pulses``, ``keep``, ``seed``,
@@ -213,7 +235,9 @@ class GraphLoader(MappedLoader):
     :meth:`state_dict` and :meth:`load_state_dict` are the loader's (a
     :class:`shardify.MappedLoader`): a Lightning checkpoint made at any step resumes the
     batches left, and under Lightning's DDP each rank reads its share (the loader finds its
-    rank when first used).
+    rank when first used). A loader batched by a pulse budget should count each event's
+    pulses as its graph keeps them (``Loader(max_pulses=P, pulse_cap=C)`` with
+    ``max_pulses=C`` here); it warns otherwise.
     """
 
     def __init__(self, loader: Loader, **to_pyg_arguments: Any):
@@ -233,6 +257,7 @@ class GraphLoader(MappedLoader):
             raise ValueError(f"GraphLoader needs packed batches with {', '.join(missing)}: "
                              'make the loader with layout="packed" and dom_positions=True '
                              "(the defaults)")
+        _warn_of_a_budget_of_other_pulses(loader, to_pyg_arguments)
         self.to_pyg_arguments = to_pyg_arguments
         super().__init__(loader, self._graphs)
 

@@ -93,3 +93,38 @@ def test_graph_loader_is_its_loader_through_to_pyg(train_dir, torch):
         GraphLoader(padded)
     with pytest.raises(ValueError, match="needs packed batches with dom_position: make"):
         GraphLoader(no_positions)
+
+
+
+def test_graph_loader_warns_of_a_pulse_budget_that_counts_other_pulses_than_its_nodes(
+        train_dir, torch):
+    import warnings
+
+    from shardify.torch_geometric import GraphLoader
+
+    def graphs(budget, **to_pyg_arguments):
+        return GraphLoader(shardify.Loader(train_dir, device="cpu", **budget), knn=4,
+                           **to_pyg_arguments)
+
+    warned = [
+        (dict(max_pulses=2000), dict(max_pulses=64),
+         "budget of max_pulses=2000 counts all of each event's pulses, while its graphs keep "
+         "at most max_pulses=64 pulses an event: batches of fewer nodes than the budget; make "
+         "the loader with pulse_cap=64"),
+        (dict(max_pulses=2000, pulse_cap=80), dict(max_pulses=64), "of fewer nodes"),
+        (dict(max_pulses=2000, pulse_cap=32), dict(max_pulses=64),
+         "counts up to pulse_cap=32 of each event's pulses, .* batches of more nodes than the "
+         "budget; make the loader with pulse_cap=64"),
+        (dict(max_pulses=2000, pulse_cap=64), {},
+         "keep all their pulses: batches of more nodes than the budget; give GraphLoader "
+         "max_pulses=64, or make the loader without pulse_cap"),
+    ]
+    for budget, to_pyg_arguments, message in warned:
+        with pytest.warns(UserWarning, match=message):
+            graphs(budget, **to_pyg_arguments)
+    # Counting what the graphs keep, by DOM nodes, or without a pulse budget: nothing said.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        graphs(dict(max_pulses=2000, pulse_cap=64), max_pulses=64)
+        graphs(dict(max_pulses=2000), nodes="doms")
+        graphs(dict(batch_events=8), max_pulses=64)
