@@ -393,15 +393,12 @@ impl SamplerConfig {
                 return Err(Error::config("batching", "at least 1 event per batch"))
             }
             Batching::Events(_) => return Ok(()),
+            Batching::Pulses {
+                pulse_cap: Some(0), ..
+            } => return Err(Error::config("pulse_cap", "must be at least 1")),
             Batching::Pulses { max_pulses, .. } => ("pulse", max_pulses),
             Batching::Tokens { max_tokens, .. } => ("token", max_tokens),
         };
-        if let Batching::Pulses {
-            pulse_cap: Some(0), ..
-        } = self.batching
-        {
-            return Err(Error::config("pulse_cap", "must be at least 1"));
-        }
         if budget == 0 || self.batching.max_events() == Some(0) {
             return Err(Error::config(
                 "batching",
