@@ -10,6 +10,11 @@
 //! window, the median of R runs: the sampler's order alone (seconds, nanoseconds per
 //! event), then the whole plan (seconds, nanoseconds per event, microseconds per batch) and
 //! the plan's bytes (what a resident loader uploads to the device once per epoch).
+//!
+//! Then, per window, what starting an epoch costs a streaming rank under a budget (tokens
+//! grouped by pulses, and pulses capped at 256), rank 0 of 8: the time to its first
+//! batch with `drop_last` off and on (medians of R runs). `drop_last` must not wait for
+//! the epoch's batches to be counted.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -17,7 +22,7 @@ use std::time::Instant;
 use shardify::bench::{data, median};
 use shardify::dataset::{ChecksumPolicy, Dataset, DatasetSizes, View};
 use shardify::resident::plan_epoch;
-use shardify::sampler::{Batching, EpochBatches, SamplerConfig, SamplerState};
+use shardify::sampler::{Batching, EpochBatches, LengthGrouping, SamplerConfig, SamplerState};
 
 fn arg(name: &str) -> Option<String> {
     let args: Vec<String> = std::env::args().collect();
@@ -67,13 +72,16 @@ fn main() {
         dataset.shard_count()
     );
     println!("window         order s  order ns/event  plan s   ns/event  us/batch  plan MiB");
-    for window in windows {
-        let block = 256;
-        let window_blocks = if window == 0 {
+    let block = 256;
+    let window_blocks = |window: usize| {
+        if window == 0 {
             (events as usize).div_ceil(block)
         } else {
             window
-        };
+        }
+    };
+    for &window in &windows {
+        let window_blocks = window_blocks(window);
         let config = SamplerConfig {
             block_events: block,
             window_blocks,
@@ -109,5 +117,61 @@ fn main() {
             whole * 1e6 / plan.batches() as f64,
             bytes as f64 / (1 << 20) as f64
         );
+    }
+    println!("\nfirst batch of rank 0 of 8    drop_last off ms   on ms   on / off");
+    let budgets = [
+        (
+            "max_tokens 65536, by pulses",
+            Batching::Tokens {
+                max_tokens: 65536,
+                max_events: None,
+            },
+            LengthGrouping::Pulses { cap: Some(256) },
+        ),
+        (
+            "max_pulses 16384, cap 256",
+            Batching::Pulses {
+                max_pulses: 16384,
+                max_events: None,
+                pulse_cap: Some(256),
+            },
+            LengthGrouping::Off,
+        ),
+    ];
+    for &window in &windows {
+        for (name, batching, group_by_length) in budgets {
+            let config = SamplerConfig {
+                block_events: block,
+                window_blocks: window_blocks(window),
+                batching,
+                group_by_length,
+                rank: 0,
+                world: 8,
+                ..SamplerConfig::default()
+            };
+            let first_batch = |drop_last: bool| {
+                let config = SamplerConfig {
+                    drop_last,
+                    ..config.clone()
+                };
+                let times: Vec<f64> = (0..runs)
+                    .map(|_| {
+                        let started = Instant::now();
+                        let sizes = DatasetSizes::without_read_ahead(&view);
+                        let first = EpochBatches::new(&sizes, &config, start).next();
+                        assert!(first.is_some(), "{name}: an epoch of no batch");
+                        started.elapsed().as_secs_f64()
+                    })
+                    .collect();
+                median(&times)
+            };
+            let (off, on) = (first_batch(false), first_batch(true));
+            println!(
+                "window {window:<4} {name:<28} {:>9.2} {:>7.2} {:>9.2}",
+                off * 1e3,
+                on * 1e3,
+                on / off
+            );
+        }
     }
 }

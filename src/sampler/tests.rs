@@ -417,6 +417,34 @@ proptest! {
     }
 
     #[test]
+    fn drop_last_delivers_the_whole_steps_the_counting_pass_finds(
+        shards in proptest::collection::vec(0usize..300, 1..6),
+        seed in any::<u64>(), block in 1usize..64, window in 1usize..8,
+        batching in batching(), world in 1usize..9, origin in 0u64..40, batch_order in order(),
+        group_by_length in grouping(),
+    ) {
+        // Each rank looks one step ahead to drop an incomplete one; the reference counts
+        // the epoch's batches first (the pass `len()` makes), then deals the global batches
+        // before that end.
+        let sizes = Sizes(shards);
+        let base = SamplerConfig { seed, block_events: block, window_blocks: window, run_events: 3, batching, batch_order, shuffle: true, group_by_length, drop_last: true, rank: 0, world };
+        let every = all(&sizes, &SamplerConfig { world: 1, drop_last: false, ..base.clone() }, 1);
+        let end = delivered_global_batches(&sizes, &base, 1, origin);
+        let position = SamplerState { epoch: 1, batches_taken: 0, origin };
+        let mut delivered = 0;
+        for rank in 0..world {
+            let config = SamplerConfig { rank, ..base.clone() };
+            let looked_ahead: Vec<BatchPlan> = EpochBatches::new(&sizes, &config, position).collect();
+            let counted: Vec<BatchPlan> = every.iter()
+                .filter(|b| b.global_index >= origin && b.global_index < end && (b.global_index - origin) % world as u64 == rank as u64)
+                .cloned().collect();
+            delivered += looked_ahead.len();
+            prop_assert_eq!(looked_ahead, counted, "rank {} of {}", rank, world);
+        }
+        prop_assert_eq!(delivered as u64, end.saturating_sub(origin), "every whole step, and only those");
+    }
+
+    #[test]
     fn rank_batch_count_is_what_the_epoch_yields(
         shards in proptest::collection::vec(0usize..300, 1..6),
         seed in any::<u64>(), epoch in 0u64..3, block in 1usize..64, window in 1usize..8,
