@@ -56,7 +56,11 @@ class DirectionModel(lightning.LightningModule):
 
     def training_step(self, graphs, index: int) -> torch.Tensor:
         errors = self.errors(graphs)
-        # Logged as this batch's mean (Lightning's epoch value weighs it by batch_size).
+        # Logged as this batch's mean with its batch_size: Lightning's epoch value adds up
+        # mean times batch_size and the batch sizes over the steps and, with sync_dist, over
+        # the ranks, so it is the mean over every event even when the ranks hold different
+        # numbers (a budget's batches). Without batch_size it guesses the size from the
+        # graphs wrong, and the value is off (the example test catches it).
         self.log("train_loss", errors.mean(), batch_size=graphs.num_graphs, on_epoch=True,
                  on_step=False, sync_dist=True)
         self.events_trained += graphs.num_graphs
@@ -69,7 +73,7 @@ class DirectionModel(lightning.LightningModule):
     def on_train_epoch_end(self) -> None:
         metrics = self.trainer.callback_metrics
         if self.trainer.is_global_zero:
-            losses = ", ".join(f"{name} {float(metrics[name]):.4f}"
+            losses = ", ".join(f"{name} {float(metrics[name]):.6f}"
                                for name in ("train_loss", "val_loss") if name in metrics)
             print(f"epoch {self.current_epoch}: {losses}", flush=True)
 

@@ -3,6 +3,7 @@
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import shardify
@@ -113,7 +114,8 @@ def test_transformer_example_pads_batches_grouped_by_length_less(train_dir, torc
     assert f"300 events, {batches} batches per epoch" in out
 
 
-def test_train_lightning_example_resumes_and_runs_ddp(train_dir, torch, lightning, tmp_path):
+def test_train_lightning_example_resumes_and_runs_ddp(train_dir, torch, lightning, tmp_path,
+                                                      monkeypatch):
     pytest.importorskip("torch_geometric", reason="torch_geometric is not installed")
     common = [str(train_dir), "--batch-events", "32", "--width", "0.05", "--max-pulses", "64",
               "--val-fraction", "0.2", "--accelerator", "cpu", "--checkpoint-every", "1",
@@ -138,6 +140,34 @@ def test_train_lightning_example_resumes_and_runs_ddp(train_dir, torch, lightnin
     assert shares[0] != shares[1] and sum(shares) > train_events * 0.8, shares
     for rank, share in enumerate(shares):
         assert f"rank {rank}: {share} events trained in this run" in ddp, ddp
+    # The validation's 60 events split 32 / 28 over the ranks: its loss is the mean over
+    # the 60, as one process computes it with the weights validated (the last step's
+    # checkpoint), not the mean of the ranks' means.
+    logged = re.search(r"epoch 0: train_loss [\d.]+, val_loss ([\d.]+)", ddp)
+    assert logged, ddp
+    exact = validation_loss(tmp_path / "ddp", train_dir, monkeypatch, torch)
+    assert abs(float(logged.group(1)) - exact) < 2e-6, (logged.group(0), exact)
+
+
+def validation_loss(checkpoints: Path, train_dir: Path, monkeypatch, torch) -> float:
+    """train_lightning.py's validation loss over all of its events in one process, with
+    the weights of the latest checkpoint in ``checkpoints``."""
+    monkeypatch.syspath_prepend(str(REPO / "examples"))
+    import train_lightning
+    from shardify.torch_geometric import GraphLoader
+
+    saved = torch.load(train_lightning.latest_checkpoint(checkpoints), map_location="cpu",
+                       weights_only=False)
+    model = train_lightning.DirectionModel(**saved["hyper_parameters"])
+    model.load_state_dict(saved["state_dict"])
+    model.eval()
+    val = shardify.Dataset(train_dir).split(0.2, seed=0)[1]
+    graphs = GraphLoader(shardify.Loader(val, batch_events=32, shuffle=False, device="cpu"),
+                         standardize="graphnet", knn=8, max_pulses=64)
+    with torch.no_grad():
+        errors = torch.cat([model.errors(batch) for batch in graphs])
+    assert len(errors) == len(val) == 60
+    return float(errors.double().mean())
 
 
 def test_the_transformer_example_gives_an_event_without_pulses_a_finite_direction(
