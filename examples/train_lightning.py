@@ -17,7 +17,9 @@ events by a budget of nodes instead (``Loader(max_pulses=P, pulse_cap=MAX_PULSES
 event counts the pulses its graph keeps, and a GNN's memory grows with its nodes), so the
 ranks of one step get different numbers of events: the training loss is
 ``shardify.distributed.event_mean`` of the per-event errors, which weighs every event of the
-step the same once DDP averaged the ranks' gradients. Lightning checkpoints into
+step the same once DDP averaged the ranks' gradients, and each epoch has its own number of
+batches, which Lightning reads anew at every epoch (``reload_dataloaders_every_n_epochs=1``;
+else it would stop every epoch at the first one's count). Lightning checkpoints into
 ``--checkpoint-dir`` every ``--checkpoint-every`` steps (the model, the optimiser, its loops
 and the loader's ``state_dict``); ``--resume`` continues from the latest one, mid-epoch,
 with exactly the batches that were left. ``--stop-after N`` ends the process after N
@@ -147,7 +149,9 @@ def main() -> None:
     trainer = lightning.Trainer(
         max_epochs=args.epochs, accelerator=args.accelerator, devices=args.devices,
         strategy="ddp" if args.devices > 1 else "auto", callbacks=callbacks, logger=False,
-        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0)
+        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+        # A budget's epochs each have their own number of batches: Lightning reads it anew.
+        reload_dataloaders_every_n_epochs=0 if args.pulse_budget is None else 1)
     resume = latest_checkpoint(args.checkpoint_dir) if args.resume else None
     if resume and trainer.is_global_zero:
         step = torch.load(resume, map_location="cpu", weights_only=False)["global_step"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import warnings
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -369,6 +370,14 @@ class Loader:
                 self._batches = _Streaming(self._native, self.section_names)
         self.shuffle = bool(shuffle)
         self._lengths: dict[tuple[int, int], int] = {}
+        # The epoch and count len() first answered (what a trainer that reads it once
+        # keeps), and whether an epoch left short at a kept count was warned of.
+        self._first_length: tuple[int, int] | None = None
+        # The epoch a position loaded after its last batch ended, and its count.
+        self._restarted_after: tuple[int, int] | None = None
+        # The epoch of the last state loaded, and its batches done then (at this world).
+        self._resumed: tuple[int, int] | None = None
+        self._warned_of_a_short_epoch = False
         # The position load_state_dict set, while no batch has been handed out since.
         self._loaded: tuple[int, int, int] | None = None
         self._sampler: Any = None
@@ -403,7 +412,10 @@ class Loader:
         epoch, origin, taken = self._batches.position()
         if self._handed_out_every_batch(epoch, origin, taken):
             epoch += 1
-        return self._batch_count(epoch, 0)
+        count = self._batch_count(epoch, 0)
+        if self._first_length is None:
+            self._first_length = (epoch, count)
+        return count
 
     @property
     def epoch(self) -> int:
@@ -460,7 +472,54 @@ class Loader:
         position = self._batches.position()
         if position == self._loaded and position[0] == epoch:
             return
+        if epoch != position[0]:
+            self._warn_if_left_short(*position)
+            if position == self._loaded and position[1] > 0 and position[2] == 0 \
+                    and self._batch_count(position[0], position[1]) == 0:
+                # Loaded after the last batch of an epoch: a restart at its end.
+                self._restarted_after = (position[0], self._batch_count(position[0], 0))
         self._batches.seek(epoch, 0, 0)
+
+    def _warn_if_left_short(self, epoch: int, origin: int, taken: int) -> None:
+        """Warns (once per loader) when ``epoch`` is left short of its own count at the count
+        of another epoch that PyTorch Lightning kept: under a pulse or token budget each
+        epoch has its own count, and Lightning stops an epoch at the ``len()`` it read at
+        its start (every epoch's, unless it reloads its dataloaders; a resumed one's, read
+        before it loaded the loader's state), or, restarted at an epoch's end, at that
+        epoch's count. Left at any other count (a ``break``, ``limit_train_batches``) the
+        epoch is not warned of."""
+        if self._warned_of_a_short_epoch or origin % self.world:
+            return
+        done = origin // self.world + taken  # from the epoch's start, at this world size
+        first, restarted, resumed = self._first_length, self._restarted_after, self._resumed
+        if restarted is not None and restarted[0] + 1 == epoch and restarted[1] == done:
+            kept = (f"the count of epoch {restarted[0]}, at whose end the job restarted",
+                    ", restarted from a checkpoint made at an epoch's last step, takes that "
+                    "epoch's count as the next one's limit, also when it reloads its "
+                    "dataloaders")
+        elif first is not None and resumed is not None and resumed[0] == epoch \
+                and done == max(first[1], resumed[1]):
+            kept = (f"where the job resumed it (at batch {resumed[1]}) with the count len() "
+                    f"gave for epoch {first[0]}, {first[1]}",
+                    ", resuming mid-epoch, reads len() before it loads the loader's state and "
+                    "keeps it as the resumed epoch's limit, also when it reloads its "
+                    "dataloaders")
+        elif first is not None and first[0] != epoch and done == first[1]:
+            kept = (f"the count len() gave for epoch {first[0]}",
+                    " keeps the len() it read at its start as every epoch's limit unless it "
+                    "reloads its dataloaders: give the Trainer (or GraphNeT's fit) "
+                    "reload_dataloaders_every_n_epochs=1")
+        else:
+            return
+        count = self._batch_count(epoch, 0)
+        if done >= count:
+            return
+        self._warned_of_a_short_epoch = True
+        warnings.warn(
+            f"Loader: epoch {epoch} was left after {done} of its {count} batches, {kept[0]}: "
+            f"its last {count - done} were not trained. Under a pulse or token budget each "
+            f"epoch has its own number of batches, and PyTorch Lightning{kept[1]}. "
+            f"(Warned once per loader.)", stacklevel=3)
 
     #: None, as a ``DataLoader``'s beside its ``sampler``: what Lightning reads with it.
     batch_sampler: None = None
@@ -531,6 +590,7 @@ class Loader:
                 "world", saved.get("world", self.world))
         self._batches.seek(_count("epoch", state["epoch"]), position, 0)
         self._loaded = self._batches.position()
+        self._resumed = (self._loaded[0], self._loaded[1] // self.world)
 
     def map(self, function: BatchFunction) -> MappedLoader:
         """This loader with each batch as ``function(batch, epoch)`` makes it (``epoch``: the

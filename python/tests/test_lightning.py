@@ -39,20 +39,23 @@ def recording_module(lightning, torch):
 
 
 def fit(lightning, torch, train_dir, checkpoint=None, callbacks=(), validate=False,
-        **settings):
-    """Two epochs of Lightning over a fresh loader (and, to ``validate``, an evaluation
-    loader over the same events); the module, which recorded the steps."""
+        epochs=2, reload=0, **settings):
+    """``epochs`` of Lightning (reloading its dataloaders every ``reload`` epochs) over a
+    fresh loader (and, to ``validate``, an evaluation loader over the same events); the
+    module, which recorded the steps, and in ``module.warned`` the loaders' warnings."""
     module = recording_module(lightning, torch)
     trainer = lightning.Trainer(
-        max_epochs=2, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
-        enable_model_summary=False, enable_checkpointing=bool(callbacks),
-        callbacks=list(callbacks), num_sanity_val_steps=0, limit_val_batches=3)
+        max_epochs=epochs, accelerator="cpu", devices=1, logger=False,
+        enable_progress_bar=False, enable_model_summary=False,
+        enable_checkpointing=bool(callbacks), callbacks=list(callbacks),
+        num_sanity_val_steps=0, limit_val_batches=3, reload_dataloaders_every_n_epochs=reload)
     loader = shardify.Loader(train_dir, device="cpu", **settings)
     val = shardify.Loader(train_dir, batch_events=20, shuffle=False, device="cpu")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # Lightning's advice about workers and loggers
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")  # Lightning's advice about workers and loggers too
         trainer.fit(module, train_dataloaders=loader, val_dataloaders=val if validate else None,
                     ckpt_path=checkpoint)
+    module.warned = [str(w.message) for w in caught if str(w.message).startswith("Loader:")]
     return module
 
 
@@ -84,6 +87,96 @@ def test_every_checkpoint_resumes_exactly_the_batches_left(train_dir, torch, lig
         steps = torch.load(path, weights_only=False)["global_step"]
         resumed = fit(lightning, torch, train_dir, checkpoint=str(path), **settings).seen
         assert whole[:steps] + resumed == whole, path.name
+
+
+def epochs_of(seen, epochs: int) -> list[list[int]]:
+    """The events each epoch of a recording module's steps trained, in order."""
+    return [[e for epoch, _, batch in seen if epoch == wanted for e in batch]
+            for wanted in range(epochs)]
+
+
+def restart_warning(epoch: int, done: int, count: int, steps: int, ends: list[int],
+                    first_count: int) -> str:
+    """The loader's warning of ``epoch`` left after ``done`` of its ``count`` batches when
+    Lightning restarted from the checkpoint of ``steps`` (at one of the epochs' ``ends``:
+    the ended epoch's count kept, else the first ``len()``, ``first_count``)."""
+    if steps in ends:
+        kept = (f"the count of epoch {epoch - 1}, at whose end the job restarted",
+                ", restarted from a checkpoint made at an epoch's last step, takes that "
+                "epoch's count as the next one's limit")
+    else:
+        resumed_at = steps - ([0] + ends)[epoch]
+        kept = (f"where the job resumed it (at batch {resumed_at}) with the count len() gave "
+                f"for epoch 0, {first_count}",
+                ", resuming mid-epoch, reads len() before it loads the loader's state and "
+                "keeps it as the resumed epoch's limit")
+    return (f"Loader: epoch {epoch} was left after {done} of its {count} batches, {kept[0]}: "
+            f"its last {count - done} were not trained. Under a pulse or token budget each "
+            f"epoch has its own number of batches, and PyTorch Lightning{kept[1]}, also when "
+            f"it reloads its dataloaders. (Warned once per loader.)")
+
+
+def test_a_budgets_epochs_of_other_lengths_are_whole_when_lightning_reloads(
+        train_dir, torch, lightning, tmp_path):
+    """Under a pulse budget each epoch has its own number of batches. Lightning keeps the
+    len() it read at its start as every epoch's limit: an epoch with more batches loses
+    its last ones, which the loader warns of, naming the fix. Reloading its dataloaders
+    every epoch, Lightning reads each epoch's len(): every epoch whole. Restarted from a
+    checkpoint, it still keeps a count read before as one epoch's limit: mid-epoch, the
+    resumed epoch's (the first len(), read before the loader's state is loaded); at an
+    epoch's last step, the next one's (the ended epoch's, by which it tells that the epoch
+    ended). That epoch's batches are still the right ones, each once; when it has more, it
+    loses its last ones, which the loader warns of too."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    budget = dict(max_pulses=500)
+    counts = [shardify.Loader(train_dir, **budget)._batch_count(e, 0) for e in range(4)]
+    assert max(counts[1:]) > counts[0], counts  # the case at hand: a longer epoch after
+
+    kept = fit(lightning, torch, train_dir, epochs=4, **budget)
+    lost = [300 - len(events) for events in epochs_of(kept.seen, 4)]
+    assert [sum(1 for e, _, _ in kept.seen if e == epoch) for epoch in range(4)] == \
+        [min(c, counts[0]) for c in counts]
+    longer = next(e for e, c in enumerate(counts) if c > counts[0])
+    assert lost[longer] > 0, lost  # the loss the warning is about really happened
+    assert kept.warned == [
+        f"Loader: epoch {longer} was left after {counts[0]} of its {counts[longer]} "
+        f"batches, the count len() gave for epoch 0: its last {counts[longer] - counts[0]} "
+        f"were not trained. Under a pulse or token budget each epoch has its own number of "
+        f"batches, and PyTorch Lightning keeps the len() it read at its start as every "
+        f"epoch's limit unless it reloads its dataloaders: give the Trainer (or GraphNeT's "
+        f"fit) reload_dataloaders_every_n_epochs=1. (Warned once per loader.)"]
+
+    every_step = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=1, save_top_k=-1,
+                                 filename="{step}")
+    reloaded = fit(lightning, torch, train_dir, epochs=4, reload=1, callbacks=[every_step],
+                   **budget)
+    whole = reloaded.seen
+    assert [len(set(events)) for events in epochs_of(whole, 4)] == [300] * 4
+    assert [sum(1 for e, _, _ in whole if e == epoch) for epoch in range(4)] == counts
+    assert reloaded.warned == []
+    # Restarted from a step's checkpoint, Lightning keeps a count it read before the loader
+    # had its state (mid-epoch) or the ended epoch's (at an epoch's last step) as the
+    # resumed or next epoch's limit: each epoch's batches are still the whole run's from
+    # its start, and the first epoch left short (when another epoch follows) is warned of.
+    ends = [sum(counts[:k + 1]) for k in range(3)]
+    short_ones = []
+    for steps in [1] + [s for end in ends for s in (end - 1, end, end + 1)]:
+        resumed = fit(lightning, torch, train_dir, epochs=4, reload=1,
+                      checkpoint=str(tmp_path / f"step={steps}.ckpt"), **budget)
+        run = whole[:steps] + resumed.seen
+        # Lightning's batch indexes may restart in a resumed epoch: compared are the batches.
+        per_epoch = [[batch for e, _, batch in run if e == epoch] for epoch in range(4)]
+        for epoch, done in enumerate(per_epoch):
+            assert done == [batch for e, _, batch in whole if e == epoch][:len(done)], steps
+        short = [(epoch, len(done)) for epoch, done in enumerate(per_epoch[:3])
+                 if len(done) < counts[epoch]]
+        short_ones += short
+        assert resumed.warned == [
+            restart_warning(epoch, done, counts[epoch], steps, ends, counts[0])
+            for epoch, done in short[:1]], steps
+    # Lightning 2.6 leaves some short (if a later one does not, the warning is moot).
+    assert short_ones, "every restart resumed its epochs whole"
 
 
 DDP_SCRIPT = """
