@@ -196,12 +196,14 @@ class Recording(lightning.LightningModule):
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=1e-3)
 
-loader = shardify.Loader(sys.argv[1], batch_events=16, device="cpu")  # before any group
+settings = json.loads(sys.argv[3])
+loader = shardify.Loader(sys.argv[1], device="cpu", **settings["loader"])  # before any group
 made_as = [loader.rank, loader.world]
 module = Recording()
-trainer = lightning.Trainer(max_epochs=2, accelerator="cpu", devices=2, strategy="ddp",
-                            logger=False, enable_progress_bar=False,
-                            enable_model_summary=False, enable_checkpointing=False)
+trainer = lightning.Trainer(max_epochs=settings["epochs"], accelerator="cpu", devices=2,
+                            strategy="ddp", logger=False, enable_progress_bar=False,
+                            enable_model_summary=False, enable_checkpointing=False,
+                            reload_dataloaders_every_n_epochs=settings["reload"])
 trainer.fit(module, train_dataloaders=loader)
 with open(f"{sys.argv[2]}/rank-{trainer.global_rank}.json", "w") as out:
     json.dump({"made_as": made_as, "rank": loader.rank, "world": loader.world,
@@ -214,23 +216,48 @@ os._exit(0)
 """
 
 
-def test_its_ddp_gives_each_rank_its_share_of_a_loader_made_before(train_dir, torch,
-                                                                   lightning, tmp_path):
+def lightning_ddp(train_dir, tmp_path, loader: dict, epochs: int, reload: int) -> list[dict]:
+    """DDP_SCRIPT's record of each of its 2 ranks."""
     script = tmp_path / "ddp.py"
     script.write_text(textwrap.dedent(DDP_SCRIPT))
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    run = subprocess.run([sys.executable, str(script), str(train_dir), str(tmp_path)],
+    settings = json.dumps({"loader": loader, "epochs": epochs, "reload": reload})
+    run = subprocess.run([sys.executable, str(script), str(train_dir), str(tmp_path), settings],
                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in (0, 1)]
     for r, record in enumerate(ranks):
         assert record["made_as"] == [0, 1], "made before the group: rank 0 of 1 then"
         assert (record["rank"], record["world"]) == (r, 2), "found when Lightning used it"
+    return ranks
+
+
+def test_its_ddp_gives_each_rank_its_share_of_a_loader_made_before(train_dir, torch,
+                                                                   lightning, tmp_path):
+    ranks = lightning_ddp(train_dir, tmp_path, dict(batch_events=16), epochs=2, reload=0)
     dropped_last = 300 // 32 * 32  # drop_last with 2 ranks: complete batch pairs only
     for epoch in (0, 1):
         events = [e for record in ranks for seen_epoch, batch in record["seen"]
                   if seen_epoch == epoch for e in batch]
         assert len(events) == len(set(events)) == dropped_last, "no event on two ranks"
+
+
+def test_its_ddp_reloading_gives_each_rank_its_whole_share_of_every_budget_epoch(
+        train_dir, torch, lightning, tmp_path):
+    """A pulse budget's epochs differ in batches on each rank (18 and 19 here): reloading
+    its dataloaders, Lightning's DDP trains each rank's whole share of every epoch, as the
+    rank's own loader deals it."""
+    budget = dict(max_pulses=500)
+    ranks = lightning_ddp(train_dir, tmp_path, budget, epochs=3, reload=1)
+    for r, record in enumerate(ranks):
+        alone = shardify.Loader(train_dir, rank=r, world=2, device="cpu", output="numpy",
+                                **budget)
+        counts = [alone._batch_count(epoch, 0) for epoch in range(3)]
+        assert len(set(counts)) > 1, counts  # the case at hand
+        for epoch in range(3):
+            alone.set_epoch(epoch)
+            expected = [batch["event_id"].tolist() for batch in alone]
+            assert [batch for e, batch in record["seen"] if e == epoch] == expected, (r, epoch)
 
 
 def test_graphnets_way_graphs_to_train_and_validate(train_dir, torch, lightning, tmp_path):
