@@ -467,7 +467,9 @@ class Loader:
         :meth:`load_state_dict` of a state saved in epoch ``epoch``, keeps the loaded
         position, so that the next ``for`` resumes it. So a loop that calls
         ``set_epoch(epoch)`` at the top of every epoch, as ``DistributedSampler`` asks (and
-        as PyTorch Lightning does through :attr:`sampler`), resumes mid-epoch too."""
+        as PyTorch Lightning does through :attr:`sampler`), resumes mid-epoch too. Leaving
+        an epoch short of its batches at a count PyTorch Lightning kept from another (under
+        a budget, whose epochs differ in count) warns, once, naming the cause."""
         epoch = _count("epoch", epoch)
         position = self._batches.position()
         if position == self._loaded and position[0] == epoch:
