@@ -509,8 +509,8 @@ class Loader:
         elif first is not None and first[0] != epoch and done == first[1]:
             kept = (f"the count len() gave for epoch {first[0]}",
                     " keeps the len() it read at its start as every epoch's limit unless it "
-                    "reloads its dataloaders: give the Trainer (or GraphNeT's fit) "
-                    "reload_dataloaders_every_n_epochs=1")
+                    "reloads its dataloaders (as would a loop that reads len() once): give "
+                    "the Trainer (or GraphNeT's fit) reload_dataloaders_every_n_epochs=1")
         else:
             return
         count = self._batch_count(epoch, 0)

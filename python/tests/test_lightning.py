@@ -144,8 +144,9 @@ def test_a_budgets_epochs_of_other_lengths_are_whole_when_lightning_reloads(
         f"batches, the count len() gave for epoch 0: its last {counts[longer] - counts[0]} "
         f"were not trained. Under a pulse or token budget each epoch has its own number of "
         f"batches, and PyTorch Lightning keeps the len() it read at its start as every "
-        f"epoch's limit unless it reloads its dataloaders: give the Trainer (or GraphNeT's "
-        f"fit) reload_dataloaders_every_n_epochs=1. (Warned once per loader.)"]
+        f"epoch's limit unless it reloads its dataloaders (as would a loop that reads len() "
+        f"once): give the Trainer (or GraphNeT's fit) reload_dataloaders_every_n_epochs=1. "
+        f"(Warned once per loader.)"]
 
     every_step = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=1, save_top_k=-1,
                                  filename="{step}")

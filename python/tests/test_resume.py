@@ -45,6 +45,42 @@ def test_a_for_after_the_last_batch_handed_out_starts_the_next_epoch(train_dir, 
     assert resumed.epoch == 0 and ids(resumed) == [] and ids(resumed) == epoch1
 
 
+def test_an_epoch_left_short_at_the_first_len_is_warned_of_once(train_dir):
+    """A loop that reads len() once and takes that many batches of every epoch (as PyTorch
+    Lightning does unless it reloads its dataloaders) leaves a budget's longer epoch short:
+    the next set_epoch warns, once, with the counts. A stop at another count (a break,
+    limit_train_batches) or at the epoch's own count is not warned of."""
+    import warnings
+
+    def loop(loader, epochs, stop_after=None):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            n = len(loader) if stop_after is None else stop_after
+            taken = []
+            for epoch in range(epochs):
+                loader.set_epoch(epoch)
+                # range first: zip stops without asking the loader for one more.
+                taken.append(sum(1 for _, _ in zip(range(n), loader, strict=False)))
+        return taken, [str(w.message) for w in caught]
+
+    settings = dict(max_pulses=500, device="cpu", output="numpy")
+    counts = [shardify.Loader(train_dir, **settings)._batch_count(e, 0) for e in range(4)]
+    assert counts == [37, 39, 37, 39], counts  # the case at hand: epochs 1 and 3 longer
+    taken, warned = loop(shardify.Loader(train_dir, **settings), 4)
+    assert taken == [37] * 4
+    assert warned == [
+        "Loader: epoch 1 was left after 37 of its 39 batches, the count len() gave for epoch "
+        "0: its last 2 were not trained. Under a pulse or token budget each epoch has its own "
+        "number of batches, and PyTorch Lightning keeps the len() it read at its start as "
+        "every epoch's limit unless it reloads its dataloaders (as would a loop that reads "
+        "len() once): give the Trainer (or GraphNeT's fit) "
+        "reload_dataloaders_every_n_epochs=1. (Warned once per loader.)"]
+    assert loop(shardify.Loader(train_dir, **settings), 4, stop_after=10)[1] == []
+    # Epochs of one count (a fixed batch size): whole, nothing to warn of.
+    assert loop(shardify.Loader(train_dir, batch_events=8, device="cpu", output="numpy"),
+                3) == ([38] * 3, [])
+
+
 def test_set_epoch_keeps_a_position_just_loaded_in_its_epoch(train_dir, torch):
     full = order_lines(train_dir, "--batch-events", "8", "--epoch", "2")
     loader = shardify.Loader(train_dir, batch_events=8, device="cpu")
