@@ -399,49 +399,34 @@ proptest! {
     fn drop_last_gives_equal_counts_and_loses_little(
         shards in proptest::collection::vec(0usize..300, 1..6),
         seed in any::<u64>(), block in 1usize..64, window in 1usize..8,
-        batching in batching(), world in 1usize..9, run in 1usize..12, batch_order in order(),
-        group_by_length in grouping(),
+        batching in batching(), world in 1usize..9, run in 1usize..12, origin in 0u64..40,
+        batch_order in order(), group_by_length in grouping(),
     ) {
-        let sizes = Sizes(shards.clone());
-        let base = SamplerConfig { seed, block_events: block, window_blocks: window, run_events: run, batching, batch_order, shuffle: true, group_by_length, drop_last: true, rank: 0, world };
-        let per_rank: Vec<Vec<BatchPlan>> = (0..world).map(|rank| all(&sizes, &SamplerConfig { rank, ..base.clone() }, 1)).collect();
-        let counts: BTreeSet<usize> = per_rank.iter().map(|r| r.len()).collect();
-        prop_assert!(counts.len() <= 1, "every rank the same number of batches: {:?}", counts);
-        let kept: BTreeSet<EventRef> = per_rank.iter().flatten().flat_map(|b| b.events.clone()).collect();
-        let full = all(&sizes, &SamplerConfig { drop_last: false, world: 1, ..base.clone() }, 1);
-        prop_assert!(full.len() - per_rank.iter().map(|r| r.len()).sum::<usize>() <= world, "at most `world` batches dropped");
-        if let Batching::Events(n) = batching {
-            prop_assert!(per_rank.iter().flatten().all(|b| b.events.len() == n));
-        }
-        prop_assert_eq!(kept.len(), per_rank.iter().flatten().map(|b| b.events.len()).sum::<usize>());
-    }
-
-    #[test]
-    fn drop_last_delivers_the_whole_steps_the_counting_pass_finds(
-        shards in proptest::collection::vec(0usize..300, 1..6),
-        seed in any::<u64>(), block in 1usize..64, window in 1usize..8,
-        batching in batching(), world in 1usize..9, origin in 0u64..40, batch_order in order(),
-        group_by_length in grouping(),
-    ) {
-        // Each rank looks one step ahead to drop an incomplete one; the reference counts
-        // the epoch's batches first (the pass `len()` makes), then deals the global batches
-        // before that end.
+        // Each rank looks one step ahead to drop an incomplete one: its batches are those
+        // the counting pass (`len()`'s) finds before the end, dealt from `origin` (a
+        // resume's), and every rank gets as many.
         let sizes = Sizes(shards);
-        let base = SamplerConfig { seed, block_events: block, window_blocks: window, run_events: 3, batching, batch_order, shuffle: true, group_by_length, drop_last: true, rank: 0, world };
-        let every = all(&sizes, &SamplerConfig { world: 1, drop_last: false, ..base.clone() }, 1);
+        let base = SamplerConfig { seed, block_events: block, window_blocks: window, run_events: run, batching, batch_order, shuffle: true, group_by_length, drop_last: true, rank: 0, world };
+        let every = all(&sizes, &SamplerConfig { drop_last: false, world: 1, ..base.clone() }, 1);
         let end = delivered_global_batches(&sizes, &base, 1, origin);
         let position = SamplerState { epoch: 1, batches_taken: 0, origin };
-        let mut delivered = 0;
-        for rank in 0..world {
-            let config = SamplerConfig { rank, ..base.clone() };
-            let looked_ahead: Vec<BatchPlan> = EpochBatches::new(&sizes, &config, position).collect();
+        let per_rank: Vec<Vec<BatchPlan>> = (0..world).map(|rank| EpochBatches::new(&sizes, &SamplerConfig { rank, ..base.clone() }, position).collect()).collect();
+        for (rank, looked_ahead) in per_rank.iter().enumerate() {
             let counted: Vec<BatchPlan> = every.iter()
                 .filter(|b| b.global_index >= origin && b.global_index < end && (b.global_index - origin) % world as u64 == rank as u64)
                 .cloned().collect();
-            delivered += looked_ahead.len();
-            prop_assert_eq!(looked_ahead, counted, "rank {} of {}", rank, world);
+            prop_assert_eq!(looked_ahead, &counted, "rank {} of {}", rank, world);
         }
+        let counts: BTreeSet<usize> = per_rank.iter().map(|r| r.len()).collect();
+        prop_assert!(counts.len() <= 1, "every rank the same number of batches: {:?}", counts);
+        let delivered = per_rank.iter().map(|r| r.len()).sum::<usize>();
         prop_assert_eq!(delivered as u64, end.saturating_sub(origin), "every whole step, and only those");
+        prop_assert!(every.len().saturating_sub(origin as usize) - delivered <= world, "at most `world` batches dropped");
+        if let Batching::Events(n) = batching {
+            prop_assert!(per_rank.iter().flatten().all(|b| b.events.len() == n));
+        }
+        let kept: BTreeSet<EventRef> = per_rank.iter().flatten().flat_map(|b| b.events.clone()).collect();
+        prop_assert_eq!(kept.len(), per_rank.iter().flatten().map(|b| b.events.len()).sum::<usize>());
     }
 
     #[test]
