@@ -373,9 +373,8 @@ class Loader:
         # The epoch and count len() first answered (what a trainer that reads it once
         # keeps), and whether an epoch left short at a kept count was warned of.
         self._first_length: tuple[int, int] | None = None
-        # The epoch a position loaded after its last batch ended, and its count.
-        self._restarted_after: tuple[int, int] | None = None
-        # The epoch of the last state loaded, and its batches done then (at this world).
+        # The epoch and origin of the last state loaded (a restart at the epoch's end
+        # when nothing of it was left).
         self._resumed: tuple[int, int] | None = None
         self._warned_of_a_short_epoch = False
         # The position load_state_dict set, while no batch has been handed out since.
@@ -476,10 +475,6 @@ class Loader:
             return
         if epoch != position[0]:
             self._warn_if_left_short(*position)
-            if position == self._loaded and position[1] > 0 and position[2] == 0 \
-                    and self._batch_count(position[0], position[1]) == 0:
-                # Loaded after the last batch of an epoch: a restart at its end.
-                self._restarted_after = (position[0], self._batch_count(position[0], 0))
         self._batches.seek(epoch, 0, 0)
 
     def _warn_if_left_short(self, epoch: int, origin: int, taken: int) -> None:
@@ -493,16 +488,17 @@ class Loader:
         if self._warned_of_a_short_epoch or origin % self.world:
             return
         done = origin // self.world + taken  # from the epoch's start, at this world size
-        first, restarted, resumed = self._first_length, self._restarted_after, self._resumed
-        if restarted is not None and restarted[0] + 1 == epoch and restarted[1] == done:
-            kept = (f"the count of epoch {restarted[0]}, at whose end the job restarted",
+        first, resumed = self._first_length, self._resumed
+        if resumed is not None and resumed[0] + 1 == epoch and resumed[1] > 0 \
+                and self._batch_count(*resumed) == 0 and done == self._batch_count(resumed[0], 0):
+            kept = (f"the count of epoch {resumed[0]}, at whose end the job restarted",
                     ", restarted from a checkpoint made at an epoch's last step, takes that "
                     "epoch's count as the next one's limit, also when it reloads its "
                     "dataloaders")
         elif first is not None and resumed is not None and resumed[0] == epoch \
-                and done == max(first[1], resumed[1]):
-            kept = (f"where the job resumed it (at batch {resumed[1]}) with the count len() "
-                    f"gave for epoch {first[0]}, {first[1]}",
+                and done == max(first[1], resumed[1] // self.world):
+            kept = (f"where the job resumed it (at batch {resumed[1] // self.world}) with the "
+                    f"count len() gave for epoch {first[0]}, {first[1]}",
                     ", resuming mid-epoch, reads len() before it loads the loader's state and "
                     "keeps it as the resumed epoch's limit, also when it reloads its "
                     "dataloaders")
@@ -592,7 +588,7 @@ class Loader:
                 "world", saved.get("world", self.world))
         self._batches.seek(_count("epoch", state["epoch"]), position, 0)
         self._loaded = self._batches.position()
-        self._resumed = (self._loaded[0], self._loaded[1] // self.world)
+        self._resumed = self._loaded[:2]
 
     def map(self, function: BatchFunction) -> MappedLoader:
         """This loader with each batch as ``function(batch, epoch)`` makes it (``epoch``: the
