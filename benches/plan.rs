@@ -125,6 +125,7 @@ fn main() {
             Batching::Tokens {
                 max_tokens: 65536,
                 max_events: None,
+                pad_to_multiple_of: None,
             },
             LengthGrouping::Pulses { cap: Some(256) },
         ),

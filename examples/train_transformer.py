@@ -18,9 +18,9 @@ shape). With ``--group-by-length`` the loader batches events of similar length
 its longest event, rounded up to a multiple of 16: a third of the cells at window 16 with
 the real statistics, in at most N / 16 shapes. ``--max-tokens T`` then cuts batches by a
 budget of padded tokens instead of ``--batch-events`` (``max_tokens=T``): each grid holds at
-most T cells (padded to its longest event exactly, as rounding up would overrun the budget),
-short events in big batches and long ones in small, so the grids, and the memory a step
-takes, are nearly equal.
+most T cells (the loader counts each batch's longest event rounded up to 16,
+``pad_to_multiple_of=16``, as the grids are padded), short events in big batches and long
+ones in small, so the grids, and the memory a step takes, are nearly equal.
 
 The model embeds each pulse, runs a transformer encoder over the event's pulses (the
 padding masked out), averages the encoded pulses and reads out a unit direction; the loss
@@ -128,21 +128,19 @@ def main() -> None:
 
     grouping = {"group_by_length": args.max_pulses} if args.group_by_length else {}
     if args.max_tokens is not None:
-        grouping["max_tokens"] = args.max_tokens
+        # The budget counts the grids as they are padded: rounded up.
+        grouping.update(max_tokens=args.max_tokens, pad_to_multiple_of=PAD_TO_MULTIPLE_OF)
     loader = adapted_training.labelled_loader(args, **grouping)
     device = loader.device
     model = PulseTransformer(width=args.width, heads=args.heads, layers=args.layers).to(device)
     optimiser, saved = adapted_training.optimiser_and_checkpoints(args, model, loader)
-    # Rounded up, a grid could overrun a token budget.
-    multiple = PAD_TO_MULTIPLE_OF if args.group_by_length and args.max_tokens is None else None
+    multiple = PAD_TO_MULTIPLE_OF if args.group_by_length else None
+    within = "" if args.max_tokens is None else f" within {args.max_tokens} padded tokens"
     if not args.group_by_length:
         padded = f"pulses padded to {args.max_pulses}"
-    elif multiple is None:
-        padded = (f"batches of similar length within {args.max_tokens} padded tokens, each "
-                  f"padded to its longest (at most {args.max_pulses})")
     else:
-        padded = (f"batches of similar length, each padded to its longest (a multiple of "
-                  f"{multiple}, at most {args.max_pulses})")
+        padded = (f"batches of similar length{within}, each padded to its longest (a "
+                  f"multiple of {multiple}, at most {args.max_pulses})")
     print(f"{len(loader.dataset)} events, {len(loader)} batches per epoch, on {device}; "
           f"{padded}")
     sequences = Sequences(args.max_pulses, args.keep, args.group_by_length, multiple)

@@ -123,6 +123,7 @@ fn a_whole_epoch_delivers_every_event_once_with_exact_content() {
         Batching::Tokens {
             max_tokens: 900,
             max_events: Some(20),
+            pad_to_multiple_of: Some(8),
         },
     ]
     .map(|batching| config(batching, 3));

@@ -153,6 +153,9 @@ class Loader:
       to its longest event gets grids of nearly equal size and memory: short events in big
       batches, long ones in small. Each window is cut on its own; ``max_events`` caps the
       events of a batch (the shortest events otherwise come in batches of thousands).
+      ``pad_to_multiple_of`` (None): the longest length counted rounded up to a multiple of
+      it (at most the cap), for a model that pads its grids so (tensor cores, fewer shapes
+      to compile): ``shardify.sequences.SequenceLoader`` pads them so by default.
     * ``layout`` ("packed"): ``"packed"`` (the two-level CSR below) or ``"padded"``, which
       needs ``max_doms`` (M, DOMs kept per event, earliest first) and ``pulses_per_dom``
       (K, pulses kept per DOM) and costs ``B x M x (4 + 3K)`` float32 per batch.
@@ -257,6 +260,7 @@ class Loader:
         max_tokens: int | None = None,
         max_events: int | None = None,
         pulse_cap: int | None = None,
+        pad_to_multiple_of: int | None = None,
         layout: str = "packed",
         max_doms: int | None = None,
         pulses_per_dom: int | None = None,
@@ -324,6 +328,7 @@ class Loader:
             max_tokens=_optional_count("max_tokens", max_tokens),
             max_events=_optional_count("max_events", max_events),
             pulse_cap=_optional_count("pulse_cap", pulse_cap),
+            pad_to_multiple_of=_optional_count("pad_to_multiple_of", pad_to_multiple_of),
             layout=layout,
             max_doms=_optional_count("max_doms", max_doms),
             pulses_per_dom=_optional_count("pulses_per_dom", pulses_per_dom),

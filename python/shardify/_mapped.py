@@ -3,6 +3,7 @@ dataloader, with the loader's length, epochs, sampler and state (``Loader.map``)
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -13,6 +14,32 @@ if TYPE_CHECKING:
 
 #: What a mapped loader calls on each batch: ``function(batch, epoch)``.
 BatchFunction = Callable[[dict[str, Any], int], Any]
+
+
+def require_transform_arguments(what: str, transform: Callable[..., Any],
+                                arguments: dict[str, Any], *given: Any) -> None:
+    """Refuses, as ``TypeError`` naming ``what``, arguments ``transform(batch, *given,
+    **arguments)`` would not take, and an ``epoch`` (a loader's transform is given its
+    loader's): before a training framework starts, rather than at the first batch."""
+    if "epoch" in arguments:
+        raise TypeError(f"{what} takes no epoch: each epoch's batches are made with the "
+                        "loader's epoch")
+    try:
+        inspect.signature(transform).bind({}, *given, **arguments)
+    except TypeError as e:
+        raise TypeError(f"{what}: {e} (it takes {transform.__name__}'s arguments)") from None
+
+
+def require_packed_torch(what: str, loader: Loader, sections: tuple[str, ...]) -> None:
+    """Refuses a loader whose batches a transform of packed torch batches (reading
+    ``sections``) cannot take: numpy output, the padded layout, no DOM positions."""
+    if loader.output != "torch":
+        raise TypeError(f'{what} needs torch tensors: make the loader with output="torch" '
+                        "(the default)")
+    missing = [name for name in sections if name not in loader.section_names]
+    if missing:
+        raise ValueError(f"{what} needs packed batches with {', '.join(missing)}: make the "
+                         'loader with layout="packed" and dom_positions=True (the defaults)')
 
 
 class MappedLoader:

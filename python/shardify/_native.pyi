@@ -107,6 +107,7 @@ class Loader:
         max_tokens: int | None,
         max_events: int | None,
         pulse_cap: int | None,
+        pad_to_multiple_of: int | None,
         layout: str,
         max_doms: int | None,
         pulses_per_dom: int | None,

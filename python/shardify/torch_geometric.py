@@ -41,11 +41,10 @@ least 5 pulses per event, so only truncation to fewer could make such events).
 
 from __future__ import annotations
 
-import inspect
 import warnings
 from typing import TYPE_CHECKING, Any
 
-from ._mapped import MappedLoader
+from ._mapped import MappedLoader, require_packed_torch, require_transform_arguments
 
 if TYPE_CHECKING:
     from ._loader import Loader
@@ -241,22 +240,8 @@ class GraphLoader(MappedLoader):
     """
 
     def __init__(self, loader: Loader, **to_pyg_arguments: Any):
-        if "epoch" in to_pyg_arguments:
-            raise TypeError("GraphLoader takes no epoch: each epoch's graphs are made with "
-                            "the loader's epoch")
-        try:
-            inspect.signature(to_pyg).bind({}, **to_pyg_arguments)
-        except TypeError as e:
-            raise TypeError(f"GraphLoader: {e} (it takes to_pyg's arguments)") from None
-        # Refused here, before a Trainer starts, rather than at the first batch.
-        if loader.output != "torch":
-            raise TypeError('GraphLoader needs torch tensors: make the loader with '
-                            'output="torch" (the default)')
-        missing = [name for name in PACKED_SECTIONS if name not in loader.section_names]
-        if missing:
-            raise ValueError(f"GraphLoader needs packed batches with {', '.join(missing)}: "
-                             'make the loader with layout="packed" and dom_positions=True '
-                             "(the defaults)")
+        require_transform_arguments("GraphLoader", to_pyg, to_pyg_arguments)
+        require_packed_torch("GraphLoader", loader, PACKED_SECTIONS)
         _warn_of_a_budget_of_other_pulses(loader, to_pyg_arguments)
         self.to_pyg_arguments = to_pyg_arguments
         super().__init__(loader, self._graphs)

@@ -261,8 +261,7 @@ def time_ordered(batch: dict[str, Any], max_pulses: int | None = None,
     import torch
 
     _require_packed(batch, "time_ordered")
-    if keep not in KEEP_RULES:
-        raise ValueError(f"invalid keep: {keep!r} (expected one of {', '.join(KEEP_RULES)})")
+    _require_keep(keep)
     _require_positive_or_none("max_pulses", max_pulses)
     time = batch["pulse_time"]
     event_doms = batch["event_dom_offsets"].long()
@@ -403,6 +402,12 @@ def pulse_features(pulses: dict[str, Any], standardize: str | None = None) -> An
     return _features_and_positions(pulses, standardize)[0]
 
 
+def _require_keep(keep: Any) -> None:
+    """A ``ValueError`` unless ``keep`` is one of :data:`KEEP_RULES`."""
+    if keep not in KEEP_RULES:
+        raise ValueError(f"invalid keep: {keep!r} (expected one of {', '.join(KEEP_RULES)})")
+
+
 def _require_positive_or_none(name: str, value: Any) -> None:
     """A ``ValueError`` naming ``name`` unless ``value`` is None or a positive integer."""
     if value is not None and (isinstance(value, bool) or not isinstance(value, int)
@@ -423,6 +428,23 @@ def _rounded_up(length: int, multiple: int | None) -> int:
 
 #: What :func:`pulse_sequences` pads to: ``length`` or the batch's longest event.
 PADDINGS = ("length", "longest")
+
+
+def require_sequence_arguments(length: Any, *, keep: Any = "non_auxiliary_first",
+                               standardize: Any = None, padding: Any = "length",
+                               pad_to_multiple_of: Any = None, **_: Any) -> None:
+    """A ``ValueError`` naming the first of :func:`pulse_sequences`' arguments it refuses
+    (any others are ignored): what a loader of sequences checks before its first batch."""
+    if isinstance(length, bool) or not isinstance(length, int) or length < 1:
+        raise ValueError(f"length must be a positive integer, not {length!r}")
+    _require_keep(keep)
+    require_standardization(standardize)
+    if padding not in PADDINGS:
+        raise ValueError(f"invalid padding: {padding!r} (expected \"length\" or \"longest\")")
+    _require_positive_or_none("pad_to_multiple_of", pad_to_multiple_of)
+    if pad_to_multiple_of is not None and padding != "longest":
+        raise ValueError("pulse_sequences: pad_to_multiple_of rounds the longest event's "
+                         "length up; give it with padding=\"longest\"")
 
 
 @_left_untraced
@@ -450,15 +472,8 @@ def pulse_sequences(batch: dict[str, Any], length: int, *,
     ``padding="longest"`` (the longest event).
     """
     _require_packed(batch, "pulse_sequences")
-    if isinstance(length, bool) or not isinstance(length, int) or length < 1:
-        raise ValueError(f"length must be a positive integer, not {length!r}")
-    if padding not in PADDINGS:
-        raise ValueError(f"invalid padding: {padding!r} (expected \"length\" or \"longest\")")
-    _require_positive_or_none("pad_to_multiple_of", pad_to_multiple_of)
-    if pad_to_multiple_of is not None and padding != "longest":
-        raise ValueError("pulse_sequences: pad_to_multiple_of rounds the longest event's "
-                         "length up; give it with padding=\"longest\"")
-    require_standardization(standardize)
+    require_sequence_arguments(length, keep=keep, standardize=standardize, padding=padding,
+                               pad_to_multiple_of=pad_to_multiple_of)
     pulses = time_ordered(batch, max_pulses=length, keep=keep, seed=seed, epoch=epoch)
     pulses["pulse_features"] = _features_and_positions(pulses, standardize)[0]
     if padding == "longest":

@@ -62,19 +62,28 @@ pub struct PyLoader {
 }
 
 /// `batch_events`, a pulse budget (`max_pulses`, optionally with `pulse_cap`) or a token
-/// budget (`max_tokens`), the budgets optionally with `max_events`.
+/// budget (`max_tokens`, optionally with `pad_to_multiple_of`), the budgets optionally with
+/// `max_events`.
 fn batching(
     batch_events: usize,
     max_pulses: Option<usize>,
     max_tokens: Option<usize>,
     max_events: Option<usize>,
     pulse_cap: Option<usize>,
+    pad_to_multiple_of: Option<usize>,
 ) -> Result<Batching, Error> {
     if pulse_cap.is_some() && max_pulses.is_none() {
         return Err(Error::config(
             "pulse_cap",
             "applies with max_pulses only (each event counts at most pulse_cap of its pulses \
              toward the budget)",
+        ));
+    }
+    if pad_to_multiple_of.is_some() && max_tokens.is_none() {
+        return Err(Error::config(
+            "pad_to_multiple_of",
+            "applies with max_tokens only (the budget counts each batch's longest length \
+             rounded up to it)",
         ));
     }
     match (max_pulses, max_tokens, max_events) {
@@ -90,6 +99,7 @@ fn batching(
         (None, Some(max_tokens), max_events) => Ok(Batching::Tokens {
             max_tokens,
             max_events,
+            pad_to_multiple_of,
         }),
         (None, None, Some(_)) => Err(Error::config(
             "max_events",
@@ -129,17 +139,25 @@ fn layout(
 
 /// The settings that decide the order, as the Python state dict spells them.
 fn order_settings(s: &SamplerConfig) -> serde_json::Value {
-    let (batch_events, max_pulses, max_tokens, max_events, pulse_cap) = match s.batching {
-        Batching::Events(n) => (Some(n), None, None, None, None),
+    let (batch_events, max_pulses, max_tokens, max_events, pulse_cap, multiple) = match s.batching {
+        Batching::Events(n) => (Some(n), None, None, None, None, None),
         Batching::Pulses {
             max_pulses,
             max_events,
             pulse_cap,
-        } => (None, Some(max_pulses), None, max_events, pulse_cap),
+        } => (None, Some(max_pulses), None, max_events, pulse_cap, None),
         Batching::Tokens {
             max_tokens,
             max_events,
-        } => (None, None, Some(max_tokens), max_events, None),
+            pad_to_multiple_of,
+        } => (
+            None,
+            None,
+            Some(max_tokens),
+            max_events,
+            None,
+            pad_to_multiple_of,
+        ),
     };
     let grouping = s.group_by_length.length_and_cap();
     serde_json::json!({
@@ -152,6 +170,7 @@ fn order_settings(s: &SamplerConfig) -> serde_json::Value {
         "max_tokens": max_tokens,
         "max_events": max_events,
         "pulse_cap": pulse_cap,
+        "pad_to_multiple_of": multiple,
         "batch_order": s.batch_order.to_string(),
         "shuffle": s.shuffle,
         "group_by_length": match grouping {
@@ -198,6 +217,9 @@ fn saved_sampler(json: &str, ours: &SamplerConfig) -> Result<SamplerConfig, Erro
         /// Absent from a state from before it existed.
         #[serde(default)]
         pulse_cap: Option<usize>,
+        /// Absent from a state from before it existed.
+        #[serde(default)]
+        pad_to_multiple_of: Option<usize>,
         batch_order: String,
         shuffle: Option<bool>,
         /// false, true (no cap) or the cap.
@@ -220,6 +242,7 @@ fn saved_sampler(json: &str, ours: &SamplerConfig) -> Result<SamplerConfig, Erro
             saved.max_tokens,
             saved.max_events,
             saved.pulse_cap,
+            saved.pad_to_multiple_of,
         )?,
         batch_order: batch_order(&saved.batch_order)?,
         shuffle: saved.shuffle.unwrap_or(true),
@@ -366,7 +389,8 @@ impl PyLoader {
     /// Every argument explicit: `shardify.Loader` (Python) resolves the defaults.
     #[new]
     #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (dataset, *, batch_events, max_pulses, max_tokens, max_events, pulse_cap, layout, max_doms,
+    #[pyo3(signature = (dataset, *, batch_events, max_pulses, max_tokens, max_events, pulse_cap,
+        pad_to_multiple_of, layout, max_doms,
         pulses_per_dom, seed, block_events, window_blocks, run_events, batch_order, shuffle,
         group_by_length, length_cap, length_of, drop_last, rank, world, workers,
         worker_scheduling, consumer_gathers, prefetch, device, dom_positions))]
@@ -378,6 +402,7 @@ impl PyLoader {
         max_tokens: Option<usize>,
         max_events: Option<usize>,
         pulse_cap: Option<usize>,
+        pad_to_multiple_of: Option<usize>,
         layout: &str,
         max_doms: Option<usize>,
         pulses_per_dom: Option<usize>,
@@ -406,8 +431,15 @@ impl PyLoader {
                 block_events,
                 window_blocks,
                 run_events,
-                batching: batching(batch_events, max_pulses, max_tokens, max_events, pulse_cap)
-                    .map_err(to_py)?,
+                batching: batching(
+                    batch_events,
+                    max_pulses,
+                    max_tokens,
+                    max_events,
+                    pulse_cap,
+                    pad_to_multiple_of,
+                )
+                .map_err(to_py)?,
                 batch_order: self::batch_order(batch_order).map_err(to_py)?,
                 shuffle,
                 group_by_length: length_grouping(group_by_length, length_cap, length_of)

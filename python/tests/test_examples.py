@@ -105,12 +105,14 @@ def test_transformer_example_pads_batches_grouped_by_length_less(train_dir, torc
     assert fills[True] > fills[False] + 15, fills
     # Cut by a budget of 512 padded tokens: every grid within it, as full as grouped ones.
     out = run("train_transformer.py", *common, "--group-by-length", "--max-tokens", "512")
-    assert "batches of similar length within 512 padded tokens" in out
+    assert ("batches of similar length within 512 padded tokens, each padded to its longest "
+            "(a multiple of 16, at most 64)") in out
     found = re.search(r"padding: ([\d.]+)% of the grids' cells hold pulses; the largest grid "
                       r"(\d+) cells", out)
     assert found, out
     assert float(found.group(1)) > fills[False] + 15 and int(found.group(2)) <= 512, out
-    batches = len(shardify.Loader(train_dir, max_tokens=512, group_by_length=64))
+    batches = len(shardify.Loader(train_dir, max_tokens=512, group_by_length=64,
+                                  pad_to_multiple_of=16))
     assert f"300 events, {batches} batches per epoch" in out
 
 

@@ -277,6 +277,11 @@ def test_token_budget_refusals_name_it(train_dir):
         (dict(pulse_cap=64, max_tokens=4096, group_by_length=True),
          "invalid pulse_cap: applies with max_pulses only"),
         (dict(max_pulses=900, pulse_cap=0), "invalid pulse_cap: must be at least 1"),
+        (dict(pad_to_multiple_of=8), "invalid pad_to_multiple_of: applies with max_tokens only"),
+        (dict(max_pulses=900, pad_to_multiple_of=8),
+         "invalid pad_to_multiple_of: applies with max_tokens only"),
+        (dict(max_tokens=4096, group_by_length=True, pad_to_multiple_of=0),
+         "invalid pad_to_multiple_of: must be at least 1"),
         # Padded batches keep at most max_doms DOMs an event: a budget of their rows counts
         # them so (uncapped, an event of 300 DOMs would count 300 of 64 rows; capped at 16,
         # an event of 64 would count 16, and grids overrun the budget).

@@ -175,7 +175,7 @@ def test_a_state_saved_before_length_grouping_and_token_budgets_resumes(train_di
     loader = shardify.Loader(train_dir, batch_events=8, device="cpu")
     first = take(loader, 3)
     state = loader.state_dict()
-    for key in ("group_by_length", "length_of", "max_tokens", "pulse_cap"):
+    for key in ("group_by_length", "length_of", "max_tokens", "pulse_cap", "pad_to_multiple_of"):
         del state["sampler"][key]  # as a checkpoint of an older shardify holds it
     resumed = shardify.Loader(train_dir, batch_events=8, device="cpu")
     resumed.load_state_dict(state)
@@ -199,6 +199,29 @@ def test_a_pulse_capped_state_resumes_and_another_cap_is_refused(train_dir, torc
         loader = shardify.Loader(train_dir, device="cpu", max_pulses=500, pulse_cap=other)
         with pytest.raises(ValueError, match="invalid batching: the saved state has max_pulses "
                                              f"500, pulse_cap 30, this loader {ours}$"):
+            loader.load_state_dict(state)
+
+
+def test_a_rounded_token_budget_is_the_orders_and_resumes_only_rounded_alike(train_dir, torch):
+    settings = dict(max_tokens=2048, group_by_length=64, max_events=64, block_events=32,
+                    window_blocks=8, device="cpu")
+    flags = ("--max-tokens", "2048", "--group-by-length", "64", "--max-events", "64",
+             "--block-events", "32", "--window", "8")
+    loader = shardify.Loader(train_dir, pad_to_multiple_of=24, **settings)
+    first = take(loader, 3)
+    state = loader.state_dict()
+    assert state["sampler"]["pad_to_multiple_of"] == 24
+    resumed = shardify.Loader(train_dir, pad_to_multiple_of=24, **settings)
+    resumed.load_state_dict(state)
+    rounded = order_lines(train_dir, *flags, "--pad-to-multiple-of", "24")
+    assert first + ids(resumed) == rounded
+    # Rounding changes the cut: the budget counts wider grids, so batches hold fewer events.
+    assert rounded != order_lines(train_dir, *flags)
+    for other, ours in ((None, ""), (16, ", pad_to_multiple_of 16")):
+        loader = shardify.Loader(train_dir, pad_to_multiple_of=other, **settings)
+        with pytest.raises(ValueError, match="invalid batching: the saved state has max_tokens "
+                                             "2048, max_events 64, pad_to_multiple_of 24, this "
+                                             f"loader max_tokens 2048, max_events 64{ours}$"):
             loader.load_state_dict(state)
 
 

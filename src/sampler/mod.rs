@@ -90,11 +90,18 @@ pub enum Batching {
         max_tokens: usize,
         /// Events per batch at most.
         max_events: Option<usize>,
+        /// The longest length counted rounded up to a multiple of this (at most the
+        /// grouping's cap), as a model that pads each batch to such a multiple (tensor
+        /// cores, fewer shapes to compile) pads it, so its grids stay within `max_tokens`.
+        /// None: as it is.
+        #[serde(default)]
+        pad_to_multiple_of: Option<usize>,
     },
 }
 
 /// As the loader's arguments name it: `batch_events 256`, `max_pulses 4096`,
-/// `max_pulses 4096, max_events 64, pulse_cap 256` or `max_tokens 65536, max_events 1024`.
+/// `max_pulses 4096, max_events 64, pulse_cap 256` or `max_tokens 65536, max_events 1024,
+/// pad_to_multiple_of 16`.
 impl std::fmt::Display for Batching {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
@@ -105,15 +112,16 @@ impl std::fmt::Display for Batching {
                 pulse_cap,
             } => {
                 Batching::write_budget(f, "max_pulses", *budget, *max_events)?;
-                match pulse_cap {
-                    Some(cap) => write!(f, ", pulse_cap {cap}"),
-                    None => Ok(()),
-                }
+                Batching::write_optional(f, "pulse_cap", *pulse_cap)
             }
             Batching::Tokens {
                 max_tokens: budget,
                 max_events,
-            } => Batching::write_budget(f, "max_tokens", *budget, *max_events),
+                pad_to_multiple_of,
+            } => {
+                Batching::write_budget(f, "max_tokens", *budget, *max_events)?;
+                Batching::write_optional(f, "pad_to_multiple_of", *pad_to_multiple_of)
+            }
         }
     }
 }
@@ -127,8 +135,17 @@ impl Batching {
         max_events: Option<usize>,
     ) -> std::fmt::Result {
         write!(f, "{name} {budget}")?;
-        match max_events {
-            Some(events) => write!(f, ", max_events {events}"),
+        Batching::write_optional(f, "max_events", max_events)
+    }
+
+    /// `, name value` when given.
+    fn write_optional(
+        f: &mut std::fmt::Formatter<'_>,
+        name: &str,
+        value: Option<usize>,
+    ) -> std::fmt::Result {
+        match value {
+            Some(value) => write!(f, ", {name} {value}"),
             None => Ok(()),
         }
     }
@@ -397,6 +414,10 @@ impl SamplerConfig {
                 pulse_cap: Some(0), ..
             } => return Err(Error::config("pulse_cap", "must be at least 1")),
             Batching::Pulses { max_pulses, .. } => ("pulse", max_pulses),
+            Batching::Tokens {
+                pad_to_multiple_of: Some(0),
+                ..
+            } => return Err(Error::config("pad_to_multiple_of", "must be at least 1")),
             Batching::Tokens { max_tokens, .. } => ("token", max_tokens),
         };
         if budget == 0 || self.batching.max_events() == Some(0) {

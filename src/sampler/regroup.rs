@@ -29,11 +29,13 @@ pub(super) enum Regrouping {
 /// (`usize::MAX` when none).
 pub(super) type CappedLength = (EventLength, usize);
 
-/// `max_tokens` and `max_events` of [`Batching::Tokens`].
+/// `max_tokens`, `max_events` and `pad_to_multiple_of` of [`Batching::Tokens`].
 #[derive(Debug, Clone, Copy)]
 pub(super) struct TokenBudget {
     max_tokens: usize,
     max_events: Option<usize>,
+    /// 1 when not rounded.
+    multiple: usize,
 }
 
 impl Regrouping {
@@ -52,12 +54,14 @@ impl Regrouping {
                 Batching::Tokens {
                     max_tokens,
                     max_events,
+                    pad_to_multiple_of,
                 },
                 lengths,
             ) => Regrouping::Tokens {
                 budget: TokenBudget {
                     max_tokens,
                     max_events,
+                    multiple: pad_to_multiple_of.unwrap_or(1).max(1),
                 },
                 lengths: lengths.unwrap_or((EventLength::Pulses, usize::MAX)),
             },
@@ -162,8 +166,8 @@ fn drawn_lengths(
 
 /// Cuts all of `window`'s drawn order into batches by `budget`: sorted by `lengths` (ties
 /// in drawn order), then cut from the longest events down, each batch as many events as
-/// its longest length allows within `budget.max_tokens` (one when it alone is longer) and
-/// `budget.max_events`. So the window's remainder, the one batch that holds less, is of its
+/// its longest length (rounded up to `budget.multiple`, at most the cap) allows within
+/// `budget.max_tokens` (one when it alone is longer) and `budget.max_events`. So the window's remainder, the one batch that holds less, is of its
 /// shortest events, not one or two long ones (a noisy step, and a BatchNorm that fails on
 /// one); and a remainder of less than half the batch before it shares that batch's events
 /// evenly (an event cap would otherwise leave a few short events alone). The batches are
@@ -181,7 +185,10 @@ fn cut_by_tokens(
     let sorted = stable_order_by(&lengths_drawn);
     // Each batch as a range of `sorted`, longest first.
     let capacity = |longest: usize| {
-        let fit = budget.max_tokens.checked_div(longest).unwrap_or(usize::MAX);
+        let padded = longest
+            .checked_next_multiple_of(budget.multiple)
+            .map_or(lengths.1, |padded| padded.min(lengths.1));
+        let fit = budget.max_tokens.checked_div(padded).unwrap_or(usize::MAX);
         fit.clamp(1, budget.max_events.unwrap_or(usize::MAX))
     };
     let longest_of = |end: usize| lengths_drawn[sorted[end - 1] as usize];

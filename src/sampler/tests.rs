@@ -56,14 +56,29 @@ fn events_or_pulses() -> impl Strategy<Value = Batching> {
     ]
 }
 
-/// A token budget: from below one event's length (1 to 97 pulses, 1 to 41 DOMs) to many.
+/// A token budget: from below one event's length (1 to 97 pulses, 1 to 41 DOMs) to many,
+/// its grids rounded up to a multiple or not.
 fn tokens() -> impl Strategy<Value = Batching> {
-    (1usize..2000, proptest::option::of(1usize..30)).prop_map(|(max_tokens, max_events)| {
-        Batching::Tokens {
-            max_tokens,
-            max_events,
-        }
-    })
+    (
+        1usize..2000,
+        proptest::option::of(1usize..30),
+        proptest::option::of(1usize..20),
+    )
+        .prop_map(
+            |(max_tokens, max_events, pad_to_multiple_of)| Batching::Tokens {
+                max_tokens,
+                max_events,
+                pad_to_multiple_of,
+            },
+        )
+}
+
+/// A grid's width for a batch whose longest length is `longest` (capped as `grouping`
+/// caps it): rounded up to `multiple`, at most the cap.
+fn padded_width(longest: usize, multiple: Option<usize>, grouping: LengthGrouping) -> usize {
+    let rounded = longest.div_ceil(multiple.unwrap_or(1)) * multiple.unwrap_or(1);
+    let cap = grouping.length_and_cap().and_then(|(_, cap)| cap);
+    cap.map_or(rounded, |cap| rounded.min(cap))
 }
 
 /// The pulses of `events` as a pulse budget counts them: each event's up to `cap`.
@@ -125,10 +140,12 @@ fn a_refused_resume_names_the_setting_as_the_loader_takes_it() {
         batching: Batching::Tokens {
             max_tokens: 65536,
             max_events: Some(1024),
+            pad_to_multiple_of: Some(16),
         },
         ..saved.clone()
     };
-    assert!(refusal(tokens).ends_with("this loader max_tokens 65536, max_events 1024"));
+    assert!(refusal(tokens)
+        .ends_with("this loader max_tokens 65536, max_events 1024, pad_to_multiple_of 16"));
     let other_order = SamplerConfig {
         batch_order: BatchOrder::Drawn,
         ..saved.clone()
@@ -202,24 +219,29 @@ fn length_groups_are_refused_with_a_pulse_budget_or_a_zero_cap() {
 #[test]
 fn a_token_budget_is_refused_without_grouping_or_at_zero() {
     let refusal = |config: SamplerConfig| config.validate().unwrap_err().to_string();
-    let budget = |max_tokens, max_events, group_by_length| SamplerConfig {
+    let budget = |max_tokens, max_events, pad_to_multiple_of, group_by_length| SamplerConfig {
         batching: Batching::Tokens {
             max_tokens,
             max_events,
+            pad_to_multiple_of,
         },
         group_by_length,
         ..SamplerConfig::default()
     };
     let grouped = LengthGrouping::Doms { cap: Some(64) };
-    assert!(budget(4096, Some(64), grouped).validate().is_ok());
-    assert!(refusal(budget(4096, None, LengthGrouping::Off))
+    assert!(budget(4096, Some(64), Some(8), grouped).validate().is_ok());
+    assert!(refusal(budget(4096, None, None, LengthGrouping::Off))
         .starts_with("invalid max_tokens: bounds the padded grid of batches grouped by length"));
     for (max_tokens, max_events) in [(0, None), (4096, Some(0))] {
         assert_eq!(
-            refusal(budget(max_tokens, max_events, grouped)),
+            refusal(budget(max_tokens, max_events, None, grouped)),
             "invalid batching: token budget and event cap must be at least 1"
         );
     }
+    assert_eq!(
+        refusal(budget(4096, None, Some(0), grouped)),
+        "invalid pad_to_multiple_of: must be at least 1"
+    );
 }
 
 #[test]
@@ -233,6 +255,7 @@ fn a_token_budget_fills_nearly_equal_grids_in_a_random_order() {
         batching: Batching::Tokens {
             max_tokens,
             max_events: None,
+            pad_to_multiple_of: None,
         },
         group_by_length: LengthGrouping::Pulses { cap: Some(cap) },
         shuffle,
@@ -376,8 +399,9 @@ proptest! {
                     prop_assert!(counted <= max_pulses || b.events.len() == 1);
                     prop_assert!(counted <= pulses);
                 }
-                Batching::Tokens { max_tokens, .. } => {
-                    let grid = b.events.len() * longest(&sizes, group_by_length, &b.events);
+                Batching::Tokens { max_tokens, pad_to_multiple_of, .. } => {
+                    let widest = longest(&sizes, group_by_length, &b.events);
+                    let grid = b.events.len() * padded_width(widest, pad_to_multiple_of, group_by_length);
                     prop_assert!(grid <= max_tokens || b.events.len() == 1, "a grid of {}", grid);
                 }
             }
@@ -588,13 +612,14 @@ proptest! {
         let windows = SamplerConfig { seed, block_events: block, window_blocks: window, run_events: run, batching: Batching::Events(block * window), batch_order: BatchOrder::Drawn, shuffle, ..SamplerConfig::default() };
         let cut = SamplerConfig { batching: budget, batch_order, group_by_length, ..windows.clone() };
         prop_assert!(cut.validate().is_ok());
-        let Batching::Tokens { max_tokens, max_events } = budget else { unreachable!() };
+        let Batching::Tokens { max_tokens, max_events, pad_to_multiple_of } = budget else { unreachable!() };
         let length = |e: &EventRef| grouped_length(&sizes, group_by_length, *e);
+        let width = |e: &EventRef| padded_width(length(e), pad_to_multiple_of, group_by_length);
         let mut batches = all(&sizes, &cut, epoch).into_iter();
         for (w, drawn) in all(&sizes, &windows, epoch).iter().enumerate() {
             // The reference: the window's drawn events, stably sorted by length, cut from the
             // longest down, each batch taking events while its grid (its first event's
-            // length) and the event cap allow; a last batch of less than half the one before
+            // length, rounded up) and the event cap allow; a last batch of less than half the one before
             // shares its events evenly; then shortest first.
             let mut sorted = drawn.events.clone();
             sorted.sort_by_key(length);
@@ -602,7 +627,7 @@ proptest! {
             for e in sorted.into_iter().rev() {
                 match expected.last_mut() {
                     Some(b) if max_events.is_none_or(|m| b.len() < m)
-                        && (b.len() + 1) * length(&b[0]) <= max_tokens => b.push(e),
+                        && (b.len() + 1) * width(&b[0]) <= max_tokens => b.push(e),
                     _ => expected.push(vec![e]),
                 }
             }

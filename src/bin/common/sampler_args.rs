@@ -37,6 +37,10 @@ pub struct SamplerArgs {
     /// at most.
     #[arg(long, requires = "budget")]
     pub max_events: Option<usize>,
+    /// With --max-tokens: count each batch's longest length rounded up to a multiple of M
+    /// (at most the --group-by-length CAP), as a model that pads its grids so pads them.
+    #[arg(long, value_name = "M", requires = "max_tokens")]
+    pub pad_to_multiple_of: Option<usize>,
 }
 
 /// `--group-by-length`'s CAP: a count. The value after the flag is taken as its CAP, so a
@@ -57,6 +61,7 @@ impl SamplerArgs {
             Some(max_tokens) => Batching::Tokens {
                 max_tokens,
                 max_events: self.max_events,
+                pad_to_multiple_of: self.pad_to_multiple_of,
             },
             None => Batching::Events(self.batch_events),
         }
