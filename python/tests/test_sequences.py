@@ -1,5 +1,6 @@
 """SequenceLoader: a loader through pulse_sequences, and a token budget's grids within it."""
 
+import pickle
 import warnings
 
 import pytest
@@ -45,11 +46,15 @@ def test_sequence_loader_is_its_loader_through_pulse_sequences(train_dir, torch)
     resumed = SequenceLoader(loader(), 24, **arguments)
     resumed.load_state_dict(state)
     plain.set_epoch(4)
-    assert_same_batches([pulse_sequences(b, 24, epoch=4, **arguments) for b in plain],
-                        first + list(resumed), torch)
+    want = [pulse_sequences(b, 24, epoch=4, **arguments) for b in plain]
+    assert_same_batches(want, first + list(resumed), torch)
     assert repr(resumed) == (f"shardify.sequences.SequenceLoader({resumed.loader!r}, 24, "
                              "keep='random', standardize='graphnet', seed=3, "
                              "padding='length')")
+    # Pickled (Lightning's ddp_spawn sends its dataloaders so), the same grids, resumed.
+    again = pickle.loads(pickle.dumps(SequenceLoader(loader(), 24, **arguments)))
+    again.load_state_dict(state)
+    assert_same_batches(want[3:], list(again), torch)
 
 
 def test_sequence_loader_refuses_what_pulse_sequences_would_at_the_first_batch(train_dir,
