@@ -13,8 +13,8 @@ Host synchronisation (a GPU batch's sizes read back by the host):
 * with ``max_pulses``: one per batch, how many pulses are kept (boolean selection);
 * :func:`pad_pulses`: none with a fixed ``length``; without, one (the longest event);
 * :func:`pulse_features`: none;
-* :func:`pulse_sequences`: one (:func:`time_ordered`'s, with its cut; the padding to a
-  fixed length reads none, to the longest event one more);
+* :func:`pulse_sequences`: none padded to a fixed length (each kept pulse is scattered
+  to its cell of the grid, never counted on the host); one padded to the longest event;
 * :func:`knn_edges`: one per batch, the events' node and group counts (the distance blocks,
   or the Triton kernel's tile, are sized from them on the host; the edges are then written
   in place).
@@ -258,40 +258,60 @@ def time_ordered(batch: dict[str, Any], max_pulses: int | None = None,
 
     Without ``max_pulses`` no host synchronisation is needed; with it, one (the kept count).
     """
-    import torch
-
     _require_packed(batch, "time_ordered")
     _require_keep(keep)
     _require_positive_or_none("max_pulses", max_pulses)
-    time = batch["pulse_time"]
-    event_doms = batch["event_dom_offsets"].long()
-    dom_pulses = batch["dom_pulse_offsets"].long()
-    pulses, doms = time.shape[0], dom_pulses.shape[0] - 1
-    # repeat_interleave of the counts alone: each row's index, repeated (no arange to gather).
-    pulse_dom = torch.repeat_interleave(dom_pulses.diff(), output_size=pulses)
-    dom_event = torch.repeat_interleave(event_doms.diff(), output_size=doms)
-    pulse_event = dom_event[pulse_dom]
-    # The stored CSR of pulses per event (the DOM groups of an event are contiguous).
-    event_pulses = dom_pulses[event_doms]
-    order = _event_time_order(time, pulse_event)
-    offsets = event_pulses
+    ordered = _TimeOrder.of(batch)
+    order, offsets = ordered.order, ordered.event_pulses
     if max_pulses is not None:
-        order, offsets = _truncate(batch, order, pulse_event, event_pulses, max_pulses, keep,
-                                   seed, epoch)
-    kept_dom = pulse_dom[order]
+        kept, offsets = _kept(batch, ordered, max_pulses, keep, seed, epoch)
+        order = order[kept[order]]  # the host reads how many are kept
+    kept_dom = ordered.pulse_dom[order]
     out = {
         "event_id": batch["event_id"],
         "event_pulse_offsets": offsets,
-        "pulse_time": time[order],
+        "pulse_time": batch["pulse_time"][order],
         "pulse_charge": batch["pulse_charge"][order],
         "pulse_auxiliary": batch["pulse_auxiliary"][order],
         "pulse_position": batch["dom_position"][kept_dom],
         "pulse_dom": kept_dom,
     }
+    return _with_labels(out, batch)
+
+
+def _with_labels(out: dict[str, Any], batch: dict[str, Any]) -> dict[str, Any]:
+    """``out`` with ``batch``'s labels, when it has them."""
     for label in ("event_azimuth", "event_zenith"):
         if label in batch:
             out[label] = batch[label]
     return out
+
+
+class _TimeOrder:
+    """A packed batch's pulses in time order per event: ``order`` (the pulses sorted by
+    event, then time, ties in stored order), each pulse's DOM (``pulse_dom``, a row of the
+    DOM sections) and event (``pulse_event``), and the stored CSR of pulses per event
+    (``event_pulses``, ``[B + 1]``). No host synchronisation."""
+
+    def __init__(self, order: Any, pulse_dom: Any, pulse_event: Any, event_pulses: Any):
+        self.order, self.pulse_dom = order, pulse_dom
+        self.pulse_event, self.event_pulses = pulse_event, event_pulses
+
+    @classmethod
+    def of(cls, batch: dict[str, Any]) -> _TimeOrder:
+        import torch
+
+        time = batch["pulse_time"]
+        event_doms = batch["event_dom_offsets"].long()
+        dom_pulses = batch["dom_pulse_offsets"].long()
+        pulses, doms = time.shape[0], dom_pulses.shape[0] - 1
+        # repeat_interleave of the counts alone: each row's index, repeated (no arange).
+        pulse_dom = torch.repeat_interleave(dom_pulses.diff(), output_size=pulses)
+        dom_event = torch.repeat_interleave(event_doms.diff(), output_size=doms)
+        pulse_event = dom_event[pulse_dom]
+        # The stored CSR of pulses per event (the DOM groups of an event are contiguous).
+        event_pulses = dom_pulses[event_doms]
+        return cls(_event_time_order(time, pulse_event), pulse_dom, pulse_event, event_pulses)
 
 
 @_left_untraced
@@ -351,9 +371,7 @@ def pad_pulses(pulses: dict[str, Any], length: int | None = None, *,
            if name.startswith("event_") and name != "event_pulse_offsets"}
     for name, section in pulses.items():
         if name.startswith("pulse_"):
-            grid = section.new_zeros((events * length + 1, *section.shape[1:]))
-            grid[cell] = section
-            out[name] = grid[:-1].view(events, length, *section.shape[1:])
+            out[name] = _scattered(section, cell, events, length)
     out["pulse_mask"] = torch.arange(length, device=device) < kept[:, None]
     out["event_pulses"] = kept
     return out
@@ -468,18 +486,65 @@ def pulse_sequences(batch: dict[str, Any], length: int, *,
     >>> train = loader.map(lambda batch, epoch: pulse_sequences(   # doctest: +SKIP
     ...     batch, 256, standardize="graphnet", epoch=epoch))
 
-    One host synchronisation a batch (:func:`time_ordered`'s kept count), and one more with
-    ``padding="longest"`` (the longest event).
+    (:class:`shardify.sequences.SequenceLoader` is that loader, checked against a token
+    budget.) The same sections as the three calls, value for value, without their host
+    synchronisation: none with ``padding="length"`` (the kept pulses go straight to their
+    cells, uncounted; checked on torch's ``meta`` device), one with ``padding="longest"``
+    (the longest event).
     """
     _require_packed(batch, "pulse_sequences")
     require_sequence_arguments(length, keep=keep, standardize=standardize, padding=padding,
                                pad_to_multiple_of=pad_to_multiple_of)
-    pulses = time_ordered(batch, max_pulses=length, keep=keep, seed=seed, epoch=epoch)
-    pulses["pulse_features"] = _features_and_positions(pulses, standardize)[0]
+    import torch
+
+    ordered = _TimeOrder.of(batch)
+    kept, offsets = _kept(batch, ordered, length, keep, seed, epoch)
+    counts = offsets.diff()
     if padding == "longest":
-        longest = _longest(pulses["event_pulse_offsets"].diff())
-        length = min(_rounded_up(longest, pad_to_multiple_of), length)
-    return pad_pulses(pulses, length)
+        length = min(_rounded_up(_longest(counts), pad_to_multiple_of), length)
+    # Every pulse in its stored row, each kept one scattered to its cell of the grid: no
+    # compaction of the kept pulses, whose count the host would have to read.
+    pulses = {
+        "pulse_time": batch["pulse_time"],
+        "pulse_charge": batch["pulse_charge"],
+        "pulse_auxiliary": batch["pulse_auxiliary"],
+        "pulse_position": batch["dom_position"][ordered.pulse_dom],
+        "pulse_dom": ordered.pulse_dom,
+    }
+    pulses["pulse_features"] = _features_and_positions(pulses, standardize)[0]
+    cells = _kept_cells(ordered, kept, offsets, length)
+    events = counts.shape[0]
+    out = _with_labels({"event_id": batch["event_id"]}, batch)
+    for name, section in pulses.items():
+        out[name] = _scattered(section, cells, events, length)
+    out["pulse_mask"] = torch.arange(length, device=counts.device) < counts[:, None]
+    out["event_pulses"] = counts
+    return out
+
+
+def _kept_cells(ordered: _TimeOrder, kept: Any, offsets: Any, length: int) -> Any:
+    """Each pulse's cell (by stored row) of a flat ``[B * length]`` grid: a kept pulse's
+    event times ``length`` plus its place among the event's kept pulses in time order
+    (below ``length``: ``offsets``' counts are at most it); ``B * length``, one spare cell
+    after the grid, for the others. No host synchronisation."""
+    import torch
+
+    kept_in_order = kept[ordered.order]
+    event_of = ordered.pulse_event[ordered.order]
+    place = torch.cumsum(kept_in_order, 0) - 1 - offsets[event_of]
+    spare = (offsets.shape[0] - 1) * length
+    in_order = torch.where(kept_in_order, event_of * length + place, spare)
+    cells = torch.empty_like(in_order)
+    cells[ordered.order] = in_order
+    return cells
+
+
+def _scattered(section: Any, cells: Any, events: int, length: int) -> Any:
+    """``section`` (``[P, ...]``) as a ``[events, length, ...]`` grid of zeros with row ``i``
+    at flat cell ``cells[i]``; rows sent to the spare cell ``events * length`` are cut off."""
+    grid = section.new_zeros((events * length + 1, *section.shape[1:]))
+    grid[cells] = section
+    return grid[:-1].view(events, length, *section.shape[1:])
 
 
 def _features_and_positions(pulses: dict[str, Any], standardize: str | None) -> tuple[Any, Any]:
@@ -516,12 +581,14 @@ def _event_time_order(time: Any, pulse_event: Any) -> Any:
     return order[_stable_argsort(pulse_event[order])]
 
 
-def _truncate(batch: dict[str, Any], order: Any, pulse_event: Any, event_pulses: Any,
-              max_pulses: int, keep: str, seed: int, epoch: int) -> tuple[Any, Any]:
-    """``order`` (time order per event) cut to the ``max_pulses`` pulses ``keep`` ranks
-    first in each event, and the CSR offsets of what is kept."""
+def _kept(batch: dict[str, Any], ordered: _TimeOrder, max_pulses: int, keep: str, seed: int,
+          epoch: int) -> tuple[Any, Any]:
+    """Which pulses (a ``[P]`` bool mask, by stored row) are the ``max_pulses`` that
+    ``keep`` ranks first in each event, and the CSR offsets (``[B + 1]``) of what is kept.
+    No host synchronisation."""
     import torch
 
+    order, pulse_event, event_pulses = ordered.order, ordered.pulse_event, ordered.event_pulses
     pulses = order.shape[0]
     device = order.device
     # `order` is sorted by event, and so is `priority` below: at every position both hold a
@@ -549,7 +616,7 @@ def _truncate(batch: dict[str, Any], order: Any, pulse_event: Any, event_pulses:
     counts = event_pulses.diff().clamp(max=max_pulses)
     offsets = torch.zeros_like(event_pulses)
     torch.cumsum(counts, 0, out=offsets[1:])
-    return order[kept[order]], offsets
+    return kept, offsets
 
 
 @_left_untraced

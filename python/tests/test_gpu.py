@@ -177,11 +177,11 @@ def test_pad_pulses_on_the_gpu_equals_the_cpu_and_at_a_fixed_length_never_waits(
     assert torch.equal(grid["pulse_mask"].cpu(), pad_pulses(pulses, 128)["pulse_mask"])
 
 
-def test_pulse_sequences_on_the_gpu_equal_the_cpu_and_read_back_only_the_cut(
+def test_pulse_sequences_on_the_gpu_equal_the_cpu_and_read_nothing_back_at_a_length(
         realistic_dir, torch, cuda):
     """pulse_sequences (time_ordered's cut, pulse_features, pad_pulses) on the GPU against
     the CPU, every section (the features to float32 rounding: log10 on the two devices);
-    pulse_features alone reads nothing back."""
+    padded to a fixed length it reads nothing back, and neither does pulse_features."""
     from shardify.transforms import pulse_features, pulse_sequences, time_ordered
 
     batch = next(iter(shardify.Loader(realistic_dir, batch_events=64, seed=7, device="cpu")))
@@ -200,9 +200,11 @@ def test_pulse_sequences_on_the_gpu_equal_the_cpu_and_read_back_only_the_cut(
     torch.cuda.set_sync_debug_mode("error")
     try:
         features = pulse_features(pulses, standardize="graphnet")
+        grid = pulse_sequences(on_gpu, 96, keep="random", standardize="graphnet", epoch=2)
     finally:
         torch.cuda.set_sync_debug_mode(0)
     assert features.shape == (pulses["pulse_time"].shape[0], 6)
+    assert grid["pulse_features"].shape == (64, 96, 6)
 
 
 def test_the_fused_knn_on_the_gpu_equals_the_cpu(realistic_dir, torch, cuda, monkeypatch):

@@ -114,6 +114,19 @@ def test_pulse_sequences_pad_length_grouped_batches_to_their_longest(realistic_d
         pulses_kept += int(got["event_pulses"].sum())
     assert widths <= {16, 32, 48, 64, 80, 96, 100} and len(widths) > 3, widths
     assert pulses_kept / cells > 0.75, "grouped batches padded to their longest: little padding"
+    # Every rule of choosing the kept pulses, at both paddings, as the three calls make it.
+    for keep in ("non_auxiliary_first", "random", "charge"):
+        pulses = time_ordered(batch, max_pulses=40, keep=keep, seed=4, epoch=1)
+        pulses["pulse_features"] = pulse_features(pulses, "graphnet")
+        longest = int(pulses["event_pulse_offsets"].diff().max())
+        for padding, width in (("length", 40), ("longest", longest)):
+            got = pulse_sequences(batch, 40, keep=keep, seed=4, epoch=1, padding=padding,
+                                  standardize="graphnet")
+            want = pad_pulses(pulses, width)
+            assert list(got) == list(want), keep
+            for name in want:
+                assert got[name].dtype == want[name].dtype, (keep, name)
+                assert torch.equal(got[name], want[name]), (keep, padding, name)
     longest = pulse_sequences(batch, 100, padding="longest")
     assert longest["pulse_time"].shape[1] == int(longest["event_pulses"].max())
     with pytest.raises(ValueError, match="invalid padding: 'max'"):

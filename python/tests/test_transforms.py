@@ -285,6 +285,34 @@ def test_pad_pulses_to_a_fixed_length_needs_no_host_sync(torch):
         pad_pulses(meta)  # the longest event is read from the data
 
 
+@pytest.mark.parametrize("keep", ["non_auxiliary_first", "random", "charge"])
+def test_pulse_sequences_read_nothing_at_a_fixed_length_and_the_longest_once(torch, keep,
+                                                                             monkeypatch):
+    """On the meta device any read of the data raises: padded to ``length`` the sequences
+    read none (the kept pulses go to their cells without being counted); to the longest
+    event, that alone, once."""
+    import shardify.transforms as transforms
+
+    batch = make_batch(torch, boundary_events(5))
+    meta = {k: v.to("meta") for k, v in batch.items()}
+    for standardize in (None, "graphnet"):
+        out = transforms.pulse_sequences(meta, 12, keep=keep, standardize=standardize)
+        assert out["pulse_features"].shape == (7, 12, 6) and out["pulse_mask"].shape == (7, 12)
+        assert out["pulse_features"].device.type == "meta"
+    with pytest.raises(Exception, match="meta"):
+        transforms.pulse_sequences(meta, 12, keep=keep, padding="longest")
+    reads = []
+
+    def longest(counts):
+        reads.append(counts.shape)
+        return 5
+
+    monkeypatch.setattr(transforms, "_longest", longest)
+    out = transforms.pulse_sequences(meta, 12, keep=keep, padding="longest",
+                                     pad_to_multiple_of=4)
+    assert reads == [(7,)] and out["pulse_time"].shape == (7, 8)
+
+
 def test_pad_pulses_refuses_what_is_not_time_ordered_pulses(torch):
     from shardify.transforms import pad_pulses, time_ordered
 
