@@ -492,11 +492,11 @@ def pulse_sequences(batch: dict[str, Any], length: int, *,
     cells, uncounted; checked on torch's ``meta`` device), one with ``padding="longest"``
     (the longest event).
     """
+    import torch
+
     _require_packed(batch, "pulse_sequences")
     require_sequence_arguments(length, keep=keep, standardize=standardize, padding=padding,
                                pad_to_multiple_of=pad_to_multiple_of)
-    import torch
-
     ordered = _TimeOrder.of(batch)
     kept, offsets = _kept(batch, ordered, length, keep, seed, epoch)
     counts = offsets.diff()
