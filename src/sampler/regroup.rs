@@ -167,12 +167,13 @@ fn drawn_lengths(
 /// Cuts all of `window`'s drawn order into batches by `budget`: sorted by `lengths` (ties
 /// in drawn order), then cut from the longest events down, each batch as many events as
 /// its longest length (rounded up to `budget.multiple`, at most the cap) allows within
-/// `budget.max_tokens` (one when it alone is longer) and `budget.max_events`. So the window's remainder, the one batch that holds less, is of its
-/// shortest events, not one or two long ones (a noisy step, and a BatchNorm that fails on
-/// one); and a remainder of less than half the batch before it shares that batch's events
-/// evenly (an event cap would otherwise leave a few short events alone). The batches are
-/// put in the order `batch_order` shuffles them into (shortest first without one), and
-/// their ends recorded in [`Window::batch_ends`].
+/// `budget.max_tokens` (one when it alone is longer) and `budget.max_events`. So the
+/// window's remainder, the one batch that holds less, is of its shortest events, not one
+/// or two long ones (a noisy step, and a BatchNorm that fails on one); and a remainder of
+/// less than half the batch before it shares that batch's events evenly (an event cap
+/// would otherwise leave a few short events alone). The batches are put in the order
+/// `batch_order` shuffles them into (shortest first without one), and their ends recorded
+/// in [`Window::batch_ends`].
 fn cut_by_tokens(
     window: &mut Window,
     budget: TokenBudget,
