@@ -33,7 +33,8 @@ def _budget_mismatches(arguments: dict[str, Any], length: int,
     """How grids of ``pulse_sequences(batch, length, **sequence_arguments)`` break the
     budget the loader (made with ``arguments``) batches by: each a cause, its effect and
     its fix. Empty when they hold at most ``max_tokens`` cells and fill it as the budget
-    counted, or when the loader batches by a fixed count of events."""
+    counted; without a budget, when the grouping (if any) sorts events by the lengths the
+    grids keep."""
     padding = sequence_arguments.get("padding", "length")
     multiple = sequence_arguments.get("pad_to_multiple_of")
     if arguments.get("max_pulses") is not None:
@@ -42,10 +43,16 @@ def _budget_mismatches(arguments: dict[str, Any], length: int,
                 "so grids of many short events and one long one overrun it; make the loader "
                 f"with group_by_length={length} and max_tokens (a budget of padded cells)"]
     budget = arguments.get("max_tokens")
-    if budget is None:
-        return []
-    found = []
     cap = _length_grouping(arguments.get("group_by_length", False))[1]
+    if budget is None:
+        if cap is None or cap >= length or padding != "longest" or \
+                arguments.get("length_of", "pulses") != "pulses":
+            return []
+        return [f"the loader groups events by up to group_by_length={cap} of their pulses, "
+                f"while the grids keep up to {length}: a batch of its longest class holds "
+                f"events of {cap} to {length} pulses, padded to the longest; make the loader "
+                f"with group_by_length={length}"]
+    found = []
     if arguments.get("length_of", "pulses") != "pulses":
         found.append(f"the loader's max_tokens={budget} counts DOM rows (length_of="
                      f"{arguments['length_of']!r}), while the grids hold pulses: grids of "
@@ -102,7 +109,8 @@ class SequenceLoader(MappedLoader):
     most T cells; it warns of the settings that would overrun the budget (a longer
     ``length`` than the grouping's cap, ``padding="length"``, a ``pad_to_multiple_of`` the
     budget did not count, a pulse budget) or fill less of it (a shorter ``length``, an
-    uncapped grouping, a budget of DOM rows, rounding less than the budget counted).
+    uncapped grouping, a budget of DOM rows, rounding less than the budget counted); and,
+    without a budget, of a grouping by fewer pulses than ``length`` (more padding).
 
     Length, epochs, :meth:`set_epoch`, :meth:`state_dict` and :meth:`load_state_dict` are
     the loader's (a :class:`shardify.MappedLoader`): what PyTorch Lightning takes as a

@@ -185,9 +185,24 @@ def test_it_warns_of_settings_that_break_a_token_budget_and_they_do(train_dir, t
             fixed = sequences(fixed_settings, *length, **padded_to)
         assert max(cells(made)) <= budget and max(cells(fixed)) <= budget, message
         assert len(made) > len(fixed), message
-    # Without a budget, any length and padding: nothing said.
+    # Without a budget, grouped by fewer pulses than the grids keep: more padding.
+    settings = dict(batch_events=32, block_events=32, window_blocks=8, device="cpu")
+
+    def fill(grids):
+        return sum(int(g["event_pulses"].sum()) for g in grids) / sum(cells(grids))
+
+    with pytest.warns(UserWarning, match="groups events by up to group_by_length=32 of their "
+                      "pulses, while the grids keep up to 128: a batch of its longest class "
+                      "holds events of 32 to 128 pulses, padded to the longest; make the "
+                      "loader with group_by_length=128"):
+        coarse = SequenceLoader(shardify.Loader(train_dir, group_by_length=32, **settings), 128)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        SequenceLoader(shardify.Loader(train_dir, group_by_length=64, device="cpu"), 128,
+        fine = SequenceLoader(shardify.Loader(train_dir, group_by_length=128, **settings))
+        assert fill(list(coarse)) < fill(list(fine)) - 0.05
+        # Grouped by the grids' length or more, or padded to one length: nothing said.
+        SequenceLoader(shardify.Loader(train_dir, group_by_length=64, device="cpu"), 32,
                        padding="longest", pad_to_multiple_of=16)
+        SequenceLoader(shardify.Loader(train_dir, group_by_length=16, device="cpu"), 32,
+                       padding="length")
         SequenceLoader(shardify.Loader(train_dir, device="cpu"), 16)
