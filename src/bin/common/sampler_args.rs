@@ -37,9 +37,10 @@ pub struct SamplerArgs {
     /// at most.
     #[arg(long, requires = "budget")]
     pub max_events: Option<usize>,
-    /// With --max-tokens: count each batch's longest length rounded up to a multiple of M
-    /// (at most the --group-by-length CAP), as a model that pads its grids so pads them.
-    #[arg(long, value_name = "M", requires = "max_tokens")]
+    /// With --max-tokens: count each batch's longest length rounded up to a multiple of
+    /// MULTIPLE (at most the --group-by-length CAP), as a model that pads its grids so pads
+    /// them.
+    #[arg(long, value_name = "MULTIPLE", requires = "max_tokens")]
     pub pad_to_multiple_of: Option<usize>,
 }
 
