@@ -516,35 +516,43 @@ def pulse_sequences(batch: dict[str, Any], length: int, *,
     events = counts.shape[0]
     out = _with_labels({"event_id": batch["event_id"]}, batch)
     for name, section in pulses.items():
-        out[name] = _scattered(section, cells, events, length)
+        out[name] = _scattered(section, cells, events, length, _SPARE_CELLS)
     out["pulse_mask"] = torch.arange(length, device=counts.device) < counts[:, None]
     out["event_pulses"] = counts
     return out
 
 
+#: The spare cells after a grid that :func:`pulse_sequences` sends the pulses it does not
+#: keep to (about half of them with the real statistics cut to 256), each row to the one
+#: its position picks, so that a GPU's stores of them do not all go to one address.
+_SPARE_CELLS = 1024
+
+
 def _kept_cells(ordered: _TimeOrder, kept: Any, offsets: Any, length: int) -> Any:
     """Each pulse's cell (by stored row) of a flat ``[B * length]`` grid: a kept pulse's
     event times ``length`` plus its place among the event's kept pulses in time order
-    (below ``length``: ``offsets``' counts are at most it); ``B * length``, one spare cell
-    after the grid, for the others. No host synchronisation."""
+    (below ``length``: ``offsets``' counts are at most it); one of the
+    :data:`_SPARE_CELLS` after the grid for the others. No host synchronisation."""
     import torch
 
     kept_in_order = kept[ordered.order]
     event_of = ordered.pulse_event[ordered.order]
     place = torch.cumsum(kept_in_order, 0) - 1 - offsets[event_of]
-    spare = (offsets.shape[0] - 1) * length
+    spare = (offsets.shape[0] - 1) * length + torch.arange(
+        kept_in_order.shape[0], device=kept_in_order.device) % _SPARE_CELLS
     in_order = torch.where(kept_in_order, event_of * length + place, spare)
     cells = torch.empty_like(in_order)
     cells[ordered.order] = in_order
     return cells
 
 
-def _scattered(section: Any, cells: Any, events: int, length: int) -> Any:
+def _scattered(section: Any, cells: Any, events: int, length: int, spare: int = 1) -> Any:
     """``section`` (``[P, ...]``) as a ``[events, length, ...]`` grid of zeros with row ``i``
-    at flat cell ``cells[i]``; rows sent to the spare cell ``events * length`` are cut off."""
-    grid = section.new_zeros((events * length + 1, *section.shape[1:]))
+    at flat cell ``cells[i]``; rows sent to the ``spare`` cells from ``events * length`` on
+    are cut off."""
+    grid = section.new_zeros((events * length + spare, *section.shape[1:]))
     grid[cells] = section
-    return grid[:-1].view(events, length, *section.shape[1:])
+    return grid[:events * length].view(events, length, *section.shape[1:])
 
 
 def _features_and_positions(pulses: dict[str, Any], standardize: str | None) -> tuple[Any, Any]:
