@@ -265,7 +265,7 @@ def time_ordered(batch: dict[str, Any], max_pulses: int | None = None,
     order, offsets = ordered.order, ordered.event_pulses
     if max_pulses is not None:
         kept, offsets = _kept(batch, ordered, max_pulses, keep, seed, epoch)
-        order = order[kept[order]]  # the host reads how many are kept
+        order = order[kept]  # the host reads how many are kept
     kept_dom = ordered.pulse_dom[order]
     out = {
         "event_id": batch["event_id"],
@@ -290,12 +290,14 @@ def _with_labels(out: dict[str, Any], batch: dict[str, Any]) -> dict[str, Any]:
 class _TimeOrder:
     """A packed batch's pulses in time order per event: ``order`` (the pulses sorted by
     event, then time, ties in stored order), each pulse's DOM (``pulse_dom``, a row of the
-    DOM sections) and event (``pulse_event``), and the stored CSR of pulses per event
-    (``event_pulses``, ``[B + 1]``). No host synchronisation."""
+    DOM sections) and event (``pulse_event``, by stored row; ``event_in_order``, by
+    position in ``order``), and the stored CSR of pulses per event (``event_pulses``,
+    ``[B + 1]``). No host synchronisation."""
 
     def __init__(self, order: Any, pulse_dom: Any, pulse_event: Any, event_pulses: Any):
         self.order, self.pulse_dom = order, pulse_dom
         self.pulse_event, self.event_pulses = pulse_event, event_pulses
+        self.event_in_order = pulse_event[order]
 
     @classmethod
     def of(cls, batch: dict[str, Any]) -> _TimeOrder:
@@ -529,18 +531,18 @@ _SPARE_CELLS = 1024
 
 
 def _kept_cells(ordered: _TimeOrder, kept: Any, offsets: Any, length: int) -> Any:
-    """Each pulse's cell (by stored row) of a flat ``[B * length]`` grid: a kept pulse's
-    event times ``length`` plus its place among the event's kept pulses in time order
-    (below ``length``: ``offsets``' counts are at most it); one of the
-    :data:`_SPARE_CELLS` after the grid for the others. No host synchronisation."""
+    """Each pulse's cell (by stored row) of a flat ``[B * length]`` grid, from
+    :func:`_kept`'s mask (by position in time order) and offsets: a kept pulse's event
+    times ``length`` plus its place among the event's kept pulses in time order (below
+    ``length``: ``offsets``' counts are at most it); one of the :data:`_SPARE_CELLS` after
+    the grid for the others. No host synchronisation."""
     import torch
 
-    kept_in_order = kept[ordered.order]
-    event_of = ordered.pulse_event[ordered.order]
-    place = torch.cumsum(kept_in_order, 0) - 1 - offsets[event_of]
+    event_of = ordered.event_in_order
+    place = torch.cumsum(kept, 0) - 1 - offsets[event_of]
     spare = (offsets.shape[0] - 1) * length + torch.arange(
-        kept_in_order.shape[0], device=kept_in_order.device) % _SPARE_CELLS
-    in_order = torch.where(kept_in_order, event_of * length + place, spare)
+        kept.shape[0], device=kept.device) % _SPARE_CELLS
+    in_order = torch.where(kept, event_of * length + place, spare)
     cells = torch.empty_like(in_order)
     cells[ordered.order] = in_order
     return cells
@@ -591,9 +593,9 @@ def _event_time_order(time: Any, pulse_event: Any) -> Any:
 
 def _kept(batch: dict[str, Any], ordered: _TimeOrder, max_pulses: int, keep: str, seed: int,
           epoch: int) -> tuple[Any, Any]:
-    """Which pulses (a ``[P]`` bool mask, by stored row) are the ``max_pulses`` that
-    ``keep`` ranks first in each event, and the CSR offsets (``[B + 1]``) of what is kept.
-    No host synchronisation."""
+    """Which pulses (a ``[P]`` bool mask, by position in ``ordered.order``) are the
+    ``max_pulses`` that ``keep`` ranks first in each event, and the CSR offsets (``[B + 1]``)
+    of what is kept. No host synchronisation."""
     import torch
 
     order, pulse_event, event_pulses = ordered.order, ordered.pulse_event, ordered.event_pulses
@@ -602,7 +604,7 @@ def _kept(batch: dict[str, Any], ordered: _TimeOrder, max_pulses: int, keep: str
     # `order` is sorted by event, and so is `priority` below: at every position both hold a
     # pulse of the same event, so `rank` (a position's rank in its event) serves both: in
     # `order` a pulse's rank in time order, in `priority` its rank in `keep`'s preference.
-    event_of = pulse_event[order]
+    event_of = ordered.event_in_order
     rank = torch.arange(pulses, device=device) - event_pulses[event_of]
     # `priority`: the event's pulses best first, built by stable sorts from the least
     # significant key to the most (the event).
@@ -624,7 +626,7 @@ def _kept(batch: dict[str, Any], ordered: _TimeOrder, max_pulses: int, keep: str
     counts = event_pulses.diff().clamp(max=max_pulses)
     offsets = torch.zeros_like(event_pulses)
     torch.cumsum(counts, 0, out=offsets[1:])
-    return kept, offsets
+    return kept[order], offsets
 
 
 @_left_untraced
