@@ -28,6 +28,14 @@ if TYPE_CHECKING:
     from ._loader import Loader
 
 
+def _pulse_cap(arguments: dict[str, Any]) -> int | None:
+    """The pulses a loader made with ``arguments`` groups events by at most: its
+    ``group_by_length`` cap when it groups by pulse count; None otherwise (no grouping, an
+    uncapped one, or one by DOM count)."""
+    cap = _length_grouping(arguments.get("group_by_length", False))[1]
+    return cap if arguments.get("length_of", "pulses") == "pulses" else None
+
+
 def _budget_mismatches(arguments: dict[str, Any], length: int,
                        sequence_arguments: dict[str, Any]) -> list[str]:
     """How grids of ``pulse_sequences(batch, length, **sequence_arguments)`` break the
@@ -43,10 +51,9 @@ def _budget_mismatches(arguments: dict[str, Any], length: int,
                 "so grids of many short events and one long one overrun it; make the loader "
                 f"with group_by_length={length} and max_tokens (a budget of padded cells)"]
     budget = arguments.get("max_tokens")
-    cap = _length_grouping(arguments.get("group_by_length", False))[1]
+    cap = _pulse_cap(arguments)
     if budget is None:
-        if cap is None or cap >= length or padding != "longest" or \
-                arguments.get("length_of", "pulses") != "pulses":
+        if cap is None or cap >= length or padding != "longest":
             return []
         return [f"the loader groups events by up to group_by_length={cap} of their pulses, "
                 f"while the grids keep up to {length}: a batch of its longest class holds "
@@ -120,12 +127,12 @@ class SequenceLoader(MappedLoader):
     def __init__(self, loader: Loader, length: int | None = None,
                  **pulse_sequences_arguments: Any):
         arguments = getattr(loader, "_arguments", {})
-        grouped, cap = _length_grouping(arguments.get("group_by_length", False))
+        grouped = _length_grouping(arguments.get("group_by_length", False))[0]
         if length is None:
-            if cap is None or arguments.get("length_of", "pulses") != "pulses":
+            length = _pulse_cap(arguments)
+            if length is None:
                 raise ValueError("SequenceLoader needs a length (the pulses each event keeps): "
                                  "give it, or make the loader with group_by_length=LENGTH")
-            length = cap
         pulse_sequences_arguments.setdefault("padding", "longest" if grouped else "length")
         counted = arguments.get("pad_to_multiple_of")
         if counted is not None and pulse_sequences_arguments["padding"] == "longest":
