@@ -44,11 +44,21 @@ impl PrefetchLevel {
         }
     }
 
-    /// The x86-64 instruction that prefetches to it.
+    /// The instruction that prefetches to it on this architecture (`none` where the
+    /// gather prefetches nothing: other architectures than x86-64 and AArch64).
     pub fn instruction(self) -> &'static str {
-        match self {
-            PrefetchLevel::L1 => "prefetcht0",
-            PrefetchLevel::L2 => "prefetcht1",
+        if cfg!(target_arch = "x86_64") {
+            match self {
+                PrefetchLevel::L1 => "prefetcht0",
+                PrefetchLevel::L2 => "prefetcht1",
+            }
+        } else if cfg!(target_arch = "aarch64") {
+            match self {
+                PrefetchLevel::L1 => "prfm pldl1keep",
+                PrefetchLevel::L2 => "prfm pldl2keep",
+            }
+        } else {
+            "none"
         }
     }
 
@@ -173,36 +183,64 @@ pub fn prefetch<T: Pod>(values: &[T]) {
 /// Hints the CPU to bring the first 2 KiB of `values` into the caches of `level`: every
 /// cache line they touch, the partial first and last ones included (prefetching 64-byte
 /// steps from an unaligned start missed the last line). Does nothing on other
-/// architectures than x86-64.
+/// architectures than x86-64 and AArch64.
 #[inline]
 pub fn prefetch_into<T: Pod>(values: &[T], level: PrefetchLevel) {
+    let bytes = as_bytes(values);
+    if bytes.is_empty() {
+        return;
+    }
+    let start = bytes.as_ptr() as usize;
+    visit_lines(start, start + bytes.len().min(PREFETCH_BYTES), |line| {
+        prefetch_line(line, level)
+    });
+}
+
+/// Calls `visit` with the address of every 64-byte line that `start..end` touches (none
+/// when it is empty).
+#[inline(always)]
+fn visit_lines(start: usize, end: usize, mut visit: impl FnMut(usize)) {
+    let mut line = start & !63;
+    while line < end {
+        visit(line);
+        line += 64;
+    }
+}
+
+/// Prefetches the cache line at `line` into `level`.
+#[inline(always)]
+fn prefetch_line(line: usize, level: PrefetchLevel) {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0, _MM_HINT_T1};
-        let bytes = as_bytes(values);
-        if bytes.is_empty() {
-            return;
-        }
-        let start = bytes.as_ptr() as usize;
-        let end = start + bytes.len().min(PREFETCH_BYTES);
-        let mut line = start & !63;
-        loop {
-            // SAFETY: a prefetch is only a hint: it never faults and has no visible effect.
-            #[allow(unused_unsafe)]
-            unsafe {
-                match level {
-                    PrefetchLevel::L1 => _mm_prefetch::<_MM_HINT_T0>(line as *const i8),
-                    PrefetchLevel::L2 => _mm_prefetch::<_MM_HINT_T1>(line as *const i8),
-                }
-            };
-            line += 64;
-            if line >= end {
-                break;
+        // SAFETY: a prefetch is only a hint: it never faults and has no visible effect.
+        #[allow(unused_unsafe)]
+        unsafe {
+            match level {
+                PrefetchLevel::L1 => _mm_prefetch::<_MM_HINT_T0>(line as *const i8),
+                PrefetchLevel::L2 => _mm_prefetch::<_MM_HINT_T1>(line as *const i8),
             }
+        };
+    }
+    #[cfg(target_arch = "aarch64")]
+    // SAFETY: PRFM is only a hint: it never faults (not even on an unmapped address),
+    // reads nothing into a register and writes nothing.
+    unsafe {
+        match level {
+            PrefetchLevel::L1 => std::arch::asm!(
+                "prfm pldl1keep, [{line}]",
+                line = in(reg) line,
+                options(nostack, preserves_flags, readonly)
+            ),
+            PrefetchLevel::L2 => std::arch::asm!(
+                "prfm pldl2keep, [{line}]",
+                line = in(reg) line,
+                options(nostack, preserves_flags, readonly)
+            ),
         }
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (values, level);
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    let _ = (line, level);
 }
 
 /// At most this many bytes are claimed by one [`prefetch_for_writing`]: 64 lines, about
@@ -210,48 +248,68 @@ pub fn prefetch_into<T: Pod>(values: &[T], level: PrefetchLevel) {
 const PREFETCH_FOR_WRITING_BYTES: usize = 4096;
 
 /// Hints the CPU to take the first 4 KiB of `region` into this core's L1 for writing
-/// (`prefetchw`): lines another core holds are claimed all at once, where the stores that
-/// follow would each wait for their own. Memory about to be overwritten, so `region` may
-/// be uninitialised. Does nothing on CPUs without the instruction (CPUID's PRFCHW flag)
-/// and on other architectures than x86-64. Returns how many bytes of `region` it claimed
-/// (0 where it did nothing): an empty region claims nothing.
+/// (`prefetchw` on x86-64, `prfm pstl1keep` on AArch64): lines another core holds are
+/// claimed all at once, where the stores that follow would each wait for their own.
+/// Memory about to be overwritten, so `region` may be uninitialised. Does nothing on x86
+/// CPUs without the instruction (CPUID's PRFCHW flag) and on other architectures. Returns
+/// how many bytes of `region` it claimed (0 where it did nothing): an empty region claims
+/// nothing.
 #[inline]
 pub fn prefetch_for_writing<T>(region: &[std::mem::MaybeUninit<T>]) -> usize {
     let claimed = std::mem::size_of_val(region).min(PREFETCH_FOR_WRITING_BYTES);
-    #[cfg(target_arch = "x86_64")]
-    if claimed > 0 && prefetchw_supported() {
-        let start = region.as_ptr() as usize;
-        let end = start + claimed;
-        let mut line = start & !63;
-        while line < end {
-            // SAFETY: a prefetch is only a hint: it never faults (not even on an unmapped
-            // address), reads nothing into a register and writes nothing; this CPU has
-            // the instruction (checked above).
-            unsafe {
-                std::arch::asm!(
-                    "prefetchw [{line}]",
-                    line = in(reg) line,
-                    options(nostack, preserves_flags, readonly)
-                );
-            }
-            line += 64;
-        }
-        return claimed;
+    if claimed == 0 || !prefetch_for_writing_supported() {
+        return 0;
     }
-    let _ = (region, claimed);
-    0
+    let start = region.as_ptr() as usize;
+    visit_lines(start, start + claimed, claim_line);
+    claimed
 }
 
-/// Whether this CPU has `prefetchw`: CPUID leaf 0x8000_0001, ECX bit 8 (PRFCHW, which
-/// the standard library's feature detection does not name). Asked once.
-#[cfg(target_arch = "x86_64")]
-fn prefetchw_supported() -> bool {
-    static SUPPORTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *SUPPORTED.get_or_init(|| {
-        use std::arch::x86_64::{__cpuid, __get_cpuid_max};
-        // The extended leaf is read only when the highest extended leaf reaches it.
-        __get_cpuid_max(0x8000_0000).0 >= 0x8000_0001 && __cpuid(0x8000_0001).ecx & (1 << 8) != 0
-    })
+/// Takes the cache line at `line` into this core's L1 for writing; only called where
+/// [`prefetch_for_writing_supported`].
+#[inline(always)]
+fn claim_line(line: usize) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch is only a hint: it never faults (not even on an unmapped
+    // address), reads nothing into a register and writes nothing; this CPU has the
+    // instruction (the caller checked).
+    unsafe {
+        std::arch::asm!(
+            "prefetchw [{line}]",
+            line = in(reg) line,
+            options(nostack, preserves_flags, readonly)
+        );
+    }
+    #[cfg(target_arch = "aarch64")]
+    // SAFETY: PRFM is only a hint: it never faults (not even on an unmapped address),
+    // reads nothing into a register and writes nothing.
+    unsafe {
+        std::arch::asm!(
+            "prfm pstl1keep, [{line}]",
+            line = in(reg) line,
+            options(nostack, preserves_flags, readonly)
+        );
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    let _ = line;
+}
+
+/// Whether this CPU prefetches for writing: on x86-64 where it has `prefetchw` (CPUID leaf
+/// 0x8000_0001, ECX bit 8, PRFCHW, which the standard library's feature detection does not
+/// name; asked once), on every AArch64 CPU (PRFM is in the base instruction set).
+fn prefetch_for_writing_supported() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static SUPPORTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *SUPPORTED.get_or_init(|| {
+            use std::arch::x86_64::{__cpuid, __get_cpuid_max};
+            // The extended leaf is read only when the highest extended leaf reaches it.
+            __get_cpuid_max(0x8000_0000).0 >= 0x8000_0001
+                && __cpuid(0x8000_0001).ecx & (1 << 8) != 0
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    cfg!(target_arch = "aarch64")
 }
 
 /// Visits `items` in order, keeping `ahead` of them prefetched: first asks
@@ -336,8 +394,15 @@ mod tests {
             assert_eq!(json, format!("\"{}\"", level.name()));
             assert_eq!(serde_json::from_str::<PrefetchLevel>(&json).unwrap(), level);
         }
-        assert_eq!(PrefetchLevel::L1.instruction(), "prefetcht0");
-        assert_eq!(PrefetchLevel::L2.instruction(), "prefetcht1");
+        let instructions = (
+            PrefetchLevel::L1.instruction(),
+            PrefetchLevel::L2.instruction(),
+        );
+        if cfg!(target_arch = "x86_64") {
+            assert_eq!(instructions, ("prefetcht0", "prefetcht1"));
+        } else if cfg!(target_arch = "aarch64") {
+            assert_eq!(instructions, ("prfm pldl1keep", "prfm pldl2keep"));
+        }
     }
 
     /// The calls `visit_prefetching` makes over `n` items: `(true, i)` for a prefetch of
@@ -379,23 +444,40 @@ mod tests {
         }
     }
 
-    #[cfg(target_arch = "x86_64")]
     #[test]
-    fn prefetchw_is_detected_as_the_kernel_sees_it_and_claims_any_region() {
+    fn writing_prefetches_are_detected_as_the_kernel_sees_them_and_claim_any_region() {
         // Linux names CPUID's PRFCHW bit `3dnowprefetch` among each CPU's flags (and adds
         // it on AMD CPUs whose CPUID leaves it out, since every 64-bit AMD CPU has it).
+        #[cfg(target_arch = "x86_64")]
         if let Ok(cpuinfo) = std::fs::read_to_string("/proc/cpuinfo") {
             let flags = cpuinfo
                 .lines()
                 .find(|line| line.starts_with("flags"))
                 .unwrap_or("");
             let listed = flags.split_whitespace().any(|f| f == "3dnowprefetch");
-            assert!(!super::prefetchw_supported() || listed, "{flags}");
+            assert!(
+                !super::prefetch_for_writing_supported() || listed,
+                "{flags}"
+            );
         }
+        #[cfg(target_arch = "aarch64")]
+        assert!(
+            super::prefetch_for_writing_supported(),
+            "PRFM is in every AArch64 CPU"
+        );
         // Empty, unaligned, uninitialised and past the 4 KiB it claims: a hint, never a fault.
         let mut memory: Vec<u64> = Vec::with_capacity(1 << 12);
-        super::prefetch_for_writing(&memory.spare_capacity_mut()[..0]);
-        super::prefetch_for_writing(&memory.spare_capacity_mut()[3..]);
+        assert_eq!(
+            super::prefetch_for_writing(&memory.spare_capacity_mut()[..0]),
+            0
+        );
+        let claimed = super::prefetch_for_writing(&memory.spare_capacity_mut()[3..]);
+        let expected = if super::prefetch_for_writing_supported() {
+            4096
+        } else {
+            0
+        };
+        assert_eq!(claimed, expected);
         memory.extend(0..1 << 12);
         assert_eq!(memory.iter().sum::<u64>(), (1 << 12) * ((1 << 12) - 1) / 2);
     }

@@ -77,8 +77,9 @@ if [[ "${1:-}" == "--stage" ]]; then
     rm -rf "$py"
     mkdir -p "$py"
     cp "$bin/shardify-gen" "$py/"
-    if ls target/wheels/shardify-*.whl >/dev/null 2>&1; then
-        cp target/wheels/shardify-*.whl "$py/"
+    # The device machine's architecture is this one's (x86_64, as every machine lent so far).
+    if ls target/wheels/shardify-*_"$(uname -m)".whl >/dev/null 2>&1; then
+        cp target/wheels/shardify-*_"$(uname -m)".whl "$py/"
     else
         echo "gpu-check: no wheel in target/wheels (bash tools/build-wheel.sh target/wheels):" \
             "the Python stage will have nothing to install" >&2
