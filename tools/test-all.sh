@@ -12,11 +12,23 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# CI allows the whole run 25 minutes on 2 cores: each step's time is printed at the end, so
+# the step that grows is visible in the log.
+step_times=()
+step_start=$SECONDS
+step_done() {
+    step_times+=("$1: $((SECONDS - step_start)) s")
+    step_start=$SECONDS
+}
+trap 'status=$?; printf "test-all: %s\n" "${step_times[@]}" "total: $SECONDS s (exit $status)" >&2' EXIT
+
 cargo test --release
+step_done "cargo test"
 
 # The API docs build with every intra-doc link resolved (a link to a private item renders
 # as dead text): warnings are errors here.
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --package shardify
+step_done "cargo doc"
 
 # The crate compiles for aarch64, the other wheel's architecture, without a warning: code
 # for one architecture (intrinsics, inline assembly) must say what the others do. Checked,
@@ -27,9 +39,11 @@ else
     echo "test-all: rustup cannot add aarch64-unknown-linux-gnu here: the aarch64 check" \
         "is skipped" >&2
 fi
+step_done "aarch64 check"
 
 # The wheel and the sdist (abi3, manylinux_2_28, linked through zig).
 bash tools/build-wheel.sh target/wheels
+step_done "wheel and sdist"
 
 venv="${SHARDIFY_VENV:-.venv}"
 if [[ ! -x "$venv/bin/python" ]]; then
@@ -57,6 +71,7 @@ if "$numpy1/bin/python" -m pip install --quiet --disable-pip-version-check \
 else
     echo "test-all: no numpy 1.x for this Python; the older-numpy test cannot run" >&2
 fi
+step_done "test venvs"
 
 # PATH without the Rust toolchain: the package must work from the wheel alone.
 rust_free_path=""
@@ -68,3 +83,4 @@ for dir in "${dirs[@]}"; do
 done
 PATH="$rust_free_path" SHARDIFY_TESTING_WHEEL=1 SHARDIFY_NUMPY1_PYTHON="$numpy1_python" \
     "$venv/bin/python" -m pytest -q -rs python/tests
+step_done "pytest"
