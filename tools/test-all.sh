@@ -30,20 +30,41 @@ step_done "cargo test"
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --package shardify
 step_done "cargo doc"
 
+# The wheel and the sdist (abi3, manylinux_2_28, linked through zig).
+export SHARDIFY_BUILD_VENV="${SHARDIFY_BUILD_VENV:-target/wheel-venv}"
+bash tools/build-wheel.sh target/wheels
+step_done "wheel and sdist"
+
 # The crate compiles for aarch64, the other wheel's architecture, without a warning: code
 # for one architecture (intrinsics, inline assembly) must say what the others do. Checked,
 # not built (no linker needed); tools/check-arch.sh runs that build's tests under emulation.
+# Its C dependency (zstd-sys) compiles through the wheel build's zig, as the aarch64 wheel's
+# does: CI has no aarch64 gcc (the check failed there for want of aarch64-linux-gnu-gcc).
+# It runs while the test venvs download their packages.
+aarch64_log="target/aarch64-check.log"
+aarch64_check() {
+    local zig="target/zig-aarch64" bin tool target
+    bin="$(cd "$SHARDIFY_BUILD_VENV/bin" && pwd)"
+    mkdir -p "$zig"
+    for tool in cc ar; do
+        target=""
+        [[ $tool == cc ]] && target="-target aarch64-linux-gnu.2.28"
+        printf '%s\n' '#!/bin/sh' \
+            "export CARGO_ZIGBUILD_ZIG_COMMAND='$bin/python3' CARGO_ZIGBUILD_ZIG_COMMAND_ARGS='-m ziglang'" \
+            "exec '$bin/maturin' zig $tool -- $target \"\$@\"" > "$zig/$tool"
+        chmod +x "$zig/$tool"
+    done
+    CC_aarch64_unknown_linux_gnu="$PWD/$zig/cc" AR_aarch64_unknown_linux_gnu="$PWD/$zig/ar" \
+        RUSTFLAGS="-D warnings" cargo check --all-targets --target aarch64-unknown-linux-gnu
+}
+aarch64_pid=""
 if rustup target add aarch64-unknown-linux-gnu >/dev/null 2>&1; then
-    RUSTFLAGS="-D warnings" cargo check --all-targets --target aarch64-unknown-linux-gnu
+    aarch64_check > "$aarch64_log" 2>&1 &
+    aarch64_pid=$!
 else
     echo "test-all: rustup cannot add aarch64-unknown-linux-gnu here: the aarch64 check" \
         "is skipped" >&2
 fi
-step_done "aarch64 check"
-
-# The wheel and the sdist (abi3, manylinux_2_28, linked through zig).
-bash tools/build-wheel.sh target/wheels
-step_done "wheel and sdist"
 
 venv="${SHARDIFY_VENV:-.venv}"
 if [[ ! -x "$venv/bin/python" ]]; then
@@ -72,6 +93,14 @@ else
     echo "test-all: no numpy 1.x for this Python; the older-numpy test cannot run" >&2
 fi
 step_done "test venvs"
+
+if [[ -n "$aarch64_pid" ]]; then
+    aarch64_status=0
+    wait "$aarch64_pid" || aarch64_status=$?
+    cat "$aarch64_log" >&2
+    [[ $aarch64_status -eq 0 ]] || { echo "test-all: the aarch64 check failed" >&2; exit 1; }
+fi
+step_done "aarch64 check, after the venvs"
 
 # PATH without the Rust toolchain: the package must work from the wheel alone.
 rust_free_path=""
