@@ -8,42 +8,109 @@
 # The venv gets numpy, pyarrow, pytest, safetensors, mypy, torch (the registry's CUDA build;
 # it runs without a GPU), torch_geometric and lightning. With CI=true a missing torch or
 # lightning fails the tests. A second venv (target/numpy1-venv) holds numpy 1.x and the
-# wheel alone, for the tests of older consumers.
+# wheel alone, for the tests of older consumers. The crate is also checked for aarch64 and
+# its API docs built, warnings as errors.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# CI allows the whole run 25 minutes on 2 cores: each step's time is printed at the end, so
-# the step that grows is visible in the log.
+# CI allows the whole run 25 minutes on 2 cores. What waits on the network or leaves a core
+# idle runs in the background, niced, beside what keeps both cores busy: the test venvs'
+# downloads beside `cargo test` and the wheel build; the aarch64 check and the API docs beside
+# pytest (which keeps about one core busy). Each step's time is printed at the end, so the
+# step that grows is visible in the log.
 step_times=()
 step_start=$SECONDS
 step_done() {
     step_times+=("$1: $((SECONDS - step_start)) s")
     step_start=$SECONDS
 }
-trap 'status=$?; printf "test-all: %s\n" "${step_times[@]}" "total: $SECONDS s (exit $status)" >&2' EXIT
+
+# A background job runs in its own process group (so that an exit, a failed step, stops it
+# whole), niced, its output in LOG; wait_background prints that log and fails the run when
+# the job failed.
+background_pids=()
+run_in_background() {  # LOG COMMAND...
+    local log=$1
+    shift
+    set -m
+    (
+        renice -n 10 -p "$BASHPID" >/dev/null 2>&1 || true
+        job_start=$SECONDS
+        "$@"
+        echo "($((SECONDS - job_start)) s in the background)"
+    ) > "$log" 2>&1 &
+    set +m
+    background_pids+=("$!")
+}
+wait_background() {  # PID LOG WHAT
+    local status=0
+    wait "$1" || status=$?
+    cat "$2" >&2
+    [[ $status -eq 0 ]] || { echo "test-all: $3 failed (exit $status)" >&2; exit 1; }
+}
+on_exit() {
+    local status=$? pid
+    for pid in "${background_pids[@]}"; do
+        kill -- "-$pid" 2>/dev/null || true
+    done
+    printf "test-all: %s\n" "${step_times[@]}" "total: $SECONDS s (exit $status)" >&2
+}
+trap on_exit EXIT
+mkdir -p target
+
+# The test venv gets numpy, pyarrow, pytest, safetensors, mypy, torch, torch_geometric and
+# lightning; a second venv (target/numpy1-venv) numpy 1.x alone, which the package supports
+# too (numpy >= 1.22): python/tests/test_legacy_consumers.py runs the numpy-facing API in it
+# (SHARDIFY_NUMPY1_PYTHON). The wheel goes into both once built.
+venv="${SHARDIFY_VENV:-.venv}"
+numpy1="target/numpy1-venv"
+prepare_test_venvs() {
+    [[ -x "$venv/bin/python" ]] || python3 -m venv "$venv"
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
+        numpy pyarrow pytest safetensors mypy torch torch_geometric lightning
+    [[ -x "$numpy1/bin/python" ]] || python3 -m venv "$numpy1"
+    # numpy 1.x has no wheels for Python 3.13 and later: there the test skips (fails with
+    # CI=true).
+    "$numpy1/bin/python" -m pip install --quiet --disable-pip-version-check \
+        --only-binary=:all: "numpy<2" \
+        || echo "test-all: no numpy 1.x for this Python; the older-numpy test cannot run"
+}
+venvs_log="target/test-venvs.log"
+run_in_background "$venvs_log" prepare_test_venvs
+venvs_pid=$!
 
 cargo test --release
 step_done "cargo test"
-
-# The API docs build with every intra-doc link resolved (a link to a private item renders
-# as dead text): warnings are errors here.
-RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --package shardify
-step_done "cargo doc"
 
 # The wheel and the sdist (abi3, manylinux_2_28, linked through zig).
 export SHARDIFY_BUILD_VENV="${SHARDIFY_BUILD_VENV:-target/wheel-venv}"
 bash tools/build-wheel.sh target/wheels
 step_done "wheel and sdist"
 
+wait_background "$venvs_pid" "$venvs_log" "making the test venvs"
+wheel=(target/wheels/shardify-*_"$(uname -m)".whl)
+"$venv/bin/python" -m pip install --quiet --disable-pip-version-check --force-reinstall \
+    --no-deps "${wheel[@]}"
+numpy1_python=""
+if "$numpy1/bin/python" -c "import numpy" 2>/dev/null; then
+    "$numpy1/bin/python" -m pip install --quiet --disable-pip-version-check \
+        --force-reinstall --no-deps "${wheel[@]}"
+    numpy1_python="$numpy1/bin/python"
+fi
+step_done "test venvs (beyond cargo test and the wheel)"
+
 # The crate compiles for aarch64, the other wheel's architecture, without a warning: code
 # for one architecture (intrinsics, inline assembly) must say what the others do. Checked,
 # not built (no linker needed); tools/check-arch.sh runs that build's tests under emulation.
 # Its C dependency (zstd-sys) compiles through the wheel build's zig, as the aarch64 wheel's
 # does: CI has no aarch64 gcc (the check failed there for want of aarch64-linux-gnu-gcc).
-# It runs while the test venvs download their packages.
-aarch64_log="target/aarch64-check.log"
 aarch64_check() {
     local zig="target/zig-aarch64" bin tool target
+    if ! rustup target add aarch64-unknown-linux-gnu >/dev/null 2>&1; then
+        echo "test-all: rustup cannot add aarch64-unknown-linux-gnu here: the aarch64 check" \
+            "is skipped"
+        return 0
+    fi
     bin="$(cd "$SHARDIFY_BUILD_VENV/bin" && pwd)"
     mkdir -p "$zig"
     for tool in cc ar; do
@@ -57,50 +124,18 @@ aarch64_check() {
     CC_aarch64_unknown_linux_gnu="$PWD/$zig/cc" AR_aarch64_unknown_linux_gnu="$PWD/$zig/ar" \
         RUSTFLAGS="-D warnings" cargo check --all-targets --target aarch64-unknown-linux-gnu
 }
-aarch64_pid=""
-if rustup target add aarch64-unknown-linux-gnu >/dev/null 2>&1; then
-    aarch64_check > "$aarch64_log" 2>&1 &
-    aarch64_pid=$!
-else
-    echo "test-all: rustup cannot add aarch64-unknown-linux-gnu here: the aarch64 check" \
-        "is skipped" >&2
-fi
-
-venv="${SHARDIFY_VENV:-.venv}"
-if [[ ! -x "$venv/bin/python" ]]; then
-    python3 -m venv "$venv"
-fi
-"$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
-    numpy pyarrow pytest safetensors mypy torch torch_geometric lightning
-"$venv/bin/python" -m pip install --quiet --disable-pip-version-check --force-reinstall \
-    --no-deps target/wheels/shardify-*_"$(uname -m)".whl
-
-# A second venv with numpy 1.x and no torch, which the package supports too (numpy >= 1.22):
-# python/tests/test_legacy_consumers.py runs the numpy-facing API in it
-# (SHARDIFY_NUMPY1_PYTHON).
-# numpy 1.x has no wheels for Python 3.13 and later: there the test skips (fails with CI=true).
-numpy1="target/numpy1-venv"
-numpy1_python=""
-if [[ ! -x "$numpy1/bin/python" ]]; then
-    python3 -m venv "$numpy1"
-fi
-if "$numpy1/bin/python" -m pip install --quiet --disable-pip-version-check \
-        --only-binary=:all: "numpy<2" \
-    && "$numpy1/bin/python" -m pip install --quiet --disable-pip-version-check \
-        --force-reinstall --no-deps target/wheels/shardify-*_"$(uname -m)".whl; then
-    numpy1_python="$numpy1/bin/python"
-else
-    echo "test-all: no numpy 1.x for this Python; the older-numpy test cannot run" >&2
-fi
-step_done "test venvs"
-
-if [[ -n "$aarch64_pid" ]]; then
-    aarch64_status=0
-    wait "$aarch64_pid" || aarch64_status=$?
-    cat "$aarch64_log" >&2
-    [[ $aarch64_status -eq 0 ]] || { echo "test-all: the aarch64 check failed" >&2; exit 1; }
-fi
-step_done "aarch64 check, after the venvs"
+# The API docs build with every intra-doc link resolved (a link to a private item renders
+# as dead text): warnings are errors here.
+api_docs() {
+    RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --package shardify
+}
+check_and_docs() {
+    aarch64_check
+    api_docs
+}
+checks_log="target/aarch64-check-and-docs.log"
+run_in_background "$checks_log" check_and_docs
+checks_pid=$!
 
 # PATH without the Rust toolchain: the package must work from the wheel alone.
 rust_free_path=""
@@ -113,3 +148,6 @@ done
 PATH="$rust_free_path" SHARDIFY_TESTING_WHEEL=1 SHARDIFY_NUMPY1_PYTHON="$numpy1_python" \
     "$venv/bin/python" -m pytest -q -rs python/tests
 step_done "pytest"
+
+wait_background "$checks_pid" "$checks_log" "the aarch64 check or the API docs"
+step_done "aarch64 check and API docs (beyond pytest)"
