@@ -6,12 +6,12 @@ import json
 import os
 import sys
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from . import _native
 from ._dataset import Dataset, PathArg
-from ._iterators import check_current, not_indexed
+from ._iterators import SUPERSEDED, not_indexed
 from ._mapped import BatchFunction, MappedLoader
 
 if TYPE_CHECKING:
@@ -403,7 +403,19 @@ class Loader:
         if self._handed_out_every_batch(epoch, origin, taken):
             self._batches.seek(epoch + 1, 0, 0)
         turn = self._turn = object()
-        return self._batches.batches(lambda: self._turn is turn)
+        return self._stream(turn)
+
+    def _stream(self, turn: object) -> Iterator[dict[str, Any]]:
+        """The rest of the epoch while ``turn`` is the loader's newest. It holds the loader,
+        not its batches: a loader made again drops its old native loader (its threads, its
+        staging buffers, a resident copy) even while an older iterator is still held."""
+        while True:
+            if self._turn is not turn:
+                raise RuntimeError(SUPERSEDED)
+            batch = self._batches.next()
+            if batch is None:
+                return
+            yield batch
 
     def __len__(self) -> int:
         """The batches this rank gets in the epoch the next ``for`` runs, counted from the
@@ -640,7 +652,9 @@ class _Streaming:
     """The streaming loader's batches, its sections as numpy arrays (``np.from_dlpack``)."""
 
     def __init__(self, native: Any, names: tuple[str, ...]):
-        self._native, self._names = native, names
+        import numpy
+
+        self._native, self._names, self._np = native, names, numpy
 
     def position(self) -> tuple[int, int, int]:
         """(epoch, origin, batches handed out since origin)."""
@@ -651,18 +665,12 @@ class _Streaming:
         """Moves to batch ``batches_taken`` of ``epoch`` dealt from global batch ``origin``."""
         self._native.seek(epoch, origin, batches_taken)
 
-    def batches(self, current: Callable[[], bool]) -> Iterator[dict[str, Any]]:
-        """The rest of the current epoch, while ``current()`` says this iterator is the
-        loader's newest."""
-        import numpy as np
-
-        next_batch, names, convert = self._native.next_batch, self._names, np.from_dlpack
-        while True:
-            check_current(current)
-            sections = next_batch()
-            if sections is None:
-                return
-            yield dict(zip(names, map(convert, sections), strict=True))
+    def next(self) -> dict[str, Any] | None:
+        """The next batch of the epoch, or ``None`` (and the next epoch's start) at its end."""
+        sections = self._native.next_batch()
+        if sections is None:
+            return None
+        return dict(zip(self._names, map(self._np.from_dlpack, sections), strict=True))
 
 
 class _TorchBatches(_Streaming):
@@ -675,30 +683,25 @@ class _TorchBatches(_Streaming):
     torch's current stream, as ``torch.from_dlpack`` would order it."""
 
     def __init__(self, native: Any, names: tuple[str, ...], device: Any):
-        super().__init__(native, names)
-        self._device = device
-
-    def batches(self, current: Callable[[], bool]) -> Iterator[dict[str, Any]]:
-        """The rest of the current epoch, while ``current()`` says this iterator is the
-        loader's newest."""
         import torch
 
+        super().__init__(native, names)
+        self._torch = torch
         # torch's own capsule import, where the exchange API is missing; its public
         # wrapper adds checks that cost 1.3 µs a call.
-        convert = getattr(torch._C, "_from_dlpack", None) or torch.utils.dlpack.from_dlpack
-        next_batch, tensor = self._native.next_batch_dict, torch.Tensor
-        device = self._device if self._device.type == "cuda" else None
-        while True:
-            check_current(current)
-            # DLPack's stream argument, as torch.from_dlpack passes it (1: the legacy
-            # default stream). Asking for it also initialises torch's CUDA state, which
-            # the exchange API does not.
-            stream = None if device is None else (
-                torch.cuda.current_stream(device).cuda_stream or 1)
-            batch = next_batch(convert, stream, tensor)
-            if batch is None:
-                return
-            yield batch
+        self._convert = getattr(torch._C, "_from_dlpack", None) or torch.utils.dlpack.from_dlpack
+        self._cuda = device if device.type == "cuda" else None
+
+    def next(self) -> dict[str, Any] | None:
+        """The next batch of the epoch, or ``None`` (and the next epoch's start) at its end."""
+        # DLPack's stream argument, as torch.from_dlpack passes it (1: the legacy default
+        # stream). Asking for it also initialises torch's CUDA state, which the exchange API
+        # does not.
+        stream = None if self._cuda is None else (
+            self._torch.cuda.current_stream(self._cuda).cuda_stream or 1)
+        batch: dict[str, Any] | None = self._native.next_batch_dict(
+            self._convert, stream, self._torch.Tensor)
+        return batch
 
 
 def _unpickled_loader(dataset: Dataset, arguments: dict[str, Any],

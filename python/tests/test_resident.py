@@ -5,6 +5,7 @@ import gc
 import os
 import subprocess
 import sys
+import weakref
 
 import numpy as np
 import pytest
@@ -403,10 +404,17 @@ def test_a_loader_made_before_its_rank_is_known_loads_the_dataset_once_for_that_
     monkeypatch.setattr(source, "load_columns", load)
     early = shardify.Loader(train_dir, device="cpu", resident=True, batch_events=16)
     assert (early.rank, early.world, loads) == (0, 1, [])
+    stale, as_made = iter(early), weakref.ref(early._batches)
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "2")
     got = [b["event_id"].tolist() for b in early]
     assert (early.rank, early.world) == (1, 2)
+    gc.collect()
+    assert as_made() is None, \
+        "the batches as made (a copy on the device, once loaded) are dropped, though an " \
+        "iterator over them is still held"
+    with pytest.raises(RuntimeError, match="made again for the process's new rank"):
+        next(stale)
     assert loads == [torch.device("cpu")], "loaded once, after the rank was found"
     given = shardify.Loader(train_dir, device="cpu", resident=True, batch_events=16, rank=1,
                             world=2)

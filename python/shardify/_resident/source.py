@@ -20,7 +20,6 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from .. import _native
-from .._iterators import check_current
 from .._kernels import choose_path, launching_on
 from .buffers import OutputPool
 from .columns import Columns, load_columns, torch_dtype
@@ -213,16 +212,6 @@ class ResidentBatches:
             yield
         finally:
             self._in_use.release()
-
-    def batches(self, current: Callable[[], bool]) -> Iterator[dict[str, torch.Tensor]]:
-        """The rest of the current epoch, then (at its end) the position moves to the next;
-        while ``current()`` says this iterator is the loader's newest."""
-        while True:
-            check_current(current)
-            batch = self.next()
-            if batch is None:
-                return
-            yield batch
 
     def next(self) -> dict[str, torch.Tensor] | None:
         """The next batch of the epoch, or ``None`` (and the next epoch's start) at its end."""
