@@ -64,11 +64,15 @@ mkdir -p target
 # (SHARDIFY_NUMPY1_PYTHON). The wheel goes into both once built.
 venv="${SHARDIFY_VENV:-.venv}"
 numpy1="target/numpy1-venv"
+# A venv whose making was cut short (a failed step stops this job) lacks pip: made again.
+make_venv() {  # DIR
+    "$1/bin/python" -m pip --version >/dev/null 2>&1 || python3 -m venv "$1"
+}
 prepare_test_venvs() {
-    [[ -x "$venv/bin/python" ]] || python3 -m venv "$venv"
+    make_venv "$venv"
     "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
         numpy pyarrow pytest safetensors mypy torch torch_geometric lightning
-    [[ -x "$numpy1/bin/python" ]] || python3 -m venv "$numpy1"
+    make_venv "$numpy1"
     # numpy 1.x has no wheels for Python 3.13 and later: there the test skips (fails with
     # CI=true).
     "$numpy1/bin/python" -m pip install --quiet --disable-pip-version-check \
@@ -137,7 +141,8 @@ checks_log="target/aarch64-check-and-docs.log"
 run_in_background "$checks_log" check_and_docs
 checks_pid=$!
 
-# PATH without the Rust toolchain: the package must work from the wheel alone.
+# PATH without the Rust toolchain: the package must work from the wheel alone. The slowest
+# tests are listed at the end, beside the step times.
 rust_free_path=""
 IFS=: read -ra dirs <<< "$PATH"
 for dir in "${dirs[@]}"; do
@@ -146,7 +151,7 @@ for dir in "${dirs[@]}"; do
     fi
 done
 PATH="$rust_free_path" SHARDIFY_TESTING_WHEEL=1 SHARDIFY_NUMPY1_PYTHON="$numpy1_python" \
-    "$venv/bin/python" -m pytest -q -rs python/tests
+    "$venv/bin/python" -m pytest -q -rs --durations=15 python/tests
 step_done "pytest"
 
 wait_background "$checks_pid" "$checks_log" "the aarch64 check or the API docs"
