@@ -5,11 +5,13 @@ install), and helpers that read the shards independently with ``safetensors.nump
 from __future__ import annotations
 
 import fcntl
+import gc
 import importlib
 import os
 import shutil
 import subprocess
 import sys
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -194,6 +196,13 @@ def span(tensor) -> tuple[int, int]:
     """The bytes a tensor's elements occupy: [first, end)."""
     start = tensor.data_ptr()
     return start, start + tensor.numel() * tensor.element_size()
+
+
+def assert_freed(made: weakref.ref, what: str) -> None:
+    """Checks that ``what``, referred to by ``made``, was freed (a loader made again drops
+    what it was made with, though an iterator made before is still held)."""
+    gc.collect()
+    assert made() is None, f"{what} is still held, by an iterator made before"
 
 
 def assert_a_held_batch_survives(loader, torch, later: int) -> None:

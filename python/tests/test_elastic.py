@@ -2,12 +2,11 @@
 new world see the rest of the epoch, no event twice, none skipped beyond what drop_last
 drops. Ranks are simulated in one process with explicit rank and world."""
 
-import gc
 import weakref
 
 import pytest
 import shardify
-from conftest import ids, order_lines, take
+from conftest import assert_freed, ids, order_lines, take
 
 SETTINGS = dict(batch_events=8, seed=3, window_blocks=4)
 FLAGS = ["--batch-events", "8", "--seed", "3", "--window", "4"]
@@ -117,10 +116,7 @@ def test_a_loader_made_before_its_process_group_finds_its_rank_when_used(train_d
     monkeypatch.setenv("WORLD_SIZE", "3")
     rank_1_of_3 = order_lines(train_dir, *FLAGS, "--rank", "1", "--world", "3", "--drop-last")
     assert len(early) == len(rank_1_of_3)  # taken into use: found again
-    gc.collect()
-    assert as_made() is None, \
-        "the loader as made (its native threads and staging buffers) is dropped, though an " \
-        "iterator over it is still held"
+    assert_freed(as_made, "the loader as made (its native threads and staging buffers)")
     # The iterator over the loader as it was made would hand out rank 0 of 1's batches.
     with pytest.raises(RuntimeError, match="made again for the process's new rank"):
         next(stale)

@@ -10,7 +10,13 @@ import weakref
 import numpy as np
 import pytest
 import shardify
-from conftest import REPO, assert_a_held_batch_survives, assert_same_batches, logging_guard
+from conftest import (
+    REPO,
+    assert_a_held_batch_survives,
+    assert_freed,
+    assert_same_batches,
+    logging_guard,
+)
 from shardify._resident import buffers, columns, source
 
 SETTINGS = [
@@ -409,10 +415,7 @@ def test_a_loader_made_before_its_rank_is_known_loads_the_dataset_once_for_that_
     monkeypatch.setenv("WORLD_SIZE", "2")
     got = [b["event_id"].tolist() for b in early]
     assert (early.rank, early.world) == (1, 2)
-    gc.collect()
-    assert as_made() is None, \
-        "the batches as made (a copy on the device, once loaded) are dropped, though an " \
-        "iterator over them is still held"
+    assert_freed(as_made, "the batches as made (a copy on the device, once loaded)")
     with pytest.raises(RuntimeError, match="made again for the process's new rank"):
         next(stale)
     assert loads == [torch.device("cpu")], "loaded once, after the rank was found"
