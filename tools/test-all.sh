@@ -13,11 +13,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# CI allows the whole run 25 minutes on 2 cores. What waits on the network or leaves a core
-# idle runs in the background, niced, beside what keeps both cores busy: the test venvs'
-# downloads beside `cargo test` and the wheel build; the aarch64 check and the API docs beside
-# pytest (which keeps about one core busy). Each step's time is printed at the end, so the
-# step that grows is visible in the log.
+# CI allows the whole run 25 minutes on 2 cores. The aarch64 check and the API docs run in
+# the background, niced, where a core is idle: beside the test venvs' downloads and pytest
+# (which keeps about one core busy). The downloads themselves stay in the foreground: beside
+# a cold `cargo test`, unpacking torch's 6 GB slowed it by about 190 s, more than the 165 s
+# it hid (a cold run took 1507 s). Each step's time is printed at the end, so the step that
+# grows is visible in the log.
 step_times=()
 step_start=$SECONDS
 step_done() {
@@ -64,7 +65,7 @@ mkdir -p target
 # (SHARDIFY_NUMPY1_PYTHON). The wheel goes into both once built.
 venv="${SHARDIFY_VENV:-.venv}"
 numpy1="target/numpy1-venv"
-# A venv whose making was cut short (a failed step stops this job) lacks pip: made again.
+# A venv whose making was cut short (an interrupted run) lacks pip: made again.
 make_venv() {  # DIR
     "$1/bin/python" -m pip --version >/dev/null 2>&1 || python3 -m venv "$1"
 }
@@ -79,9 +80,6 @@ prepare_test_venvs() {
         --only-binary=:all: "numpy<2" \
         || echo "test-all: no numpy 1.x for this Python; the older-numpy test cannot run"
 }
-venvs_log="target/test-venvs.log"
-run_in_background "$venvs_log" prepare_test_venvs
-venvs_pid=$!
 
 cargo test --release
 step_done "cargo test"
@@ -90,18 +88,6 @@ step_done "cargo test"
 export SHARDIFY_BUILD_VENV="${SHARDIFY_BUILD_VENV:-target/wheel-venv}"
 bash tools/build-wheel.sh target/wheels
 step_done "wheel and sdist"
-
-wait_background "$venvs_pid" "$venvs_log" "making the test venvs"
-wheel=(target/wheels/shardify-*_"$(uname -m)".whl)
-"$venv/bin/python" -m pip install --quiet --disable-pip-version-check --force-reinstall \
-    --no-deps "${wheel[@]}"
-numpy1_python=""
-if "$numpy1/bin/python" -c "import numpy" 2>/dev/null; then
-    "$numpy1/bin/python" -m pip install --quiet --disable-pip-version-check \
-        --force-reinstall --no-deps "${wheel[@]}"
-    numpy1_python="$numpy1/bin/python"
-fi
-step_done "test venvs (beyond cargo test and the wheel)"
 
 # The crate compiles for aarch64, the other wheel's architecture, without a warning: code
 # for one architecture (intrinsics, inline assembly) must say what the others do. Checked,
@@ -140,6 +126,18 @@ check_and_docs() {
 checks_log="target/aarch64-check-and-docs.log"
 run_in_background "$checks_log" check_and_docs
 checks_pid=$!
+
+prepare_test_venvs
+wheel=(target/wheels/shardify-*_"$(uname -m)".whl)
+"$venv/bin/python" -m pip install --quiet --disable-pip-version-check --force-reinstall \
+    --no-deps "${wheel[@]}"
+numpy1_python=""
+if "$numpy1/bin/python" -c "import numpy" 2>/dev/null; then
+    "$numpy1/bin/python" -m pip install --quiet --disable-pip-version-check \
+        --force-reinstall --no-deps "${wheel[@]}"
+    numpy1_python="$numpy1/bin/python"
+fi
+step_done "test venvs"
 
 # PATH without the Rust toolchain: the package must work from the wheel alone. The slowest
 # tests are listed at the end, beside the step times.
