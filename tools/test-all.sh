@@ -26,60 +26,15 @@ step_done() {
     step_start=$SECONDS
 }
 
-# A background job runs in its own process group (so that an exit, a failed step, stops it
-# whole), niced, its output in LOG; wait_background prints that log and fails the run when
-# the job failed.
-background_pids=()
-run_in_background() {  # LOG COMMAND...
-    local log=$1
-    shift
-    set -m
-    (
-        renice -n 10 -p "$BASHPID" >/dev/null 2>&1 || true
-        job_start=$SECONDS
-        "$@"
-        echo "($((SECONDS - job_start)) s in the background)"
-    ) > "$log" 2>&1 &
-    set +m
-    background_pids+=("$!")
-}
-wait_background() {  # PID LOG WHAT
-    local status=0
-    wait "$1" || status=$?
-    cat "$2" >&2
-    [[ $status -eq 0 ]] || { echo "test-all: $3 failed (exit $status)" >&2; exit 1; }
-}
+# The background job (the aarch64 check and the API docs, below) runs in its own process
+# group, so that an exit (a failed step, an interrupt) stops it whole.
+checks_pid=""
 on_exit() {
-    local status=$? pid
-    for pid in "${background_pids[@]}"; do
-        kill -- "-$pid" 2>/dev/null || true
-    done
+    local status=$?
+    [[ -z "$checks_pid" ]] || kill -- "-$checks_pid" 2>/dev/null || true
     printf "test-all: %s\n" "${step_times[@]}" "total: $SECONDS s (exit $status)" >&2
 }
 trap on_exit EXIT
-mkdir -p target
-
-# The test venv gets numpy, pyarrow, pytest, safetensors, mypy, torch, torch_geometric and
-# lightning; a second venv (target/numpy1-venv) numpy 1.x alone, which the package supports
-# too (numpy >= 1.22): python/tests/test_legacy_consumers.py runs the numpy-facing API in it
-# (SHARDIFY_NUMPY1_PYTHON). The wheel goes into both once built.
-venv="${SHARDIFY_VENV:-.venv}"
-numpy1="target/numpy1-venv"
-# A venv whose making was cut short (an interrupted run) lacks pip: made again.
-make_venv() {  # DIR
-    "$1/bin/python" -m pip --version >/dev/null 2>&1 || python3 -m venv "$1"
-}
-prepare_test_venvs() {
-    make_venv "$venv"
-    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
-        numpy pyarrow pytest safetensors mypy torch torch_geometric lightning
-    make_venv "$numpy1"
-    # numpy 1.x has no wheels for Python 3.13 and later: there the test skips (fails with
-    # CI=true).
-    "$numpy1/bin/python" -m pip install --quiet --disable-pip-version-check \
-        --only-binary=:all: "numpy<2" \
-        || echo "test-all: no numpy 1.x for this Python; the older-numpy test cannot run"
-}
 
 cargo test --release
 step_done "cargo test"
@@ -119,23 +74,43 @@ aarch64_check() {
 api_docs() {
     RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --package shardify
 }
-check_and_docs() {
+checks_log="target/aarch64-check-and-docs.log"
+set -m
+(
+    renice -n 10 -p "$BASHPID" >/dev/null 2>&1 || true
     aarch64_check
     api_docs
-}
-checks_log="target/aarch64-check-and-docs.log"
-run_in_background "$checks_log" check_and_docs
+    echo "($((SECONDS - step_start)) s in the background)"
+) > "$checks_log" 2>&1 &
 checks_pid=$!
+set +m
 
-prepare_test_venvs
+venv="${SHARDIFY_VENV:-.venv}"
+# A venv whose making was cut short (an interrupted run) lacks pip: made again.
+make_venv() {  # DIR
+    "$1/bin/python" -m pip --version >/dev/null 2>&1 || python3 -m venv "$1"
+}
+make_venv "$venv"
+"$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
+    numpy pyarrow pytest safetensors mypy torch torch_geometric lightning
 wheel=(target/wheels/shardify-*_"$(uname -m)".whl)
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --force-reinstall \
     --no-deps "${wheel[@]}"
+
+# A second venv with numpy 1.x and no torch, which the package supports too (numpy >= 1.22):
+# python/tests/test_legacy_consumers.py runs the numpy-facing API in it
+# (SHARDIFY_NUMPY1_PYTHON).
+# numpy 1.x has no wheels for Python 3.13 and later: there the test skips (fails with CI=true).
+numpy1="target/numpy1-venv"
 numpy1_python=""
-if "$numpy1/bin/python" -c "import numpy" 2>/dev/null; then
-    "$numpy1/bin/python" -m pip install --quiet --disable-pip-version-check \
-        --force-reinstall --no-deps "${wheel[@]}"
+make_venv "$numpy1"
+if "$numpy1/bin/python" -m pip install --quiet --disable-pip-version-check \
+        --only-binary=:all: "numpy<2" \
+    && "$numpy1/bin/python" -m pip install --quiet --disable-pip-version-check \
+        --force-reinstall --no-deps "${wheel[@]}"; then
     numpy1_python="$numpy1/bin/python"
+else
+    echo "test-all: no numpy 1.x for this Python; the older-numpy test cannot run" >&2
 fi
 step_done "test venvs"
 
@@ -152,5 +127,11 @@ PATH="$rust_free_path" SHARDIFY_TESTING_WHEEL=1 SHARDIFY_NUMPY1_PYTHON="$numpy1_
     "$venv/bin/python" -m pytest -q -rs --durations=15 python/tests
 step_done "pytest"
 
-wait_background "$checks_pid" "$checks_log" "the aarch64 check or the API docs"
+checks_status=0
+wait "$checks_pid" || checks_status=$?
+cat "$checks_log" >&2
+[[ $checks_status -eq 0 ]] || {
+    echo "test-all: the aarch64 check or the API docs failed (exit $checks_status)" >&2
+    exit 1
+}
 step_done "aarch64 check and API docs (beyond pytest)"
