@@ -408,14 +408,24 @@ class Loader:
     def _stream(self, turn: object) -> Iterator[dict[str, Any]]:
         """The rest of the epoch while ``turn`` is the loader's newest. It holds the loader,
         not its batches: a loader made again drops its old native loader (its threads, its
-        staging buffers, a resident copy) even while an older iterator is still held."""
-        while True:
-            if self._turn is not turn:
-                raise RuntimeError(SUPERSEDED)
-            batch = self._batches.next()
-            if batch is None:
-                return
-            yield batch
+        staging buffers, a resident copy) even while an older iterator is still held.
+
+        Let go of before its epoch's end while still the newest (closed, or freed), it
+        checks the epoch it leaves as :meth:`set_epoch` does: a trainer lets go of its
+        iterator after its last epoch too (PyTorch Lightning at the end of ``fit``), after
+        which nothing else asks the loader."""
+        try:
+            while True:
+                if self._turn is not turn:
+                    raise RuntimeError(SUPERSEDED)
+                batch = self._batches.next()
+                if batch is None:
+                    return
+                yield batch
+        except GeneratorExit:
+            if self._turn is turn:
+                self._warn_if_left_short(*self._batches.position())
+            raise
 
     def __len__(self) -> int:
         """The batches this rank gets in the epoch the next ``for`` runs, counted from the
