@@ -14,10 +14,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
-use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
-use parquet::arrow::ProjectionMask;
 use rayon::prelude::*;
 use shardify::bench::median;
+use shardify::source::batch::{DECODE_BATCH_ROWS, PULSE_COLUMNS};
+use shardify::source::columns::ParquetSource;
 
 struct Args {
     events: u64,
@@ -75,26 +75,19 @@ fn warm(root: &Path) {
     }
 }
 
-/// The bare decode: the five pulse columns of every file into Arrow arrays, nothing else.
+/// The bare decode: the five pulse columns of every file read as the converter reads them
+/// (canonical `i64`, `f64` and `bool` columns), nothing else.
 fn bare_decode(files: &[PathBuf], pool: &rayon::ThreadPool) -> (u64, f64) {
     let started = Instant::now();
     let rows: u64 = pool.install(|| {
         files
             .par_iter()
             .map(|f| {
-                let builder =
-                    ParquetRecordBatchReaderBuilder::try_new(std::fs::File::open(f).unwrap())
-                        .unwrap();
-                let mask = ProjectionMask::columns(
-                    builder.parquet_schema(),
-                    ["sensor_id", "time", "charge", "auxiliary", "event_id"],
-                );
-                let reader = builder
-                    .with_projection(mask)
-                    .with_batch_size(64 * 1024)
-                    .build()
+                let reader = ParquetSource::open(f)
+                    .unwrap()
+                    .read(&PULSE_COLUMNS, None, DECODE_BATCH_ROWS)
                     .unwrap();
-                reader.map(|b| b.unwrap().num_rows() as u64).sum::<u64>()
+                reader.map(|c| c.unwrap().len as u64).sum::<u64>()
             })
             .sum()
     });

@@ -40,7 +40,7 @@ pub enum Error {
         path: PathBuf,
         /// The column.
         column: &'static str,
-        /// The Arrow type found.
+        /// The Parquet type found (physical type and annotation).
         found: String,
         /// What is accepted.
         expected: &'static str,

@@ -4,20 +4,16 @@
 mod common;
 
 use std::path::Path;
-use std::sync::Arc;
 
-use arrow_array::types::Int32Type;
-use arrow_array::{
-    ArrayRef, DictionaryArray, Float64Array, Int16Array, Int32Array, Int64Array, RecordBatch,
-    StringArray,
-};
 use common::*;
 use parquet::file::metadata::{
     ColumnChunkMetaDataBuilder, ParquetMetaData, ParquetMetaDataReader, ParquetMetaDataWriter,
 };
 use shardify::dataset::verify::verify;
 use shardify::source::layout::InputSet;
-use shardify::synth::{self, meta_batch, pulse_batch, Codec, MetaTable, PulseTable};
+use shardify::synth::{
+    self, meta_columns, pulse_columns, Codec, Column, MetaTable, PulseTable, Table, Values,
+};
 
 struct Case {
     dir: tempfile::TempDir,
@@ -35,16 +31,12 @@ impl Case {
         edit(&mut t1, &mut m1, &mut t2, &mut m2);
         Self::write(
             dir,
-            vec![(1, pulse_batch(&t1)), (2, pulse_batch(&t2))],
+            vec![(1, pulse_columns(&t1)), (2, pulse_columns(&t2))],
             &[&m1, &m2],
         )
     }
 
-    fn write(
-        dir: tempfile::TempDir,
-        batches: Vec<(i64, RecordBatch)>,
-        metas: &[&MetaTable],
-    ) -> Case {
+    fn write(dir: tempfile::TempDir, batches: Vec<(i64, Table)>, metas: &[&MetaTable]) -> Case {
         let mut meta = MetaTable {
             labels: true,
             ..MetaTable::default()
@@ -52,7 +44,7 @@ impl Case {
         for m in metas {
             meta.extend(m);
         }
-        write_layout(&dir.path().join("src"), &batches, &meta_batch(&meta));
+        write_layout(&dir.path().join("src"), &batches, &meta_columns(&meta));
         Case { dir }
     }
 
@@ -100,22 +92,44 @@ fn missing_and_mistyped_columns() {
     let dir = tempfile::tempdir().unwrap();
     let mut next = 0;
     let (t, m) = generated_batch(1, 1, 10, &mut next, true);
-    let without_charge = replace_column(&pulse_batch(&t), "charge", None);
+    let without_charge = pulse_columns(&t).without("charge");
     let case = Case::write(dir, vec![(1, without_charge)], &[&m]);
     assert_contains(&case.error(), &[&case.batch(1), "missing column `charge`"]);
 
     let dir = tempfile::tempdir().unwrap();
-    let text: ArrayRef = Arc::new(StringArray::from(vec!["1.0"; t.time.len()]));
+    let text = Column::new("charge", Values::Text(vec!["1.0".into(); t.time.len()]));
+    let case = Case::write(dir, vec![(1, pulse_columns(&t).with_column(text))], &[&m]);
+    assert_contains(
+        &case.error(),
+        &[
+            &case.batch(1),
+            "column `charge` has type BYTE_ARRAY (String), expected a floating-point type",
+        ],
+    );
+
+    // An integer column where a float is expected, and the reverse.
+    let dir = tempfile::tempdir().unwrap();
+    let whole = Column::new("charge", Values::Int64(vec![1; t.time.len()]));
+    let case = Case::write(dir, vec![(1, pulse_columns(&t).with_column(whole))], &[&m]);
+    assert_contains(
+        &case.error(),
+        &[
+            &case.batch(1),
+            "column `charge` has type INT64, expected a floating-point type",
+        ],
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let float_time = Column::new("time", Values::Float64(vec![6000.0; t.time.len()]));
     let case = Case::write(
         dir,
-        vec![(1, replace_column(&pulse_batch(&t), "charge", Some(text)))],
+        vec![(1, pulse_columns(&t).with_column(float_time))],
         &[&m],
     );
     assert_contains(
         &case.error(),
         &[
             &case.batch(1),
-            "column `charge` has type Utf8, expected a floating-point type",
+            "column `time` has type DOUBLE, expected an integer type",
         ],
     );
 }
@@ -125,14 +139,8 @@ fn null_value_names_row_and_column() {
     let dir = tempfile::tempdir().unwrap();
     let mut next = 0;
     let (t, m) = generated_batch(1, 1, 10, &mut next, true);
-    let mut times: Vec<Option<i64>> = t.time.iter().map(|&v| Some(v)).collect();
-    times[17] = None;
-    let batch = replace_column(
-        &pulse_batch(&t),
-        "time",
-        Some(Arc::new(Int64Array::from(times))),
-    );
-    let case = Case::write(dir, vec![(1, batch)], &[&m]);
+    let times = Column::new("time", Values::Int64(t.time.clone())).with_nulls(&[17]);
+    let case = Case::write(dir, vec![(1, pulse_columns(&t).with_column(times))], &[&m]);
     assert_contains(
         &case.error(),
         &[&case.batch(1), "row 17, column `time`: null value"],
@@ -345,6 +353,39 @@ fn a_footer_placing_a_column_chunk_outside_the_file() {
     }
 }
 
+/// A footer that gives a row group more rows than its column chunks hold: an error naming
+/// the file, the column and where it ends, not rows made up or silently dropped.
+#[test]
+fn a_row_group_shorter_than_its_footer_says() {
+    let case = Case::new(|_, _, _, _| {});
+    // The meta file: a batch file's row count is checked against its meta first.
+    let meta = case.dir.path().join("src/train_meta.parquet");
+    let mut rows = 0;
+    rewrite_footer(&meta, |m| {
+        let mut groups = m.row_groups().to_vec();
+        rows = groups[0].num_rows();
+        groups[0] = groups[0]
+            .clone()
+            .into_builder()
+            .set_num_rows(rows + 5)
+            .build()
+            .unwrap();
+        m.into_builder().set_row_groups(groups).build()
+    });
+    assert_contains(
+        &case.error(),
+        &[
+            &meta.display().to_string(),
+            "not a readable Parquet file",
+            &format!(
+                "column `batch_id` ends at row {rows} of the file, inside row group 0 \
+                 (rows 0..{} by the footer)",
+                rows + 5
+            ),
+        ],
+    );
+}
+
 /// Bytes damaged anywhere in a batch or meta file (bits flipped, runs overwritten with
 /// noise or zeros) either leave a file that still converts to exactly its rows (the damage
 /// hit bytes no reader uses) or stop the conversion with an error naming the file; never a
@@ -402,8 +443,8 @@ fn empty_batch_file_is_zero_events() {
     let dir = tempfile::tempdir().unwrap();
     let mut next = 0;
     let (t, m) = generated_batch(1, 1, 12, &mut next, true);
-    let empty = pulse_batch(&PulseTable::default());
-    let case = Case::write(dir, vec![(1, pulse_batch(&t)), (2, empty)], &[&m]);
+    let empty = pulse_columns(&PulseTable::default());
+    let case = Case::write(dir, vec![(1, pulse_columns(&t)), (2, empty)], &[&m]);
     case.convert().unwrap();
     assert_eq!(dump_lines(&case.dir.path().join("out")).len(), 12);
 }
@@ -413,83 +454,138 @@ fn empty_batch_file_is_zero_events() {
 fn accepted_variants_give_identical_events() {
     let mut next = 0;
     let (t, m) = generated_batch(4, 1, 60, &mut next, true);
-    let base = pulse_batch(&t);
+    let base = pulse_columns(&t);
     let reference = Case::write(tempfile::tempdir().unwrap(), vec![(1, base.clone())], &[&m]);
     reference.convert().unwrap();
     let expected = dump_lines(&reference.dir.path().join("out"));
 
-    let int32: ArrayRef = Arc::new(Int32Array::from(
-        t.sensor_id.iter().map(|&s| s as i32).collect::<Vec<_>>(),
+    let sensor = |values| base.clone().with_column(Column::new("sensor_id", values));
+    let widened = |v: &[i16]| v.iter().map(|&s| s as i32).collect::<Vec<_>>();
+    let reordered = Table::new([4, 2, 0, 3, 1].map(|i| base.columns[i].clone()).to_vec());
+    let extra = base.clone().with_column(Column::new(
+        "dom_x",
+        Values::Float64(vec![0.5; t.time.len()]),
     ));
-    let dict: ArrayRef = Arc::new(DictionaryArray::<Int32Type>::new(
-        Int32Array::from((0..t.sensor_id.len() as i32).collect::<Vec<_>>()),
-        Arc::new(Int16Array::from(t.sensor_id.clone())),
-    ));
-    let f32_charge: ArrayRef = Arc::new(arrow_array::Float32Array::from(
-        t.charge.iter().map(|&c| c as f32).collect::<Vec<_>>(),
-    ));
-    let reordered = {
-        let schema = base.schema();
-        let order = [4, 2, 0, 3, 1];
-        let fields: Vec<_> = order.iter().map(|&i| schema.field(i).clone()).collect();
-        let cols: Vec<_> = order.iter().map(|&i| base.column(i).clone()).collect();
-        RecordBatch::try_new(Arc::new(arrow_schema::Schema::new(fields)), cols).unwrap()
-    };
-    let extra = {
-        let mut fields: Vec<_> = base
-            .schema()
-            .fields()
-            .iter()
-            .map(|f| f.as_ref().clone())
-            .collect();
-        let mut cols = base.columns().to_vec();
-        fields.push(arrow_schema::Field::new(
-            "dom_x",
-            arrow_schema::DataType::Float64,
-            true,
-        ));
-        cols.push(Arc::new(Float64Array::from(vec![0.5; t.time.len()])));
-        RecordBatch::try_new(Arc::new(arrow_schema::Schema::new(fields)), cols).unwrap()
-    };
-    let variants: Vec<(&str, RecordBatch, Codec, Option<usize>)> = vec![
+    let snappy = || synth::writer_properties(Codec::Snappy);
+    let variants = vec![
         (
             "sensor_id int32",
-            replace_column(&base, "sensor_id", Some(int32)),
-            Codec::Snappy,
+            sensor(Values::Int32(widened(&t.sensor_id))),
+            snappy(),
             None,
         ),
         (
-            "dictionary sensor_id",
-            replace_column(&base, "sensor_id", Some(dict)),
-            Codec::Snappy,
+            "sensor_id uint32",
+            sensor(Values::UInt32(
+                t.sensor_id.iter().map(|&s| s as u32).collect(),
+            )),
+            snappy(),
+            None,
+        ),
+        (
+            "event_id uint64",
+            base.clone().with_column(Column::new(
+                "event_id",
+                Values::UInt64(t.event_id.iter().map(|&e| e as u64).collect()),
+            )),
+            snappy(),
             None,
         ),
         (
             "float32 charge",
-            replace_column(&base, "charge", Some(f32_charge)),
-            Codec::Snappy,
+            base.clone().with_column(Column::new(
+                "charge",
+                Values::Float32(t.charge.iter().map(|&c| c as f32).collect()),
+            )),
+            snappy(),
             None,
         ),
-        ("columns reordered", reordered, Codec::Snappy, None),
-        ("extra column", extra, Codec::Snappy, None),
-        ("zstd, many row groups", base.clone(), Codec::Zstd, Some(97)),
+        (
+            "plain pages, no dictionary",
+            base.clone(),
+            snappy().set_dictionary_enabled(false),
+            Some(333),
+        ),
+        (
+            "data page v2",
+            base.clone(),
+            snappy().set_writer_version(parquet::file::properties::WriterVersion::PARQUET_2_0),
+            None,
+        ),
+        ("columns reordered", reordered, snappy(), None),
+        ("extra column", extra, snappy(), None),
+        (
+            "zstd, many row groups",
+            base.clone(),
+            synth::writer_properties(Codec::Zstd),
+            Some(97),
+        ),
         (
             "uncompressed",
             base.clone(),
-            Codec::Uncompressed,
+            synth::writer_properties(Codec::Uncompressed),
             Some(1000),
         ),
-        ("gzip", base.clone(), Codec::Gzip, None),
-        ("lz4 (hadoop framing)", base.clone(), Codec::Lz4, None),
-        ("lz4_raw", base.clone(), Codec::Lz4Raw, Some(500)),
-        ("brotli", base.clone(), Codec::Brotli, None),
+        (
+            "gzip",
+            base.clone(),
+            synth::writer_properties(Codec::Gzip),
+            None,
+        ),
+        (
+            "lz4 (hadoop framing)",
+            base.clone(),
+            synth::writer_properties(Codec::Lz4),
+            None,
+        ),
+        (
+            "lz4_raw",
+            base.clone(),
+            synth::writer_properties(Codec::Lz4Raw),
+            Some(500),
+        ),
+        (
+            "brotli",
+            base.clone(),
+            synth::writer_properties(Codec::Brotli),
+            None,
+        ),
     ];
-    for (name, batch, codec, row_groups) in variants {
+    for (name, table, properties, row_groups) in variants {
         let case = Case::write(tempfile::tempdir().unwrap(), vec![(1, base.clone())], &[&m]);
-        synth::write_parquet(Path::new(&case.batch(1)), &batch, codec, row_groups).unwrap();
+        synth::write_parquet_with(
+            Path::new(&case.batch(1)),
+            &table,
+            properties.build(),
+            row_groups,
+        )
+        .unwrap();
         case.convert().unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_eq!(dump_lines(&case.dir.path().join("out")), expected, "{name}");
     }
+}
+
+/// An unsigned 64-bit event id past `i64::MAX` is an error naming its row, not a wrapped
+/// negative id.
+#[test]
+fn an_unsigned_value_past_the_signed_range_names_its_row() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut next = 0;
+    let (t, m) = generated_batch(1, 1, 10, &mut next, true);
+    let mut ids: Vec<u64> = t.event_id.iter().map(|&e| e as u64).collect();
+    ids[23] = u64::MAX - 5;
+    let ids = Column::new("event_id", Values::UInt64(ids));
+    let case = Case::write(dir, vec![(1, pulse_columns(&t).with_column(ids))], &[&m]);
+    assert_contains(
+        &case.error(),
+        &[
+            &case.batch(1),
+            &format!(
+                "row 23, column `event_id`: {} does not fit a signed 64-bit integer",
+                u64::MAX - 5
+            ),
+        ],
+    );
 }
 
 #[test]

@@ -227,7 +227,7 @@ fn summary_peak_memory(summary: &std::path::Path) -> u64 {
 #[test]
 fn the_plan_splits_a_shared_meta_of_tens_of_millions_of_rows_within_the_limit() {
     let _alone = alone();
-    use shardify::synth::{meta_batch, pulse_batch, write_geometry, write_parquet};
+    use shardify::synth::{meta_columns, pulse_columns, write_geometry, write_parquet};
     use shardify::synth::{Codec, MetaTable, PulseTable};
     // As in the Kaggle originals: one meta file, one row group, for many batch files.
     let (rows, batches) = (20_000_000u64, 200u64);
@@ -239,40 +239,50 @@ fn the_plan_splits_a_shared_meta_of_tens_of_millions_of_rows_within_the_limit() 
         let path = src.join(format!("train/batch_{b}.parquet"));
         write_parquet(
             &path,
-            &pulse_batch(&PulseTable::default()),
+            &pulse_columns(&PulseTable::default()),
             Codec::Snappy,
             None,
         )
         .unwrap();
     }
     let meta_path = src.join("train_meta.parquet");
-    let mut writer: Option<parquet::arrow::ArrowWriter<std::fs::File>> = None;
     let per_batch = rows / batches;
-    for start in (0..rows).step_by(1 << 20) {
-        let mut m = MetaTable {
-            labels: true,
-            ..MetaTable::default()
-        };
-        for i in start..(start + (1 << 20)).min(rows) {
-            let k = (i % per_batch) as i64;
-            m.batch_id.push((i / per_batch) as i64 + 1);
-            m.event_id.push(i as i64);
-            m.first_pulse_index.push(5 * k);
-            m.last_pulse_index.push(5 * k + 4);
-            m.azimuth.push(1.0);
-            m.zenith.push(0.5);
+    // The one row group written column by column, a million values at a time.
+    let schema = meta_columns(&MetaTable {
+        labels: true,
+        ..MetaTable::default()
+    })
+    .schema()
+    .unwrap();
+    let file = std::fs::File::create(&meta_path).unwrap();
+    let properties = std::sync::Arc::new(parquet::file::properties::WriterProperties::default());
+    let mut writer =
+        parquet::file::writer::SerializedFileWriter::new(file, schema, properties).unwrap();
+    let mut group = writer.next_row_group().unwrap();
+    for column in 0..6 {
+        let mut chunk = group.next_column().unwrap().unwrap();
+        for start in (0..rows).step_by(1 << 20) {
+            let rows = start..(start + (1 << 20)).min(rows);
+            let levels = vec![1i16; (rows.end - rows.start) as usize];
+            if column < 4 {
+                let values: Vec<i64> = rows
+                    .map(|i| {
+                        let k = (i % per_batch) as i64;
+                        [(i / per_batch) as i64 + 1, i as i64, 5 * k, 5 * k + 4][column]
+                    })
+                    .collect();
+                let ints = chunk.typed::<parquet::data_type::Int64Type>();
+                ints.write_batch(&values, Some(&levels), None).unwrap();
+            } else {
+                let values = vec![[1.0, 0.5][column - 4]; levels.len()];
+                let floats = chunk.typed::<parquet::data_type::DoubleType>();
+                floats.write_batch(&values, Some(&levels), None).unwrap();
+            }
         }
-        let batch = meta_batch(&m);
-        let w = writer.get_or_insert_with(|| {
-            let properties = parquet::file::properties::WriterProperties::builder()
-                .set_max_row_group_row_count(Some(usize::MAX))
-                .build();
-            let file = std::fs::File::create(&meta_path).unwrap();
-            parquet::arrow::ArrowWriter::try_new(file, batch.schema(), Some(properties)).unwrap()
-        });
-        w.write(&batch).unwrap();
+        chunk.close().unwrap();
     }
-    writer.unwrap().close().unwrap();
+    group.close().unwrap();
+    writer.close().unwrap();
     let out = dir.path().join("out");
     let summary = dir.path().join("summary.json");
     let run = convert_within_64_mib(&src, &out, &summary, &["--phase", "plan"]);

@@ -8,7 +8,7 @@ use serde_json::Value;
 use shardify::dataset::verify::verify;
 use shardify::format::safetensors::Dtype;
 use shardify::source::InputSet;
-use shardify::synth::{meta_batch, pulse_batch};
+use shardify::synth::{meta_columns, pulse_columns};
 
 fn convert_with(
     edit: impl FnOnce(&mut shardify::synth::PulseTable),
@@ -20,8 +20,8 @@ fn convert_with(
     edit(&mut t);
     write_layout(
         &dir.path().join("src"),
-        &[(1, pulse_batch(&t))],
-        &meta_batch(&m),
+        &[(1, pulse_columns(&t))],
+        &meta_columns(&m),
     );
     let mut opts = options(1, 1);
     opts.lossy = lossy;

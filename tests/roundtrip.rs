@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 use shardify::dataset::verify::verify;
 use shardify::format::order::shuffle_key;
 use shardify::source::{Geometry, InputSet};
-use shardify::synth::{meta_batch, pulse_batch, MetaTable, PulseTable};
+use shardify::synth::{meta_columns, pulse_columns, MetaTable, PulseTable};
 
 /// What an event must dump as, computed from the source rows without the library's packer.
 fn oracle(table: &PulseTable, meta: &MetaTable, geometry: &Geometry) -> BTreeMap<i64, Value> {
@@ -63,10 +63,10 @@ fn every_field_of_every_event_round_trips_in_seeded_order() {
     for batch_id in [3, 8] {
         let (table, meta) = generated_batch(batch_id as u64, batch_id, 150, &mut next_id, true);
         expected.extend(oracle(&table, &meta, &geometry));
-        batches.push((batch_id, pulse_batch(&table)));
+        batches.push((batch_id, pulse_columns(&table)));
         all_meta.extend(&meta);
     }
-    write_layout(&src, &batches, &meta_batch(&all_meta));
+    write_layout(&src, &batches, &meta_columns(&all_meta));
     let out = dir.path().join("out");
     let summary = convert_all(&src, "train", &out, &options(11, 2)).unwrap();
     let manifest = summary.manifest.unwrap();
@@ -231,27 +231,15 @@ fn verify_against_the_source_checks_every_row_of_the_sensor_table() {
 
 /// Rewrites `path` with the charge of row `row` changed.
 fn change_charge(path: &std::path::Path, row: usize) {
-    use arrow_array::cast::AsArray;
-    use arrow_array::types::Float64Type;
-    let file = std::fs::File::open(path).unwrap();
-    let batch = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
-        .unwrap()
-        .with_batch_size(usize::MAX)
-        .build()
-        .unwrap()
-        .next()
-        .unwrap()
-        .unwrap();
-    let mut charge: Vec<f64> = batch
-        .column_by_name("charge")
-        .unwrap()
-        .as_primitive::<Float64Type>()
-        .values()
-        .to_vec();
-    charge[row] += 0.25;
-    let array: arrow_array::ArrayRef = std::sync::Arc::new(arrow_array::Float64Array::from(charge));
-    let changed = replace_column(&batch, "charge", Some(array));
-    shardify::synth::write_parquet(path, &changed, shardify::synth::Codec::Snappy, None).unwrap();
+    let mut table = read_pulses(path);
+    table.charge[row] += 0.25;
+    shardify::synth::write_parquet(
+        path,
+        &pulse_columns(&table),
+        shardify::synth::Codec::Snappy,
+        None,
+    )
+    .unwrap();
 }
 
 #[test]

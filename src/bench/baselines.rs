@@ -53,8 +53,7 @@ fn decode(path: &std::path::Path) -> Result<DecodedFile> {
         f.sensor.extend_from_slice(c.int(0));
         f.time.extend_from_slice(c.int(1));
         f.charge.extend_from_slice(c.float(2));
-        f.auxiliary
-            .extend((0..c.len).map(|i| c.bool(3).value(i) as u8));
+        f.auxiliary.extend(c.bool(3).iter().map(|&a| u8::from(a)));
     }
     Ok(f)
 }

@@ -157,7 +157,9 @@ pub fn scan_batch(
                 .extend(sensor[i..end].iter().map(|&s| s as i32));
             event.time.extend_from_slice(&time[i..end]);
             event.charge.extend_from_slice(&charge[i..end]);
-            event.auxiliary.extend((i..end).map(|j| aux.value(j) as u8));
+            event
+                .auxiliary
+                .extend(aux[i..end].iter().map(|&a| u8::from(a)));
             if row_of(end) == m.last_row as u64 + 1 {
                 on_event(&event)?;
                 event.clear();

@@ -6,13 +6,13 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::Arc;
 
-use arrow_array::{ArrayRef, RecordBatch};
-use arrow_schema::{Field, Schema};
 use shardify::convert::{convert_in_one_go, ConvertOptions, Summary};
 use shardify::dataset::{dump::dump, ChecksumPolicy, Dataset};
 use shardify::pipeline::Loader;
 use shardify::rng::Rng;
-use shardify::synth::{self, Codec, MetaTable, PulseTable};
+use shardify::source::batch::PULSE_COLUMNS;
+use shardify::source::columns::ParquetSource;
+use shardify::synth::{self, Codec, MetaTable, PulseTable, Table};
 
 /// The `shardify` binary run with `args`, its status and output captured.
 pub fn shardify(args: &[&str]) -> Output {
@@ -172,9 +172,9 @@ pub fn generated_batch(
     )
 }
 
-/// Writes a Kaggle-layout train directory from record batches: `batches` as
+/// Writes a Kaggle-layout train directory from tables: `batches` as
 /// `train/batch_N.parquet`, `meta` as `train_meta.parquet`, and the synthetic geometry.
-pub fn write_layout(root: &Path, batches: &[(i64, RecordBatch)], meta: &RecordBatch) {
+pub fn write_layout(root: &Path, batches: &[(i64, Table)], meta: &Table) {
     std::fs::create_dir_all(root.join("train")).unwrap();
     for (id, batch) in batches {
         synth::write_parquet(
@@ -189,21 +189,19 @@ pub fn write_layout(root: &Path, batches: &[(i64, RecordBatch)], meta: &RecordBa
     synth::write_geometry(&root.join("sensor_geometry.csv")).unwrap();
 }
 
-/// `batch` with column `name` replaced by `array` (typed as `array`'s type), or removed
-/// when `array` is `None`.
-pub fn replace_column(batch: &RecordBatch, name: &str, array: Option<ArrayRef>) -> RecordBatch {
-    let mut fields = Vec::new();
-    let mut arrays = Vec::new();
-    for (field, column) in batch.schema().fields().iter().zip(batch.columns()) {
-        if field.name() != name {
-            fields.push(field.as_ref().clone());
-            arrays.push(column.clone());
-        } else if let Some(a) = &array {
-            fields.push(Field::new(name, a.data_type().clone(), true));
-            arrays.push(a.clone());
-        }
+/// The pulse columns of a batch file, as the converter reads them.
+pub fn read_pulses(path: &Path) -> PulseTable {
+    let source = ParquetSource::open(path).unwrap();
+    let mut table = PulseTable::default();
+    for columns in source.read(&PULSE_COLUMNS, None, 1000).unwrap() {
+        let c = columns.unwrap();
+        table.sensor_id.extend(c.int(0).iter().map(|&s| s as i16));
+        table.time.extend_from_slice(c.int(1));
+        table.charge.extend_from_slice(c.float(2));
+        table.auxiliary.extend_from_slice(c.bool(3));
+        table.event_id.extend_from_slice(c.int(4));
     }
-    RecordBatch::try_new(Arc::new(Schema::new(fields)), arrays).unwrap()
+    table
 }
 
 /// Flips every bit of the file's last byte: damaged, same size.

@@ -17,18 +17,14 @@
 //! layout, 78 strings on a 125 m hexagonal grid and 8 denser DeepCore strings, 60 DOMs each
 //! (sensor id = string * 60 + DOM), coordinates with two decimals.
 
-use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-
-use arrow_array::{ArrayRef, BooleanArray, Float64Array, Int16Array, Int64Array, RecordBatch};
-use arrow_schema::{DataType, Field, Schema};
-use parquet::arrow::ArrowWriter;
-use parquet::basic::{BrotliLevel, Compression, GzipLevel, ZstdLevel};
-use parquet::file::properties::WriterProperties;
 
 use crate::error::{Error, IoContext, Result};
 use crate::rng::Rng;
+
+mod table;
+
+pub use table::{write_parquet, write_parquet_with, writer_properties, Column, Table, Values};
 
 /// Compression codec of generated files.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -355,45 +351,20 @@ pub fn generate_batch(
     (table, meta)
 }
 
-fn column(name: &str, data_type: DataType, array: ArrayRef) -> (Field, ArrayRef) {
-    (Field::new(name, data_type, true), array)
-}
-
-/// The record batch of a pulse table, columns in Kaggle order (`event_id` last).
-pub fn pulse_batch(table: &PulseTable) -> RecordBatch {
-    record_batch(vec![
-        column(
-            "sensor_id",
-            DataType::Int16,
-            Arc::new(Int16Array::from(table.sensor_id.clone())),
-        ),
-        column(
-            "time",
-            DataType::Int64,
-            Arc::new(Int64Array::from(table.time.clone())),
-        ),
-        column(
-            "charge",
-            DataType::Float64,
-            Arc::new(Float64Array::from(table.charge.clone())),
-        ),
-        column(
-            "auxiliary",
-            DataType::Boolean,
-            Arc::new(BooleanArray::from(table.auxiliary.clone())),
-        ),
-        column(
-            "event_id",
-            DataType::Int64,
-            Arc::new(Int64Array::from(table.event_id.clone())),
-        ),
+/// The table of a pulse file's columns, in Kaggle order (`event_id` last).
+pub fn pulse_columns(table: &PulseTable) -> Table {
+    Table::new(vec![
+        Column::new("sensor_id", Values::Int16(table.sensor_id.clone())),
+        Column::new("time", Values::Int64(table.time.clone())),
+        Column::new("charge", Values::Float64(table.charge.clone())),
+        Column::new("auxiliary", Values::Bool(table.auxiliary.clone())),
+        Column::new("event_id", Values::Int64(table.event_id.clone())),
     ])
 }
 
-/// The record batch of a meta table (labels only when present).
-pub fn meta_batch(meta: &MetaTable) -> RecordBatch {
-    let int =
-        |name, v: &Vec<i64>| column(name, DataType::Int64, Arc::new(Int64Array::from(v.clone())));
+/// The table of a meta file's columns (labels only when present).
+pub fn meta_columns(meta: &MetaTable) -> Table {
+    let int = |name, v: &Vec<i64>| Column::new(name, Values::Int64(v.clone()));
     let mut columns = vec![
         int("batch_id", &meta.batch_id),
         int("event_id", &meta.event_id),
@@ -401,51 +372,13 @@ pub fn meta_batch(meta: &MetaTable) -> RecordBatch {
         int("last_pulse_index", &meta.last_pulse_index),
     ];
     if meta.labels {
-        columns.push(column(
+        columns.push(Column::new(
             "azimuth",
-            DataType::Float64,
-            Arc::new(Float64Array::from(meta.azimuth.clone())),
+            Values::Float64(meta.azimuth.clone()),
         ));
-        columns.push(column(
-            "zenith",
-            DataType::Float64,
-            Arc::new(Float64Array::from(meta.zenith.clone())),
-        ));
+        columns.push(Column::new("zenith", Values::Float64(meta.zenith.clone())));
     }
-    record_batch(columns)
-}
-
-fn record_batch(columns: Vec<(Field, ArrayRef)>) -> RecordBatch {
-    let (fields, arrays): (Vec<Field>, Vec<ArrayRef>) = columns.into_iter().unzip();
-    RecordBatch::try_new(Arc::new(Schema::new(fields)), arrays).expect("columns of equal length")
-}
-
-/// Writes `batch` as a Parquet file.
-pub fn write_parquet(
-    path: &Path,
-    batch: &RecordBatch,
-    codec: Codec,
-    row_group_rows: Option<usize>,
-) -> Result<()> {
-    let compression = match codec {
-        Codec::Snappy => Compression::SNAPPY,
-        Codec::Zstd => Compression::ZSTD(ZstdLevel::default()),
-        Codec::Gzip => Compression::GZIP(GzipLevel::default()),
-        Codec::Lz4 => Compression::LZ4,
-        Codec::Lz4Raw => Compression::LZ4_RAW,
-        Codec::Brotli => Compression::BROTLI(BrotliLevel::default()),
-        Codec::Uncompressed => Compression::UNCOMPRESSED,
-    };
-    let properties = WriterProperties::builder()
-        .set_compression(compression)
-        .set_max_row_group_row_count(Some(row_group_rows.unwrap_or(usize::MAX).max(1)))
-        .build();
-    let file = File::create(path).at(path)?;
-    let mut writer = ArrowWriter::try_new(file, batch.schema(), Some(properties))
-        .map_err(|e| Error::parquet(path, e))?;
-    writer.write(batch).map_err(|e| Error::parquet(path, e))?;
-    writer.close().map_err(|e| Error::parquet(path, e))?;
-    Ok(())
+    Table::new(columns)
 }
 
 /// The x, y of every string: 78 on a 125 m hexagonal grid (the nearest to the centre),
@@ -537,7 +470,7 @@ pub fn write_dataset(root: &Path, options: &SynthOptions) -> Result<SynthSummary
         let path = split_dir.join(format!("batch_{batch_id}.parquet"));
         write_parquet(
             &path,
-            &pulse_batch(&table),
+            &pulse_columns(&table),
             options.codec,
             options.row_group_rows,
         )?;
@@ -546,7 +479,7 @@ pub fn write_dataset(root: &Path, options: &SynthOptions) -> Result<SynthSummary
             std::fs::create_dir_all(&dir).at(&dir)?;
             write_parquet(
                 &dir.join(format!("batch_{batch_id}.parquet")),
-                &meta_batch(&meta),
+                &meta_columns(&meta),
                 options.codec,
                 None,
             )?;
@@ -560,7 +493,7 @@ pub fn write_dataset(root: &Path, options: &SynthOptions) -> Result<SynthSummary
         let path = root.join(format!("{}_meta.parquet", options.split));
         write_parquet(
             &path,
-            &meta_batch(&all_meta),
+            &meta_columns(&all_meta),
             options.codec,
             options.row_group_rows,
         )?;
