@@ -96,42 +96,28 @@ fn missing_and_mistyped_columns() {
     let case = Case::write(dir, vec![(1, without_charge)], &[&m]);
     assert_contains(&case.error(), &[&case.batch(1), "missing column `charge`"]);
 
-    let dir = tempfile::tempdir().unwrap();
-    let text = Column::new("charge", Values::Text(vec!["1.0".into(); t.time.len()]));
-    let case = Case::write(dir, vec![(1, pulse_columns(&t).with_column(text))], &[&m]);
-    assert_contains(
-        &case.error(),
-        &[
-            &case.batch(1),
+    // Text where a float is expected, an integer where a float is, a float where an
+    // integer is.
+    let rows = t.time.len();
+    let mistyped = [
+        (
+            Column::new("charge", Values::Text(vec!["1.0".into(); rows])),
             "column `charge` has type BYTE_ARRAY (String), expected a floating-point type",
-        ],
-    );
-
-    // An integer column where a float is expected, and the reverse.
-    let dir = tempfile::tempdir().unwrap();
-    let whole = Column::new("charge", Values::Int64(vec![1; t.time.len()]));
-    let case = Case::write(dir, vec![(1, pulse_columns(&t).with_column(whole))], &[&m]);
-    assert_contains(
-        &case.error(),
-        &[
-            &case.batch(1),
+        ),
+        (
+            Column::new("charge", Values::Int64(vec![1; rows])),
             "column `charge` has type INT64, expected a floating-point type",
-        ],
-    );
-    let dir = tempfile::tempdir().unwrap();
-    let float_time = Column::new("time", Values::Float64(vec![6000.0; t.time.len()]));
-    let case = Case::write(
-        dir,
-        vec![(1, pulse_columns(&t).with_column(float_time))],
-        &[&m],
-    );
-    assert_contains(
-        &case.error(),
-        &[
-            &case.batch(1),
+        ),
+        (
+            Column::new("time", Values::Float64(vec![6000.0; rows])),
             "column `time` has type DOUBLE, expected an integer type",
-        ],
-    );
+        ),
+    ];
+    for (column, expected) in mistyped {
+        let dir = tempfile::tempdir().unwrap();
+        let case = Case::write(dir, vec![(1, pulse_columns(&t).with_column(column))], &[&m]);
+        assert_contains(&case.error(), &[&case.batch(1), expected]);
+    }
 }
 
 #[test]
