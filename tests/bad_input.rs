@@ -439,7 +439,12 @@ fn empty_batch_file_is_zero_events() {
 #[test]
 fn accepted_variants_give_identical_events() {
     let mut next = 0;
-    let (t, m) = generated_batch(4, 1, 60, &mut next, true);
+    let (mut t, m) = generated_batch(4, 1, 60, &mut next, true);
+    // Charges on a grid that float16 holds exactly (sixty-fourths below 32), so that a float16
+    // file can compare equal.
+    for charge in &mut t.charge {
+        *charge = (*charge * 64.0).round() / 64.0;
+    }
     let base = pulse_columns(&t);
     let reference = Case::write(tempfile::tempdir().unwrap(), vec![(1, base.clone())], &[&m]);
     reference.convert().unwrap();
@@ -482,6 +487,15 @@ fn accepted_variants_give_identical_events() {
             base.clone().with_column(Column::new(
                 "charge",
                 Values::Float32(t.charge.iter().map(|&c| c as f32).collect()),
+            )),
+            snappy(),
+            None,
+        ),
+        (
+            "float16 charge",
+            base.clone().with_column(Column::new(
+                "charge",
+                Values::Float16(t.charge.iter().map(|&c| half_bits(c)).collect()),
             )),
             snappy(),
             None,
@@ -549,6 +563,18 @@ fn accepted_variants_give_identical_events() {
         case.convert().unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_eq!(dump_lines(&case.dir.path().join("out")), expected, "{name}");
     }
+}
+
+/// The IEEE 754 half-precision bits of `value`, a positive normal value that float16 holds
+/// exactly.
+fn half_bits(value: f64) -> u16 {
+    let exponent = value.log2().floor() as i32;
+    let fraction = (value / 2f64.powi(exponent) - 1.0) * 1024.0;
+    assert!(
+        fraction.fract() == 0.0 && (-14..=15).contains(&exponent),
+        "{value} is not exact in float16"
+    );
+    ((exponent + 15) as u16) << 10 | fraction as u16
 }
 
 /// An unsigned 64-bit event id past `i64::MAX` is an error naming its row, not a wrapped
