@@ -1,9 +1,9 @@
 //! Reading named Parquet columns as canonical values, whatever the writer chose.
 //!
 //! Integers of any width (INT32 or INT64, signed or unsigned, dictionary-encoded or not) come
-//! out as `i64`, floats of any width (half, single, double) as `f64`, booleans as `bool`. Nullable columns are
-//! accepted as long as they hold no null; the first null is reported with its row, and so is
-//! an unsigned 64-bit value past `i64::MAX`. The values come from the parquet crate's own
+//! out as `i64`, floats of any width (half, single, double) as `f64`, booleans as `bool`.
+//! Nullable columns are accepted as long as they hold no null; the first null is reported
+//! with its row, and so is an unsigned 64-bit value past `i64::MAX`. The values come from the parquet crate's own
 //! column readers, page by page, with no Arrow arrays in between.
 //!
 //! A corrupt file is an error naming it, never a panic: the parquet crate asserts on some
