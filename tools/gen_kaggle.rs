@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
+use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::{Parser, ValueEnum};
 use shardify::synth::{write_dataset, Codec, Profile, SynthOptions, REAL_MAX_EVENT_PULSES};
 
@@ -18,17 +19,6 @@ enum ProfileArg {
     Real,
     /// The older, lighter shape of the committed fixtures.
     Simple,
-}
-
-#[derive(Clone, Copy, ValueEnum)]
-enum CodecArg {
-    Snappy,
-    Zstd,
-    Gzip,
-    Lz4,
-    Lz4Raw,
-    Brotli,
-    None,
 }
 
 /// Write a synthetic Kaggle-layout dataset (batch files, meta, sensor geometry).
@@ -50,8 +40,8 @@ struct Args {
     #[arg(long, default_value_t = 1)]
     first_batch_id: i64,
     /// Compression codec.
-    #[arg(long, value_enum, default_value = "snappy")]
-    codec: CodecArg,
+    #[arg(long, default_value = "snappy", value_parser = codec_parser())]
+    codec: Codec,
     /// Rows per row group (default: one row group per file, as in the originals).
     #[arg(long)]
     row_group_rows: Option<usize>,
@@ -67,6 +57,13 @@ struct Args {
     /// The most pulses one event gets, in the real profile.
     #[arg(long, default_value_t = REAL_MAX_EVENT_PULSES)]
     max_event_pulses: usize,
+}
+
+/// `--codec`: one of [`Codec::NAMED`]'s names (listed in `--help` and in the error for any
+/// other).
+fn codec_parser() -> impl TypedValueParser<Value = Codec> {
+    PossibleValuesParser::new(Codec::NAMED.map(|(name, _)| name))
+        .map(|name| Codec::named(&name).expect("a name PossibleValuesParser accepted"))
 }
 
 fn main() -> std::process::ExitCode {
@@ -85,15 +82,7 @@ fn generate(args: Args) -> anyhow::Result<()> {
         files: args.files,
         split: args.split,
         first_batch_id: args.first_batch_id,
-        codec: match args.codec {
-            CodecArg::Snappy => Codec::Snappy,
-            CodecArg::Zstd => Codec::Zstd,
-            CodecArg::Gzip => Codec::Gzip,
-            CodecArg::Lz4 => Codec::Lz4,
-            CodecArg::Lz4Raw => Codec::Lz4Raw,
-            CodecArg::Brotli => Codec::Brotli,
-            CodecArg::None => Codec::Uncompressed,
-        },
+        codec: args.codec,
         row_group_rows: args.row_group_rows,
         meta_per_batch: args.meta_per_batch,
         seed: args.seed,

@@ -45,6 +45,27 @@ pub enum Codec {
     Uncompressed,
 }
 
+impl Codec {
+    /// Every codec, with the name `shardify-gen --codec` takes for it.
+    pub const NAMED: [(&'static str, Codec); 7] = [
+        ("snappy", Codec::Snappy),
+        ("zstd", Codec::Zstd),
+        ("gzip", Codec::Gzip),
+        ("lz4", Codec::Lz4),
+        ("lz4-raw", Codec::Lz4Raw),
+        ("brotli", Codec::Brotli),
+        ("none", Codec::Uncompressed),
+    ];
+
+    /// The codec named `name` in [`Codec::NAMED`].
+    pub fn named(name: &str) -> Option<Codec> {
+        Codec::NAMED
+            .iter()
+            .find(|(named, _)| *named == name)
+            .map(|&(_, codec)| codec)
+    }
+}
+
 /// The statistical shape of generated events.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Profile {
@@ -504,6 +525,16 @@ pub fn write_dataset(root: &Path, options: &SynthOptions) -> Result<SynthSummary
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_codec_has_one_name_and_is_found_by_it() {
+        for (name, codec) in Codec::NAMED {
+            assert_eq!(Codec::named(name), Some(codec), "{name}");
+            let same: Vec<_> = Codec::NAMED.iter().filter(|(_, c)| *c == codec).collect();
+            assert_eq!(same.len(), 1, "{codec:?} named more than once");
+        }
+        assert_eq!(Codec::named("lz4_raw"), None);
+    }
 
     #[test]
     fn the_real_profile_has_the_real_statistics() {
