@@ -149,7 +149,7 @@ impl Column {
     ) -> parquet::errors::Result<()> {
         let levels: Vec<i16> = rows.clone().map(|r| i16::from(!self.is_null(r))).collect();
         let kept = rows.filter(|&r| !self.is_null(r));
-        let put = match &self.values {
+        match &self.values {
             Values::Int16(v) => put::<Int32Type>(writer, kept.map(|r| i32::from(v[r])), &levels),
             Values::Int32(v) => put::<Int32Type>(writer, kept.map(|r| v[r]), &levels),
             Values::UInt32(v) => put::<Int32Type>(writer, kept.map(|r| v[r] as i32), &levels),
@@ -168,8 +168,7 @@ impl Column {
                 kept.map(|r| ByteArray::from(v[r].as_str())),
                 &levels,
             ),
-        };
-        put
+        }
     }
 }
 
