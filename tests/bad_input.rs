@@ -3,9 +3,11 @@
 
 mod common;
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use common::*;
+use parquet::basic::Encoding;
 use parquet::file::metadata::{
     ColumnChunkMetaDataBuilder, ParquetMetaData, ParquetMetaDataReader, ParquetMetaDataWriter,
 };
@@ -458,6 +460,19 @@ fn accepted_variants_give_identical_events() {
         Values::Float64(vec![0.5; t.time.len()]),
     ));
     let snappy = || synth::writer_properties(Codec::Snappy);
+    // What Spark's and pyarrow's encoding options write: no dictionary, delta-packed
+    // integers, byte-stream-split floats, run-length booleans, in data pages v2.
+    let encoded = || {
+        let column = |name: &str| parquet::schema::types::ColumnPath::from(name);
+        snappy()
+            .set_writer_version(parquet::file::properties::WriterVersion::PARQUET_2_0)
+            .set_dictionary_enabled(false)
+            .set_column_encoding(column("event_id"), Encoding::DELTA_BINARY_PACKED)
+            .set_column_encoding(column("time"), Encoding::DELTA_BINARY_PACKED)
+            .set_column_encoding(column("sensor_id"), Encoding::DELTA_BINARY_PACKED)
+            .set_column_encoding(column("charge"), Encoding::BYTE_STREAM_SPLIT)
+            .set_column_encoding(column("auxiliary"), Encoding::RLE)
+    };
     let variants = vec![
         (
             "sensor_id int32",
@@ -512,6 +527,12 @@ fn accepted_variants_give_identical_events() {
             snappy().set_writer_version(parquet::file::properties::WriterVersion::PARQUET_2_0),
             None,
         ),
+        (
+            "delta, byte-stream-split and run-length encodings",
+            base.clone(),
+            encoded(),
+            Some(700),
+        ),
         ("columns reordered", reordered, snappy(), None),
         ("extra column", extra, snappy(), None),
         (
@@ -563,6 +584,34 @@ fn accepted_variants_give_identical_events() {
         case.convert().unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_eq!(dump_lines(&case.dir.path().join("out")), expected, "{name}");
     }
+
+    // The encoded variant holds the encodings it names (RLE: the levels, and the booleans'
+    // values), not a writer's fallback to plain or dictionary pages.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("encoded.parquet");
+    synth::write_parquet_with(&path, &base, encoded().build(), Some(700)).unwrap();
+    let footer = ParquetMetaDataReader::new()
+        .parse_and_finish(&std::fs::File::open(&path).unwrap())
+        .unwrap();
+    let mut used = BTreeMap::<String, BTreeSet<Encoding>>::new();
+    for chunk in footer.row_groups().iter().flat_map(|g| g.columns()) {
+        let column = chunk.column_path().string();
+        used.entry(column).or_default().extend(chunk.encodings());
+    }
+    let (delta, split, rle) = (
+        Encoding::DELTA_BINARY_PACKED,
+        Encoding::BYTE_STREAM_SPLIT,
+        Encoding::RLE,
+    );
+    let expected = [
+        ("event_id", vec![delta, rle]),
+        ("time", vec![delta, rle]),
+        ("sensor_id", vec![delta, rle]),
+        ("charge", vec![split, rle]),
+        ("auxiliary", vec![rle]),
+    ]
+    .map(|(column, encodings)| (column.to_string(), BTreeSet::from_iter(encodings)));
+    assert_eq!(used, BTreeMap::from(expected));
 }
 
 /// The IEEE 754 half-precision bits of `value`, a positive normal value that float16 holds
