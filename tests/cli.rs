@@ -8,6 +8,7 @@ use std::sync::Arc;
 use common::*;
 use serde_json::Value;
 use shardify::dataset::{ChecksumPolicy, Dataset, View};
+use shardify::synth;
 
 #[test]
 fn convert_inspect_dump_verify() {
@@ -665,6 +666,92 @@ fn shardify_gen_and_shardbench_end_quietly_when_their_reader_has_gone() {
             text(&run.stderr)
         );
     }
+}
+
+#[test]
+fn shardify_gen_never_writes_over_a_dataset_that_is_there() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("src");
+    let src = root.display().to_string();
+    let gen = |seed: &str| {
+        Command::new(env!("CARGO_BIN_EXE_shardify-gen"))
+            .args([&src, "--events", "50", "--files", "2", "--seed", seed])
+            .output()
+            .unwrap()
+    };
+    assert!(gen("1").status.success());
+    let before = files_under(&root);
+    let again = gen("2");
+    assert_eq!(again.status.code(), Some(1));
+    assert_eq!(
+        text(&again.stderr),
+        format!(
+            "error: writing {src}: {src}: output directory is not empty (holds train); refusing \
+             to write into it\n"
+        )
+    );
+    assert_eq!(files_under(&root), before, "the first dataset is untouched");
+}
+
+/// A second split is added beside the first; anything that would be overwritten is
+/// refused, naming it, before a byte is written.
+#[test]
+fn a_dataset_is_never_written_over_what_is_there() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("kaggle");
+    let options = |split: &str, meta_per_batch| synth::SynthOptions {
+        events: 20,
+        split: split.into(),
+        meta_per_batch,
+        ..synth::SynthOptions::default()
+    };
+    synth::write_dataset(&root, &options("train", false)).unwrap();
+    // An empty directory of the next split is not in the way.
+    std::fs::create_dir(root.join("test")).unwrap();
+    synth::write_dataset(&root, &options("test", true)).unwrap();
+    let written = files_under(&root);
+    assert_eq!(
+        written.len(),
+        1 + 3 + 4,
+        "geometry, train's 2 + meta, test's 2 + 2"
+    );
+
+    for (split, meta_per_batch, holds) in [
+        ("train", false, "train"),
+        ("test", false, "test"),
+        ("test", true, "test"),
+    ] {
+        let refused = synth::write_dataset(&root, &options(split, meta_per_batch)).unwrap_err();
+        assert!(
+            matches!(&refused, shardify::Error::NotEmpty { path, holds: h } if path == &root && h == holds),
+            "{refused}"
+        );
+    }
+    // A meta left alone is in the way too.
+    std::fs::remove_dir_all(root.join("train")).unwrap();
+    let refused = synth::write_dataset(&root, &options("train", false)).unwrap_err();
+    assert!(
+        refused.to_string().contains("train_meta.parquet"),
+        "{refused}"
+    );
+    let left = files_under(&root);
+
+    // Another geometry (a real dataset's) is never replaced.
+    let real = dir.path().join("real");
+    std::fs::create_dir(&real).unwrap();
+    std::fs::write(
+        real.join("sensor_geometry.csv"),
+        "sensor_id,x,y,z\n0,1,2,3\n",
+    )
+    .unwrap();
+    let refused = synth::write_dataset(&real, &options("train", false)).unwrap_err();
+    assert!(
+        refused.to_string().contains("another geometry"),
+        "{refused}"
+    );
+    assert_eq!(files_under(&real).len(), 1, "nothing written beside it");
+    assert_eq!(files_under(&root), left, "nothing changed by the refusals");
+    assert_eq!(left.len(), written.len() - 2);
 }
 
 /// `shardify convert` of the fixtures' train split into `out`.

@@ -25,7 +25,7 @@ enum ProfileArg {
 #[derive(Parser)]
 #[command(version)]
 struct Args {
-    /// Output directory (created).
+    /// Output directory (created; a split or meta already there is never overwritten).
     out: PathBuf,
     /// Events in all.
     #[arg(long, default_value_t = 1000)]

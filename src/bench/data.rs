@@ -18,10 +18,14 @@ pub fn root() -> PathBuf {
 }
 
 /// A generated source of `events` events in `files` batch files (seed 1) under `root`,
-/// written unless already there; returns its directory.
+/// written unless already there (what an interrupted generation left is removed first);
+/// returns its directory.
 pub fn source(root: &Path, events: u64, files: u32) -> Result<PathBuf> {
     let dir = root.join(format!("kaggle-{events}-{files}"));
     if !dir.join("train_meta.parquet").exists() {
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir).map_err(|e| crate::Error::io(&dir, e))?;
+        }
         let started = std::time::Instant::now();
         let written = write_dataset(
             &dir,

@@ -20,6 +20,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, IoContext, Result};
+use crate::format::atomic::entry_other_than;
 use crate::rng::Rng;
 
 mod table;
@@ -426,6 +427,11 @@ fn string_positions() -> Vec<(f64, f64)> {
 
 /// Writes the synthetic geometry CSV: IceCube's layout (see the module docs).
 pub fn write_geometry(path: &Path) -> Result<()> {
+    std::fs::write(path, geometry_csv()).at(path)
+}
+
+/// The synthetic geometry CSV's text.
+fn geometry_csv() -> String {
     let round = |v: f64| (v * 100.0).round() / 100.0;
     let mut text = String::from("sensor_id,x,y,z\n");
     for (string, (x, y)) in string_positions().into_iter().enumerate() {
@@ -442,7 +448,36 @@ pub fn write_geometry(path: &Path) -> Result<()> {
             text.push_str(&format!("{id},{},{},{}\n", round(x), round(y), round(z)));
         }
     }
-    std::fs::write(path, text).at(path)
+    text
+}
+
+/// Fails, naming what is there, where writing split `split` under `root` would overwrite
+/// anything: its batch directory and meta must be absent (or an empty directory), and a
+/// geometry already there must be the one written (so a second split can be added to a
+/// generated dataset, and nothing of a real one is ever replaced).
+fn check_nothing_overwritten(root: &Path, split: &str) -> Result<()> {
+    let geometry = root.join("sensor_geometry.csv");
+    if geometry.exists() && std::fs::read(&geometry).at(&geometry)? != geometry_csv().as_bytes() {
+        return Err(Error::NotEmpty {
+            path: root.to_path_buf(),
+            holds: "sensor_geometry.csv, another geometry than the generated one".into(),
+        });
+    }
+    for name in [
+        split.to_string(),
+        format!("{split}_meta"),
+        format!("{split}_meta.parquet"),
+    ] {
+        let path = root.join(&name);
+        let empty_dir = path.is_dir() && entry_other_than(&path, |_| false)?.is_none();
+        if path.symlink_metadata().is_ok() && !empty_dir {
+            return Err(Error::NotEmpty {
+                path: root.to_path_buf(),
+                holds: name,
+            });
+        }
+    }
+    Ok(())
 }
 
 /// What was written.
@@ -456,11 +491,14 @@ pub struct SynthSummary {
     pub pulses: u64,
 }
 
-/// Writes a whole Kaggle-layout dataset under `root`.
+/// Writes a whole Kaggle-layout dataset under `root`: one split, and the geometry. Refuses
+/// ([`Error::NotEmpty`]), before writing anything, where that would overwrite a file or
+/// directory already there (another split of a generated dataset may be there).
 pub fn write_dataset(root: &Path, options: &SynthOptions) -> Result<SynthSummary> {
     if options.files == 0 {
         return Err(Error::config("files", "at least one file"));
     }
+    check_nothing_overwritten(root, &options.split)?;
     let labels = options.split == "train";
     let split_dir = root.join(&options.split);
     std::fs::create_dir_all(&split_dir).at(&split_dir)?;
