@@ -31,18 +31,28 @@ impl Geometry {
         Self::parse(path, &text)
     }
 
-    /// Parses the CSV text; `path` is only used in error messages.
+    /// Parses the CSV text; `path` is only used in error messages. A byte-order mark (as
+    /// Excel and `to_csv(encoding="utf-8-sig")` write one), CRLF line ends and quoted
+    /// column names (as R's `write.csv` writes them) are accepted.
     pub fn parse(path: &Path, text: &str) -> Result<Geometry> {
         let err = |line: usize, problem: String| Error::Geometry {
             path: path.to_path_buf(),
             line,
             problem,
         };
+        let text = text.strip_prefix('\u{feff}').unwrap_or(text);
         let mut lines = text.lines().enumerate();
         let (_, header) = lines
             .next()
             .ok_or_else(|| err(1, "empty file, expected header sensor_id,x,y,z".into()))?;
-        let names: Vec<&str> = header.split(',').map(str::trim).collect();
+        let unquoted = |name: &str| {
+            let name = name.trim();
+            name.strip_prefix('"')
+                .and_then(|n| n.strip_suffix('"'))
+                .unwrap_or(name)
+                .to_string()
+        };
+        let names: Vec<String> = header.split(',').map(unquoted).collect();
         let find = |name: &str| {
             names.iter().position(|n| *n == name).ok_or_else(|| {
                 err(
@@ -166,6 +176,32 @@ mod tests {
         assert!(g.contains(0) && g.contains(2) && !g.contains(1) && !g.contains(-1));
         assert_eq!((g.x[2], g.y[2], g.z[2]), (1.0, 2.0, 3.5));
         assert!(g.fits_f32());
+    }
+
+    /// What spreadsheet and R exports add: a byte-order mark, CRLF line ends, quoted column
+    /// names and R's unnamed column of row names.
+    #[test]
+    fn a_bom_crlf_and_quoted_names_read_as_the_plain_file() {
+        let parse = |text: &str| Geometry::parse(Path::new("g.csv"), text);
+        let plain = parse("sensor_id,x,y,z\n0,1,2,3\n1,4,5,6\n").unwrap();
+        for exported in [
+            "\u{feff}sensor_id,x,y,z\n0,1,2,3\n1,4,5,6\n",
+            "sensor_id,x,y,z\r\n0,1,2,3\r\n1,4,5,6\r\n",
+            "\"\",\"sensor_id\",\"x\",\"y\",\"z\"\n\"1\",0,1,2,3\n\"2\",1,4,5,6\n",
+        ] {
+            let g = parse(exported).unwrap_or_else(|e| panic!("{exported:?}: {e}"));
+            assert_eq!(
+                (g.count, &g.x, &g.y, &g.z, &g.present),
+                (2, &plain.x, &plain.y, &plain.z, &plain.present),
+                "{exported:?}"
+            );
+        }
+        // A quote on one side only is part of the name.
+        let e = parse("\"sensor_id,x,y,z\n0,1,2,3\n").unwrap_err();
+        assert!(
+            e.to_string().contains("header lacks column `sensor_id`"),
+            "{e}"
+        );
     }
 
     #[test]
