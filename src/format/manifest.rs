@@ -307,6 +307,15 @@ fn copy_under_way(dir: &Path) -> bool {
         .is_ok_and(|opened| matches!(super::lock::try_lock(&opened, false), TryLock::Taken))
 }
 
+/// Whether a directory entry named `name` is part of the Kaggle layout's input: its
+/// geometry, or a meta table (one file, or a directory of one per batch).
+fn is_kaggle_input(name: &str) -> bool {
+    name == "sensor_geometry.csv"
+        || ["train_meta", "test_meta"]
+            .iter()
+            .any(|meta| name == *meta || name == format!("{meta}.parquet"))
+}
+
 /// The not-found error for a directory `dir` without a manifest, saying what it holds
 /// instead and what to do (a not-a-directory error where `dir` is a file).
 fn no_manifest(dir: &Path) -> Error {
@@ -357,6 +366,11 @@ fn no_manifest(dir: &Path) -> Error {
              that did not finish (the manifest is written last). Remove the directory and \
              copy or convert again"
         )
+    } else if let Some(input) = entries.iter().find(|name| is_kaggle_input(name)) {
+        format!(
+            "not found: {shown} holds Parquet input in the Kaggle layout ({input}), not a \
+             converted dataset. Convert it first, `shardify convert {shown} OUT`, and open OUT"
+        )
     } else {
         format!("not found; {shown} holds no shardify dataset")
     };
@@ -404,6 +418,31 @@ mod tests {
         let (path, text) = not_found(dir.path());
         assert_eq!(path, dir.path().join(MANIFEST_FILE));
         assert!(text.contains("holds no shardify dataset"), "{text}");
+
+        // The source, given where its conversion was meant.
+        let source = dir.path().join("kaggle");
+        std::fs::create_dir(&source).unwrap();
+        for (name, shown) in [
+            ("train", None),
+            ("test_meta", Some("test_meta")),
+            ("sensor_geometry.csv", Some("sensor_geometry.csv")),
+        ] {
+            std::fs::write(source.join(name), b"x").unwrap();
+            let (_, text) = not_found(&source);
+            match shown {
+                None => assert!(text.contains("holds no shardify dataset"), "{text}"),
+                Some(shown) => assert_eq!(
+                    text,
+                    format!(
+                        "not found: {0} holds Parquet input in the Kaggle layout ({shown}), \
+                         not a converted dataset. Convert it first, `shardify convert {0} OUT`, \
+                         and open OUT",
+                        source.display()
+                    )
+                ),
+            }
+            std::fs::remove_file(source.join(name)).unwrap();
+        }
 
         std::fs::write(dir.path().join("shard_00003.safetensors"), b"x").unwrap();
         let (_, text) = not_found(dir.path());
