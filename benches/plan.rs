@@ -14,15 +14,74 @@
 //! Then, per window, what starting an epoch costs a streaming rank under a budget (tokens
 //! grouped by pulses, and pulses capped at 256), rank 0 of 8: the time to its first
 //! batch with `drop_last` off and on (medians of R runs). `drop_last` must not wait for
-//! the epoch's batches to be counted.
+//! the epoch's batches to be counted. Beside them, the heap the sampler took to its first
+//! batch, at its peak and still held after it, in bytes per event of the dataset (a
+//! counting allocator: a window over the whole dataset holds every event's place).
 
+use std::alloc::{GlobalAlloc, Layout, System};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::time::Instant;
 
 use shardify::bench::{data, median};
 use shardify::dataset::{ChecksumPolicy, Dataset, DatasetSizes, View};
 use shardify::resident::plan_epoch;
 use shardify::sampler::{Batching, EpochBatches, LengthGrouping, SamplerConfig, SamplerState};
+
+/// The system allocator, counting the bytes allocated now and at their peak.
+struct Counting;
+
+static HEAP_NOW: AtomicUsize = AtomicUsize::new(0);
+static HEAP_PEAK: AtomicUsize = AtomicUsize::new(0);
+
+fn grew(bytes: usize) {
+    let now = HEAP_NOW.fetch_add(bytes, Relaxed) + bytes;
+    HEAP_PEAK.fetch_max(now, Relaxed);
+}
+
+// SAFETY: every call is passed to the system allocator unchanged; the counters are only
+// updated beside it.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        grew(layout.size());
+        // SAFETY: the caller's layout, as `GlobalAlloc::alloc` requires.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        HEAP_NOW.fetch_sub(layout.size(), Relaxed);
+        // SAFETY: `ptr` came from this allocator (the system's) with `layout`.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        match new_size.checked_sub(layout.size()) {
+            Some(more) => grew(more),
+            None => {
+                HEAP_NOW.fetch_sub(layout.size() - new_size, Relaxed);
+            }
+        }
+        // SAFETY: as `GlobalAlloc::realloc` requires of its caller.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+/// What `run` allocated on the heap: its peak and what it still held when it returned,
+/// above what was allocated before it, in bytes.
+fn heap_of<T>(run: impl FnOnce() -> T) -> (T, usize, usize) {
+    let before = HEAP_NOW.load(Relaxed);
+    HEAP_PEAK.store(before, Relaxed);
+    let value = run();
+    let after = HEAP_NOW.load(Relaxed);
+    (
+        value,
+        HEAP_PEAK.load(Relaxed) - before,
+        after.saturating_sub(before),
+    )
+}
 
 fn arg(name: &str) -> Option<String> {
     let args: Vec<String> = std::env::args().collect();
@@ -118,7 +177,10 @@ fn main() {
             bytes as f64 / (1 << 20) as f64
         );
     }
-    println!("\nfirst batch of rank 0 of 8    drop_last off ms   on ms   on / off");
+    println!(
+        "\nfirst batch of rank 0 of 8    drop_last off ms   on ms   on / off  \
+         heap peak B/event  held B/event"
+    );
     let budgets = [
         (
             "max_tokens 65536, by pulses",
@@ -167,11 +229,20 @@ fn main() {
                 median(&times)
             };
             let (off, on) = (first_batch(false), first_batch(true));
+            let sizes = DatasetSizes::without_read_ahead(&view);
+            let (batches, peak, held) = heap_of(|| {
+                let mut batches = EpochBatches::new(&sizes, &config, start);
+                assert!(batches.next().is_some(), "{name}: an epoch of no batch");
+                batches
+            });
+            drop(batches);
             println!(
-                "window {window:<4} {name:<28} {:>9.2} {:>7.2} {:>9.2}",
+                "window {window:<4} {name:<28} {:>9.2} {:>7.2} {:>9.2} {:>18.1} {:>13.1}",
                 off * 1e3,
                 on * 1e3,
-                on / off
+                on / off,
+                peak as f64 / events,
+                held as f64 / events
             );
         }
     }

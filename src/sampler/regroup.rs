@@ -2,7 +2,7 @@
 //! (its whole batches sorted by event length and put in a drawn order), or cut by a budget
 //! of padded tokens (all its events sorted by length and cut from the longest down).
 
-use super::stream::{radix_sort, RadixScratch, Window};
+use super::stream::{radix_sort_owned, Window};
 use super::{Batching, EventLength, EventSizes, SamplerConfig};
 use crate::rng::Rng;
 
@@ -147,20 +147,23 @@ fn group_by_length(
     }
 }
 
-/// The capped lengths of the events at drawn positions `range` of `window`, in drawn order.
+/// The capped lengths of the events at drawn positions `range` of `window`, in drawn order
+/// (as `u32`: a shard's offsets are 32-bit, and a window over a whole dataset holds one per
+/// event).
 fn drawn_lengths(
     window: &Window,
     range: std::ops::Range<usize>,
     (length, cap): CappedLength,
     sizes: &dyn EventSizes,
-) -> Vec<usize> {
+) -> Vec<u32> {
     // Asked in the window's order, which is stored order: its offsets are read
     // sequentially, where asked in drawn order they were read at random (25 ns an event).
     let mut event_lengths = Vec::new();
     sizes.lengths_into(&window.events, length, &mut event_lengths);
+    let cap = cap.min(u32::MAX as usize);
     window.drawn[range]
         .iter()
-        .map(|&i| event_lengths[i as usize].min(cap))
+        .map(|&i| event_lengths[i as usize].min(cap) as u32)
         .collect()
 }
 
@@ -192,7 +195,7 @@ fn cut_by_tokens(
         let fit = budget.max_tokens.checked_div(padded).unwrap_or(usize::MAX);
         fit.clamp(1, budget.max_events.unwrap_or(usize::MAX))
     };
-    let longest_of = |end: usize| lengths_drawn[sorted[end - 1] as usize];
+    let longest_of = |end: usize| lengths_drawn[sorted[end - 1] as usize] as usize;
     let mut batches: Vec<std::ops::Range<usize>> = Vec::new();
     let mut end = count;
     while end > 0 {
@@ -222,22 +225,22 @@ fn cut_by_tokens(
 }
 
 /// The positions of `lengths`, ordered by length, ties by position (a stable sort): by
-/// [`radix_sort`] of `length * count + position` where that fits 32 bits (a cap of 256
-/// over a window of 16 million events), else by a comparison sort (`cap` None over long
-/// events).
-fn stable_order_by(lengths: &[usize]) -> Vec<u32> {
+/// [`radix_sort_owned`] of `length * count + position` where that fits 32 bits (a cap of
+/// 256 over a window of 16 million events), its keys then turned into positions in place,
+/// else by a comparison sort (`cap` None over long events).
+fn stable_order_by(lengths: &[u32]) -> Vec<u32> {
     let count = lengths.len();
-    let longest = lengths.iter().copied().max().unwrap_or(0);
+    let longest = lengths.iter().copied().max().unwrap_or(0) as usize;
     match (longest + 1).checked_mul(count) {
         Some(bound) if bound <= u32::MAX as usize + 1 => {
             let keys: Vec<u32> = (0..count)
-                .map(|p| (lengths[p] * count + p) as u32)
+                .map(|p| (lengths[p] as usize * count + p) as u32)
                 .collect();
-            let mut scratch = RadixScratch::default();
-            radix_sort(&keys, bound, &mut scratch)
-                .iter()
-                .map(|&key| key % count as u32)
-                .collect()
+            let mut positions = radix_sort_owned(keys, bound);
+            for key in &mut positions {
+                *key %= count as u32;
+            }
+            positions
         }
         _ => {
             let mut positions: Vec<u32> = (0..count as u32).collect();

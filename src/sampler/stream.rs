@@ -236,6 +236,24 @@ pub(super) fn radix_sort<'s>(
     bound: usize,
     scratch: &'s mut RadixScratch,
 ) -> &'s [u32] {
+    scratch.keys.clear();
+    scratch.keys.extend_from_slice(keys);
+    radix_sort_loaded(bound, scratch)
+}
+
+/// `keys` (each below `bound`), ascending: [`radix_sort`] sorting the vector it is given,
+/// with one more of its length for the passes (not two, as a copy of borrowed keys takes).
+pub(super) fn radix_sort_owned(keys: Vec<u32>, bound: usize) -> Vec<u32> {
+    let mut scratch = RadixScratch {
+        keys,
+        ..RadixScratch::default()
+    };
+    radix_sort_loaded(bound, &mut scratch);
+    scratch.keys
+}
+
+/// Sorts `scratch.keys` (each below `bound`) in place, as [`radix_sort`] describes.
+fn radix_sort_loaded(bound: usize, scratch: &mut RadixScratch) -> &[u32] {
     let bits = usize::BITS - bound.saturating_sub(1).leading_zeros();
     let passes = bits.div_ceil(RADIX_BITS).max(1);
     let width = bits.div_ceil(passes);
@@ -244,10 +262,8 @@ pub(super) fn radix_sort<'s>(
         swap: to,
         counts,
     } = scratch;
-    from.clear();
-    from.extend_from_slice(keys);
     to.clear();
-    to.resize(keys.len(), 0);
+    to.resize(from.len(), 0);
     for pass in 0..passes {
         let (shift, mask) = (pass * width, (1u32 << width) - 1);
         counts.clear();
@@ -383,7 +399,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn radix_sort_sorts_keys_of_every_width() {
+    fn radix_sort_sorts_keys_of_every_width_borrowed_or_owned() {
         let mut scratch = RadixScratch::default();
         let mut rng = crate::rng::Rng::new(7);
         // One pass (up to 8 bits), two, three and four; bounds just past a power of two
@@ -407,6 +423,8 @@ mod tests {
                 expected.sort_unstable();
                 let sorted = radix_sort(&keys, bound, &mut scratch);
                 assert_eq!(sorted, &expected[..], "bound {bound}, {n} keys");
+                let owned = radix_sort_owned(keys, bound);
+                assert_eq!(owned, expected, "bound {bound}, {n} keys, owned");
             }
         }
     }
