@@ -150,7 +150,7 @@ fn sampled_capped_mean(view: &View, length: EventLength, cap: usize) -> Option<f
 fn sampled_runs(shard_events: &[usize], runs: usize, run: usize) -> Vec<EventRef> {
     let total: usize = shard_events.iter().sum();
     let runs = runs.min(total.div_ceil(run.max(1)));
-    let mut events = Vec::with_capacity(runs * run);
+    let mut events = Vec::with_capacity(runs.saturating_mul(run).min(total));
     for r in 0..runs {
         let start = r * total / runs;
         let end = (start + run).min(total);
@@ -217,17 +217,9 @@ mod tests {
         let view = View::from(Arc::new(small_shards_fixture(dir.path())));
         assert!(view.dataset().shard_count() >= 2, "runs cross shards");
         let sizes = DatasetSizes::without_read_ahead(&view);
-        let all: Vec<EventRef> = sizes
-            .shard_events()
-            .iter()
-            .enumerate()
-            .flat_map(|(shard, &n)| {
-                (0..n as u32).map(move |index| EventRef {
-                    shard: shard as u32,
-                    index,
-                })
-            })
-            .collect();
+        // Every event: one run of them all.
+        let all = sampled_runs(&sizes.shard_events(), 1, view.totals().events as usize);
+        assert_eq!(all.len(), 300);
         let estimate = |batching, group_by_length| {
             let config = LoaderConfig {
                 sampler: SamplerConfig {
