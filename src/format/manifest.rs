@@ -13,6 +13,7 @@ use super::sensor_table::SensorTableEntry;
 use super::shard::{ShardEntry, StorageTypes};
 pub use super::{FORMAT, FORMAT_VERSION};
 use crate::error::{Error, IoContext, Result};
+use crate::source::layout::{meta_dir, meta_file, GEOMETRY_FILE, SPLITS};
 
 /// The manifest's file name inside a dataset directory.
 pub const MANIFEST_FILE: &str = "manifest.json";
@@ -310,10 +311,10 @@ fn copy_under_way(dir: &Path) -> bool {
 /// Whether a directory entry named `name` is part of the Kaggle layout's input: its
 /// geometry, or a meta table (one file, or a directory of one per batch).
 fn is_kaggle_input(name: &str) -> bool {
-    name == "sensor_geometry.csv"
-        || ["train_meta", "test_meta"]
+    name == GEOMETRY_FILE
+        || SPLITS
             .iter()
-            .any(|meta| name == *meta || name == format!("{meta}.parquet"))
+            .any(|split| name == meta_dir(split) || name == meta_file(split))
 }
 
 /// The not-found error for a directory `dir` without a manifest, saying what it holds

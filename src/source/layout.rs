@@ -34,6 +34,19 @@ pub struct InputSet {
 /// The splits a Kaggle directory can hold.
 pub const SPLITS: [&str; 2] = ["train", "test"];
 
+/// The sensor geometry's file in a Kaggle directory.
+pub const GEOMETRY_FILE: &str = "sensor_geometry.csv";
+
+/// Split `split`'s meta table as one file: `train_meta.parquet`.
+pub fn meta_file(split: &str) -> String {
+    format!("{split}_meta.parquet")
+}
+
+/// Split `split`'s meta table as one file per batch, in this directory: `train_meta`.
+pub fn meta_dir(split: &str) -> String {
+    format!("{split}_meta")
+}
+
 impl InputSet {
     /// Discovers the files of `split` (or of the only split present) under `root`.
     pub fn discover(root: &Path, split: Option<&str>) -> Result<InputSet> {
@@ -80,8 +93,8 @@ impl InputSet {
                 problem: "no batch_N.parquet files".into(),
             });
         }
-        let single = root.join(format!("{split}_meta.parquet"));
-        let per_batch_dir = root.join(format!("{split}_meta"));
+        let single = root.join(meta_file(&split));
+        let per_batch_dir = root.join(meta_dir(&split));
         let meta = if single.is_file() {
             vec![single]
         } else if per_batch_dir.is_dir() {
@@ -100,7 +113,7 @@ impl InputSet {
         Self::from_paths(
             batches.into_iter().map(|b| b.path).collect(),
             meta,
-            root.join("sensor_geometry.csv"),
+            root.join(GEOMETRY_FILE),
         )
     }
 

@@ -22,6 +22,7 @@ use std::path::{Path, PathBuf};
 use crate::error::{Error, IoContext, Result};
 use crate::format::atomic::entry_other_than;
 use crate::rng::Rng;
+use crate::source::layout::{meta_dir, meta_file, GEOMETRY_FILE};
 
 mod table;
 
@@ -456,18 +457,14 @@ fn geometry_csv() -> String {
 /// geometry already there must be the one written (so a second split can be added to a
 /// generated dataset, and nothing of a real one is ever replaced).
 fn check_nothing_overwritten(root: &Path, split: &str) -> Result<()> {
-    let geometry = root.join("sensor_geometry.csv");
+    let geometry = root.join(GEOMETRY_FILE);
     if geometry.exists() && std::fs::read(&geometry).at(&geometry)? != geometry_csv().as_bytes() {
         return Err(Error::NotEmpty {
             path: root.to_path_buf(),
-            holds: "sensor_geometry.csv, another geometry than the generated one".into(),
+            holds: format!("{GEOMETRY_FILE}, another geometry than the generated one"),
         });
     }
-    for name in [
-        split.to_string(),
-        format!("{split}_meta"),
-        format!("{split}_meta.parquet"),
-    ] {
+    for name in [split.to_string(), meta_dir(split), meta_file(split)] {
         let path = root.join(&name);
         let empty_dir = path.is_dir() && entry_other_than(&path, |_| false)?.is_none();
         if path.symlink_metadata().is_ok() && !empty_dir {
@@ -502,7 +499,7 @@ pub fn write_dataset(root: &Path, options: &SynthOptions) -> Result<SynthSummary
     let labels = options.split == "train";
     let split_dir = root.join(&options.split);
     std::fs::create_dir_all(&split_dir).at(&split_dir)?;
-    write_geometry(&root.join("sensor_geometry.csv"))?;
+    write_geometry(&root.join(GEOMETRY_FILE))?;
     let mut all_meta = MetaTable {
         labels,
         ..MetaTable::default()
@@ -534,7 +531,7 @@ pub fn write_dataset(root: &Path, options: &SynthOptions) -> Result<SynthSummary
             options.row_group_rows,
         )?;
         if options.meta_per_batch {
-            let dir = root.join(format!("{}_meta", options.split));
+            let dir = root.join(meta_dir(&options.split));
             std::fs::create_dir_all(&dir).at(&dir)?;
             write_parquet(
                 &dir.join(format!("batch_{batch_id}.parquet")),
@@ -549,7 +546,7 @@ pub fn write_dataset(root: &Path, options: &SynthOptions) -> Result<SynthSummary
         summary.batch_files.push(path);
     }
     if !options.meta_per_batch {
-        let path = root.join(format!("{}_meta.parquet", options.split));
+        let path = root.join(meta_file(&options.split));
         write_parquet(
             &path,
             &meta_columns(&all_meta),
