@@ -95,8 +95,8 @@ fn mean_batch_bytes(view: &View, config: &LoaderConfig) -> f64 {
     // A budgeted batch holds about its budget over the mean length as the budget counts it:
     // a pulse budget's pulses, and a grouped batch's grid is nearly all tokens. Uncapped,
     // from the manifest's totals; capped (a pulse cap, a capped class), from a sample of
-    // the events, since a cap makes a batch hold more of them (1.7-1.9x at a cap of 256
-    // with the real statistics).
+    // the events, since a cap makes a batch hold more of them (1.97x at a cap of 256 with
+    // the real statistics).
     let by_budget = |budget: usize, length: EventLength, cap: Option<usize>| {
         let mean = cap
             .and_then(|cap| sampled_capped_mean(view, length, cap))

@@ -24,6 +24,16 @@ pub struct Geometry {
 /// Sensor ids above this are rejected: the table is dense and ids are int16 in the schema.
 const MAX_SENSOR_ID: i64 = 1 << 20;
 
+/// A header field as a column name: trimmed, and without the double quotes around it that
+/// R's `write.csv` writes (a quote on one side only is kept).
+fn column_name(field: &str) -> &str {
+    let field = field.trim();
+    field
+        .strip_prefix('"')
+        .and_then(|name| name.strip_suffix('"'))
+        .unwrap_or(field)
+}
+
 impl Geometry {
     /// Reads `sensor_id,x,y,z` (columns in any order, extra columns ignored).
     pub fn read(path: &Path) -> Result<Geometry> {
@@ -45,14 +55,7 @@ impl Geometry {
         let (_, header) = lines
             .next()
             .ok_or_else(|| err(1, "empty file, expected header sensor_id,x,y,z".into()))?;
-        let unquoted = |name: &str| {
-            let name = name.trim();
-            name.strip_prefix('"')
-                .and_then(|n| n.strip_suffix('"'))
-                .unwrap_or(name)
-                .to_string()
-        };
-        let names: Vec<String> = header.split(',').map(unquoted).collect();
+        let names: Vec<&str> = header.split(',').map(column_name).collect();
         let find = |name: &str| {
             names.iter().position(|n| *n == name).ok_or_else(|| {
                 err(
