@@ -614,16 +614,11 @@ fn accepted_variants_give_identical_events() {
     assert_eq!(used, BTreeMap::from(expected));
 }
 
-/// The IEEE 754 half-precision bits of `value`, a positive normal value that float16 holds
-/// exactly.
+/// The IEEE 754 half-precision bits of `value`, which float16 must hold exactly.
 fn half_bits(value: f64) -> u16 {
-    let exponent = value.log2().floor() as i32;
-    let fraction = (value / 2f64.powi(exponent) - 1.0) * 1024.0;
-    assert!(
-        fraction.fract() == 0.0 && (-14..=15).contains(&exponent),
-        "{value} is not exact in float16"
-    );
-    ((exponent + 15) as u16) << 10 | fraction as u16
+    let half = half::f16::from_f64(value);
+    assert_eq!(half.to_f64(), value, "{value} is not exact in float16");
+    half.to_bits()
 }
 
 /// An unsigned 64-bit event id past `i64::MAX` is an error naming its row, not a wrapped

@@ -3,8 +3,8 @@
 //! Integers of any width (INT32 or INT64, signed or unsigned, dictionary-encoded or not) come
 //! out as `i64`, floats of any width (half, single, double) as `f64`, booleans as `bool`.
 //! Nullable columns are accepted as long as they hold no null; the first null is reported
-//! with its row, and so is an unsigned 64-bit value past `i64::MAX`. The values come from the parquet crate's own
-//! column readers, page by page, with no Arrow arrays in between.
+//! with its row, and so is an unsigned 64-bit value past `i64::MAX`. The values come from
+//! the parquet crate's own column readers, page by page, with no Arrow arrays in between.
 //!
 //! A corrupt file is an error naming it, never a panic: the parquet crate asserts on some
 //! footers (a column chunk at a negative offset) rather than failing, so the footer's byte
@@ -574,19 +574,7 @@ fn read_column(
 /// The value of an IEEE 754 half-precision float's two little-endian bytes (NaN for a value
 /// of another length, which the footer's type length rules out).
 fn half_to_f64(bytes: &[u8]) -> f64 {
-    let Ok(bytes) = <[u8; 2]>::try_from(bytes) else {
-        return f64::NAN;
-    };
-    let bits = u16::from_le_bytes(bytes);
-    let sign = if bits & 0x8000 == 0 { 1.0 } else { -1.0 };
-    let exponent = i32::from((bits >> 10) & 0x1f);
-    let fraction = f64::from(bits & 0x3ff);
-    sign * match exponent {
-        0 => fraction * 2f64.powi(-24),
-        31 if fraction == 0.0 => f64::INFINITY,
-        31 => f64::NAN,
-        _ => (1.0 + fraction / 1024.0) * 2f64.powi(exponent - 15),
-    }
+    <[u8; 2]>::try_from(bytes).map_or(f64::NAN, |bytes| half::f16::from_le_bytes(bytes).to_f64())
 }
 
 /// The next `rows` values of a column: all of them, else why not (`Short` or `Null`).
