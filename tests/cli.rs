@@ -693,6 +693,75 @@ fn shardify_gen_never_writes_over_a_dataset_that_is_there() {
     assert_eq!(files_under(&root), before, "the first dataset is untouched");
 }
 
+/// A generator stopped part-way leaves nothing that converts (before, with
+/// `--meta-per-batch`, the batches and metas written so far converted as a smaller dataset),
+/// and the next run takes its leftovers away and writes what an unstopped run writes.
+#[test]
+fn a_stopped_shardify_gen_leaves_nothing_that_converts() {
+    let dir = tempfile::tempdir().unwrap();
+    let (root, unstopped) = (dir.path().join("src"), dir.path().join("unstopped"));
+    let gen = |out: &std::path::Path| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_shardify-gen"));
+        command
+            .arg(out)
+            .args(["--events", "32000", "--files", "8", "--meta-per-batch"]);
+        command
+    };
+    let mut child = gen(&root)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let staging = synth::staging_dir(&root, "train");
+    let first_meta = staging.join("train_meta").join("batch_1.parquet");
+    let started = std::time::Instant::now();
+    while !first_meta.exists() && started.elapsed() < std::time::Duration::from_secs(60) {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    let running = child.try_wait().unwrap().is_none();
+    let _ = child.kill();
+    child.wait().unwrap();
+    assert!(
+        first_meta.exists() && running,
+        "killed after batch 1's meta was begun, before the last batch"
+    );
+    let left: Vec<_> = std::fs::read_dir(&root)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(
+        left,
+        [staging.file_name().unwrap()],
+        "only the staging directory"
+    );
+
+    let out = dir.path().join("ds").display().to_string();
+    let refused = shardify(&["convert", &root.display().to_string(), &out]);
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(
+        text(&refused.stderr).contains("no train/ or test/ directory"),
+        "{}",
+        text(&refused.stderr)
+    );
+
+    for out in [&root, &unstopped] {
+        let run = gen(out).output().unwrap();
+        assert!(run.status.success(), "{}", text(&run.stderr));
+    }
+    let relative = |base: &std::path::Path| {
+        files_under(base)
+            .into_iter()
+            .map(|(path, bytes)| (path.strip_prefix(base).unwrap().to_path_buf(), bytes))
+            .collect::<Vec<_>>()
+    };
+    let written = relative(&root);
+    assert_eq!(written.len(), 1 + 8 + 8, "geometry, 8 batches, 8 metas");
+    assert!(!staging.exists(), "the staging directory is gone");
+    assert!(
+        written == relative(&unstopped),
+        "the same files as an unstopped run"
+    );
+}
+
 /// A second split is added beside the first; anything that would be overwritten is
 /// refused, naming it, before a byte is written.
 #[test]

@@ -20,7 +20,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, IoContext, Result};
-use crate::format::atomic::entry_other_than;
+use crate::format::atomic::{entry_other_than, write_bytes_atomic, TEMP_PREFIX};
 use crate::rng::Rng;
 use crate::source::layout::{meta_dir, meta_file, GEOMETRY_FILE};
 
@@ -426,9 +426,9 @@ fn string_positions() -> Vec<(f64, f64)> {
     grid
 }
 
-/// Writes the synthetic geometry CSV: IceCube's layout (see the module docs).
+/// Writes the synthetic geometry CSV, atomically: IceCube's layout (see the module docs).
 pub fn write_geometry(path: &Path) -> Result<()> {
-    std::fs::write(path, geometry_csv()).at(path)
+    write_bytes_atomic(path, geometry_csv().as_bytes())
 }
 
 /// The synthetic geometry CSV's text.
@@ -488,18 +488,58 @@ pub struct SynthSummary {
     pub pulses: u64,
 }
 
+/// Where split `split` is written before it is moved under `root`: a hidden directory
+/// beside it, with a temp name, so a run stopped part-way never leaves a dataset that reads
+/// as whole (and the next run for the split takes it away).
+pub fn staging_dir(root: &Path, split: &str) -> PathBuf {
+    root.join(format!("{TEMP_PREFIX}gen.{split}"))
+}
+
 /// Writes a whole Kaggle-layout dataset under `root`: one split, and the geometry. Refuses
 /// ([`Error::NotEmpty`]), before writing anything, where that would overwrite a file or
 /// directory already there (another split of a generated dataset may be there).
+///
+/// The split is written into [`staging_dir`] and moved into place when whole, its batch
+/// directory first and its meta last: a run stopped (killed, or failed) part-way leaves no
+/// meta, which discovery refuses, never fewer batches that convert as a dataset. A staging
+/// directory an earlier, stopped run left is removed first.
 pub fn write_dataset(root: &Path, options: &SynthOptions) -> Result<SynthSummary> {
     if options.files == 0 {
         return Err(Error::config("files", "at least one file"));
     }
     check_nothing_overwritten(root, &options.split)?;
+    let staging = staging_dir(root, &options.split);
+    if staging.symlink_metadata().is_ok() {
+        std::fs::remove_dir_all(&staging).at(&staging)?;
+    }
+    let written = write_split(&staging, options).and_then(|summary| {
+        let geometry = root.join(GEOMETRY_FILE);
+        if !geometry.exists() {
+            write_geometry(&geometry)?;
+        }
+        publish(&staging, root, &options.split, options.meta_per_batch)?;
+        Ok(summary)
+    });
+    let mut summary = match written {
+        Ok(summary) => summary,
+        Err(e) => {
+            // Best effort: the error that stopped the run is the one to report.
+            let _ = std::fs::remove_dir_all(&staging);
+            return Err(e);
+        }
+    };
+    for path in &mut summary.batch_files {
+        let moved = path.strip_prefix(&staging).map(|name| root.join(name));
+        *path = moved.expect("a batch file written under the staging directory");
+    }
+    Ok(summary)
+}
+
+/// Writes split `options.split`'s batch files and meta under `dir`, in the Kaggle layout.
+fn write_split(dir: &Path, options: &SynthOptions) -> Result<SynthSummary> {
     let labels = options.split == "train";
-    let split_dir = root.join(&options.split);
+    let split_dir = dir.join(&options.split);
     std::fs::create_dir_all(&split_dir).at(&split_dir)?;
-    write_geometry(&root.join(GEOMETRY_FILE))?;
     let mut all_meta = MetaTable {
         labels,
         ..MetaTable::default()
@@ -531,10 +571,10 @@ pub fn write_dataset(root: &Path, options: &SynthOptions) -> Result<SynthSummary
             options.row_group_rows,
         )?;
         if options.meta_per_batch {
-            let dir = root.join(meta_dir(&options.split));
-            std::fs::create_dir_all(&dir).at(&dir)?;
+            let meta_dir = dir.join(meta_dir(&options.split));
+            std::fs::create_dir_all(&meta_dir).at(&meta_dir)?;
             write_parquet(
-                &dir.join(format!("batch_{batch_id}.parquet")),
+                &meta_dir.join(format!("batch_{batch_id}.parquet")),
                 &meta_columns(&meta),
                 options.codec,
                 None,
@@ -546,7 +586,7 @@ pub fn write_dataset(root: &Path, options: &SynthOptions) -> Result<SynthSummary
         summary.batch_files.push(path);
     }
     if !options.meta_per_batch {
-        let path = root.join(meta_file(&options.split));
+        let path = dir.join(meta_file(&options.split));
         write_parquet(
             &path,
             &meta_columns(&all_meta),
@@ -555,6 +595,22 @@ pub fn write_dataset(root: &Path, options: &SynthOptions) -> Result<SynthSummary
         )?;
     }
     Ok(summary)
+}
+
+/// Moves split `split`, written whole under `staging`, into `root` (an empty directory of
+/// the same name there is replaced): the batch directory, then the meta, then the staging
+/// directory goes.
+fn publish(staging: &Path, root: &Path, split: &str, meta_per_batch: bool) -> Result<()> {
+    let meta = if meta_per_batch {
+        meta_dir(split)
+    } else {
+        meta_file(split)
+    };
+    for name in [split.to_string(), meta] {
+        let target = root.join(&name);
+        std::fs::rename(staging.join(&name), &target).at(&target)?;
+    }
+    std::fs::remove_dir(staging).at(staging)
 }
 
 #[cfg(test)]
