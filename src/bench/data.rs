@@ -5,7 +5,8 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use crate::convert::{convert_in_one_go, ConvertOptions};
-use crate::error::Result;
+use crate::error::{IoContext, Result};
+use crate::source::layout::meta_file;
 use crate::synth::{write_dataset, SynthOptions};
 
 /// Where bench data is kept: `SHARDIFY_BENCH_DATA`, else `target/bench-data` of this
@@ -22,9 +23,10 @@ pub fn root() -> PathBuf {
 /// returns its directory.
 pub fn source(root: &Path, events: u64, files: u32) -> Result<PathBuf> {
     let dir = root.join(format!("kaggle-{events}-{files}"));
-    if !dir.join("train_meta.parquet").exists() {
+    // The meta is the last file a generation puts in place.
+    if !dir.join(meta_file("train")).exists() {
         if dir.exists() {
-            std::fs::remove_dir_all(&dir).map_err(|e| crate::Error::io(&dir, e))?;
+            std::fs::remove_dir_all(&dir).at(&dir)?;
         }
         let started = std::time::Instant::now();
         let written = write_dataset(
@@ -55,7 +57,7 @@ pub fn converted(root: &Path, events: u64, files: u32) -> Result<PathBuf> {
     let out = root.join(format!("shards-{events}-{files}"));
     if !out.join("manifest.json").exists() {
         if out.exists() {
-            std::fs::remove_dir_all(&out).map_err(|e| crate::Error::io(&out, e))?;
+            std::fs::remove_dir_all(&out).at(&out)?;
         }
         let options = ConvertOptions {
             seed: 1,
