@@ -14,6 +14,11 @@ import pytest
 import shardify
 from conftest import REPO, take
 
+# Lightning's advice to run under `srun`, given at every Trainer on a machine where Slurm is
+# installed (CI's, for tests/slurm.rs): 50 lines of each run's warnings summary, none ours.
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:The `srun` command is available on your system but is not used")
+
 
 def recording_module(lightning, torch):
     """A LightningModule that records, per step, its epoch, batch index and event ids."""
