@@ -599,16 +599,20 @@ fn write_split(dir: &Path, options: &SynthOptions) -> Result<SynthSummary> {
 
 /// Moves split `split`, written whole under `staging`, into `root` (an empty directory of
 /// the same name there is replaced): the batch directory, then the meta, then the staging
-/// directory goes.
+/// directory goes. Where the meta cannot be moved, the batches go back under `staging`, so
+/// no batches without their meta stay in the way of the next run.
 fn publish(staging: &Path, root: &Path, split: &str, meta_per_batch: bool) -> Result<()> {
     let meta = if meta_per_batch {
         meta_dir(split)
     } else {
         meta_file(split)
     };
-    for name in [split.to_string(), meta] {
-        let target = root.join(&name);
-        std::fs::rename(staging.join(&name), &target).at(&target)?;
+    let (batches, batches_staged) = (root.join(split), staging.join(split));
+    std::fs::rename(&batches_staged, &batches).at(&batches)?;
+    let meta_target = root.join(&meta);
+    if let Err(e) = std::fs::rename(staging.join(&meta), &meta_target) {
+        let _ = std::fs::rename(&batches, &batches_staged);
+        return Err(Error::io(&meta_target, e));
     }
     std::fs::remove_dir(staging).at(staging)
 }
@@ -616,6 +620,32 @@ fn publish(staging: &Path, root: &Path, split: &str, meta_per_batch: bool) -> Re
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A meta that cannot be put in place (a directory of its name) takes its batches back:
+    /// nothing of the split is left, in place or staged, and the error names the meta.
+    #[test]
+    fn a_split_whose_meta_cannot_be_moved_leaves_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        let blocking = root.join(meta_file("train"));
+        std::fs::create_dir(&blocking).unwrap();
+        let options = SynthOptions {
+            events: 20,
+            ..SynthOptions::default()
+        };
+        let failed = write_dataset(root, &options).unwrap_err();
+        assert!(
+            matches!(&failed, Error::Io { path, .. } if path == &blocking),
+            "{failed}"
+        );
+        let mut left: Vec<_> = std::fs::read_dir(root)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        left.sort();
+        assert_eq!(left, [GEOMETRY_FILE, &meta_file("train")]);
+        assert_eq!(std::fs::read_dir(&blocking).unwrap().count(), 0);
+    }
 
     #[test]
     fn each_codec_has_one_name_and_is_found_by_it() {
