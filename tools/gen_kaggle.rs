@@ -25,7 +25,8 @@ enum ProfileArg {
 #[derive(Parser)]
 #[command(version)]
 struct Args {
-    /// Output directory (created; a split or meta already there is never overwritten).
+    /// Output directory (created; a split or meta already there is never overwritten; the
+    /// split appears whole when done, never part of it).
     out: PathBuf,
     /// Events in all.
     #[arg(long, default_value_t = 1000)]
