@@ -145,24 +145,6 @@ pub fn dump_lines(dir: &Path) -> Vec<String> {
         .collect()
 }
 
-/// Every file under `dir` (recursively), with its bytes, in path order.
-pub fn files_under(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
-    let mut files = Vec::new();
-    let mut dirs = vec![dir.to_path_buf()];
-    while let Some(d) = dirs.pop() {
-        for entry in std::fs::read_dir(&d).unwrap() {
-            let path = entry.unwrap().path();
-            if path.is_dir() {
-                dirs.push(path);
-            } else {
-                files.push((path.clone(), std::fs::read(&path).unwrap()));
-            }
-        }
-    }
-    files.sort();
-    files
-}
-
 /// Rewrites `dir/manifest.json` after `edit` changed it.
 pub fn edit_manifest(dir: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
     let path = dir.join("manifest.json");
