@@ -56,18 +56,25 @@ def order_lines(dataset: Path, *args: str) -> list[list[int]]:
     return [[int(x) for x in line.split()] for line in out.splitlines()]
 
 
-@pytest.fixture(scope="session")
-def realistic_dir(tmp_path_factory):
-    """3,000 generated events with the real statistics (shardify-gen, built by cargo test)."""
+def generated_source(root: Path, events: int, files: int) -> Path:
+    """``events`` generated events with the real statistics in ``files`` batch files, in
+    ``root / "src"`` (shardify-gen, built by cargo test; without it a skip, in CI a
+    failure)."""
     gen = REPO / "target" / "release" / "shardify-gen"
     if not gen.exists():
         if IN_CI:
             pytest.fail(f"{gen} is missing: the README test command builds it first")
         pytest.skip(f"{gen} is not built")
+    subprocess.run([str(gen), str(root / "src"), "--events", str(events), "--files",
+                    str(files)], check=True, capture_output=True)
+    return root / "src"
+
+
+@pytest.fixture(scope="session")
+def realistic_dir(tmp_path_factory):
+    """3,000 generated events with the real statistics (shardify-gen, built by cargo test)."""
     root = tmp_path_factory.mktemp("realistic")
-    subprocess.run([str(gen), str(root / "src"), "--events", "3000", "--files", "2"],
-                   check=True, capture_output=True)
-    run_cli("convert", str(root / "src"), str(root / "ds"), "--seed", "3")
+    run_cli("convert", str(generated_source(root, 3000, 2)), str(root / "ds"), "--seed", "3")
     return root / "ds"
 
 
