@@ -392,20 +392,8 @@ fn damaged_bytes_anywhere_are_an_error_or_harmless_never_a_panic() {
         };
         let mut bytes = std::fs::read(&file).unwrap();
         // After the leading magic, before the trailing one and the footer length.
-        let span = bytes.len() - 12;
-        let at = 4 + rng.below(span as u64 - 32) as usize;
-        match rng.below(3) {
-            0 => {
-                for _ in 0..=rng.below(8) {
-                    let k = 4 + rng.below(span as u64) as usize;
-                    bytes[k] ^= 1 << rng.below(8);
-                }
-            }
-            1 => bytes[at..at + 1 + rng.below(32) as usize]
-                .iter_mut()
-                .for_each(|b| *b = rng.below(256) as u8),
-            _ => bytes[at..at + 1 + rng.below(32) as usize].fill(0),
-        }
+        let end = bytes.len() - 8;
+        damage(&mut bytes, 4..end, &mut rng);
         std::fs::write(&file, &bytes).unwrap();
         match case.convert() {
             Ok(()) => {

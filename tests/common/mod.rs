@@ -212,6 +212,25 @@ pub fn flip_last_byte(path: &Path) {
     std::fs::write(path, &bytes).unwrap();
 }
 
+/// Damages `bytes` inside `within` one of three ways, drawn from `rng`: up to 9 bits flipped
+/// anywhere in it, or a run of 1 to 32 bytes set to random values, or to zero.
+pub fn damage(bytes: &mut [u8], within: std::ops::Range<usize>, rng: &mut Rng) {
+    let span = (within.end - within.start) as u64;
+    let at = within.start + rng.below(span - 32) as usize;
+    let run = at..at + 1 + rng.below(32) as usize;
+    match rng.below(3) {
+        0 => {
+            for _ in 0..=rng.below(8) {
+                bytes[within.start + rng.below(span) as usize] ^= 1 << rng.below(8);
+            }
+        }
+        1 => bytes[run]
+            .iter_mut()
+            .for_each(|b| *b = rng.below(256) as u8),
+        _ => bytes[run].fill(0),
+    }
+}
+
 /// The first error `loader` yields in its epoch, and whether it ended the iteration.
 pub fn first_error(loader: Loader) -> (String, bool) {
     let results: Vec<_> = loader.collect();
