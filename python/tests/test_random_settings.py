@@ -7,9 +7,10 @@ without shuffle, 1 to 3 workers, streamed or resident, 1 to 5 ranks, with or wit
 Each case checks, for one epoch: ``len()`` is what each rank hands out; no event comes
 twice across the ranks; every event comes without ``drop_last``, and every rank gets as
 many batches with it; the records copy gives the same batches byte for byte as the columns
-dataset; and rank 0's state saved after a random number of batches, resumed at another
-world size (with or without ``drop_last``), hands out exactly the events not yet trained,
-never more batches than ``len()`` says."""
+dataset; ``shardify order`` lists the last rank's batches; and rank 0's state saved after
+a random number of batches, resumed at another world size (with or without
+``drop_last``), hands out exactly the events not yet trained, never more batches than
+``len()`` says."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 import shardify
-from conftest import generated_source, run_cli
+from conftest import generated_source, order_lines, run_cli
 
 CASES = 80
 EVENTS = 3000
@@ -68,6 +69,25 @@ def drawn_settings(rng: random.Random, torch_here: bool) -> dict[str, Any]:
         settings["group_by_length"] = rng.choice([True, 8, 256])
         settings["length_of"] = rng.choice(["pulses", "doms"])
     return settings
+
+
+def order_arguments(settings: dict[str, Any], rank: int, world: int, drop_last: bool,
+                    number: int) -> list[str]:
+    """``shardify order``'s arguments for the same batches as a loader with ``settings``."""
+    flags = {"seed": "--seed", "block_events": "--block-events", "window_blocks": "--window",
+             "run_events": "--run-events", "batch_order": "--batch-order",
+             "batch_events": "--batch-events", "max_pulses": "--max-pulses",
+             "pulse_cap": "--pulse-cap", "max_events": "--max-events",
+             "max_tokens": "--max-tokens", "pad_to_multiple_of": "--pad-to-multiple-of",
+             "length_of": "--length-of"}
+    args = [part for name, flag in flags.items() if name in settings
+            for part in (flag, str(settings[name]))]
+    grouping = settings.get("group_by_length")
+    if grouping is not None:
+        args += ["--group-by-length"] + ([] if grouping is True else [str(grouping)])
+    args += [] if settings["shuffle"] else ["--no-shuffle"]
+    args += ["--rank", str(rank), "--world", str(world), "--epoch", str(number)]
+    return args + (["--drop-last"] if drop_last else [])
 
 
 def contents(batch: dict[str, Any]) -> dict[str, tuple[str, tuple[int, ...], bytes]]:
@@ -127,6 +147,9 @@ def test_random_settings_keep_every_guarantee(layouts, case):
     else:
         assert set(seen) == every, f"{len(every - set(seen))} events never came"
     assert epoch(records, settings, world, drop_last, number) == ranks, "the layouts differ"
+    last = world - 1
+    assert order_lines(columns, *order_arguments(settings, last, world, dropping, number)) \
+        == [event_ids([b]) for b in ranks[last]], "shardify order lists other batches"
 
     taken = rng.randrange(min(len(batches) for batches in ranks) + 1)
     first = shardify.Loader(columns, rank=0, world=world, drop_last=drop_last, **settings)
