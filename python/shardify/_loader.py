@@ -152,10 +152,12 @@ class Loader:
       as ``group_by_length`` and ``length_of`` count it), so a model that pads each batch
       to its longest event gets grids of nearly equal size and memory: short events in big
       batches, long ones in small. Each window is cut on its own; ``max_events`` caps the
-      events of a batch (the shortest events otherwise come in batches of thousands).
-      ``pad_to_multiple_of`` (None): the longest length counted rounded up to a multiple of
-      it (at most the cap), for a model that pads its grids so (tensor cores, fewer shapes
-      to compile): ``shardify.sequences.SequenceLoader`` pads them so by default.
+      events of a batch (the shortest events otherwise come in batches of thousands). An
+      event longer than ``max_tokens`` forms a batch alone, over the budget: keep the
+      budget at least the ``group_by_length`` cap. ``pad_to_multiple_of`` (None): the
+      longest length counted rounded up to a multiple of it (at most the cap), for a model
+      that pads its grids so (tensor cores, fewer shapes to compile):
+      ``shardify.sequences.SequenceLoader`` pads them so by default.
     * ``layout`` ("packed"): ``"packed"`` (the two-level CSR below) or ``"padded"``, which
       needs ``max_doms`` (M, DOMs kept per event, earliest first) and ``pulses_per_dom``
       (K, pulses kept per DOM) and costs ``B x M x (4 + 3K)`` float32 per batch.

@@ -60,6 +60,12 @@ def _budget_mismatches(arguments: dict[str, Any], length: int,
                 f"events of {cap} to {length} pulses, padded to the longest; make the loader "
                 f"with group_by_length={length}"]
     found = []
+    if budget < length:
+        found.append(f"the loader's max_tokens={budget} is less than the {length} pulses the "
+                     f"grids keep: an event longer than {budget} pulses forms a batch alone, "
+                     f"a grid of up to {length} cells, over the budget; make the loader with "
+                     f"max_tokens of at least {length}, or with group_by_length={budget} and "
+                     f"cut the sequences to {budget}")
     if arguments.get("length_of", "pulses") != "pulses":
         found.append(f"the loader's max_tokens={budget} counts DOM rows (length_of="
                      f"{arguments['length_of']!r}), while the grids hold pulses: grids of "
@@ -114,10 +120,12 @@ class SequenceLoader(MappedLoader):
     else to ``"length"`` (one shape), and ``pad_to_multiple_of`` to the loader's. Under a
     token budget (``Loader(max_tokens=T, group_by_length=L)``) every grid then holds at
     most T cells; it warns of the settings that would overrun the budget (a longer
-    ``length`` than the grouping's cap, ``padding="length"``, a ``pad_to_multiple_of`` the
-    budget did not count, a pulse budget) or fill less of it (a shorter ``length``, an
-    uncapped grouping, a budget of DOM rows, rounding less than the budget counted); and,
-    without a budget, of a grouping by fewer pulses than ``length`` (more padding).
+    ``length`` than the grouping's cap, a budget of fewer cells than ``length``, where an
+    event longer than the budget forms a batch alone, ``padding="length"``, a
+    ``pad_to_multiple_of`` the budget did not count, a pulse budget) or fill less of it (a
+    shorter ``length``, an uncapped grouping, a budget of DOM rows, rounding less than the
+    budget counted); and, without a budget, of a grouping by fewer pulses than ``length``
+    (more padding).
 
     Length, epochs, :meth:`set_epoch`, :meth:`state_dict` and :meth:`load_state_dict` are
     the loader's (a :class:`shardify.MappedLoader`): what PyTorch Lightning takes as a

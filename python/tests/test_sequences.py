@@ -154,12 +154,18 @@ def test_it_warns_of_settings_that_break_a_token_budget_and_they_do(train_dir, t
          "the loader's budget of max_pulses=2048 bounds a batch's pulses, not its padded grid"),
         (dict(group_by_length=64, length_of="doms"), (64,), {},
          "max_tokens=2048 counts DOM rows \\(length_of='doms'\\), while the grids hold pulses"),
+        (dict(group_by_length=64, max_tokens=48), (), {},
+         "max_tokens=48 is less than the 64 pulses the grids keep: an event longer than 48 "
+         "pulses forms a batch alone, a grid of up to 64 cells, over the budget; make the "
+         "loader with max_tokens of at least 64, or with group_by_length=48 and cut the "
+         "sequences to 48"),
     ]
     for loader_settings, length, arguments, message in overruns:
         with pytest.warns(UserWarning, match=message) as said:
             made = sequences(loader_settings, *length, **arguments)
         assert len(said) == 1 and said[0].filename == __file__
-        assert max(cells(made)) > budget, message  # the grids really overran it
+        limit = dict(BUDGET, **loader_settings)["max_tokens"] or budget
+        assert max(cells(made)) > limit, message  # the grids really overran it
     # Counting more pulses than the grids keep: more steps than the budget needs.
     # (what the loader counts, what the grids hold, the loader that counts what they hold)
     fewer = [
