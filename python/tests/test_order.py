@@ -297,6 +297,12 @@ def test_token_budget_refusals_name_it(train_dir):
          "invalid group_by_length: a cap of 16, under the padded layout's max_doms 64: an "
          "event of more DOMs would count 16 rows where it fills up to 64, and grids would "
          "overrun max_tokens"),
+        # Capped at max_doms, a budget under it: an event of more DOMs is a grid over it.
+        (dict(max_tokens=48, group_by_length=64, length_of="doms", layout="padded",
+              max_doms=64, pulses_per_dom=4),
+         "invalid max_tokens: 48, under the padded layout's max_doms 64: an event of more "
+         "than 48 DOMs would form a batch alone, a grid of up to 64 rows over the budget; give "
+         "max_tokens of at least 64, or max_doms and group_by_length of 48$"),
     ]
     for kwargs, message in refusals:
         with pytest.raises(ValueError, match=message):

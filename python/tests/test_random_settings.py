@@ -1,8 +1,8 @@
 """The loader's guarantees under settings drawn at random, each case from its own seed (so a
 failure names the case that reproduces it): a fixed batch size or a pulse or token budget,
 grouped by length or not, any block, window and run size, either batch order, with or
-without shuffle, 1 to 3 workers, streamed or resident, 1 to 5 ranks, with or without
-``drop_last``, from a dataset of 21 shards in either layout.
+without shuffle, 1 to 3 workers, streamed or resident, packed or padded batches, 1 to 5
+ranks, with or without ``drop_last``, from a dataset of 21 shards in either layout.
 
 Each case checks, for one epoch: ``len()`` is what each rank hands out; no event comes
 twice across the ranks; every event comes without ``drop_last``, and every rank gets as
@@ -68,6 +68,12 @@ def drawn_settings(rng: random.Random, torch_here: bool) -> dict[str, Any]:
     if kind == "tokens" or (kind == "events" and rng.random() < 0.4):
         settings["group_by_length"] = rng.choice([True, 8, 256])
         settings["length_of"] = rng.choice(["pulses", "doms"])
+    if rng.random() < 0.35:
+        max_doms = rng.choice([1, 8, 64, 500])
+        settings.update(layout="padded", max_doms=max_doms,
+                        pulses_per_dom=rng.choice([1, 3, 8]))
+        if kind == "tokens" and settings["length_of"] == "doms":
+            settings["group_by_length"] = max_doms  # a budget of the rows the grids keep
     return settings
 
 
