@@ -571,10 +571,10 @@ fn write_split(dir: &Path, options: &SynthOptions) -> Result<SynthSummary> {
             options.row_group_rows,
         )?;
         if options.meta_per_batch {
-            let meta_dir = dir.join(meta_dir(&options.split));
-            std::fs::create_dir_all(&meta_dir).at(&meta_dir)?;
+            let per_batch = dir.join(meta_dir(&options.split));
+            std::fs::create_dir_all(&per_batch).at(&per_batch)?;
             write_parquet(
-                &meta_dir.join(format!("batch_{batch_id}.parquet")),
+                &per_batch.join(format!("batch_{batch_id}.parquet")),
                 &meta_columns(&meta),
                 options.codec,
                 None,
