@@ -841,3 +841,93 @@ fn a_closed_stderr_loses_the_progress_never_the_conversion() {
     // The same shards as with stderr open.
     assert_eq!(dump_lines(&open), dump_lines(&closed));
 }
+
+/// `shardify generate` (the subcommand the Python package's wheel ships) writes what the
+/// `shardify-gen` binary writes, byte for byte, for each of its flags, and refuses what it
+/// refuses.
+#[test]
+fn shardify_generate_writes_what_shardify_gen_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let settings: [&[&str]; 2] = [
+        &["--events", "300", "--files", "2"],
+        &[
+            "--events",
+            "200",
+            "--files",
+            "3",
+            "--split",
+            "test",
+            "--first-batch-id",
+            "5",
+            "--codec",
+            "zstd",
+            "--row-group-rows",
+            "40",
+            "--meta-per-batch",
+            "--seed",
+            "7",
+            "--profile",
+            "simple",
+        ],
+    ];
+    let expected_names: [&[&str]; 2] = [
+        &[
+            "sensor_geometry.csv",
+            "train/batch_1.parquet",
+            "train/batch_2.parquet",
+            "train_meta.parquet",
+        ],
+        &[
+            "sensor_geometry.csv",
+            "test/batch_5.parquet",
+            "test/batch_6.parquet",
+            "test/batch_7.parquet",
+            "test_meta/batch_5.parquet",
+            "test_meta/batch_6.parquet",
+            "test_meta/batch_7.parquet",
+        ],
+    ];
+    for (n, (args, names)) in settings.iter().zip(expected_names).enumerate() {
+        let (sub, bin) = (
+            dir.path().join(format!("sub{n}")),
+            dir.path().join(format!("bin{n}")),
+        );
+        let by_sub = shardify(&[&["generate", &sub.display().to_string()], *args].concat());
+        let by_bin = Command::new(env!("CARGO_BIN_EXE_shardify-gen"))
+            .arg(&bin)
+            .args(*args)
+            .output()
+            .unwrap();
+        assert!(by_sub.status.success(), "{}", text(&by_sub.stderr));
+        assert!(by_bin.status.success(), "{}", text(&by_bin.stderr));
+        let summary = |out: &Output, root: &std::path::Path| {
+            let line = text(&out.stdout).replace(&root.display().to_string(), "OUT");
+            line.rsplit_once(" (").unwrap().0.to_string()
+        };
+        assert_eq!(summary(&by_sub, &sub), summary(&by_bin, &bin));
+        let events = &args[1];
+        assert!(
+            summary(&by_sub, &sub).starts_with(&format!("wrote {events} events, ")),
+            "{}",
+            text(&by_sub.stdout)
+        );
+        let (sub_files, bin_files) = (dir_files(&sub), dir_files(&bin));
+        assert_eq!(
+            sub_files.keys().map(String::as_str).collect::<Vec<_>>(),
+            names
+        );
+        assert!(sub_files == bin_files, "setting {n}: the files differ");
+    }
+    let refused = shardify(&[
+        "generate",
+        &dir.path().join("other").display().to_string(),
+        "--split",
+        "validation",
+    ]);
+    assert_eq!(refused.status.code(), Some(1));
+    assert_eq!(
+        text(&refused.stderr),
+        "error: --split must be train or test\n"
+    );
+    assert!(!dir.path().join("other").exists());
+}

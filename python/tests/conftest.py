@@ -58,21 +58,14 @@ def order_lines(dataset: Path, *args: str) -> list[list[int]]:
 
 def generated_source(root: Path, events: int, files: int) -> Path:
     """``events`` generated events with the real statistics in ``files`` batch files, in
-    ``root / "src"`` (shardify-gen, built by cargo test; without it a skip, in CI a
-    failure)."""
-    gen = REPO / "target" / "release" / "shardify-gen"
-    if not gen.exists():
-        if IN_CI:
-            pytest.fail(f"{gen} is missing: the README test command builds it first")
-        pytest.skip(f"{gen} is not built")
-    subprocess.run([str(gen), str(root / "src"), "--events", str(events), "--files",
-                    str(files)], check=True, capture_output=True)
+    ``root / "src"``, by the installed console script's ``shardify generate``."""
+    run_cli("generate", str(root / "src"), "--events", str(events), "--files", str(files))
     return root / "src"
 
 
 @pytest.fixture(scope="session")
 def realistic_dir(tmp_path_factory):
-    """3,000 generated events with the real statistics (shardify-gen, built by cargo test)."""
+    """3,000 generated events with the real statistics (``shardify generate``)."""
     root = tmp_path_factory.mktemp("realistic")
     run_cli("convert", str(generated_source(root, 3000, 2)), str(root / "ds"), "--seed", "3")
     return root / "ds"

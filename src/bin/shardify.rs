@@ -19,6 +19,8 @@ mod sampler_args;
 mod convert;
 #[path = "commands/copy.rs"]
 mod copy;
+#[path = "commands/generate.rs"]
+mod generate;
 #[path = "commands/inspect.rs"]
 mod inspect;
 #[path = "commands/job_array.rs"]
@@ -32,6 +34,7 @@ mod verify;
 
 use convert::{run_convert, ConvertArgs};
 use copy::run_copy;
+use generate::{run_generate, GenerateArgs};
 use inspect::run_inspect;
 use order::{run_order, OrderArgs};
 use verify::run_verify;
@@ -49,6 +52,10 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Write a synthetic Kaggle-layout source (batch files, meta, sensor geometry) of any
+    /// size, with the real data's statistics by default: data to convert and to load
+    /// without the download.
+    Generate(GenerateArgs),
     /// Convert a Kaggle-layout directory (or explicit files) into a dataset directory.
     Convert(ConvertArgs),
     /// Print counts, distributions, sizes, seed and schema of a dataset.
@@ -167,5 +174,6 @@ fn run(command: Command) -> Result<()> {
             layout,
             check,
         } => run_copy(dataset, destination, layout, check),
+        Command::Generate(args) => run_generate(args),
     }
 }

@@ -14,7 +14,8 @@ Runs, each for at most --seconds:
     each batch with vectorised fancy indexing.
 and prints events/s, pulses/s, GB/s (collated payload) and the shuffle-quality metrics of
 shardbench (file mixing, lag-1 zenith autocorrelation, pair repeat, displacement).
-Needs numpy and pyarrow; torch optional.
+Needs numpy and pyarrow; torch optional. Without the Kaggle download, `shardify generate
+KAGGLE_DIR --events 320000 --files 8` (the wheel's command) writes data with its statistics.
 
 With --dataset (the same source converted by `shardify convert`) it also runs, in this
 process, the `shardify` Python package's loader at the same batch size: the Rust loader
