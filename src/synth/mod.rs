@@ -23,7 +23,9 @@ use crate::error::{Error, IoContext, Result};
 use crate::format::atomic::{entry_other_than, write_bytes_atomic, TEMP_PREFIX};
 use crate::rng::Rng;
 use crate::source::layout::{meta_dir, meta_file, GEOMETRY_FILE};
+use spill::TableSpill;
 
+mod spill;
 mod table;
 
 pub use table::{write_parquet, write_parquet_with, writer_properties, Column, Table, Values};
@@ -376,13 +378,21 @@ pub fn generate_batch(
 
 /// The table of a pulse file's columns, in Kaggle order (`event_id` last).
 pub fn pulse_columns(table: &PulseTable) -> Table {
-    Table::new(vec![
-        Column::new("sensor_id", Values::Int16(table.sensor_id.clone())),
-        Column::new("time", Values::Int64(table.time.clone())),
-        Column::new("charge", Values::Float64(table.charge.clone())),
-        Column::new("auxiliary", Values::Bool(table.auxiliary.clone())),
-        Column::new("event_id", Values::Int64(table.event_id.clone())),
-    ])
+    table.clone().into_columns()
+}
+
+impl PulseTable {
+    /// The table of a pulse file's columns, in Kaggle order (`event_id` last), made of these
+    /// columns without copying them.
+    pub fn into_columns(self) -> Table {
+        Table::new(vec![
+            Column::new("sensor_id", Values::Int16(self.sensor_id)),
+            Column::new("time", Values::Int64(self.time)),
+            Column::new("charge", Values::Float64(self.charge)),
+            Column::new("auxiliary", Values::Bool(self.auxiliary)),
+            Column::new("event_id", Values::Int64(self.event_id)),
+        ])
+    }
 }
 
 /// The table of a meta file's columns (labels only when present).
@@ -540,9 +550,16 @@ fn write_split(dir: &Path, options: &SynthOptions) -> Result<SynthSummary> {
     let labels = options.split == "train";
     let split_dir = dir.join(&options.split);
     std::fs::create_dir_all(&split_dir).at(&split_dir)?;
-    let mut all_meta = MetaTable {
-        labels,
-        ..MetaTable::default()
+    // The single meta file's rows wait on disk, not in memory (48 bytes an event).
+    let mut single_meta = if options.meta_per_batch {
+        None
+    } else {
+        let schema = meta_columns(&MetaTable {
+            labels,
+            ..MetaTable::default()
+        });
+        let spill_dir = dir.join(format!("{}.spill", meta_file(&options.split)));
+        Some(TableSpill::create(&spill_dir, schema, spill::CHUNK_ROWS)?)
     };
     let mut summary = SynthSummary {
         batch_files: Vec::new(),
@@ -563,36 +580,34 @@ fn write_split(dir: &Path, options: &SynthOptions) -> Result<SynthSummary> {
             labels,
             options.profile,
         );
+        let pulses = table.time.len() as u64;
         let path = split_dir.join(format!("batch_{batch_id}.parquet"));
         write_parquet(
             &path,
-            &pulse_columns(&table),
+            &table.into_columns(),
             options.codec,
             options.row_group_rows,
         )?;
-        if options.meta_per_batch {
-            let per_batch = dir.join(meta_dir(&options.split));
-            std::fs::create_dir_all(&per_batch).at(&per_batch)?;
-            write_parquet(
-                &per_batch.join(format!("batch_{batch_id}.parquet")),
-                &meta_columns(&meta),
-                options.codec,
-                None,
-            )?;
+        match &mut single_meta {
+            Some(spill) => spill.append(&meta_columns(&meta))?,
+            None => {
+                let per_batch = dir.join(meta_dir(&options.split));
+                std::fs::create_dir_all(&per_batch).at(&per_batch)?;
+                write_parquet(
+                    &per_batch.join(format!("batch_{batch_id}.parquet")),
+                    &meta_columns(&meta),
+                    options.codec,
+                    None,
+                )?;
+            }
         }
-        all_meta.extend(&meta);
         summary.events += events;
-        summary.pulses += table.time.len() as u64;
+        summary.pulses += pulses;
         summary.batch_files.push(path);
     }
-    if !options.meta_per_batch {
+    if let Some(spill) = single_meta {
         let path = dir.join(meta_file(&options.split));
-        write_parquet(
-            &path,
-            &meta_columns(&all_meta),
-            options.codec,
-            options.row_group_rows,
-        )?;
+        spill.write_parquet(&path, options.codec, options.row_group_rows)?;
     }
     Ok(summary)
 }

@@ -27,6 +27,12 @@ use parquet::schema::types::{Type, TypePtr};
 use super::Codec;
 use crate::error::{Error, IoContext, Result};
 
+/// Rows a column is written in at a time: 8 MiB of 8-byte values collected for a write,
+/// not a whole batch file's. A multiple of the parquet crate's write batch (1,024 rows), so
+/// the pages come out as one write of the whole column makes them (`spill`'s tests show it,
+/// and that a chunk of 1,000 rows does not).
+pub(super) const WRITE_CHUNK_ROWS: usize = 1 << 20;
+
 /// A column's values, typed as they are written.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Values {
@@ -141,8 +147,21 @@ impl Column {
             .map_err(|e| Error::config("table", format!("column `{}`: {e}", self.name)))
     }
 
-    /// Writes rows `rows` into the column's chunk of a row group.
-    fn write(
+    /// Writes rows `rows` into the column's chunk of a row group, [`WRITE_CHUNK_ROWS`] at a
+    /// time (the pages are those of one write of them all).
+    pub(super) fn write(
+        &self,
+        writer: &mut SerializedColumnWriter,
+        rows: Range<usize>,
+    ) -> parquet::errors::Result<()> {
+        for start in rows.clone().step_by(WRITE_CHUNK_ROWS) {
+            self.write_chunk(writer, start..rows.end.min(start + WRITE_CHUNK_ROWS))?;
+        }
+        Ok(())
+    }
+
+    /// Writes rows `rows` in one write: their levels and values are collected first.
+    fn write_chunk(
         &self,
         writer: &mut SerializedColumnWriter,
         rows: Range<usize>,
@@ -289,25 +308,60 @@ pub fn write_parquet_with(
             ),
         ));
     }
+    let layout = FileLayout {
+        schema: table.schema()?,
+        columns: table.columns.len(),
+        rows,
+        row_group_rows,
+    };
+    write_row_groups(path, &layout, properties, |index, range, chunk| {
+        table.columns[index]
+            .write(chunk, range)
+            .map_err(|e| Error::parquet(path, e))
+    })
+}
+
+/// The shape of a Parquet file [`write_row_groups`] writes.
+pub(super) struct FileLayout {
+    /// The columns' schema.
+    pub schema: TypePtr,
+    /// The number of columns (the schema's fields).
+    pub columns: usize,
+    /// The number of rows.
+    pub rows: usize,
+    /// Rows per row group (one row group when `None`; none without rows).
+    pub row_group_rows: Option<usize>,
+}
+
+/// Writes a Parquet file of `layout` with `properties`, each row group's column chunks in
+/// schema order, their rows given by `write_rows(column, rows, chunk)`: one call, or several
+/// of consecutive ranges, per chunk.
+pub(super) fn write_row_groups(
+    path: &Path,
+    layout: &FileLayout,
+    properties: WriterProperties,
+    mut write_rows: impl FnMut(usize, Range<usize>, &mut SerializedColumnWriter) -> Result<()>,
+) -> Result<()> {
     let failed =
         |problem: String| Error::parquet(path, parquet::errors::ParquetError::General(problem));
     let file = File::create(path).at(path)?;
-    let mut writer = SerializedFileWriter::new(file, table.schema()?, Arc::new(properties))
+    let mut writer = SerializedFileWriter::new(file, layout.schema.clone(), Arc::new(properties))
         .map_err(|e| Error::parquet(path, e))?;
-    let step = row_group_rows.unwrap_or(usize::MAX).max(1);
-    for start in (0..rows).step_by(step) {
-        let range = start..rows.min(start.saturating_add(step));
+    let step = layout.row_group_rows.unwrap_or(usize::MAX).max(1);
+    for start in (0..layout.rows).step_by(step) {
+        let range = start..layout.rows.min(start.saturating_add(step));
         let mut group = writer
             .next_row_group()
             .map_err(|e| Error::parquet(path, e))?;
-        for column in &table.columns {
+        for index in 0..layout.columns {
             let mut chunk = group
                 .next_column()
                 .map_err(|e| Error::parquet(path, e))?
-                .ok_or_else(|| failed(format!("no writer for column `{}`", column.name)))?;
-            column
-                .write(&mut chunk, range.clone())
-                .map_err(|e| Error::parquet(path, e))?;
+                .ok_or_else(|| {
+                    let name = layout.schema.get_fields()[index].name();
+                    failed(format!("no writer for column `{name}`"))
+                })?;
+            write_rows(index, range.clone(), &mut chunk)?;
             chunk.close().map_err(|e| Error::parquet(path, e))?;
         }
         group.close().map_err(|e| Error::parquet(path, e))?;
