@@ -931,3 +931,96 @@ fn shardify_generate_writes_what_shardify_gen_writes() {
     );
     assert!(!dir.path().join("other").exists());
 }
+
+/// A manifest whose counts disagree with each other is refused when it is read, naming the
+/// shard or the totals, by every command and by `Dataset::open`: a loader plans from them
+/// before it opens a shard. Before, a shard said to hold 2^63 + 5 events had `shardify
+/// order` ask for 2^59 bytes and abort (SIGABRT), and a smaller damage passed until the
+/// shard was opened.
+#[test]
+fn a_manifest_whose_counts_disagree_is_refused_when_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let ds = dir.path().join("ds");
+    let made = shardify(&[
+        "convert",
+        &fixture().display().to_string(),
+        &ds.display().to_string(),
+        "--split",
+        "train",
+        "--shard-size",
+        "64KiB",
+    ]);
+    assert!(made.status.success(), "{}", text(&made.stderr));
+    let manifest_path = ds.join("manifest.json");
+    let original = std::fs::read_to_string(&manifest_path).unwrap();
+    let manifest: Value = serde_json::from_str(&original).unwrap();
+    let shard = manifest["shards"][2].clone();
+    let file = shard["file"].as_str().unwrap().to_string();
+    let (events, pulses) = (
+        shard["events"].as_u64().unwrap(),
+        shard["pulses"].as_u64().unwrap(),
+    );
+    let cases: [(&str, &str, Value, String); 4] = [
+        (
+            "shards",
+            "events",
+            Value::from(u64::MAX / 2 + 6),
+            format!("shard {file}: {} events, ", u64::MAX / 2 + 6),
+        ),
+        (
+            "shards",
+            "bytes",
+            Value::from(pulses - 1),
+            format!(
+                "pulses in {} bytes cannot be (each at most the next)",
+                pulses - 1
+            ),
+        ),
+        (
+            "totals",
+            "events",
+            Value::from(manifest["totals"]["events"].as_u64().unwrap() - 1),
+            "the totals (events, DOMs, pulses, bytes) say [299, ".to_string(),
+        ),
+        (
+            "shards",
+            "doms",
+            Value::from(events - 1),
+            format!("shard {file}: {events} events, {} DOMs", events - 1),
+        ),
+    ];
+    for (place, field, value, expected) in cases {
+        let mut damaged = manifest.clone();
+        match place {
+            "shards" => damaged["shards"][2][field] = value,
+            _ => damaged["totals"][field] = value,
+        }
+        std::fs::write(&manifest_path, serde_json::to_vec_pretty(&damaged).unwrap()).unwrap();
+        let ds_s = ds.display().to_string();
+        for command in [
+            &["order", &ds_s, "--batch-events", "16"][..],
+            &["inspect", &ds_s],
+            &["verify", &ds_s],
+        ] {
+            let run = shardify(command);
+            assert_eq!(run.status.code(), Some(1), "{field}: {command:?}");
+            let stderr = text(&run.stderr);
+            assert!(
+                stderr.starts_with(&format!("error: {}: ", manifest_path.display()))
+                    && stderr.contains(&expected),
+                "{field}: {command:?}: {stderr}"
+            );
+        }
+        match Dataset::open(&ds, ChecksumPolicy::Lazy) {
+            Err(shardify::Error::Manifest { path, problem }) => {
+                assert_eq!(path, manifest_path);
+                assert!(problem.contains(&expected), "{problem}");
+            }
+            other => panic!("{field}: expected a manifest error, got {:?}", other.err()),
+        }
+    }
+    std::fs::write(&manifest_path, &original).unwrap();
+    assert!(shardify(&["verify", &ds.display().to_string()])
+        .status
+        .success());
+}

@@ -133,6 +133,19 @@ def test_a_truncated_shard_raises_dataset_error(train_copy, torch):
             pass
 
 
+def test_a_manifest_whose_counts_disagree_raises_dataset_error(train_copy):
+    """A count the loader plans from, damaged: refused when the dataset is opened (before, a
+    shard said to hold 2^63 events aborted the interpreter in the sampler's allocation)."""
+    path = train_copy / "manifest.json"
+    manifest = json.loads(path.read_text())
+    manifest["shards"][1]["events"] = 2**63 + 5
+    path.write_text(json.dumps(manifest))
+    shard = manifest["shards"][1]["file"]
+    with pytest.raises(shardify.DatasetError, match=f"manifest.json: shard {shard}: "
+                       f"{2**63 + 5} events, .* cannot be"):
+        shardify.Dataset(train_copy, checksums="off")
+
+
 TRUNCATED_WHILE_READ = """
 import os, sys, shardify
 loader = shardify.Loader(shardify.Dataset(sys.argv[1], checksums="off"), batch_events=5,

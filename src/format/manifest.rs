@@ -230,7 +230,46 @@ impl Manifest {
                 ));
             }
         }
+        manifest.check_counts(&path)?;
         Ok(manifest)
+    }
+
+    /// Whether the counts agree with each other: each shard's events, DOMs, pulses and
+    /// bytes in that order at most (no event without a DOM, no DOM without a pulse, no pulse
+    /// without a byte of its file), and the totals their sums. A loader plans from these
+    /// counts before it opens a shard (which compares them with what it holds): a damaged
+    /// count must not reach it (a shard said to hold 2^63 events had `shardify order` ask
+    /// for 2^59 bytes and abort).
+    fn check_counts(&self, path: &Path) -> Result<()> {
+        let mut sums = [0u64; 4];
+        for shard in &self.shards {
+            let counts = [shard.events, shard.doms, shard.pulses, shard.bytes];
+            if counts.windows(2).any(|pair| pair[0] > pair[1]) {
+                return Err(Error::manifest(
+                    path,
+                    format!(
+                        "shard {}: {} events, {} DOMs, {} pulses in {} bytes cannot be (each \
+                         at most the next)",
+                        shard.file, shard.events, shard.doms, shard.pulses, shard.bytes
+                    ),
+                ));
+            }
+            for (sum, count) in sums.iter_mut().zip(counts) {
+                *sum = sum.saturating_add(count);
+            }
+        }
+        let totals = &self.totals;
+        let said = [totals.events, totals.doms, totals.pulses, totals.bytes];
+        if sums != said {
+            return Err(Error::manifest(
+                path,
+                format!(
+                    "the totals (events, DOMs, pulses, bytes) say {said:?}, the shards add up to \
+                     {sums:?}"
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// The dataset's files besides the manifest, as it records them: the shards in order,
