@@ -83,8 +83,16 @@ impl InputSet {
         let batch_dir = root.join(&split);
         let mut batches = Vec::new();
         for path in list_files(&batch_dir)? {
-            if let Some(batch_id) = batch_id_of(&path) {
-                batches.push(BatchInput { batch_id, path });
+            match batch_id_of(&path) {
+                Some(batch_id) => batches.push(BatchInput { batch_id, path }),
+                // Other files (notes, a checksum list) are no concern of the conversion; a
+                // Parquet file is likely data the user meant, so it is named.
+                None if path.extension().is_some_and(|e| e == "parquet") => tracing::warn!(
+                    "{}: not converted: a batch file is named batch_N.parquet, N its batch id \
+                     in the meta (0 or more)",
+                    path.display()
+                ),
+                None => {}
             }
         }
         if batches.is_empty() {

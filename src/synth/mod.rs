@@ -85,6 +85,9 @@ pub enum Profile {
 /// The largest event of the real training set, in pulses.
 pub const REAL_MAX_EVENT_PULSES: usize = 178_250;
 
+/// The fewest pulses an event of the real profile has (the real training set's smallest).
+pub const REAL_MIN_EVENT_PULSES: usize = 5;
+
 impl Default for Profile {
     fn default() -> Self {
         Profile::Real {
@@ -245,7 +248,7 @@ fn real_pulses_in_event(rng: &mut Rng, max: usize) -> usize {
     } else {
         (60f64.ln() + 0.55 * rng.normal()).exp()
     };
-    (n as usize).clamp(5, max.max(5))
+    (n as usize).clamp(REAL_MIN_EVENT_PULSES, max.max(REAL_MIN_EVENT_PULSES))
 }
 
 /// DOMs hit by an event of `pulses` pulses in the real profile: ~50 at the median event,
@@ -514,9 +517,7 @@ pub fn staging_dir(root: &Path, split: &str) -> PathBuf {
 /// meta, which discovery refuses, never fewer batches that convert as a dataset. A staging
 /// directory an earlier, stopped run left is removed first.
 pub fn write_dataset(root: &Path, options: &SynthOptions) -> Result<SynthSummary> {
-    if options.files == 0 {
-        return Err(Error::config("files", "at least one file"));
-    }
+    check_options(options)?;
     check_nothing_overwritten(root, &options.split)?;
     let staging = staging_dir(root, &options.split);
     if staging.symlink_metadata().is_ok() {
@@ -543,6 +544,44 @@ pub fn write_dataset(root: &Path, options: &SynthOptions) -> Result<SynthSummary
         *path = moved.expect("a batch file written under the staging directory");
     }
     Ok(summary)
+}
+
+/// Refuses options that would write what they do not say: no file, batch ids the
+/// converter does not read as `batch_N.parquet` (negative, or past `i64::MAX`), row groups
+/// of no rows, or events capped below the real profile's smallest.
+fn check_options(options: &SynthOptions) -> Result<()> {
+    if options.files == 0 {
+        return Err(Error::config("files", "at least one file"));
+    }
+    let last_batch_id = options
+        .first_batch_id
+        .checked_add(i64::from(options.files) - 1);
+    if options.first_batch_id < 0 || last_batch_id.is_none() {
+        return Err(Error::config(
+            "first_batch_id",
+            format!(
+                "{} with {} files: batch ids from 0 to {} (files are named batch_N.parquet)",
+                options.first_batch_id,
+                options.files,
+                i64::MAX
+            ),
+        ));
+    }
+    if options.row_group_rows == Some(0) {
+        return Err(Error::config("row_group_rows", "at least 1 row"));
+    }
+    if let Profile::Real { max_event_pulses } = options.profile {
+        if max_event_pulses < REAL_MIN_EVENT_PULSES {
+            return Err(Error::config(
+                "max_event_pulses",
+                format!(
+                    "{max_event_pulses}: at least {REAL_MIN_EVENT_PULSES}, the real profile's \
+                     fewest pulses an event"
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Writes split `options.split`'s batch files and meta under `dir`, in the Kaggle layout.
@@ -638,6 +677,78 @@ mod tests {
 
     /// A meta that cannot be put in place (a directory of its name) takes its batches back:
     /// nothing of the split is left, in place or staged, and the error names the meta.
+    #[test]
+    fn options_that_would_write_what_they_do_not_say_are_refused_before_writing() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("out");
+        let base = SynthOptions {
+            events: 20,
+            ..SynthOptions::default()
+        };
+        let cases = [
+            (
+                SynthOptions {
+                    files: 0,
+                    ..base.clone()
+                },
+                "files",
+            ),
+            (
+                SynthOptions {
+                    first_batch_id: -1,
+                    ..base.clone()
+                },
+                "first_batch_id",
+            ),
+            // Before, the second file's id wrapped to i64::MIN: batch_-9223372036854775808,
+            // which discovery passes over, so 5 of 10 events converted.
+            (
+                SynthOptions {
+                    first_batch_id: i64::MAX,
+                    files: 2,
+                    ..base.clone()
+                },
+                "first_batch_id",
+            ),
+            (
+                SynthOptions {
+                    row_group_rows: Some(0),
+                    ..base.clone()
+                },
+                "row_group_rows",
+            ),
+            (
+                SynthOptions {
+                    profile: Profile::Real {
+                        max_event_pulses: REAL_MIN_EVENT_PULSES - 1,
+                    },
+                    ..base.clone()
+                },
+                "max_event_pulses",
+            ),
+        ];
+        for (options, named) in cases {
+            match write_dataset(&root, &options) {
+                Err(Error::Config { field, .. }) => assert_eq!(field, named),
+                other => panic!("{named}: expected a refusal, got {other:?}"),
+            }
+            assert!(!root.exists(), "{named}: nothing written");
+        }
+        // At the edges, accepted: the last batch id i64::MAX, events of the fewest pulses.
+        let edges = SynthOptions {
+            first_batch_id: i64::MAX,
+            files: 1,
+            profile: Profile::Real {
+                max_event_pulses: REAL_MIN_EVENT_PULSES,
+            },
+            ..base
+        };
+        let summary = write_dataset(&root, &edges).unwrap();
+        assert_eq!((summary.events, summary.pulses), (20, 20 * 5));
+        let name = format!("batch_{}.parquet", i64::MAX);
+        assert_eq!(summary.batch_files, [root.join("train").join(&name)]);
+    }
+
     #[test]
     fn a_split_whose_meta_cannot_be_moved_leaves_nothing() {
         let dir = tempfile::tempdir().unwrap();
