@@ -82,34 +82,34 @@ impl TableSpill {
     /// kinds, equal lengths) is refused before anything is written.
     pub(super) fn append(&mut self, table: &Table) -> Result<()> {
         let rows = table.rows();
-        let fits = |(spilled, column): (&SpilledColumn, &Column)| {
-            column.name == spilled.name
-                && column.values.len() == rows
-                && matches!(
-                    (&column.values, spilled.kind),
-                    (Values::Int64(_), Kind::Int64) | (Values::Float64(_), Kind::Float64)
-                )
-        };
-        let names = || table.columns.iter().map(|c| c.name.as_str());
-        if table.columns.len() != self.columns.len()
-            || !self.columns.iter().zip(&table.columns).all(fits)
-        {
-            let problem = format!(
-                "columns {:?} do not fit the spill of {:?}",
-                names().collect::<Vec<_>>(),
+        let encoded: Option<Vec<Vec<u8>>> = (table.columns.len() == self.columns.len())
+            .then(|| {
                 self.columns
                     .iter()
-                    .map(|c| c.name.as_str())
-                    .collect::<Vec<_>>()
-            );
+                    .zip(&table.columns)
+                    .map(|(spilled, column)| {
+                        let bytes = match (&column.values, spilled.kind) {
+                            (Values::Int64(v), Kind::Int64) => {
+                                v.iter().flat_map(|x| x.to_le_bytes()).collect()
+                            }
+                            (Values::Float64(v), Kind::Float64) => {
+                                v.iter().flat_map(|x| x.to_le_bytes()).collect()
+                            }
+                            _ => return None,
+                        };
+                        let fits = column.name == spilled.name && column.values.len() == rows;
+                        fits.then_some(bytes)
+                    })
+                    .collect()
+            })
+            .flatten();
+        let Some(encoded) = encoded else {
+            let given: Vec<&str> = table.columns.iter().map(|c| c.name.as_str()).collect();
+            let spilled: Vec<&str> = self.columns.iter().map(|c| c.name.as_str()).collect();
+            let problem = format!("columns {given:?} do not fit the spill of {spilled:?}");
             return Err(Error::config("spill", problem));
-        }
-        for (spilled, column) in self.columns.iter_mut().zip(&table.columns) {
-            let bytes: Vec<u8> = match &column.values {
-                Values::Int64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-                Values::Float64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-                _ => unreachable!("the kinds were checked"),
-            };
+        };
+        for (spilled, bytes) in self.columns.iter_mut().zip(encoded) {
             spilled.file.write_all(&bytes).at(&spilled.path)?;
         }
         self.rows += rows;
@@ -276,6 +276,11 @@ mod tests {
             ),
             "{problem}"
         );
+        let retyped = tables[1]
+            .clone()
+            .with_column(Column::new("batch_id", Values::Float64(vec![2.0])));
+        let refused = spill.append(&retyped).map_err(|e| e.to_string());
+        assert!(refused.is_err_and(|e| e.contains("do not fit the spill")));
         let narrow = Table::new(vec![Column::new("sensor_id", Values::Int16(vec![1]))]);
         let Err(Error::Config { problem, .. }) =
             TableSpill::create(&dir.path().join("b"), narrow, 8)
