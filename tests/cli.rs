@@ -941,16 +941,7 @@ fn shardify_generate_writes_what_shardify_gen_writes() {
 fn a_manifest_whose_counts_disagree_is_refused_when_read() {
     let dir = tempfile::tempdir().unwrap();
     let ds = dir.path().join("ds");
-    let made = shardify(&[
-        "convert",
-        &fixture().display().to_string(),
-        &ds.display().to_string(),
-        "--split",
-        "train",
-        "--shard-size",
-        "64KiB",
-    ]);
-    assert!(made.status.success(), "{}", text(&made.stderr));
+    convert_all(&fixture(), "train", &ds, &options(0, 2)).unwrap();
     let manifest_path = ds.join("manifest.json");
     let original = std::fs::read_to_string(&manifest_path).unwrap();
     let manifest: Value = serde_json::from_str(&original).unwrap();
@@ -990,12 +981,11 @@ fn a_manifest_whose_counts_disagree_is_refused_when_read() {
         ),
     ];
     for (place, field, value, expected) in cases {
-        let mut damaged = manifest.clone();
-        match place {
+        std::fs::write(&manifest_path, &original).unwrap();
+        edit_manifest(&ds, |damaged| match place {
             "shards" => damaged["shards"][2][field] = value,
             _ => damaged["totals"][field] = value,
-        }
-        std::fs::write(&manifest_path, serde_json::to_vec_pretty(&damaged).unwrap()).unwrap();
+        });
         let ds_s = ds.display().to_string();
         for command in [
             &["order", &ds_s, "--batch-events", "16"][..],
@@ -1031,16 +1021,7 @@ fn a_manifest_whose_counts_disagree_is_refused_when_read() {
 #[test]
 fn a_parquet_file_not_named_as_a_batch_is_named_and_not_converted() {
     let dir = tempfile::tempdir().unwrap();
-    let src = dir.path().join("src");
-    let made = shardify(&[
-        "generate",
-        &src.display().to_string(),
-        "--events",
-        "40",
-        "--files",
-        "2",
-    ]);
-    assert!(made.status.success(), "{}", text(&made.stderr));
+    let (src, _) = synthetic_source(dir.path(), 40, 2, 0);
     let batches = src.join("train");
     let strays = ["part-0001.parquet", "batch_-4.parquet", "batch_1a.parquet"];
     for name in strays {
