@@ -49,9 +49,11 @@
 
 mod batches;
 mod regroup;
+mod stored_order;
 mod stream;
 #[cfg(test)]
 mod tests;
+mod window_events;
 
 pub use batches::{rank_batch_count, EpochBatches};
 pub use stream::PlanScratch;

@@ -158,12 +158,11 @@ fn drawn_lengths(
 ) -> Vec<u32> {
     // Asked in the window's order, which is stored order: its offsets are read
     // sequentially, where asked in drawn order they were read at random (25 ns an event).
-    let mut event_lengths = Vec::new();
-    sizes.lengths_into(&window.events, length, &mut event_lengths);
-    let cap = cap.min(u32::MAX as usize);
+    let event_lengths = window.events.lengths(sizes, length);
+    let cap = cap.min(u32::MAX as usize) as u32;
     window.drawn[range]
         .iter()
-        .map(|&i| event_lengths[i as usize].min(cap) as u32)
+        .map(|&i| event_lengths[i as usize].min(cap))
         .collect()
 }
 

@@ -2,6 +2,8 @@
 //! permuted, and drawn window by window.
 
 use super::regroup::Regrouping;
+use super::stored_order::StoredOrder;
+use super::window_events::WindowEvents;
 use super::{BatchOrder, EventRef, EventSizes, SamplerConfig};
 use crate::rng::Rng;
 
@@ -18,81 +20,9 @@ const STREAM_WINDOW: u64 = 0x3a7d_0e11;
 const STREAM_ROTATION: u64 = 0x5107_a7e5;
 const STREAM_LENGTH_GROUPS: u64 = 0x1e96_7a05;
 
-/// The stored order (shards concatenated in manifest order), rotated by an epoch's offset:
-/// position `p` is the event at stored position `(p + rotation) % total`.
-#[derive(Debug, Clone)]
-struct StoredOrder {
-    /// Stored position of each shard's first event, and the total at the end.
-    shard_starts: Vec<u64>,
-    rotation: u64,
-}
-
-impl StoredOrder {
-    fn new(shard_events: &[usize], rotation: impl FnOnce(u64) -> u64) -> StoredOrder {
-        let mut shard_starts = Vec::with_capacity(shard_events.len() + 1);
-        let mut total = 0u64;
-        shard_starts.push(0);
-        for &n in shard_events {
-            total += n as u64;
-            shard_starts.push(total);
-        }
-        let rotation = if total == 0 { 0 } else { rotation(total) };
-        StoredOrder {
-            shard_starts,
-            rotation,
-        }
-    }
-
-    fn total(&self) -> u64 {
-        *self.shard_starts.last().expect("at least the total")
-    }
-
-    /// Appends the events at (rotated) positions `start..end` to `out`.
-    fn extend(&self, start: u64, end: u64, out: &mut Vec<EventRef>) {
-        self.pieces(start, end, |shard, indexes| {
-            out.extend(indexes.map(|index| EventRef { shard, index }))
-        });
-    }
-
-    /// Calls `piece` with each shard's run of the events at (rotated) positions
-    /// `start..end`, in order.
-    fn pieces(&self, start: u64, end: u64, mut piece: impl FnMut(u32, std::ops::Range<u32>)) {
-        // Rotated position `wrap` is stored position 0.
-        let wrap = self.total() - self.rotation;
-        if start < wrap {
-            let (a, b) = (start + self.rotation, end.min(wrap) + self.rotation);
-            self.stored_pieces(a, b, &mut piece);
-        }
-        if end > wrap {
-            self.stored_pieces(start.max(wrap) - wrap, end - wrap, &mut piece);
-        }
-    }
-
-    /// As [`StoredOrder::pieces`], for stored positions `start..end` (`end <= total`).
-    fn stored_pieces(
-        &self,
-        start: u64,
-        end: u64,
-        piece: &mut impl FnMut(u32, std::ops::Range<u32>),
-    ) {
-        // The last shard starting at or before `start` (empty shards skipped).
-        let mut shard = self.shard_starts.partition_point(|&s| s <= start) - 1;
-        let mut position = start;
-        while position < end {
-            let shard_end = self.shard_starts[shard + 1];
-            let stop = end.min(shard_end);
-            let first = position - self.shard_starts[shard];
-            piece(shard as u32, first as u32..(first + stop - position) as u32);
-            position = stop;
-            shard += 1;
-        }
-    }
-}
-
 /// The global event sequence of one epoch, produced window by window (memory bounded by a
 /// window, whatever the epoch length).
 pub(super) struct EventStream {
-    stored: StoredOrder,
     blocks: Vec<Block>,
     window_blocks: usize,
     run_events: u64,
@@ -112,11 +42,10 @@ pub(super) struct EventStream {
 }
 
 /// One window's events and the order they are drawn in.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(super) struct Window {
-    /// The window's events in rotated order (its blocks sorted by start): in stored order
-    /// but for at most one wrap from the last shard to the first.
-    pub(super) events: Vec<EventRef>,
+    /// The window's events.
+    pub(super) events: WindowEvents,
     /// Indexes into `events`, in drawn order.
     pub(super) drawn: Vec<u32>,
     /// How many of `drawn` were handed out.
@@ -157,7 +86,7 @@ impl Window {
 
     /// The next event to hand out.
     pub(super) fn peek(&self, ahead: usize) -> EventRef {
-        self.events[self.drawn[self.taken + ahead] as usize]
+        self.events.get(self.drawn[self.taken + ahead])
     }
 
     /// Hands out the next `n` events, appended to `out` in drawn or in stored order (put
@@ -173,13 +102,14 @@ impl Window {
         self.taken += n;
         let from = out.len();
         match order {
-            BatchOrder::Drawn => out.extend(piece.iter().map(|&i| self.events[i as usize])),
+            BatchOrder::Drawn => out.extend(piece.iter().map(|&i| self.events.get(i))),
             BatchOrder::Stored if self.events.len() <= BITMAP_SPREAD * n => {
                 // Sorted through a bitmap of the window: linear, where a comparison sort
                 // of a 256-event batch costs 2.5 µs, as much as gathering 50 KB. Dense
                 // words (a small window) cost a word each; sparse ones a mispredicted
                 // branch each, where the radix sort below has none.
                 let bits = &mut scratch.bitmap;
+                let mut events = self.events.lookup();
                 bits.clear();
                 bits.resize(self.events.len().div_ceil(64), 0);
                 for &i in piece {
@@ -188,14 +118,15 @@ impl Window {
                 for (w, &word) in bits.iter().enumerate() {
                     let mut word = word;
                     while word != 0 {
-                        out.push(self.events[w * 64 + word.trailing_zeros() as usize]);
+                        out.push(events.get(w as u32 * 64 + word.trailing_zeros()));
                         word &= word - 1;
                     }
                 }
             }
             BatchOrder::Stored => {
                 let sorted = radix_sort(piece, self.events.len(), &mut scratch.sorting);
-                out.extend(sorted.iter().map(|&i| self.events[i as usize]));
+                let mut events = self.events.lookup();
+                out.extend(sorted.iter().map(|&i| events.get(i)));
             }
         }
         if order == BatchOrder::Stored {
@@ -304,8 +235,9 @@ impl EventStream {
         if config.shuffle {
             Rng::stream(config.seed ^ STREAM_BLOCKS, epoch).shuffle(&mut blocks[..full]);
         }
+        let window_events =
+            (config.window_blocks.saturating_mul(config.block_events)).min(stored.total() as usize);
         EventStream {
-            stored,
             blocks,
             window_blocks: config.window_blocks,
             run_events: config.run_events as u64,
@@ -315,7 +247,12 @@ impl EventStream {
             regrouping: Regrouping::of(config),
             next_window: 0,
             window_start: 0,
-            window: Window::default(),
+            window: Window {
+                events: WindowEvents::new(stored, config.block_events, window_events),
+                drawn: Vec::new(),
+                taken: 0,
+                batch_ends: Vec::new(),
+            },
             announced: 0,
         }
     }
@@ -323,7 +260,7 @@ impl EventStream {
     /// The epoch's rotation of the stored order (its tests' view of where blocks start).
     #[cfg(test)]
     pub(super) fn rotation(&self) -> u64 {
-        self.stored.rotation
+        self.window.events.stored.rotation
     }
 
     /// Announces the events of the windows up to the one after the current, not announced
@@ -334,7 +271,9 @@ impl EventStream {
             let first = self.announced * self.window_blocks;
             let last = (first + self.window_blocks).min(self.blocks.len());
             for b in &self.blocks[first..last] {
-                self.stored
+                self.window
+                    .events
+                    .stored
                     .pieces(b.start, b.start + b.len, |shard, events| {
                         sizes.read_ahead(shard, events)
                     });
@@ -363,7 +302,7 @@ impl EventStream {
             let mut runs: Vec<(u32, u32)> = Vec::new();
             for b in &blocks {
                 let first_event = w.events.len() as u64;
-                self.stored.extend(b.start, b.start + b.len, &mut w.events);
+                w.events.push_block(b.start, b.len);
                 if self.run_events > 1 {
                     runs.extend((0..b.len).step_by(self.run_events as usize).map(|start| {
                         let len = self.run_events.min(b.len - start);
