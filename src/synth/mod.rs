@@ -514,12 +514,14 @@ pub fn staging_dir(root: &Path, split: &str) -> PathBuf {
 ///
 /// The split is written into [`staging_dir`] and moved into place when whole, its batch
 /// directory first and its meta last: a run stopped (killed, or failed) part-way leaves no
-/// meta, which discovery refuses, never fewer batches that convert as a dataset. A staging
-/// directory an earlier, stopped run left is removed first.
+/// meta, which discovery refuses, never fewer batches that convert as a dataset. What an
+/// earlier, stopped run left is removed first: its staging directory, and the batches it
+/// had moved into place without their meta.
 pub fn write_dataset(root: &Path, options: &SynthOptions) -> Result<SynthSummary> {
     check_options(options)?;
-    check_nothing_overwritten(root, &options.split)?;
     let staging = staging_dir(root, &options.split);
+    take_back_unpublished(&staging, root, &options.split, options.meta_per_batch)?;
+    check_nothing_overwritten(root, &options.split)?;
     if staging.symlink_metadata().is_ok() {
         std::fs::remove_dir_all(&staging).at(&staging)?;
     }
@@ -651,16 +653,45 @@ fn write_split(dir: &Path, options: &SynthOptions) -> Result<SynthSummary> {
     Ok(summary)
 }
 
+/// Where a run was stopped between [`publish`]'s two moves (its batch directory in place,
+/// its meta still staged), moves the batch directory back under `staging`, to go with it:
+/// those batches were never published (discovery refuses a split without its meta). Only
+/// a staging directory holding the meta and no batch directory is such a run's, as a
+/// finished [`write_split`] writes the batch directory first and the meta last; anything
+/// else under `root` stays untouched.
+fn take_back_unpublished(
+    staging: &Path,
+    root: &Path,
+    split: &str,
+    meta_per_batch: bool,
+) -> Result<()> {
+    let meta = meta_name(split, meta_per_batch);
+    let (batches, batches_staged) = (root.join(split), staging.join(split));
+    let stopped = staging.join(&meta).symlink_metadata().is_ok()
+        && batches_staged.symlink_metadata().is_err()
+        && root.join(&meta).symlink_metadata().is_err()
+        && batches.is_dir();
+    if stopped {
+        std::fs::rename(&batches, &batches_staged).at(&batches)?;
+    }
+    Ok(())
+}
+
+/// The name of split `split`'s meta: its single file, or its directory of one file per
+/// batch.
+fn meta_name(split: &str, meta_per_batch: bool) -> String {
+    match meta_per_batch {
+        true => meta_dir(split),
+        false => meta_file(split),
+    }
+}
+
 /// Moves split `split`, written whole under `staging`, into `root` (an empty directory of
 /// the same name there is replaced): the batch directory, then the meta, then the staging
 /// directory goes. Where the meta cannot be moved, the batches go back under `staging`, so
 /// no batches without their meta stay in the way of the next run.
 fn publish(staging: &Path, root: &Path, split: &str, meta_per_batch: bool) -> Result<()> {
-    let meta = if meta_per_batch {
-        meta_dir(split)
-    } else {
-        meta_file(split)
-    };
+    let meta = meta_name(split, meta_per_batch);
     let (batches, batches_staged) = (root.join(split), staging.join(split));
     std::fs::rename(&batches_staged, &batches).at(&batches)?;
     let meta_target = root.join(&meta);
@@ -771,6 +802,63 @@ mod tests {
         left.sort();
         assert_eq!(left, [GEOMETRY_FILE, &meta_file("train")]);
         assert_eq!(std::fs::read_dir(&blocking).unwrap().count(), 0);
+    }
+
+    /// A run stopped between the batch directory's move and the meta's leaves the batches
+    /// in place without their meta: the next run takes them back and writes the split
+    /// whole, the same files as a run never stopped; where the meta had been moved too,
+    /// the split is whole and the next run refuses to overwrite it.
+    #[test]
+    fn a_run_stopped_between_the_moves_is_written_again_by_the_next() {
+        let dir = tempfile::tempdir().unwrap();
+        for meta_per_batch in [false, true] {
+            let options = SynthOptions {
+                events: 30,
+                files: 3,
+                meta_per_batch,
+                ..SynthOptions::default()
+            };
+            let meta = meta_name("train", meta_per_batch);
+            let clean = dir.path().join(format!("clean-{meta_per_batch}"));
+            write_dataset(&clean, &options).unwrap();
+            let root = dir.path().join(format!("stopped-{meta_per_batch}"));
+            write_dataset(&root, &options).unwrap();
+            // The state between the moves: the meta back under the staging directory.
+            let staging = staging_dir(&root, "train");
+            std::fs::create_dir(&staging).unwrap();
+            std::fs::rename(root.join(&meta), staging.join(&meta)).unwrap();
+            let summary = write_dataset(&root, &options).unwrap();
+            assert_eq!(summary.batch_files.len(), 3);
+            assert!(!staging.exists(), "the staging directory is gone");
+            for name in ["train", meta.as_str(), GEOMETRY_FILE] {
+                for file in files_under(&clean.join(name)) {
+                    let relative = file.strip_prefix(&clean).unwrap();
+                    let written = std::fs::read(root.join(relative)).unwrap();
+                    assert!(written == std::fs::read(&file).unwrap(), "{relative:?}");
+                }
+            }
+            assert_eq!(files_under(&root).len(), files_under(&clean).len());
+            // Stopped after both moves: whole, and never overwritten.
+            std::fs::create_dir(&staging).unwrap();
+            let refused = write_dataset(&root, &options).unwrap_err();
+            assert!(
+                matches!(&refused, Error::NotEmpty { holds, .. } if holds == "train"),
+                "{refused}"
+            );
+            assert_eq!(files_under(&root).len(), files_under(&clean).len());
+        }
+    }
+
+    /// Every file under `path` (itself, where it is a file).
+    fn files_under(path: &Path) -> Vec<PathBuf> {
+        if path.is_file() {
+            return vec![path.to_path_buf()];
+        }
+        let mut files = Vec::new();
+        for entry in std::fs::read_dir(path).unwrap() {
+            files.extend(files_under(&entry.unwrap().path()));
+        }
+        files
     }
 
     #[test]
