@@ -756,6 +756,53 @@ fn a_stopped_shardify_gen_leaves_nothing_that_converts() {
     );
 }
 
+/// A run stopped between its two moves into place (the batch directory moved, the meta
+/// still staged) leaves batches without their meta: the next run takes them back and
+/// writes the split whole, the same files as a run never stopped. Stopped after both
+/// moves, the split is whole, and the next run refuses to write over it.
+#[test]
+fn a_generator_stopped_between_its_moves_is_written_again_by_the_next_run() {
+    use shardify::source::layout::{meta_dir, meta_file};
+    let dir = tempfile::tempdir().unwrap();
+    for meta_per_batch in [false, true] {
+        let options = synth::SynthOptions {
+            events: 30,
+            files: 3,
+            meta_per_batch,
+            ..synth::SynthOptions::default()
+        };
+        let meta = match meta_per_batch {
+            true => meta_dir("train"),
+            false => meta_file("train"),
+        };
+        let clean = dir.path().join(format!("clean-{meta_per_batch}"));
+        synth::write_dataset(&clean, &options).unwrap();
+        let root = dir.path().join(format!("stopped-{meta_per_batch}"));
+        synth::write_dataset(&root, &options).unwrap();
+        let staging = synth::staging_dir(&root, "train");
+        std::fs::create_dir(&staging).unwrap();
+        std::fs::rename(root.join(&meta), staging.join(&meta)).unwrap();
+
+        let summary = synth::write_dataset(&root, &options).unwrap();
+        assert_eq!(summary.batch_files.len(), 3);
+        assert!(!staging.exists(), "the staging directory is gone");
+        let written = dir_files(&root);
+        assert!(
+            written == dir_files(&clean),
+            "the same files as a run never stopped"
+        );
+
+        std::fs::create_dir(&staging).unwrap();
+        let refused = synth::write_dataset(&root, &options).unwrap_err();
+        assert!(
+            matches!(&refused, shardify::Error::NotEmpty { holds, .. } if holds == "train"),
+            "{refused}"
+        );
+        std::fs::remove_dir(&staging).unwrap();
+        assert!(dir_files(&root) == written, "nothing written over");
+    }
+}
+
 /// A second split is added beside the first; anything that would be overwritten is
 /// refused, naming it, before a byte is written.
 #[test]

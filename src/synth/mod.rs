@@ -20,13 +20,17 @@
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, IoContext, Result};
-use crate::format::atomic::{entry_other_than, write_bytes_atomic, TEMP_PREFIX};
+use crate::format::atomic::write_bytes_atomic;
 use crate::rng::Rng;
 use crate::source::layout::{meta_dir, meta_file, GEOMETRY_FILE};
 use spill::TableSpill;
 
+mod publish;
 mod spill;
 mod table;
+
+pub use publish::staging_dir;
+use publish::{check_nothing_overwritten, publish, take_back_unpublished};
 
 pub use table::{write_parquet, write_parquet_with, writer_properties, Column, Table, Values};
 
@@ -465,31 +469,6 @@ fn geometry_csv() -> String {
     text
 }
 
-/// Fails, naming what is there, where writing split `split` under `root` would overwrite
-/// anything: its batch directory and meta must be absent (or an empty directory), and a
-/// geometry already there must be the one written (so a second split can be added to a
-/// generated dataset, and nothing of a real one is ever replaced).
-fn check_nothing_overwritten(root: &Path, split: &str) -> Result<()> {
-    let geometry = root.join(GEOMETRY_FILE);
-    if geometry.exists() && std::fs::read(&geometry).at(&geometry)? != geometry_csv().as_bytes() {
-        return Err(Error::NotEmpty {
-            path: root.to_path_buf(),
-            holds: format!("{GEOMETRY_FILE}, another geometry than the generated one"),
-        });
-    }
-    for name in [split.to_string(), meta_dir(split), meta_file(split)] {
-        let path = root.join(&name);
-        let empty_dir = path.is_dir() && entry_other_than(&path, |_| false)?.is_none();
-        if path.symlink_metadata().is_ok() && !empty_dir {
-            return Err(Error::NotEmpty {
-                path: root.to_path_buf(),
-                holds: name,
-            });
-        }
-    }
-    Ok(())
-}
-
 /// What was written.
 #[derive(Debug, Clone)]
 pub struct SynthSummary {
@@ -499,13 +478,6 @@ pub struct SynthSummary {
     pub events: u64,
     /// Pulses written.
     pub pulses: u64,
-}
-
-/// Where split `split` is written before it is moved under `root`: a hidden directory
-/// beside it, with a temp name, so a run stopped part-way never leaves a dataset that reads
-/// as whole (and the next run for the split takes it away).
-pub fn staging_dir(root: &Path, split: &str) -> PathBuf {
-    root.join(format!("{TEMP_PREFIX}gen.{split}"))
 }
 
 /// Writes a whole Kaggle-layout dataset under `root`: one split, and the geometry. Refuses
@@ -653,61 +625,10 @@ fn write_split(dir: &Path, options: &SynthOptions) -> Result<SynthSummary> {
     Ok(summary)
 }
 
-/// Where a run was stopped between [`publish`]'s two moves (its batch directory in place,
-/// its meta still staged), moves the batch directory back under `staging`, to go with it:
-/// those batches were never published (discovery refuses a split without its meta). Only
-/// a staging directory holding the meta and no batch directory is such a run's, as a
-/// finished [`write_split`] writes the batch directory first and the meta last; anything
-/// else under `root` stays untouched.
-fn take_back_unpublished(
-    staging: &Path,
-    root: &Path,
-    split: &str,
-    meta_per_batch: bool,
-) -> Result<()> {
-    let meta = meta_name(split, meta_per_batch);
-    let (batches, batches_staged) = (root.join(split), staging.join(split));
-    let stopped = staging.join(&meta).symlink_metadata().is_ok()
-        && batches_staged.symlink_metadata().is_err()
-        && root.join(&meta).symlink_metadata().is_err()
-        && batches.is_dir();
-    if stopped {
-        std::fs::rename(&batches, &batches_staged).at(&batches)?;
-    }
-    Ok(())
-}
-
-/// The name of split `split`'s meta: its single file, or its directory of one file per
-/// batch.
-fn meta_name(split: &str, meta_per_batch: bool) -> String {
-    match meta_per_batch {
-        true => meta_dir(split),
-        false => meta_file(split),
-    }
-}
-
-/// Moves split `split`, written whole under `staging`, into `root` (an empty directory of
-/// the same name there is replaced): the batch directory, then the meta, then the staging
-/// directory goes. Where the meta cannot be moved, the batches go back under `staging`, so
-/// no batches without their meta stay in the way of the next run.
-fn publish(staging: &Path, root: &Path, split: &str, meta_per_batch: bool) -> Result<()> {
-    let meta = meta_name(split, meta_per_batch);
-    let (batches, batches_staged) = (root.join(split), staging.join(split));
-    std::fs::rename(&batches_staged, &batches).at(&batches)?;
-    let meta_target = root.join(&meta);
-    if let Err(e) = std::fs::rename(staging.join(&meta), &meta_target) {
-        let _ = std::fs::rename(&batches, &batches_staged);
-        return Err(Error::io(&meta_target, e));
-    }
-    std::fs::remove_dir(staging).at(staging)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// A meta that cannot be put in place (a directory of its name) takes its batches back:
-    /// nothing of the split is left, in place or staged, and the error names the meta.
     #[test]
     fn options_that_would_write_what_they_do_not_say_are_refused_before_writing() {
         let dir = tempfile::tempdir().unwrap();
@@ -778,87 +699,6 @@ mod tests {
         assert_eq!((summary.events, summary.pulses), (20, 20 * 5));
         let name = format!("batch_{}.parquet", i64::MAX);
         assert_eq!(summary.batch_files, [root.join("train").join(&name)]);
-    }
-
-    #[test]
-    fn a_split_whose_meta_cannot_be_moved_leaves_nothing() {
-        let dir = tempfile::tempdir().unwrap();
-        let root = dir.path();
-        let blocking = root.join(meta_file("train"));
-        std::fs::create_dir(&blocking).unwrap();
-        let options = SynthOptions {
-            events: 20,
-            ..SynthOptions::default()
-        };
-        let failed = write_dataset(root, &options).unwrap_err();
-        assert!(
-            matches!(&failed, Error::Io { path, .. } if path == &blocking),
-            "{failed}"
-        );
-        let mut left: Vec<_> = std::fs::read_dir(root)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().into_string().unwrap())
-            .collect();
-        left.sort();
-        assert_eq!(left, [GEOMETRY_FILE, &meta_file("train")]);
-        assert_eq!(std::fs::read_dir(&blocking).unwrap().count(), 0);
-    }
-
-    /// A run stopped between the batch directory's move and the meta's leaves the batches
-    /// in place without their meta: the next run takes them back and writes the split
-    /// whole, the same files as a run never stopped; where the meta had been moved too,
-    /// the split is whole and the next run refuses to overwrite it.
-    #[test]
-    fn a_run_stopped_between_the_moves_is_written_again_by_the_next() {
-        let dir = tempfile::tempdir().unwrap();
-        for meta_per_batch in [false, true] {
-            let options = SynthOptions {
-                events: 30,
-                files: 3,
-                meta_per_batch,
-                ..SynthOptions::default()
-            };
-            let meta = meta_name("train", meta_per_batch);
-            let clean = dir.path().join(format!("clean-{meta_per_batch}"));
-            write_dataset(&clean, &options).unwrap();
-            let root = dir.path().join(format!("stopped-{meta_per_batch}"));
-            write_dataset(&root, &options).unwrap();
-            // The state between the moves: the meta back under the staging directory.
-            let staging = staging_dir(&root, "train");
-            std::fs::create_dir(&staging).unwrap();
-            std::fs::rename(root.join(&meta), staging.join(&meta)).unwrap();
-            let summary = write_dataset(&root, &options).unwrap();
-            assert_eq!(summary.batch_files.len(), 3);
-            assert!(!staging.exists(), "the staging directory is gone");
-            for name in ["train", meta.as_str(), GEOMETRY_FILE] {
-                for file in files_under(&clean.join(name)) {
-                    let relative = file.strip_prefix(&clean).unwrap();
-                    let written = std::fs::read(root.join(relative)).unwrap();
-                    assert!(written == std::fs::read(&file).unwrap(), "{relative:?}");
-                }
-            }
-            assert_eq!(files_under(&root).len(), files_under(&clean).len());
-            // Stopped after both moves: whole, and never overwritten.
-            std::fs::create_dir(&staging).unwrap();
-            let refused = write_dataset(&root, &options).unwrap_err();
-            assert!(
-                matches!(&refused, Error::NotEmpty { holds, .. } if holds == "train"),
-                "{refused}"
-            );
-            assert_eq!(files_under(&root).len(), files_under(&clean).len());
-        }
-    }
-
-    /// Every file under `path` (itself, where it is a file).
-    fn files_under(path: &Path) -> Vec<PathBuf> {
-        if path.is_file() {
-            return vec![path.to_path_buf()];
-        }
-        let mut files = Vec::new();
-        for entry in std::fs::read_dir(path).unwrap() {
-            files.extend(files_under(&entry.unwrap().path()));
-        }
-        files
     }
 
     #[test]
