@@ -25,6 +25,15 @@ pub enum Error {
         /// The decoder's error.
         source: parquet::errors::ParquetError,
     },
+    /// A Parquet file could not be encoded while it was written (an operating-system error
+    /// while writing it, a full disk among them, is [`Error::Io`]).
+    #[error("{path}: writing Parquet: {source}")]
+    ParquetWrite {
+        /// The Parquet file.
+        path: PathBuf,
+        /// The encoder's error.
+        source: parquet::errors::ParquetError,
+    },
     /// A required column is missing from a file.
     #[error("{path}: missing column `{column}`")]
     MissingColumn {
@@ -207,6 +216,22 @@ impl Error {
         Error::Parquet {
             path: path.as_ref().to_path_buf(),
             source,
+        }
+    }
+
+    /// An error of the Parquet writer writing `path`: [`Error::Io`] where it is the
+    /// operating system's (the writer passes those on wrapped), else [`Error::ParquetWrite`].
+    pub fn parquet_write(path: impl AsRef<Path>, source: parquet::errors::ParquetError) -> Self {
+        let path = path.as_ref().to_path_buf();
+        match source {
+            parquet::errors::ParquetError::External(e) => match e.downcast::<std::io::Error>() {
+                Ok(io) => Error::Io { path, source: *io },
+                Err(e) => Error::ParquetWrite {
+                    path,
+                    source: parquet::errors::ParquetError::External(e),
+                },
+            },
+            source => Error::ParquetWrite { path, source },
         }
     }
 

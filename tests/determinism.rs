@@ -10,6 +10,7 @@ use shardify::convert::work::WorkDir;
 use shardify::convert::{convert, Phase, Silent, Summary, TaskSlice};
 use shardify::format::Manifest;
 use shardify::source::InputSet;
+use shardify::synth;
 use shardify::Error;
 
 #[test]
@@ -412,6 +413,42 @@ fn a_write_that_fails_names_its_file_and_the_same_conversion_run_again_finishes_
         );
         assert!(dir_files(&out) == expected, "{what}: another output");
     }
+}
+
+/// A generator whose write fails (the disk full, here a file-size limit) names the batch
+/// file and the operating system's error, not a Parquet file it could not read; it leaves
+/// nothing in the output, and the same command run again writes what a run never stopped
+/// writes.
+#[test]
+fn a_generator_write_that_fails_names_its_file_and_leaves_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (out, reference) = (dir.path().join("src"), dir.path().join("ref"));
+    let generate = |out: &std::path::Path, limit_kib: &str| {
+        let out = out.to_str().unwrap();
+        let args = ["generate", out, "--events", "20000", "--files", "4"];
+        shardify_under_limit("-f", limit_kib, &args)
+    };
+    let clean = generate(&reference, "unlimited");
+    assert!(clean.status.success(), "{}", text(&clean.stderr));
+    let failed = generate(&out, "256");
+    assert_eq!(failed.status.code(), Some(1), "{}", text(&failed.stderr));
+    let said = text(&failed.stderr);
+    let batch = synth::staging_dir(&out, "train")
+        .join("train")
+        .join("batch_1.parquet");
+    assert_eq!(
+        said,
+        format!(
+            "error: writing {}: {}: File too large (os error 27)\n",
+            out.display(),
+            batch.display()
+        )
+    );
+    let left: Vec<_> = std::fs::read_dir(&out).unwrap().collect();
+    assert!(left.is_empty(), "left {left:?}");
+    let again = generate(&out, "unlimited");
+    assert!(again.status.success(), "{}", text(&again.stderr));
+    assert!(dir_files(&out) == dir_files(&reference), "another output");
 }
 
 #[test]

@@ -168,7 +168,7 @@ impl TableSpill {
             };
             Column::new(&spilled.name, values)
                 .write(chunk, 0..n)
-                .map_err(|e| Error::parquet(target, e))?;
+                .map_err(|e| Error::parquet_write(target, e))?;
         }
         Ok(())
     }

@@ -317,7 +317,7 @@ pub fn write_parquet_with(
     write_row_groups(path, &layout, properties, |index, range, chunk| {
         table.columns[index]
             .write(chunk, range)
-            .map_err(|e| Error::parquet(path, e))
+            .map_err(|e| Error::parquet_write(path, e))
     })
 }
 
@@ -342,30 +342,31 @@ pub(super) fn write_row_groups(
     properties: WriterProperties,
     mut write_rows: impl FnMut(usize, Range<usize>, &mut SerializedColumnWriter) -> Result<()>,
 ) -> Result<()> {
-    let failed =
-        |problem: String| Error::parquet(path, parquet::errors::ParquetError::General(problem));
+    let failed = |problem: String| {
+        Error::parquet_write(path, parquet::errors::ParquetError::General(problem))
+    };
     let file = File::create(path).at(path)?;
     let mut writer = SerializedFileWriter::new(file, layout.schema.clone(), Arc::new(properties))
-        .map_err(|e| Error::parquet(path, e))?;
+        .map_err(|e| Error::parquet_write(path, e))?;
     let step = layout.row_group_rows.unwrap_or(usize::MAX).max(1);
     for start in (0..layout.rows).step_by(step) {
         let range = start..layout.rows.min(start.saturating_add(step));
         let mut group = writer
             .next_row_group()
-            .map_err(|e| Error::parquet(path, e))?;
+            .map_err(|e| Error::parquet_write(path, e))?;
         for index in 0..layout.columns {
             let mut chunk = group
                 .next_column()
-                .map_err(|e| Error::parquet(path, e))?
+                .map_err(|e| Error::parquet_write(path, e))?
                 .ok_or_else(|| {
                     let name = layout.schema.get_fields()[index].name();
                     failed(format!("no writer for column `{name}`"))
                 })?;
             write_rows(index, range.clone(), &mut chunk)?;
-            chunk.close().map_err(|e| Error::parquet(path, e))?;
+            chunk.close().map_err(|e| Error::parquet_write(path, e))?;
         }
-        group.close().map_err(|e| Error::parquet(path, e))?;
+        group.close().map_err(|e| Error::parquet_write(path, e))?;
     }
-    writer.close().map_err(|e| Error::parquet(path, e))?;
+    writer.close().map_err(|e| Error::parquet_write(path, e))?;
     Ok(())
 }
