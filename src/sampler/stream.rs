@@ -109,7 +109,6 @@ impl Window {
                 // words (a small window) cost a word each; sparse ones a mispredicted
                 // branch each, where the radix sort below has none.
                 let bits = &mut scratch.bitmap;
-                let mut events = self.events.lookup();
                 bits.clear();
                 bits.resize(self.events.len().div_ceil(64), 0);
                 for &i in piece {
@@ -118,15 +117,14 @@ impl Window {
                 for (w, &word) in bits.iter().enumerate() {
                     let mut word = word;
                     while word != 0 {
-                        out.push(events.get(w as u32 * 64 + word.trailing_zeros()));
+                        out.push(self.events.get(w as u32 * 64 + word.trailing_zeros()));
                         word &= word - 1;
                     }
                 }
             }
             BatchOrder::Stored => {
                 let sorted = radix_sort(piece, self.events.len(), &mut scratch.sorting);
-                let mut events = self.events.lookup();
-                out.extend(sorted.iter().map(|&i| events.get(i)));
+                out.extend(sorted.iter().map(|&i| self.events.get(i)));
             }
         }
         if order == BatchOrder::Stored {

@@ -9,9 +9,10 @@ use super::{EventLength, EventRef, EventSizes};
 const LENGTHS_CHUNK: usize = 1 << 16;
 
 /// The most events a window lists one by one (2 MiB of places, a core's L2 cache): a listed
-/// place is one load, where finding an event from its block's first costs a window of 64
-/// blocks of 256 about 3 ns an event more (`cargo bench --bench plan`); past this size the
-/// list misses cache as much as the search does, and only costs memory.
+/// place is one load, where finding an event from its block's first cost the order 12% more
+/// at windows 1 and 64 of 256-event blocks (4.7 and 7.0 ns an event against 4.1 and 6.3,
+/// `cargo bench --bench plan`); past this size the list misses cache as much as the search
+/// does, and only costs memory.
 const LISTED_EVENTS: usize = 1 << 18;
 
 /// A window's events in rotated order (its blocks sorted by start): in stored order but
@@ -81,19 +82,20 @@ impl WindowEvents {
         self.len += len as usize;
     }
 
-    /// Event `i` of the window (see [`WindowEvents::lookup`] for many).
+    /// Event `i` of the window: its place in the list, or found from its block's first
+    /// event (a division, and where the block crosses a shard's end a search of the shard
+    /// starts). Keeping the run the last event lay in saved no time there: a batch of 256
+    /// drawn from a window of more than 2^18 events has about one event a block.
+    #[inline]
     pub(super) fn get(&self, i: u32) -> EventRef {
-        self.lookup().get(i)
-    }
-
-    /// A look-up of many events, fastest in ascending order.
-    pub(super) fn lookup(&self) -> Lookup<'_> {
-        Lookup {
-            events: self,
-            places: self.places.as_deref(),
-            start: 0,
-            len: 0,
-            first: EventRef { shard: 0, index: 0 },
+        match &self.places {
+            Some(places) => places[i as usize],
+            None => {
+                let block = i / self.block_events;
+                let ahead = i - block * self.block_events;
+                self.stored
+                    .event_after(self.firsts[block as usize], ahead as u64)
+            }
         }
     }
 
@@ -106,67 +108,12 @@ impl WindowEvents {
         for start in (0..self.len).step_by(LENGTHS_CHUNK) {
             let end = (start + LENGTHS_CHUNK).min(self.len);
             places.clear();
-            let mut lookup = self.lookup();
-            places.extend((start as u32..end as u32).map(|i| lookup.get(i)));
+            places.extend((start as u32..end as u32).map(|i| self.get(i)));
             counts.clear();
             sizes.lengths_into(&places, length, &mut counts);
             lengths.extend(counts.iter().map(|&n| n.min(u32::MAX as usize) as u32));
         }
         lengths
-    }
-}
-
-/// Looks a window's events up one after another: in its list where it lists them, else
-/// keeping the run (consecutive events of one block in one shard) the last one lay in, as
-/// events asked in ascending order (a batch put in stored order) mostly lie in the run of
-/// the one before, found without a division.
-pub(super) struct Lookup<'w> {
-    events: &'w WindowEvents,
-    /// The window's list of events, where it has one.
-    places: Option<&'w [EventRef]>,
-    /// The run's first window position and its length (0: no run yet).
-    start: u32,
-    len: u32,
-    /// The run's first event.
-    first: EventRef,
-}
-
-impl Lookup<'_> {
-    /// Event `i` of the window.
-    #[inline]
-    pub(super) fn get(&mut self, i: u32) -> EventRef {
-        if let Some(places) = self.places {
-            return places[i as usize];
-        }
-        let mut ahead = i.wrapping_sub(self.start);
-        if ahead >= self.len {
-            self.find(i);
-            ahead = i - self.start;
-        }
-        EventRef {
-            shard: self.first.shard,
-            index: self.first.index + ahead,
-        }
-    }
-
-    /// Makes the run `i` lies in the current one: from its block's first event to the end
-    /// of the block or of that event's shard, or where `i` lies past that shard's end, from
-    /// `i` on.
-    fn find(&mut self, i: u32) {
-        let w = self.events;
-        let size = w.block_events as u64;
-        let block = i as u64 / size;
-        let block_start = block * size;
-        let block_end = (block_start + size).min(w.len as u64);
-        let mut first = w.firsts[block as usize];
-        let mut start = block_start;
-        if w.stored.events_left_in_shard(first) <= i as u64 - block_start {
-            first = w.stored.event_after(first, i as u64 - block_start);
-            start = i as u64;
-        }
-        self.start = start as u32;
-        self.len = (block_end - start).min(w.stored.events_left_in_shard(first)) as u32;
-        self.first = first;
     }
 }
 
