@@ -45,8 +45,8 @@ pub(super) fn check_nothing_overwritten(root: &Path, split: &str) -> Result<()> 
 /// its meta still staged), moves the batch directory back under `staging`, to go with it:
 /// those batches were never published (discovery refuses a split without its meta). Only
 /// a staging directory holding the meta and no batch directory is such a run's, as a
-/// finished [`write_split`] writes the batch directory first and the meta last; anything
-/// else under `root` stays untouched.
+/// finished [`super::write_split`] writes the batch directory first and the meta last;
+/// anything else under `root` stays untouched.
 pub(super) fn take_back_unpublished(
     staging: &Path,
     root: &Path,
