@@ -30,7 +30,7 @@ mod spill;
 mod table;
 
 pub use publish::staging_dir;
-use publish::{check_nothing_overwritten, publish, take_back_unpublished};
+use publish::{check_nothing_overwritten, SplitPaths};
 
 pub use table::{write_parquet, write_parquet_with, writer_properties, Column, Table, Values};
 
@@ -491,30 +491,31 @@ pub struct SynthSummary {
 /// had moved into place without their meta.
 pub fn write_dataset(root: &Path, options: &SynthOptions) -> Result<SynthSummary> {
     check_options(options)?;
-    let staging = staging_dir(root, &options.split);
-    take_back_unpublished(&staging, root, &options.split, options.meta_per_batch)?;
+    let paths = SplitPaths::new(root, &options.split, options.meta_per_batch);
+    let staging = &paths.staging;
+    paths.take_back_unpublished()?;
     check_nothing_overwritten(root, &options.split)?;
     if staging.symlink_metadata().is_ok() {
-        std::fs::remove_dir_all(&staging).at(&staging)?;
+        std::fs::remove_dir_all(staging).at(staging)?;
     }
-    let written = write_split(&staging, options).and_then(|summary| {
+    let written = write_split(staging, options).and_then(|summary| {
         let geometry = root.join(GEOMETRY_FILE);
         if !geometry.exists() {
             write_geometry(&geometry)?;
         }
-        publish(&staging, root, &options.split, options.meta_per_batch)?;
+        paths.publish()?;
         Ok(summary)
     });
     let mut summary = match written {
         Ok(summary) => summary,
         Err(e) => {
             // Best effort: the error that stopped the run is the one to report.
-            let _ = std::fs::remove_dir_all(&staging);
+            let _ = std::fs::remove_dir_all(staging);
             return Err(e);
         }
     };
     for path in &mut summary.batch_files {
-        let moved = path.strip_prefix(&staging).map(|name| root.join(name));
+        let moved = path.strip_prefix(staging).map(|name| root.join(name));
         *path = moved.expect("a batch file written under the staging directory");
     }
     Ok(summary)

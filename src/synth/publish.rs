@@ -41,58 +41,64 @@ pub(super) fn check_nothing_overwritten(root: &Path, split: &str) -> Result<()> 
     Ok(())
 }
 
-/// Where a run was stopped between [`publish`]'s two moves (its batch directory in place,
-/// its meta still staged), moves the batch directory back under `staging`, to go with it:
-/// those batches were never published (discovery refuses a split without its meta). Only
-/// a staging directory holding the meta and no batch directory is such a run's, as a
-/// finished [`super::write_split`] writes the batch directory first and the meta last;
-/// anything else under `root` stays untouched.
-pub(super) fn take_back_unpublished(
-    staging: &Path,
-    root: &Path,
-    split: &str,
-    meta_per_batch: bool,
-) -> Result<()> {
-    let meta = meta_name(split, meta_per_batch);
-    let (batches, batches_staged) = (root.join(split), staging.join(split));
-    let stopped = staging.join(&meta).symlink_metadata().is_ok()
-        && batches_staged.symlink_metadata().is_err()
-        && root.join(&meta).symlink_metadata().is_err()
-        && batches.is_dir();
-    if stopped {
-        std::fs::rename(&batches, &batches_staged).at(&batches)?;
-    }
-    Ok(())
+/// Where a split's two parts (its batch directory and its meta) lie, staged and in place.
+pub(super) struct SplitPaths {
+    /// The staging directory ([`staging_dir`]).
+    pub(super) staging: PathBuf,
+    batches: PathBuf,
+    batches_staged: PathBuf,
+    meta: PathBuf,
+    meta_staged: PathBuf,
 }
 
-/// The name of split `split`'s meta: its single file, or its directory of one file per
-/// batch.
-fn meta_name(split: &str, meta_per_batch: bool) -> String {
-    match meta_per_batch {
-        true => meta_dir(split),
-        false => meta_file(split),
+impl SplitPaths {
+    /// Split `split`'s paths under `root`, its meta one file or (`meta_per_batch`) a
+    /// directory of one file per batch.
+    pub(super) fn new(root: &Path, split: &str, meta_per_batch: bool) -> SplitPaths {
+        let staging = staging_dir(root, split);
+        let meta = match meta_per_batch {
+            true => meta_dir(split),
+            false => meta_file(split),
+        };
+        SplitPaths {
+            batches: root.join(split),
+            batches_staged: staging.join(split),
+            meta: root.join(&meta),
+            meta_staged: staging.join(&meta),
+            staging,
+        }
     }
-}
 
-/// Moves split `split`, written whole under `staging`, into `root` (an empty directory of
-/// the same name there is replaced): the batch directory, then the meta, then the staging
-/// directory goes. Where the meta cannot be moved, the batches go back under `staging`, so
-/// no batches without their meta stay in the way of the next run.
-pub(super) fn publish(
-    staging: &Path,
-    root: &Path,
-    split: &str,
-    meta_per_batch: bool,
-) -> Result<()> {
-    let meta = meta_name(split, meta_per_batch);
-    let (batches, batches_staged) = (root.join(split), staging.join(split));
-    std::fs::rename(&batches_staged, &batches).at(&batches)?;
-    let meta_target = root.join(&meta);
-    if let Err(e) = std::fs::rename(staging.join(&meta), &meta_target) {
-        let _ = std::fs::rename(&batches, &batches_staged);
-        return Err(Error::io(&meta_target, e));
+    /// Where a run was stopped between [`SplitPaths::publish`]'s two moves (its batch
+    /// directory in place, its meta still staged), moves the batch directory back under
+    /// the staging directory, to go with it: those batches were never published (discovery
+    /// refuses a split without its meta). Only a staging directory holding the meta and no
+    /// batch directory is such a run's, as a finished [`super::write_split`] writes the
+    /// batch directory first and the meta last; anything else stays untouched.
+    pub(super) fn take_back_unpublished(&self) -> Result<()> {
+        let stopped = self.meta_staged.symlink_metadata().is_ok()
+            && self.batches_staged.symlink_metadata().is_err()
+            && self.meta.symlink_metadata().is_err()
+            && self.batches.is_dir();
+        if stopped {
+            std::fs::rename(&self.batches, &self.batches_staged).at(&self.batches)?;
+        }
+        Ok(())
     }
-    std::fs::remove_dir(staging).at(staging)
+
+    /// Moves the split, written whole under the staging directory, into place (an empty
+    /// directory of the same name there is replaced): the batch directory, then the meta,
+    /// then the staging directory goes. Where the meta cannot be moved, the batches go
+    /// back under the staging directory, so no batches without their meta stay in the way
+    /// of the next run.
+    pub(super) fn publish(&self) -> Result<()> {
+        std::fs::rename(&self.batches_staged, &self.batches).at(&self.batches)?;
+        if let Err(e) = std::fs::rename(&self.meta_staged, &self.meta) {
+            let _ = std::fs::rename(&self.batches, &self.batches_staged);
+            return Err(Error::io(&self.meta, e));
+        }
+        std::fs::remove_dir(&self.staging).at(&self.staging)
+    }
 }
 
 #[cfg(test)]
