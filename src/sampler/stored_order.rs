@@ -38,16 +38,21 @@ impl StoredOrder {
     /// The event at (rotated) position `position` (below the total).
     pub(super) fn event_at(&self, position: u64) -> EventRef {
         let stored = (position + self.rotation) % self.total();
-        // The last shard starting at or before it (empty shards skipped).
-        let shard = self.shard_starts.partition_point(|&s| s <= stored) - 1;
+        let shard = self.shard_at(stored);
         EventRef {
             shard: shard as u32,
             index: (stored - self.shard_starts[shard]) as u32,
         }
     }
 
+    /// The shard stored position `stored` (below the total) lies in: the last one starting
+    /// at or before it, empty shards skipped.
+    fn shard_at(&self, stored: u64) -> usize {
+        self.shard_starts.partition_point(|&s| s <= stored) - 1
+    }
+
     /// Events of `event`'s shard from it to the shard's end, itself included.
-    pub(super) fn events_left_in_shard(&self, event: EventRef) -> u64 {
+    fn events_left_in_shard(&self, event: EventRef) -> u64 {
         let shard = event.shard as usize;
         self.shard_starts[shard + 1] - self.shard_starts[shard] - event.index as u64
     }
@@ -67,6 +72,13 @@ impl StoredOrder {
         // Rotated position of `first`, then the one `ahead` past it.
         let rotated = (stored + total - self.rotation) % total;
         self.event_at(rotated + ahead)
+    }
+
+    /// Appends the events at (rotated) positions `start..end` to `out`.
+    pub(super) fn extend(&self, start: u64, end: u64, out: &mut Vec<EventRef>) {
+        self.pieces(start, end, |shard, indexes| {
+            out.extend(indexes.map(|index| EventRef { shard, index }))
+        });
     }
 
     /// Calls `piece` with each shard's run of the events at (rotated) positions
@@ -95,8 +107,7 @@ impl StoredOrder {
         end: u64,
         piece: &mut impl FnMut(u32, std::ops::Range<u32>),
     ) {
-        // The last shard starting at or before `start` (empty shards skipped).
-        let mut shard = self.shard_starts.partition_point(|&s| s <= start) - 1;
+        let mut shard = self.shard_at(start);
         let mut position = start;
         while position < end {
             let shard_end = self.shard_starts[shard + 1];

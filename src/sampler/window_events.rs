@@ -75,9 +75,7 @@ impl WindowEvents {
         );
         self.firsts.push(self.stored.event_at(start));
         if let Some(places) = &mut self.places {
-            self.stored.pieces(start, start + len, |shard, indexes| {
-                places.extend(indexes.map(|index| EventRef { shard, index }))
-            });
+            self.stored.extend(start, start + len, places);
         }
         self.len += len as usize;
     }
@@ -122,14 +120,11 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    /// The events of blocks `starts` (each `block_events` long but a last shorter one), as
-    /// the stored order's pieces list them one by one.
+    /// The events of blocks `(start, len)`, as the stored order lists them one by one.
     fn listed_events(stored: &StoredOrder, blocks: &[(u64, u64)]) -> Vec<EventRef> {
         let mut events = Vec::new();
         for &(start, len) in blocks {
-            stored.pieces(start, start + len, |shard, indexes| {
-                events.extend(indexes.map(|index| EventRef { shard, index }))
-            });
+            stored.extend(start, start + len, &mut events);
         }
         events
     }
