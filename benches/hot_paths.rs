@@ -1,6 +1,6 @@
-//! Micro benches of the hot paths, each with its throughput in bytes:
+//! Micro benches of the hot paths, each with its throughput in bytes (events for a split):
 //! DOM packing, gathering a batch from mapped shards (random events, and whole epochs of
-//! block-shuffled batches), and the checksum.
+//! block-shuffled batches), the checksum, and a split's making, locating and lengths.
 //!
 //! `cargo bench --bench hot_paths`
 
@@ -10,14 +10,15 @@ use std::sync::Arc;
 use criterion::measurement::WallTime;
 use criterion::{criterion_group, criterion_main, BenchmarkGroup, Criterion, Throughput};
 use shardify::batch::{plan_sections, BatchLayout, Gatherer};
-use shardify::dataset::{ChecksumPolicy, Dataset};
+use shardify::dataset::{ChecksumPolicy, Dataset, DatasetSizes, View};
 use shardify::device::staging::{HostMemory, PlainMemory};
 use shardify::event::{EventHeader, RawEvent};
 use shardify::format::checksum;
 use shardify::pack::{PackedColumns, Packer};
 use shardify::rng::Rng;
 use shardify::sampler::{
-    BatchPlan, Batching, EpochBatches, EventRef, EventSizes, SamplerConfig, SamplerState,
+    BatchPlan, Batching, EpochBatches, EventLength, EventRef, EventSizes, SamplerConfig,
+    SamplerState,
 };
 use shardify::synth::{generate_batch, Profile};
 
@@ -182,5 +183,58 @@ fn gather_and_checksum(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, packing, gather_and_checksum);
+/// A view's events in blocks of 256, the blocks in a scrambled order (a window's).
+fn view_blocks(view: &View) -> Vec<EventRef> {
+    let mut blocks = Vec::new();
+    for (shard, counts) in view.shard_counts().iter().enumerate() {
+        for start in (0..counts.events as u32).step_by(256) {
+            blocks.push((shard as u32, start..(start + 256).min(counts.events as u32)));
+        }
+    }
+    blocks.sort_by_key(|(shard, run)| (run.start ^ shard).wrapping_mul(2_654_435_761));
+    let event =
+        |(shard, run): (u32, std::ops::Range<u32>)| run.map(move |index| EventRef { shard, index });
+    blocks.into_iter().flat_map(event).collect()
+}
+
+fn split_views(c: &mut Criterion) {
+    let dir = shardify::bench::data::converted(&shardify::bench::data::root(), 50_000, 2).unwrap();
+    let whole = View::from(Arc::new(Dataset::open(&dir, ChecksumPolicy::Lazy).unwrap()));
+    let mut group = c.benchmark_group("split");
+    group.throughput(Throughput::Elements(whole.totals().events));
+    group.bench_function("split(0.01) of every event", |b| {
+        b.iter(|| black_box(whole.split(0.01, 1).unwrap()))
+    });
+    let (most, few) = whole.split(0.01, 1).unwrap();
+    let (ninety, _) = whole.split(0.1, 1).unwrap();
+    for (name, view) in [
+        ("every event", &whole),
+        ("99% (all but 1% listed)", &most),
+        ("1% (listed)", &few),
+        ("90% (all but 10% listed)", &ninety),
+    ] {
+        let events = view_blocks(view);
+        group.throughput(Throughput::Elements(events.len() as u64));
+        group.bench_function(format!("locate, blocks of 256, {name}"), |b| {
+            let mut located = events.clone();
+            b.iter(|| {
+                located.copy_from_slice(&events);
+                view.locate_all(&mut located);
+                black_box(&located);
+            })
+        });
+        let sizes = DatasetSizes::without_read_ahead(view);
+        group.bench_function(format!("pulses, blocks of 256, {name}"), |b| {
+            let mut lengths = Vec::with_capacity(events.len());
+            b.iter(|| {
+                lengths.clear();
+                sizes.lengths_into(&events, EventLength::Pulses, &mut lengths);
+                black_box(&lengths);
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, packing, gather_and_checksum, split_views);
 criterion_main!(benches);

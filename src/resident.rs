@@ -115,7 +115,7 @@ pub fn gather_view_shard(view: &View, shard: usize) -> Result<(Sections, PlainMe
     let events: Vec<EventRef> = match view.kept(shard) {
         Some(kept) => kept
             .iter()
-            .map(|&index| EventRef {
+            .map(|index| EventRef {
                 shard: shard as u32,
                 index,
             })

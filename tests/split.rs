@@ -10,7 +10,7 @@ use common::*;
 use shardify::dataset::{ChecksumPolicy, Dataset, View};
 use shardify::device::DeviceChoice;
 use shardify::pipeline::{Loader, LoaderConfig};
-use shardify::sampler::{Batching, SamplerConfig, SamplerState};
+use shardify::sampler::{Batching, EventRef, SamplerConfig, SamplerState};
 
 fn open(dir: &Path) -> Arc<Dataset> {
     Arc::new(Dataset::open(dir, ChecksumPolicy::Lazy).unwrap())
@@ -24,7 +24,8 @@ fn ids_of(view: &View) -> (Vec<i64>, u64, u64) {
         let v_columns = dataset.shard(shard).unwrap().columns().unwrap();
         let v = v_columns.view();
         let all: Vec<u32> = (0..v.events() as u32).collect();
-        for &i in view.kept(shard).unwrap_or(&all) {
+        let kept: Vec<u32> = view.kept(shard).map_or(all, |k| k.iter().collect());
+        for i in kept {
             ids.push(v.event_id[i as usize]);
             doms += v.dom_range(i as usize).len() as u64;
             pulses += v.event_pulse_range(i as usize).len() as u64;
@@ -109,4 +110,50 @@ fn a_loader_reads_a_view_like_a_dataset() {
         delivered.sort_unstable();
         assert_eq!(delivered, expected, "every event of the view, once");
     }
+}
+
+#[test]
+fn runs_of_a_views_events_are_located_as_each_event_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("ds");
+    convert_all(&fixture(), "train", &out, &options(5, 2)).unwrap();
+    let whole = View::from(open(&out));
+    let (most, few) = whole.split(0.03, 2).unwrap();
+    let (nested, _) = most.split(0.4, 3).unwrap();
+    let mut listing_left_out = 0;
+    for view in [most, few, nested] {
+        // Every event of the view, in runs of 1 to 9 consecutive ones, the runs in a
+        // scrambled order (as a window's blocks come).
+        let mut runs = Vec::new();
+        for (shard, counts) in view.shard_counts().iter().enumerate() {
+            let mut index = 0;
+            while index < counts.events as u32 {
+                let len = (1 + (index * 7 + shard as u32) % 9).min(counts.events as u32 - index);
+                runs.push((shard as u32, index..index + len));
+                index += len;
+            }
+        }
+        runs.sort_by_key(|(shard, run)| (run.start ^ shard).wrapping_mul(2_654_435_761));
+        let events: Vec<EventRef> = runs
+            .into_iter()
+            .flat_map(|(shard, run)| run.map(move |index| EventRef { shard, index }))
+            .collect();
+        assert_eq!(events.len() as u64, view.totals().events);
+        let one_by_one: Vec<EventRef> = events.iter().map(|&e| view.locate(e)).collect();
+        let mut located = events.clone();
+        view.locate_all(&mut located);
+        assert_eq!(located, one_by_one);
+        // Each event located is the one the view keeps in that place.
+        for (e, found) in events.iter().zip(&located) {
+            let kept = view.kept(e.shard as usize).unwrap();
+            assert_eq!(kept.iter().nth(e.index as usize), Some(found.index));
+        }
+        let kept = view.kept(0).unwrap();
+        // Under a byte per kept event, where listing them takes 4.
+        listing_left_out += usize::from(kept.held_bytes() < kept.len());
+    }
+    assert_eq!(
+        listing_left_out, 1,
+        "the view of 97% lists what it leaves out"
+    );
 }

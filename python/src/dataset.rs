@@ -146,7 +146,7 @@ impl PyDataset {
                     let stored = view.dataset().shard(shard)?.stored()?;
                     let column = stored.event_tensors().id;
                     match view.kept(shard) {
-                        Some(kept) => ids.extend(kept.iter().map(|&i| column[i as usize])),
+                        Some(kept) => ids.extend(kept.iter().map(|i| column[i as usize])),
                         None => ids.extend_from_slice(column),
                     }
                 }

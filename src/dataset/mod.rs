@@ -6,10 +6,12 @@ pub mod dump;
 pub(crate) mod fault_report;
 pub mod huge_pages;
 pub mod inspect;
+mod kept;
 mod sizes;
 pub mod verify;
 mod view;
 
+pub use kept::KeptEvents;
 pub use sizes::DatasetSizes;
 pub use view::{Counts, View};
 

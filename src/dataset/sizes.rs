@@ -117,38 +117,26 @@ impl EventSizes for DatasetSizes<'_> {
 
     /// As [`DatasetSizes::pulses`] or [`DatasetSizes::doms`] for each, a run of
     /// consecutive events of one shard (a window's events come in runs of a block) through
-    /// one look-up of the shard and its offsets read in one sweep: the pulses of every
-    /// event of 320k with the real statistics took 22-24 ns an event asked one by one,
-    /// 10-14 ns in runs, as a bare loop over the offsets (2-core Zen 4).
+    /// one look-up of the shard: the pulses of every event of 320k with the real statistics
+    /// took 22-24 ns an event asked one by one, 10-14 ns in runs, as a bare loop over the
+    /// offsets (2-core Zen 4). A split's run is located by one search
+    /// ([`KeptEvents::locate_run`](super::KeptEvents::locate_run)).
     fn lengths_into(&self, events: &[EventRef], length: EventLength, out: &mut Vec<usize>) {
         out.reserve(events.len());
-        if !self.view.is_whole() {
-            out.extend(events.iter().map(|&e| self.length(e, length)));
-            return;
-        }
+        let mut located = Vec::new();
         let mut rest = events;
         while let Some(&first) = rest.first() {
-            let run = 1 + rest
-                .windows(2)
-                .take_while(|w| w[1].shard == w[0].shard && w[1].index == w[0].index + 1)
-                .count();
-            let start = first.index as usize;
-            match (self.shard_view(first.shard), length) {
-                (Some(v), EventLength::Doms) => {
-                    out.extend(counts(v.event_tensors().dom_offsets, start, run))
-                }
-                (Some(StoredView::Columns(v)), EventLength::Pulses) => {
-                    let (doms, pulses) = (v.event_dom_offsets, v.dom_pulse_offsets);
-                    out.extend(
-                        doms[start..=start + run]
-                            .windows(2)
-                            .map(|d| (pulses[d[1] as usize] - pulses[d[0] as usize]) as usize),
-                    )
-                }
-                (Some(StoredView::Records(v)), EventLength::Pulses) => {
-                    out.extend(counts(v.event_pulse_offsets, start, run))
-                }
+            let run = EventRef::run_len(rest);
+            let lengths = self.shard_view(first.shard).map(|v| Lengths::of(v, length));
+            match (lengths, self.view.kept(first.shard as usize)) {
                 (None, _) => out.extend(std::iter::repeat_n(0, run)),
+                (Some(lengths), None) => out.extend(lengths.run(first.index as usize, run)),
+                (Some(lengths), Some(kept)) => {
+                    located.clear();
+                    located.resize(run, 0);
+                    kept.locate_run(first.index, located.iter_mut());
+                    out.extend(located.iter().map(|&e| lengths.at(e as usize)))
+                }
             }
             rest = &rest[run..];
         }
@@ -187,11 +175,46 @@ impl EventSizes for DatasetSizes<'_> {
     }
 }
 
-/// The rows of `run` consecutive items from `start`, from CSR `offsets`.
-fn counts(offsets: &[i32], start: usize, run: usize) -> impl Iterator<Item = usize> + '_ {
-    offsets[start..=start + run]
-        .windows(2)
-        .map(|o| (o[1] - o[0]) as usize)
+/// The offsets an event's length is read from in one shard.
+#[derive(Clone, Copy)]
+struct Lengths<'v> {
+    /// Per event, where its items start (an event's DOMs, or its pulses in records).
+    events: &'v [i32],
+    /// For the pulses of a columns shard, where each DOM's pulses start (`events` then
+    /// counts DOMs).
+    dom_pulses: Option<&'v [i32]>,
+}
+
+impl<'v> Lengths<'v> {
+    fn of(view: &StoredView<'v>, length: EventLength) -> Lengths<'v> {
+        let (events, dom_pulses) = match (view, length) {
+            (_, EventLength::Doms) => (view.event_tensors().dom_offsets, None),
+            (StoredView::Columns(v), EventLength::Pulses) => {
+                (v.event_dom_offsets, Some(v.dom_pulse_offsets))
+            }
+            (StoredView::Records(v), EventLength::Pulses) => (v.event_pulse_offsets, None),
+        };
+        Lengths { events, dom_pulses }
+    }
+
+    /// The length of the items from `start` to `end` of `events`' level.
+    fn between(&self, start: i32, end: i32) -> usize {
+        match self.dom_pulses {
+            None => (end - start) as usize,
+            Some(pulses) => (pulses[end as usize] - pulses[start as usize]) as usize,
+        }
+    }
+
+    /// Event `e`'s length.
+    fn at(&self, e: usize) -> usize {
+        self.between(self.events[e], self.events[e + 1])
+    }
+
+    /// The lengths of `len` consecutive events from `start`, their offsets read in one
+    /// sweep.
+    fn run(self, start: usize, len: usize) -> impl Iterator<Item = usize> + 'v {
+        (self.events[start..=start + len].windows(2)).map(move |o| self.between(o[0], o[1]))
+    }
 }
 
 #[cfg(test)]

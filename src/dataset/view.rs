@@ -20,16 +20,21 @@
 
 use std::sync::Arc;
 
+use super::kept::KeptEvents;
 use super::Dataset;
 use crate::error::{Error, Result};
 use crate::format::checksum;
 use crate::format::order::shuffle_key;
-use crate::format::pod::as_bytes;
 use crate::sampler::{BatchPlan, EventRef};
 
 /// Mixed into the split seed, so that a split never follows the stored order (which sorts
 /// events by the same hash under the conversion's seed).
 const SPLIT_STREAM: u64 = 0x5b11_7e5e_ed00_0001;
+
+/// The top bits of a split key that name its bucket in the search for the split's
+/// threshold: a count per bucket (512 KiB), then the keys of the one bucket that holds the
+/// threshold (about events / 65536 of them), where holding every key took 8 bytes an event.
+const KEY_BUCKET_BITS: u32 = 16;
 
 /// Events, DOMs and pulses of (a part of) a dataset.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -53,8 +58,8 @@ impl std::ops::AddAssign for Counts {
 /// The events a view keeps, shard by shard.
 #[derive(Debug)]
 struct Subset {
-    /// Per shard, the indexes of the kept events, ascending.
-    kept: Vec<Vec<u32>>,
+    /// Per shard, the kept events.
+    kept: Vec<KeptEvents>,
     /// Per shard, what the kept events hold.
     counts: Vec<Counts>,
     /// XXH3-64 of `kept` (see [`Subset::sealed`]).
@@ -165,10 +170,9 @@ impl View {
         ))
     }
 
-    /// The indexes (in shard `shard`) of the events the view keeps, ascending; `None` when
-    /// it keeps them all.
-    pub fn kept(&self, shard: usize) -> Option<&[u32]> {
-        self.subset.as_ref().map(|s| &s.kept[shard][..])
+    /// The events of shard `shard` the view keeps; `None` when it keeps them all.
+    pub fn kept(&self, shard: usize) -> Option<&KeptEvents> {
+        self.subset.as_ref().map(|s| &s.kept[shard])
     }
 
     /// The shard event behind the view's event `e` (`e.index` counts the view's events of
@@ -177,19 +181,30 @@ impl View {
         match self.kept(e.shard as usize) {
             Some(kept) => EventRef {
                 shard: e.shard,
-                index: kept[e.index as usize],
+                index: kept.get(e.index),
             },
             None => e,
         }
     }
 
+    /// `events` (numbered as the view numbers them) replaced by the shard events behind
+    /// them, each run of consecutive events (a block's) located by one search.
+    pub fn locate_all(&self, events: &mut [EventRef]) {
+        let Some(subset) = &self.subset else {
+            return;
+        };
+        let mut rest = events;
+        while !rest.is_empty() {
+            let (run, tail) = rest.split_at_mut(EventRef::run_len(rest));
+            let kept = &subset.kept[run[0].shard as usize];
+            kept.locate_run(run[0].index, run.iter_mut().map(|e| &mut e.index));
+            rest = tail;
+        }
+    }
+
     /// `plan` (events numbered as the view numbers them) with the shard events behind them.
     pub fn locate_plan(&self, plan: &mut BatchPlan) {
-        if !self.is_whole() {
-            for e in &mut plan.events {
-                *e = self.locate(*e);
-            }
-        }
+        self.locate_all(&mut plan.events);
     }
 
     /// Splits the view in two disjoint views that together hold all its events: the second
@@ -206,16 +221,13 @@ impl View {
             ));
         }
         let seed = seed ^ SPLIT_STREAM;
-        let mut keys = Vec::with_capacity(self.totals().events as usize);
-        self.for_each_event(|_, _, id, _, _| keys.push(shuffle_key(seed, id)))?;
-        let wanted = (fraction * keys.len() as f64).round() as usize;
-        let mut chosen = Chosen::smallest(&mut keys, wanted);
-        drop(keys);
+        let wanted = (fraction * self.totals().events as f64).round() as u64;
+        let mut chosen = self.smallest_keys(seed, wanted)?;
         if chosen.tied_ids.is_some() {
             // Two distinct ids with one 64-bit key at the threshold (about one split in a
             // thousand on the whole Kaggle set): the smallest ids of those are chosen.
             let mut ids = Vec::new();
-            self.for_each_event(|_, _, id, _, _| {
+            self.for_each_id(|id| {
                 if chosen.at(shuffle_key(seed, id)) {
                     ids.push(id);
                 }
@@ -225,11 +237,27 @@ impl View {
             chosen.tied_ids = Some(ids);
         }
         let shards = self.dataset.shard_count();
-        let mut parts = [Subset::empty(shards), Subset::empty(shards)];
-        self.for_each_event(|shard, index, id, doms, pulses| {
-            let part = usize::from(chosen.contains(shuffle_key(seed, id), id));
-            parts[part].keep(shard, index, doms, pulses);
-        })?;
+        let mut parts = [Subset::with_capacity(shards), Subset::with_capacity(shards)];
+        for shard in 0..shards {
+            // Each part's events of the shard, a bit each (a split of a split leaves out of
+            // both the events its view does not keep).
+            let shard_events = self.dataset.manifest().shards[shard].events as u32;
+            let mut marks = [(); 2].map(|_| vec![0u64; (shard_events as usize).div_ceil(64)]);
+            let mut counts = [Counts::default(); 2];
+            self.for_each_event_of(shard, |index, id, doms, pulses| {
+                let part = usize::from(chosen.contains(shuffle_key(seed, id), id));
+                marks[part][index as usize / 64] |= 1 << (index % 64);
+                counts[part] += Counts {
+                    events: 1,
+                    doms,
+                    pulses,
+                };
+            })?;
+            for ((part, marks), counts) in parts.iter_mut().zip(marks).zip(counts) {
+                part.kept.push(KeptEvents::marked(shard_events, &marks));
+                part.counts.push(counts);
+            }
+        }
         let [rest, chosen_part] = parts;
         let view = |subset: Subset| View {
             dataset: self.dataset.clone(),
@@ -238,55 +266,87 @@ impl View {
         Ok((view(rest), view(chosen_part)))
     }
 
-    /// Calls `visit(shard, index, event_id, doms, pulses)` for every kept event, in stored
-    /// order.
-    fn for_each_event(&self, mut visit: impl FnMut(usize, u32, i64, u64, u64)) -> Result<()> {
+    /// Which events hold the `wanted` smallest of the view's keys under `seed`: two
+    /// passes over the ids, the first counting keys per bucket of their top
+    /// [`KEY_BUCKET_BITS`] bits, the second keeping the keys of the bucket where the
+    /// `wanted`-th smallest falls.
+    fn smallest_keys(&self, seed: u64, wanted: u64) -> Result<Chosen> {
+        if wanted == 0 {
+            return Ok(Chosen::smallest(&mut [], 0));
+        }
+        let bucket_of = |key: u64| (key >> (u64::BITS - KEY_BUCKET_BITS)) as usize;
+        let mut counts = vec![0u64; 1 << KEY_BUCKET_BITS];
+        self.for_each_id(|id| counts[bucket_of(shuffle_key(seed, id))] += 1)?;
+        let (mut bucket, mut before) = (0, 0);
+        while before + counts[bucket] < wanted {
+            before += counts[bucket];
+            bucket += 1;
+        }
+        let mut keys = Vec::with_capacity(counts[bucket] as usize);
+        self.for_each_id(|id| {
+            let key = shuffle_key(seed, id);
+            if bucket_of(key) == bucket {
+                keys.push(key);
+            }
+        })?;
+        Ok(Chosen::smallest(&mut keys, (wanted - before) as usize))
+    }
+
+    /// Calls `visit(event_id)` for every kept event, in stored order.
+    fn for_each_id(&self, mut visit: impl FnMut(i64)) -> Result<()> {
         for shard in 0..self.dataset.shard_count() {
             let view = self.dataset.shard(shard)?.stored()?;
-            let events = view.event_tensors();
-            let (ids, event_doms) = (events.id, events.dom_offsets);
-            let mut one = |i: u32| {
-                let e = i as usize;
-                let doms = event_doms[e + 1] - event_doms[e];
-                let pulses = view.pulse_range(e..e + 1);
-                visit(shard, i, ids[e], doms as u64, pulses.len() as u64);
-            };
+            let ids = view.event_tensors().id;
             match self.kept(shard) {
-                Some(kept) => kept.iter().copied().for_each(&mut one),
-                None => (0..view.events() as u32).for_each(&mut one),
+                Some(kept) => kept.iter().for_each(|i| visit(ids[i as usize])),
+                None => ids.iter().copied().for_each(&mut visit),
             }
+        }
+        Ok(())
+    }
+
+    /// Calls `visit(index, event_id, doms, pulses)` for every kept event of shard
+    /// `shard`, in stored order.
+    fn for_each_event_of(
+        &self,
+        shard: usize,
+        mut visit: impl FnMut(u32, i64, u64, u64),
+    ) -> Result<()> {
+        let view = self.dataset.shard(shard)?.stored()?;
+        let events = view.event_tensors();
+        let (ids, event_doms) = (events.id, events.dom_offsets);
+        let mut one = |i: u32| {
+            let e = i as usize;
+            let doms = event_doms[e + 1] - event_doms[e];
+            let pulses = view.pulse_range(e..e + 1);
+            visit(i, ids[e], doms as u64, pulses.len() as u64);
+        };
+        match self.kept(shard) {
+            Some(kept) => kept.iter().for_each(&mut one),
+            None => (0..view.events() as u32).for_each(&mut one),
         }
         Ok(())
     }
 }
 
 impl Subset {
-    fn empty(shards: usize) -> Subset {
+    fn with_capacity(shards: usize) -> Subset {
         Subset {
-            kept: vec![Vec::new(); shards],
-            counts: vec![Counts::default(); shards],
+            kept: Vec::with_capacity(shards),
+            counts: Vec::with_capacity(shards),
             digest: 0,
         }
     }
 
-    /// The subset with its digest: each shard's count of kept events, then their indexes.
+    /// The subset with its digest: each shard's count of kept events, then their indexes
+    /// (see [`KeptEvents::digest_into`]).
     fn sealed(mut self) -> Subset {
         let mut hash = xxhash_rust::xxh3::Xxh3::new();
         for kept in &self.kept {
-            hash.update(&(kept.len() as u64).to_le_bytes());
-            hash.update(as_bytes(kept));
+            kept.digest_into(&mut hash);
         }
         self.digest = hash.digest();
         self
-    }
-
-    fn keep(&mut self, shard: usize, index: u32, doms: u64, pulses: u64) {
-        self.kept[shard].push(index);
-        self.counts[shard] += Counts {
-            events: 1,
-            doms,
-            pulses,
-        };
     }
 }
 

@@ -479,6 +479,18 @@ pub struct EventRef {
     pub index: u32,
 }
 
+impl EventRef {
+    /// How many of `events`, from the first on, are consecutive events of one shard (a
+    /// block's events come in such runs): 0 when there are none.
+    pub fn run_len(events: &[EventRef]) -> usize {
+        let consecutive = |w: &[EventRef]| w[1].shard == w[0].shard && w[1].index == w[0].index + 1;
+        match events {
+            [] => 0,
+            _ => 1 + events.windows(2).take_while(|w| consecutive(w)).count(),
+        }
+    }
+}
+
 /// The sizes the sampler needs to know: events per shard, pulses per event (shared by the
 /// loader's workers, hence `Sync`).
 pub trait EventSizes: Sync {
