@@ -243,6 +243,33 @@ mod tests {
         );
     }
 
+    proptest::proptest! {
+        /// Random shards of up to 2,000 events, each event kept with a random chance: every
+        /// read of both forms against the plain list.
+        #[test]
+        fn any_kept_events_read_back_as_listed(
+            n in 0u32..2000,
+            percent_kept in 0u32..=100,
+            seed in proptest::prelude::any::<u64>(),
+            starts in proptest::collection::vec(0u32..2100, 8),
+        ) {
+            let mut rng = crate::rng::Rng::new(seed);
+            let kept: Vec<u32> = (0..n).filter(|_| rng.below(100) < percent_kept as u64).collect();
+            let events = of(n, &kept);
+            proptest::prop_assert_eq!(events.len(), kept.len());
+            proptest::prop_assert_eq!(events.iter().collect::<Vec<_>>(), kept.clone());
+            for first in starts {
+                let from = kept.get(first as usize..).unwrap_or_default();
+                let mut run = vec![u32::MAX; from.len().min(300)];
+                events.locate_run(first, run.iter_mut());
+                proptest::prop_assert_eq!(&run[..], &from[..run.len()]);
+                if let Some(&index) = from.first() {
+                    proptest::prop_assert_eq!(events.get(first), index);
+                }
+            }
+        }
+    }
+
     #[test]
     fn a_shard_kept_but_for_a_few_holds_only_those() {
         let n = 100_000u32;
