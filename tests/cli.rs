@@ -108,6 +108,11 @@ fn convert_inspect_dump_verify() {
     assert!(verify.status.success(), "{}", text(&verify.stderr));
     assert!(text(&verify.stdout).contains("OK"));
     assert!(text(&verify.stdout).contains("300 source events compared"));
+    let alone = text(&shardify(&["verify", &o]).stdout);
+    assert!(
+        alone.contains(" shards, 300 events, 17042 pulses); no source compared"),
+        "{alone}"
+    );
 }
 
 #[test]

@@ -28,6 +28,12 @@ pub(super) fn run_verify(
     let compared = report
         .source_events
         .map_or(String::new(), |n| format!(", {n} source events compared"));
+    // Without a source, the manifest's lineage (the input files' names, sizes and
+    // fingerprints) and its descriptive parameters are taken as written: say so.
+    let unchecked = match report.source_events {
+        Some(_) => "",
+        None => "; no source compared: --against INPUT_DIR compares every pulse and the lineage",
+    };
     if !report.ok() {
         bail!(
             "{}: {} problems ({} shards, {} events checked{compared})",
@@ -38,7 +44,7 @@ pub(super) fn run_verify(
         );
     }
     say!(
-        "{}: OK ({} shards, {} events, {} pulses{compared})",
+        "{}: OK ({} shards, {} events, {} pulses{compared}){unchecked}",
         dir.display(),
         report.shards,
         report.events,
