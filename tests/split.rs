@@ -157,3 +157,31 @@ fn runs_of_a_views_events_are_located_as_each_event_alone() {
         "the view of 97% lists what it leaves out"
     );
 }
+
+/// The identities of the fixture converted with `options(5, 2)`, of its `split(0.03, 2)` and
+/// of the larger part's `split(0.4, 3)`, as 68c4659 computed them.
+const PINNED: [&str; 5] = [
+    "2867863a6c74a9e2",
+    "20a2a24cd51afcb4",
+    "3ebe7a52836ecc4d",
+    "118a7f308adeccba",
+    "ce6176fecb1ce807",
+];
+
+/// The identities a saved loader state names, pinned: a state saved by an earlier version
+/// (68c4659 listed every kept event) resumes on the same split only while the digest is
+/// computed as it was.
+#[test]
+fn a_splits_identity_is_the_one_earlier_versions_saved() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("ds");
+    convert_all(&fixture(), "train", &out, &options(5, 2)).unwrap();
+    let whole = View::from(open(&out));
+    let (most, few) = whole.split(0.03, 2).unwrap();
+    let (nested, inner) = most.split(0.4, 3).unwrap();
+    let identities = [&whole, &most, &few, &nested, &inner].map(|v| v.identity());
+    assert_eq!(
+        identities, PINNED,
+        "the whole dataset, a split and a split of it"
+    );
+}
