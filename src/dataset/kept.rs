@@ -83,60 +83,22 @@ impl KeptEvents {
 
     /// The shard index of the `i`-th kept event (`i < len()`).
     pub fn get(&self, i: u32) -> u32 {
-        match &self.form {
-            Form::Listed(kept) => kept[i as usize],
-            Form::AllBut(kept_before) => i + kept_before.partition_point(|&k| k <= i) as u32,
-        }
+        Walk::from(&self.form, i).step()
     }
 
     /// The shard indexes of the kept events from the `first`-th on, ascending: one search,
     /// then a step each (what locating a run of a block's events costs).
     pub fn iter_from(&self, first: u32) -> impl Iterator<Item = u32> + '_ {
-        let (listed, all_but): (&[u32], _) = match &self.form {
-            Form::Listed(kept) => (kept.get(first as usize..).unwrap_or_default(), None),
-            Form::AllBut(kept_before) => (&[], Some(kept_before)),
-        };
-        let every_but = all_but.into_iter().flat_map(move |kept_before| {
-            // Left out before the `first`-th kept event: those with at most `first` kept
-            // events before them.
-            let mut left_out = kept_before.partition_point(|&k| k <= first);
-            let mut index = first + left_out as u32;
-            let end = self.shard_events;
-            std::iter::from_fn(move || {
-                if index >= end {
-                    return None;
-                }
-                let kept = index;
-                index += 1;
-                while kept_before.get(left_out) == Some(&(index - left_out as u32)) {
-                    (index, left_out) = (index + 1, left_out + 1);
-                }
-                Some(kept)
-            })
-        });
-        listed.iter().copied().chain(every_but)
+        let mut walk = Walk::from(&self.form, first);
+        (first as usize..self.len()).map(move |_| walk.step())
     }
 
     /// Sets each of `indexes` to the shard index of the kept events from the `first`-th
-    /// on, in turn: one search, then a step each (locating a run of a block's events).
+    /// on, in turn (at most `len() - first` of them): one search, then a step each.
     pub fn locate_run<'i>(&self, first: u32, indexes: impl Iterator<Item = &'i mut u32>) {
-        match &self.form {
-            Form::Listed(kept) => {
-                for (index, &kept) in indexes.zip(kept.get(first as usize..).unwrap_or_default()) {
-                    *index = kept;
-                }
-            }
-            Form::AllBut(kept_before) => {
-                let mut left_out = kept_before.partition_point(|&k| k <= first);
-                let mut next = first + left_out as u32;
-                for index in indexes {
-                    while kept_before.get(left_out) == Some(&(next - left_out as u32)) {
-                        (next, left_out) = (next + 1, left_out + 1);
-                    }
-                    *index = next;
-                    next += 1;
-                }
-            }
+        let mut walk = Walk::from(&self.form, first);
+        for index in indexes.take(self.len().saturating_sub(first as usize)) {
+            *index = walk.step();
         }
     }
 
@@ -170,6 +132,50 @@ impl KeptEvents {
     pub fn held_bytes(&self) -> usize {
         let (Form::Listed(v) | Form::AllBut(v)) = &self.form;
         v.capacity() * size_of::<u32>()
+    }
+}
+
+/// A walk over a shard's kept events, from one of them on.
+struct Walk<'k> {
+    form: &'k Form,
+    /// Listed: the place of the next kept event in the list. All but: how many left-out
+    /// events come before `next`.
+    at: usize,
+    /// All but: the shard index the next kept event is at or after.
+    next: u32,
+}
+
+impl<'k> Walk<'k> {
+    /// At the `first`-th kept event: for the all-but form, the left-out events with at
+    /// most `first` kept events before them come before it.
+    fn from(form: &'k Form, first: u32) -> Walk<'k> {
+        let at = match form {
+            Form::Listed(_) => first as usize,
+            Form::AllBut(kept_before) => kept_before.partition_point(|&k| k <= first),
+        };
+        Walk {
+            form,
+            at,
+            next: first + at as u32,
+        }
+    }
+
+    /// The next kept event's shard index (there must be one).
+    fn step(&mut self) -> u32 {
+        match self.form {
+            Form::Listed(kept) => {
+                self.at += 1;
+                kept[self.at - 1]
+            }
+            Form::AllBut(kept_before) => {
+                // Over the left-out events here: the next has `next - at` kept before it.
+                while kept_before.get(self.at) == Some(&(self.next - self.at as u32)) {
+                    (self.next, self.at) = (self.next + 1, self.at + 1);
+                }
+                self.next += 1;
+                self.next - 1
+            }
+        }
     }
 }
 
