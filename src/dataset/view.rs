@@ -221,8 +221,7 @@ impl View {
             ));
         }
         let seed = seed ^ SPLIT_STREAM;
-        let wanted = (fraction * self.totals().events as f64).round() as u64;
-        let mut chosen = self.smallest_keys(seed, wanted)?;
+        let mut chosen = self.smallest_keys(seed, fraction)?;
         if chosen.tied_ids.is_some() {
             // Two distinct ids with one 64-bit key at the threshold (about one split in a
             // thousand on the whole Kaggle set): the smallest ids of those are chosen.
@@ -266,17 +265,18 @@ impl View {
         Ok((view(rest), view(chosen_part)))
     }
 
-    /// Which events hold the `wanted` smallest of the view's keys under `seed`: two
-    /// passes over the ids, the first counting keys per bucket of their top
-    /// [`KEY_BUCKET_BITS`] bits, the second keeping the keys of the bucket where the
-    /// `wanted`-th smallest falls.
-    fn smallest_keys(&self, seed: u64, wanted: u64) -> Result<Chosen> {
-        if wanted == 0 {
-            return Ok(Chosen::smallest(&mut [], 0));
-        }
+    /// Which events hold the smallest `round(fraction * events)` of the view's keys under
+    /// `seed`: two passes over the ids, the first counting keys per bucket of their top
+    /// [`KEY_BUCKET_BITS`] bits, the second keeping the keys of the bucket where the last
+    /// of them falls.
+    fn smallest_keys(&self, seed: u64, fraction: f64) -> Result<Chosen> {
         let bucket_of = |key: u64| (key >> (u64::BITS - KEY_BUCKET_BITS)) as usize;
         let mut counts = vec![0u64; 1 << KEY_BUCKET_BITS];
         self.for_each_id(|id| counts[bucket_of(shuffle_key(seed, id))] += 1)?;
+        let wanted = (fraction * counts.iter().sum::<u64>() as f64).round() as u64;
+        if wanted == 0 {
+            return Ok(Chosen::smallest(&mut [], 0));
+        }
         let (mut bucket, mut before) = (0, 0);
         while before + counts[bucket] < wanted {
             before += counts[bucket];
