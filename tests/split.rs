@@ -112,14 +112,21 @@ fn a_loader_reads_a_view_like_a_dataset() {
     }
 }
 
-#[test]
-fn runs_of_a_views_events_are_located_as_each_event_alone() {
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("ds");
+/// The fixture converted with `options(5, 2)` into `dir`, the two parts of its
+/// `split(0.03, 2)`, and the two of the larger part's `split(0.4, 3)`.
+fn fixture_and_splits(dir: &Path) -> [View; 5] {
+    let out = dir.join("ds");
     convert_all(&fixture(), "train", &out, &options(5, 2)).unwrap();
     let whole = View::from(open(&out));
     let (most, few) = whole.split(0.03, 2).unwrap();
-    let (nested, _) = most.split(0.4, 3).unwrap();
+    let (nested, inner) = most.split(0.4, 3).unwrap();
+    [whole, most, few, nested, inner]
+}
+
+#[test]
+fn runs_of_a_views_events_are_located_as_each_event_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let [_, most, few, nested, _] = fixture_and_splits(dir.path());
     let mut listing_left_out = 0;
     for view in [most, few, nested] {
         // Every event of the view, in runs of 1 to 9 consecutive ones, the runs in a
@@ -158,8 +165,7 @@ fn runs_of_a_views_events_are_located_as_each_event_alone() {
     );
 }
 
-/// The identities of the fixture converted with `options(5, 2)`, of its `split(0.03, 2)` and
-/// of the larger part's `split(0.4, 3)`, as 68c4659 computed them.
+/// The identities of [`fixture_and_splits`]' views, as 68c4659 computed them.
 const PINNED: [&str; 5] = [
     "2867863a6c74a9e2",
     "20a2a24cd51afcb4",
@@ -174,12 +180,7 @@ const PINNED: [&str; 5] = [
 #[test]
 fn a_splits_identity_is_the_one_earlier_versions_saved() {
     let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("ds");
-    convert_all(&fixture(), "train", &out, &options(5, 2)).unwrap();
-    let whole = View::from(open(&out));
-    let (most, few) = whole.split(0.03, 2).unwrap();
-    let (nested, inner) = most.split(0.4, 3).unwrap();
-    let identities = [&whole, &most, &few, &nested, &inner].map(|v| v.identity());
+    let identities = fixture_and_splits(dir.path()).map(|v| v.identity());
     assert_eq!(
         identities, PINNED,
         "the whole dataset, a split and a split of it"
