@@ -23,6 +23,16 @@ _Recipe = tuple[Any, ...]
 PathArg = str | bytes | os.PathLike[str] | os.PathLike[bytes]
 
 
+def _count(name: str, value: Any) -> int:
+    """A non-negative integer argument below 2**64 (what the Rust side holds), or a
+    ValueError naming it."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"invalid {name}: expected a non-negative integer, not {value!r}")
+    if value >> 64:
+        raise ValueError(f"invalid {name}: {value} does not fit 64 bits")
+    return value
+
+
 class Dataset:
     """An opened dataset directory.
 
@@ -78,9 +88,7 @@ class Dataset:
         fraction."""
         if isinstance(fraction, bool) or not isinstance(fraction, (int, float)):
             raise ValueError(f"invalid fraction: expected a number from 0 to 1, not {fraction!r}")
-        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-            raise ValueError(f"invalid seed: expected a non-negative integer, not {seed!r}")
-        rest, chosen = self._native.split(float(fraction), seed)
+        rest, chosen = self._native.split(float(fraction), _count("seed", seed))
         return (Dataset._of(rest, ("split", self._recipe, float(fraction), seed, 0)),
                 Dataset._of(chosen, ("split", self._recipe, float(fraction), seed, 1)))
 

@@ -10,22 +10,12 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from . import _native
-from ._dataset import Dataset, PathArg
+from ._dataset import Dataset, PathArg, _count
 from ._iterators import SUPERSEDED, not_indexed
 from ._mapped import BatchFunction, MappedLoader
 
 if TYPE_CHECKING:
     from ._resident import ResidentBatches
-
-def _count(name: str, value: Any) -> int:
-    """A non-negative integer argument below 2**64 (what the Rust side holds), or a
-    ValueError naming it."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"invalid {name}: expected a non-negative integer, not {value!r}")
-    if value >> 64:
-        raise ValueError(f"invalid {name}: {value} does not fit 64 bits")
-    return value
-
 
 def _length_grouping(value: Any) -> tuple[bool, int | None]:
     """``group_by_length`` as the native loader takes it: whether, and the cap (a

@@ -68,5 +68,6 @@ def test_a_view_of_a_view_and_bad_fractions(train_dir):
     for bad in (-0.1, 1.5, float("nan"), "half", True):
         with pytest.raises(ValueError, match="fraction"):
             ds.split(bad)
-    with pytest.raises(ValueError, match="seed"):
-        ds.split(0.5, seed=-1)
+    for bad in (-1, 2**64, 0.5, True):
+        with pytest.raises(ValueError, match="invalid seed"):
+            ds.split(0.5, seed=bad)
