@@ -33,8 +33,9 @@ enum Form {
 
 impl KeptEvents {
     /// Of a shard of `shard_events` events, those whose bit is set in `marks` (bit `i %
-    /// 64` of word `i / 64` for event `i`; bits past `shard_events` clear), listed unless
-    /// [`LISTED_PER_LEFT_OUT`] of them hold more.
+    /// 64` of word `i / 64` for event `i`; bits past `shard_events` clear): listed, unless
+    /// they are at least [`LISTED_PER_LEFT_OUT`] times as many as the left-out ones, which
+    /// are listed then.
     pub(crate) fn marked(shard_events: u32, marks: &[u64]) -> KeptEvents {
         debug_assert_eq!(marks.len(), (shard_events as usize).div_ceil(64));
         let kept: usize = marks.iter().map(|w| w.count_ones() as usize).sum();
