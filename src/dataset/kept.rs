@@ -55,13 +55,12 @@ impl KeptEvents {
     pub(crate) fn marked(shard_events: u32, marks: &[u64]) -> KeptEvents {
         let kept: usize = marks.iter().map(|w| w.count_ones() as usize).sum();
         let listed = (shard_events as usize - kept) * LISTED_PER_LEFT_OUT > kept;
-        KeptEvents::marked_in(shard_events, marks, listed)
+        KeptEvents::marked_in(shard_events, marks, kept, listed)
     }
 
-    /// As [`KeptEvents::marked`], listed or not as `listed` says.
-    fn marked_in(shard_events: u32, marks: &[u64], listed: bool) -> KeptEvents {
+    /// As [`KeptEvents::marked`], of `kept` marked events, listed or not as `listed` says.
+    fn marked_in(shard_events: u32, marks: &[u64], kept: usize, listed: bool) -> KeptEvents {
         debug_assert_eq!(marks.len(), (shard_events as usize).div_ceil(64));
-        let kept: usize = marks.iter().map(|w| w.count_ones() as usize).sum();
         let (count, flip) = match listed {
             true => (kept, 0),
             false => (shard_events as usize - kept, u64::MAX),
@@ -298,7 +297,7 @@ mod tests {
             let few = (n > 9).then(|| sparse_and_dense(n)).into_iter().flatten();
             for kept in subsets(n.min(9)).filter(|_| n <= 9).chain(few) {
                 for listed in [true, false] {
-                    let events = KeptEvents::marked_in(n, &marks(n, &kept), listed);
+                    let events = KeptEvents::marked_in(n, &marks(n, &kept), kept.len(), listed);
                     assert_eq!(matches!(events.form, Form::Listed(_)), listed);
                     check(&events, &kept, 0..=kept.len() as u32 + 1, usize::MAX);
                 }
@@ -319,7 +318,7 @@ mod tests {
             let mut rng = crate::rng::Rng::new(seed);
             let kept: Vec<u32> = (0..n).filter(|_| rng.below(100) < percent_kept as u64).collect();
             for listed in [true, false] {
-                let events = KeptEvents::marked_in(n, &marks(n, &kept), listed);
+                let events = KeptEvents::marked_in(n, &marks(n, &kept), kept.len(), listed);
                 check(&events, &kept, starts.iter().copied(), 300);
             }
             let chosen = of(n, &kept);

@@ -100,19 +100,17 @@ impl EventSizes for DatasetSizes<'_> {
     }
 
     fn pulses(&self, e: EventRef) -> usize {
-        let e = self.view.locate(e);
-        self.shard_view(e.shard).map_or(0, |v| {
-            let e = e.index as usize;
-            v.pulse_range(e..e + 1).len()
-        })
+        self.length(e, EventLength::Pulses)
     }
 
     fn doms(&self, e: EventRef) -> usize {
+        self.length(e, EventLength::Doms)
+    }
+
+    /// Event `e`'s `length`, from its shard's offsets (0 when the shard failed to open).
+    fn length(&self, e: EventRef, length: EventLength) -> usize {
         let e = self.view.locate(e);
-        self.shard_view(e.shard).map_or(0, |v| {
-            let offsets = v.event_tensors().dom_offsets;
-            (offsets[e.index as usize + 1] - offsets[e.index as usize]) as usize
-        })
+        (self.shard_view(e.shard)).map_or(0, |v| Lengths::of(v, length).at(e.index as usize))
     }
 
     /// As [`DatasetSizes::pulses`] or [`DatasetSizes::doms`] for each, a run of
