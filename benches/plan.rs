@@ -17,6 +17,10 @@
 //! the epoch's batches to be counted. Beside them, the heap the sampler took to its first
 //! batch, at its peak and still held after it, in bytes per event of the dataset (a
 //! counting allocator: a window over the whole dataset holds every event's place).
+//!
+//! Last, per window and budget, a whole epoch under the budget, rank 0 of 8: its batches
+//! planned (what the loader's threads plan) and counted (what `len()` asks: every rank's
+//! batches, a pass over the epoch's order), in nanoseconds an event of the dataset.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::path::PathBuf;
@@ -26,7 +30,9 @@ use std::time::Instant;
 use shardify::bench::{data, median};
 use shardify::dataset::{ChecksumPolicy, Dataset, DatasetSizes, View};
 use shardify::resident::plan_epoch;
-use shardify::sampler::{Batching, EpochBatches, LengthGrouping, SamplerConfig, SamplerState};
+use shardify::sampler::{
+    rank_batch_count, Batching, EpochBatches, LengthGrouping, SamplerConfig, SamplerState,
+};
 
 /// The system allocator, counting the bytes allocated now and at their peak.
 struct Counting;
@@ -243,6 +249,38 @@ fn main() {
                 on / off,
                 peak as f64 / events,
                 held as f64 / events
+            );
+        }
+    }
+    println!("\na whole epoch of rank 0 of 8, ns/event       planned   counted (len)   batches");
+    for &window in &windows {
+        for (name, batching, group_by_length) in budgets {
+            let config = SamplerConfig {
+                block_events: block,
+                window_blocks: window_blocks(window),
+                batching,
+                group_by_length,
+                rank: 0,
+                world: 8,
+                ..SamplerConfig::default()
+            };
+            let sizes = DatasetSizes::without_read_ahead(&view);
+            let mut planned = Vec::new();
+            let mut counted = Vec::new();
+            let mut batches = 0;
+            for _ in 0..runs {
+                let started = Instant::now();
+                batches = EpochBatches::new(&sizes, &config, start).count() as u64;
+                planned.push(started.elapsed().as_secs_f64());
+                let started = Instant::now();
+                let count = rank_batch_count(&sizes, &config, 0, 0);
+                counted.push(started.elapsed().as_secs_f64());
+                assert_eq!(count, batches, "{name}: counted as planned");
+            }
+            println!(
+                "window {window:<4} {name:<28} {:>9.2} {:>15.2} {batches:>9}",
+                median(&planned) * 1e9 / events,
+                median(&counted) * 1e9 / events,
             );
         }
     }

@@ -112,19 +112,6 @@ fn a_loader_reads_a_view_like_a_dataset() {
     }
 }
 
-/// The fixture converted with `options(5, 2)` into `dir` (in shards of `shard_bytes`), the
-/// two parts of its `split(0.03, 2)`, and the two of the larger part's `split(0.4, 3)`.
-fn fixture_and_splits(dir: &Path, shard_bytes: u64) -> [View; 5] {
-    let out = dir.join("ds");
-    let mut options = options(5, 2);
-    options.shard_target_bytes = shard_bytes;
-    convert_all(&fixture(), "train", &out, &options).unwrap();
-    let whole = View::from(open(&out));
-    let (most, few) = whole.split(0.03, 2).unwrap();
-    let (nested, inner) = most.split(0.4, 3).unwrap();
-    [whole, most, few, nested, inner]
-}
-
 #[test]
 fn runs_of_a_views_events_are_located_as_each_event_alone() {
     let dir = tempfile::tempdir().unwrap();

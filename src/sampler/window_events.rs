@@ -97,11 +97,29 @@ impl WindowEvents {
         }
     }
 
+    /// Whether the window lists its events one by one (it is at most [`LISTED_EVENTS`]).
+    pub(super) fn listed(&self) -> bool {
+        self.places.is_some()
+    }
+
     /// Each event's `length` from `sizes`, in window order, as `u32` (a shard's offsets are
     /// 32-bit): asked a run of blocks at a time, in stored order, where the offsets are
     /// read sequentially.
     pub(super) fn lengths(&self, sizes: &dyn EventSizes, length: EventLength) -> Vec<u32> {
         let mut lengths = Vec::with_capacity(self.len);
+        self.lengths_into(sizes, length, &mut lengths);
+        lengths
+    }
+
+    /// As [`WindowEvents::lengths`], into `lengths` (emptied first, its memory reused).
+    pub(super) fn lengths_into(
+        &self,
+        sizes: &dyn EventSizes,
+        length: EventLength,
+        lengths: &mut Vec<u32>,
+    ) {
+        lengths.clear();
+        lengths.reserve(self.len);
         let (mut places, mut counts) = (Vec::new(), Vec::new());
         for start in (0..self.len).step_by(LENGTHS_CHUNK) {
             let end = (start + LENGTHS_CHUNK).min(self.len);
@@ -111,7 +129,6 @@ impl WindowEvents {
             sizes.lengths_into(&places, length, &mut counts);
             lengths.extend(counts.iter().map(|&n| n.min(u32::MAX as usize) as u32));
         }
-        lengths
     }
 }
 

@@ -7,7 +7,7 @@ use std::process::{Command, Output};
 use std::sync::Arc;
 
 use shardify::convert::{convert_in_one_go, ConvertOptions, Summary};
-use shardify::dataset::{dump::dump, ChecksumPolicy, Dataset};
+use shardify::dataset::{dump::dump, ChecksumPolicy, Dataset, View};
 use shardify::pipeline::Loader;
 use shardify::rng::Rng;
 use shardify::source::batch::PULSE_COLUMNS;
@@ -240,4 +240,17 @@ pub fn first_error(loader: Loader) -> (String, bool) {
         .expect("an error")
         .to_string();
     (err, results.last().unwrap().is_err())
+}
+
+/// The fixture converted with `options(5, 2)` into `dir` (in shards of `shard_bytes`), the
+/// two parts of its `split(0.03, 2)`, and the two of the larger part's `split(0.4, 3)`.
+pub fn fixture_and_splits(dir: &Path, shard_bytes: u64) -> [View; 5] {
+    let out = dir.join("ds");
+    let mut options = options(5, 2);
+    options.shard_target_bytes = shard_bytes;
+    convert_all(&fixture(), "train", &out, &options).unwrap();
+    let whole = View::from(Arc::new(Dataset::open(&out, ChecksumPolicy::Lazy).unwrap()));
+    let (most, few) = whole.split(0.03, 2).unwrap();
+    let (nested, inner) = most.split(0.4, 3).unwrap();
+    [whole, most, few, nested, inner]
 }
