@@ -1127,6 +1127,41 @@ fn a_dataset_too_small_to_measure_says_so() {
         "{}",
         String::from_utf8_lossy(&out.stdout)
     );
+    // A pulse budget: the batches its pulses make at most (uncapped), the budget in the
+    // report, and every event once an epoch in the batches `shardify order` plans (not
+    // --batch-events').
+    let pulses = [
+        "--max-pulses",
+        "2000",
+        "--pulse-cap",
+        "64",
+        "--no-baselines",
+    ];
+    let out = quick_shardbench(&ds, &json, &pulses);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("warning: 300 events make 9 batches of at most 2000 pulses an epoch"),
+        "{stderr}"
+    );
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    assert_eq!(report["batching"], "max_pulses 2000, pulse_cap 64");
+    for row in report["loaders"].as_array().unwrap() {
+        let planning = &row["planning"];
+        assert_eq!(planning["events"], 300, "{row}");
+        let window = row["window"].to_string();
+        let ds = ds.to_str().unwrap();
+        let order = ["order", ds, "--window", &window, "--block-events", "16"];
+        let order = shardify(&[&order[..], &pulses[..4]].concat());
+        assert!(order.status.success(), "{}", text(&order.stderr));
+        let planned = text(&order.stdout).lines().count();
+        assert_eq!(planning["batches"], planned, "{row}");
+        assert!(
+            planned < 300 / 32,
+            "the budget's batches, not 32 events each: {planned}"
+        );
+        assert_eq!(row["events"], 600, "two whole epochs: {row}");
+    }
     // --quick measures windows 1 and 4: 4 blocks of 16 events are within the 300.
     assert!(!stderr.contains("covers"), "{stderr}");
     let wide = Command::new(env!("CARGO_BIN_EXE_shardbench"))

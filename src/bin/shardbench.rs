@@ -149,10 +149,12 @@ fn check_size(dataset: &Dataset, sampler: &SamplerArgs, windows: &[usize]) -> Re
                 .div_ceil(max_tokens.max(1) as u64);
             (batches, format!("about {max_tokens} tokens"))
         }
-        _ => {
-            let batches = events.div_ceil(sampler.batch_events.max(1) as u64);
-            (batches, format!("{} events", sampler.batch_events))
+        // At most the budget's pulses (counted uncapped here: a cap makes fewer batches).
+        Batching::Pulses { max_pulses, .. } => {
+            let batches = totals.pulses.div_ceil(max_pulses.max(1) as u64);
+            (batches, format!("at most {max_pulses} pulses"))
         }
+        Batching::Events(n) => (events.div_ceil(n.max(1) as u64), format!("{n} events")),
     };
     if batches < FEW_BATCHES {
         tell!(

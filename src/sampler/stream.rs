@@ -309,9 +309,8 @@ impl EventStream {
     /// in its (stored) order, where asked one by one in drawn order each event's offsets
     /// were a cache miss or two: planning an epoch took 57-109 ns an event at windows 1-64,
     /// now 25-43 (1M events with the real statistics, 2-core Zen 4, `cargo bench --bench
-    /// plan`). A
-    /// window too big to list its events (one over the whole dataset) asks event by event
-    /// still: its pulses would take 4 bytes an event of the window.
+    /// plan`). A window too big to list its events (one over the whole dataset) asks event
+    /// by event still: its pulses would take 4 bytes an event of the window.
     pub(super) fn window(&mut self, sizes: &dyn EventSizes) -> Option<&mut Window> {
         while self.window.remaining() == 0 {
             let first = self.next_window * self.window_blocks;

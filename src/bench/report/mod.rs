@@ -36,10 +36,10 @@ use crate::source::InputSet;
 pub struct BenchConfig {
     /// Window sizes (blocks) to run the shardify loader at.
     pub windows: Vec<usize>,
-    /// Events per batch (all loaders, but the shardify rows' with `batching` a token budget).
+    /// Events per batch (all loaders, but the shardify rows' with `batching` a budget).
     pub batch_events: usize,
-    /// The shardify rows' batching: `Events(batch_events)`, or a token budget
-    /// (`Batching::Tokens`, with `group_by_length`).
+    /// The shardify rows' batching: `Events(batch_events)`, or a budget of pulses
+    /// (`Batching::Pulses`) or of tokens (`Batching::Tokens`, with `group_by_length`).
     pub batching: Batching,
     /// Events per block.
     pub block_events: usize,
@@ -459,7 +459,7 @@ fn figures(
     }
 }
 
-/// The events of a mean shardify batch: `batch_events`, or with a token budget the
+/// The events of a mean shardify batch: `batch_events`, or under a budget the
 /// dataset's events over the batches of an epoch at the first window (one pass over its
 /// order, reading the events' lengths).
 fn mean_batch_events(dataset: &Arc<Dataset>, config: &BenchConfig) -> Result<usize> {

@@ -10,7 +10,7 @@ use shardify::batch::BatchLayout;
 use shardify::dataset::{ChecksumPolicy, Dataset};
 use shardify::device::DeviceChoice;
 use shardify::pipeline::{Loader, LoaderConfig, LoaderState};
-use shardify::sampler::{Batching, SamplerConfig, SamplerState};
+use shardify::sampler::{SamplerConfig, SamplerState};
 
 use super::sampler_args::SamplerArgs;
 
@@ -30,13 +30,6 @@ pub(super) struct OrderArgs {
     /// Number of ranks.
     #[arg(long, default_value_t = 1)]
     world: usize,
-    /// Batch by a pulse budget instead of an event count.
-    #[arg(long, group = "budget", conflicts_with_all = ["batch_events", "group_by_length"])]
-    max_pulses: Option<usize>,
-    /// With --max-pulses: each event counts at most this many of its pulses toward the
-    /// budget (the pulses a model that cuts events to this many keeps).
-    #[arg(long, requires = "max_pulses")]
-    pulse_cap: Option<usize>,
     /// Blocks open at once.
     #[arg(long, default_value_t = 16)]
     window: usize,
@@ -63,21 +56,13 @@ pub(super) struct OrderArgs {
 
 /// Prints one line per batch (its event ids), and saves the loader's state when asked.
 pub(super) fn run_order(args: OrderArgs) -> Result<()> {
-    let batching = match args.max_pulses {
-        Some(max_pulses) => Batching::Pulses {
-            max_pulses,
-            max_events: args.sampler.max_events,
-            pulse_cap: args.pulse_cap,
-        },
-        None => args.sampler.batching(),
-    };
     let config = LoaderConfig {
         sampler: SamplerConfig {
             seed: args.sampler.seed,
             block_events: args.sampler.block_events,
             window_blocks: args.window,
             run_events: args.sampler.run_events,
-            batching,
+            batching: args.sampler.batching(),
             batch_order: args.sampler.batch_order,
             shuffle: !args.no_shuffle,
             group_by_length: args.sampler.length_grouping(),

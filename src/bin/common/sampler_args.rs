@@ -33,8 +33,16 @@ pub struct SamplerArgs {
     /// --group-by-length counts and caps it (which it needs).
     #[arg(long, group = "budget", requires = "group_by_length")]
     pub max_tokens: Option<usize>,
-    /// With a budget (--max-tokens, or --max-pulses where there is one): events per batch
-    /// at most.
+    /// Batch by a budget of pulses instead of --batch-events (which then sizes only
+    /// shardbench's baselines): each batch takes events, as drawn, while their pulses fit
+    /// (the nodes of a GNN's graph batch).
+    #[arg(long, group = "budget", conflicts_with = "group_by_length")]
+    pub max_pulses: Option<usize>,
+    /// With --max-pulses: each event counts at most this many of its pulses toward the
+    /// budget (the pulses a model that cuts events to this many keeps).
+    #[arg(long, requires = "max_pulses")]
+    pub pulse_cap: Option<usize>,
+    /// With a budget (--max-tokens or --max-pulses): events per batch at most.
     #[arg(long, requires = "budget")]
     pub max_events: Option<usize>,
     /// With --max-tokens: count each batch's longest length rounded up to a multiple of
@@ -56,15 +64,20 @@ fn length_cap(value: &str) -> Result<usize, String> {
 }
 
 impl SamplerArgs {
-    /// `--max-tokens` (with `--max-events`), else `--batch-events`.
+    /// `--max-tokens` or `--max-pulses` (with `--max-events`), else `--batch-events`.
     pub fn batching(&self) -> Batching {
-        match self.max_tokens {
-            Some(max_tokens) => Batching::Tokens {
+        match (self.max_tokens, self.max_pulses) {
+            (Some(max_tokens), _) => Batching::Tokens {
                 max_tokens,
                 max_events: self.max_events,
                 pad_to_multiple_of: self.pad_to_multiple_of,
             },
-            None => Batching::Events(self.batch_events),
+            (None, Some(max_pulses)) => Batching::Pulses {
+                max_pulses,
+                max_events: self.max_events,
+                pulse_cap: self.pulse_cap,
+            },
+            (None, None) => Batching::Events(self.batch_events),
         }
     }
 
