@@ -7,6 +7,7 @@ use std::sync::{Mutex, OnceLock};
 use super::View;
 use crate::error::Error;
 use crate::format::StoredView;
+use crate::prefetch::prefetch;
 use crate::sampler::{EventLength, EventRef, EventSizes};
 
 /// [`EventSizes`] of a [`View`]: its events, numbered as the view numbers them. A shard
@@ -119,15 +120,29 @@ impl EventSizes for DatasetSizes<'_> {
     /// took 22-24 ns an event asked one by one, 10-14 ns in runs, as a bare loop over the
     /// offsets (2-core Zen 4). A split's run is located by one search
     /// ([`KeptEvents::locate_run`](super::KeptEvents::locate_run)).
+    ///
+    /// Events asked alone (a wide window's drawn order) are read in three passes, each
+    /// prefetching what the next reads: the events found, their offsets read, then the
+    /// items' offsets those point at, so that the cache misses of many events overlap
+    /// where each event's two were waited for in turn.
     fn lengths_into(&self, events: &[EventRef], length: EventLength, out: &mut Vec<usize>) {
         out.reserve(events.len());
         let mut located = Vec::new();
+        // Per event asked alone: its place in `out`, its shard's offsets, and its index
+        // there (its offsets, once read).
+        let mut alone: Vec<(usize, Lengths<'_>, usize)> = Vec::new();
         let mut rest = events;
         while let Some(&first) = rest.first() {
             let run = EventRef::run_len(rest);
             let lengths = self.shard_view(first.shard).map(|v| Lengths::of(v, length));
             match (lengths, self.view.kept(first.shard as usize)) {
                 (None, _) => out.extend(std::iter::repeat_n(0, run)),
+                (Some(lengths), kept) if run == 1 => {
+                    let e = kept.map_or(first.index, |kept| kept.get(first.index)) as usize;
+                    prefetch(&lengths.events[e..e + 2]);
+                    alone.push((out.len(), lengths, e));
+                    out.push(0);
+                }
                 (Some(lengths), None) => out.extend(lengths.run(first.index as usize, run)),
                 (Some(lengths), Some(kept)) => {
                     located.clear();
@@ -137,6 +152,16 @@ impl EventSizes for DatasetSizes<'_> {
                 }
             }
             rest = &rest[run..];
+        }
+        let offsets: Vec<(i32, i32)> = (alone.iter())
+            .map(|&(_, lengths, e)| {
+                let (start, end) = (lengths.events[e], lengths.events[e + 1]);
+                lengths.prefetch_between(start, end);
+                (start, end)
+            })
+            .collect();
+        for (&(at, lengths, _), &(start, end)) in alone.iter().zip(&offsets) {
+            out[at] = lengths.between(start, end);
         }
     }
 
@@ -203,6 +228,14 @@ impl<'v> Lengths<'v> {
         }
     }
 
+    /// Hints the CPU to bring in what [`Lengths::between`] reads for `start` and `end`.
+    fn prefetch_between(&self, start: i32, end: i32) {
+        if let Some(pulses) = self.dom_pulses {
+            prefetch(&pulses[start as usize..start as usize + 1]);
+            prefetch(&pulses[end as usize..end as usize + 1]);
+        }
+    }
+
     /// Event `e`'s length.
     fn at(&self, e: usize) -> usize {
         self.between(self.events[e], self.events[e + 1])
@@ -226,7 +259,8 @@ mod tests {
     use crate::format::ShardLayout;
 
     /// Every event of `view` in runs as a window asks for them: blocks of `block`
-    /// consecutive events, in a scrambled order, some crossing into the next shard.
+    /// consecutive events, in a scrambled order, some crossing into the next shard (of 1,
+    /// each event asked alone, as a wide window's drawn order asks them).
     fn windowed(sizes: &DatasetSizes<'_>, block: usize) -> Vec<EventRef> {
         let all: Vec<EventRef> = sizes
             .shard_events()
@@ -260,9 +294,9 @@ mod tests {
         for dataset in [columns, records] {
             let whole = View::from(Arc::new(dataset));
             let (part, _) = whole.split(0.3, 1).unwrap();
-            for view in [&whole, &part] {
+            for (view, block) in [(&whole, 7), (&part, 7), (&whole, 1), (&part, 1)] {
                 let sizes = DatasetSizes::without_read_ahead(view);
-                let events = windowed(&sizes, 7);
+                let events = windowed(&sizes, block);
                 for length in [EventLength::Pulses, EventLength::Doms] {
                     // Each event on its own, through the methods the sampler's other
                     // callers use.

@@ -42,7 +42,7 @@ impl WindowEvents {
     }
 
     /// As [`WindowEvents::new`], listing every event or not as `listed` says.
-    fn listing(stored: StoredOrder, block_events: usize, listed: bool) -> WindowEvents {
+    pub(super) fn listing(stored: StoredOrder, block_events: usize, listed: bool) -> Self {
         WindowEvents {
             stored,
             firsts: Vec::new(),
