@@ -129,8 +129,8 @@ impl EventSizes for DatasetSizes<'_> {
         out.reserve(events.len());
         let mut located = Vec::new();
         // Per event asked alone: its place in `out`, its shard's offsets, and its index
-        // there (its offsets, once read).
-        let mut alone: Vec<(usize, Lengths<'_>, usize)> = Vec::new();
+        // there, then its own offsets once read.
+        let mut alone: Vec<(usize, Lengths<'_>, usize, (i32, i32))> = Vec::new();
         let mut rest = events;
         while let Some(&first) = rest.first() {
             let run = EventRef::run_len(rest);
@@ -140,7 +140,7 @@ impl EventSizes for DatasetSizes<'_> {
                 (Some(lengths), kept) if run == 1 => {
                     let e = kept.map_or(first.index, |kept| kept.get(first.index)) as usize;
                     prefetch(&lengths.events[e..e + 2]);
-                    alone.push((out.len(), lengths, e));
+                    alone.push((out.len(), lengths, e, (0, 0)));
                     out.push(0);
                 }
                 (Some(lengths), None) => out.extend(lengths.run(first.index as usize, run)),
@@ -153,14 +153,11 @@ impl EventSizes for DatasetSizes<'_> {
             }
             rest = &rest[run..];
         }
-        let offsets: Vec<(i32, i32)> = (alone.iter())
-            .map(|&(_, lengths, e)| {
-                let (start, end) = (lengths.events[e], lengths.events[e + 1]);
-                lengths.prefetch_between(start, end);
-                (start, end)
-            })
-            .collect();
-        for (&(at, lengths, _), &(start, end)) in alone.iter().zip(&offsets) {
+        for (_, lengths, e, offsets) in alone.iter_mut() {
+            *offsets = (lengths.events[*e], lengths.events[*e + 1]);
+            lengths.prefetch_between(offsets.0, offsets.1);
+        }
+        for (at, lengths, _, (start, end)) in alone {
             out[at] = lengths.between(start, end);
         }
     }
