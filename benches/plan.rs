@@ -207,17 +207,19 @@ fn main() {
             LengthGrouping::Off,
         ),
     ];
+    // Rank 0 of 8 under a budget, in windows of `window_blocks`.
+    let rank_0_of_8 = |window_blocks, batching, group_by_length| SamplerConfig {
+        block_events: block,
+        window_blocks,
+        batching,
+        group_by_length,
+        rank: 0,
+        world: 8,
+        ..SamplerConfig::default()
+    };
     for &window in &windows {
         for (name, batching, group_by_length) in budgets {
-            let config = SamplerConfig {
-                block_events: block,
-                window_blocks: window_blocks(window),
-                batching,
-                group_by_length,
-                rank: 0,
-                world: 8,
-                ..SamplerConfig::default()
-            };
+            let config = rank_0_of_8(window_blocks(window), batching, group_by_length);
             let first_batch = |drop_last: bool| {
                 let config = SamplerConfig {
                     drop_last,
@@ -255,15 +257,7 @@ fn main() {
     println!("\na whole epoch of rank 0 of 8, ns/event       planned   counted (len)   batches");
     for &window in &windows {
         for (name, batching, group_by_length) in budgets {
-            let config = SamplerConfig {
-                block_events: block,
-                window_blocks: window_blocks(window),
-                batching,
-                group_by_length,
-                rank: 0,
-                world: 8,
-                ..SamplerConfig::default()
-            };
+            let config = rank_0_of_8(window_blocks(window), batching, group_by_length);
             let sizes = DatasetSizes::without_read_ahead(&view);
             let mut planned = Vec::new();
             let mut counted = Vec::new();

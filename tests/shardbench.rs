@@ -1092,6 +1092,18 @@ fn largest_batch_bytes_is_the_largest_batch_the_loader_delivers() {
     }
 }
 
+/// [`quick_shardbench`] of the fixture's 300 events under the budget `flags`, checked to
+/// succeed and to warn that an epoch makes `batches`: its stderr, its table and its report.
+fn budget_report(ds: &Path, json: &Path, flags: &[&str], batches: &str) -> (String, String, Value) {
+    let out = quick_shardbench(ds, json, flags);
+    let stderr = text(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let warning = format!("warning: 300 events make {batches} an epoch");
+    assert!(stderr.contains(&warning), "{stderr}");
+    let report = serde_json::from_slice(&std::fs::read(json).unwrap()).unwrap();
+    (stderr, text(&out.stdout), report)
+}
+
 /// A dataset too small to measure says so: no events is an error naming the directory,
 /// a few batches an epoch or a window wider than the dataset a warning.
 #[test]
@@ -1113,19 +1125,11 @@ fn a_dataset_too_small_to_measure_says_so() {
         "4096",
         "--no-baselines",
     ];
-    let out = quick_shardbench(&ds, &json, &tokens);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
-    assert!(
-        stderr.contains("warning: 300 events make 5 batches of about 4096 tokens an epoch"),
-        "{stderr}"
-    );
-    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let (_, table, report) = budget_report(&ds, &json, &tokens, "5 batches of about 4096 tokens");
     assert_eq!(report["batching"], "max_tokens 4096");
     assert!(
-        String::from_utf8_lossy(&out.stdout).contains("shardify: batches by max_tokens 4096, "),
-        "{}",
-        String::from_utf8_lossy(&out.stdout)
+        table.contains("shardify: batches by max_tokens 4096, "),
+        "{table}"
     );
     // A pulse budget: the batches its pulses make at most (uncapped), the budget in the
     // report, and every event once an epoch in the batches `shardify order` plans (not
@@ -1137,14 +1141,8 @@ fn a_dataset_too_small_to_measure_says_so() {
         "64",
         "--no-baselines",
     ];
-    let out = quick_shardbench(&ds, &json, &pulses);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
-    assert!(
-        stderr.contains("warning: 300 events make 9 batches of at most 2000 pulses an epoch"),
-        "{stderr}"
-    );
-    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let (stderr, _, report) =
+        budget_report(&ds, &json, &pulses, "9 batches of at most 2000 pulses");
     assert_eq!(report["batching"], "max_pulses 2000, pulse_cap 64");
     for row in report["loaders"].as_array().unwrap() {
         let planning = &row["planning"];
