@@ -388,13 +388,10 @@ impl EventStream {
             let start = self.window_start;
             self.regrouping.apply(w, start, sizes, batch_order.as_mut());
             w.drawn_pulses.pulses.clear();
+            // Whether a window lists its events is the same for every window of the epoch.
             if self.reads_pulses && w.events.listed() {
-                let mut pulses = w.pulses.take().unwrap_or_default();
-                w.events
-                    .lengths_into(sizes, EventLength::Pulses, &mut pulses);
-                w.pulses = Some(pulses);
-            } else {
-                w.pulses = None;
+                let pulses = w.pulses.get_or_insert_with(Vec::new);
+                w.events.lengths_into(sizes, EventLength::Pulses, pulses);
             }
             self.next_window += 1;
         }
@@ -405,22 +402,8 @@ impl EventStream {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sampler::tests::Sizes;
     use proptest::prelude::*;
-
-    /// Shards of events whose pulses follow from their place.
-    struct Sizes(Vec<usize>);
-
-    impl EventSizes for Sizes {
-        fn shard_events(&self) -> Vec<usize> {
-            self.0.clone()
-        }
-        fn pulses(&self, e: EventRef) -> usize {
-            1 + (e.shard as usize * 7919 + e.index as usize * 104_729) % 997
-        }
-        fn doms(&self, e: EventRef) -> usize {
-            1 + e.index as usize % 41
-        }
-    }
 
     fn pulse_budget(block_events: usize, window_blocks: usize, seed: u64) -> SamplerConfig {
         SamplerConfig {

@@ -7,7 +7,8 @@ use super::*;
 use proptest::prelude::*;
 use std::collections::BTreeSet;
 
-struct Sizes(Vec<usize>);
+/// Shards of events (their counts) whose pulses and DOMs follow from their place.
+pub(super) struct Sizes(pub(super) Vec<usize>);
 
 impl EventSizes for Sizes {
     fn shard_events(&self) -> Vec<usize> {
