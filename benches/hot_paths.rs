@@ -207,13 +207,16 @@ fn split_views(c: &mut Criterion) {
     });
     let (most, few) = whole.split(0.01, 1).unwrap();
     let (ninety_seven, _) = whole.split(0.03, 1).unwrap();
-    let (ninety, _) = whole.split(0.1, 1).unwrap();
+    let (ninety, ten) = whole.split(0.1, 1).unwrap();
+    let (half, _) = whole.split(0.5, 1).unwrap();
     for (name, view) in [
         ("every event", &whole),
         ("99% (the left-out 1% listed)", &most),
         ("1% (listed)", &few),
         ("97% (the left-out 3% listed)", &ninety_seven),
-        ("90% (listed)", &ninety),
+        ("90% (a bit an event)", &ninety),
+        ("50% (a bit an event)", &half),
+        ("10% (a bit an event)", &ten),
     ] {
         let events = view_blocks(view);
         group.throughput(Throughput::Elements(events.len() as u64));
@@ -231,6 +234,20 @@ fn split_views(c: &mut Criterion) {
             b.iter(|| {
                 lengths.clear();
                 sizes.lengths_into(&events, EventLength::Pulses, &mut lengths);
+                black_box(&lengths);
+            })
+        });
+        // Drawn one by one, as a window over the whole dataset draws them, and read 256 at
+        // a time, as its pulse budget reads them.
+        let mut alone = events;
+        Rng::new(3).shuffle(&mut alone);
+        group.bench_function(format!("pulses, each event alone, {name}"), |b| {
+            let mut lengths = Vec::with_capacity(alone.len());
+            b.iter(|| {
+                lengths.clear();
+                for piece in alone.chunks(256) {
+                    sizes.lengths_into(piece, EventLength::Pulses, &mut lengths);
+                }
                 black_box(&lengths);
             })
         });

@@ -100,8 +100,8 @@ fn plans_digest(view: &View) -> String {
 }
 
 /// The fixture in shards of 64 KiB (several, so batches span shards); in one shard and its
-/// split of 97% (which lists what it leaves out) and that split's of 60% (which lists
-/// what it keeps); and the first in the records layout.
+/// split of 97% (which lists what it leaves out) and that split's of 60% (which marks what
+/// it keeps a bit an event; 15daebb listed it); and the first in the records layout.
 fn views(dir: &Path) -> [View; 4] {
     let [several, ..] = fixture_and_splits(&dir.join("several"), 64 << 10);
     let [_, most, _, nested, _] = fixture_and_splits(&dir.join("one"), 1 << 20);

@@ -1,8 +1,11 @@
-//! Which events of one shard a view keeps: the kept events' indexes, or the left-out ones'
-//! when those are far fewer. The training part of a small validation split keeps nearly
-//! every event of every shard, so it lists the few it leaves out: a 1% split of the Kaggle
-//! set holds about 0.14 bytes per event over both views, where listing the kept events of
-//! both took 4 (528 MB in every process that split 132M events).
+//! Which events of one shard a view keeps: the kept events' indexes when they are few, the
+//! left-out ones' when those are, and a bit per event between. The training part of a
+//! small validation split keeps nearly every event of every shard, so it lists the few it
+//! leaves out: a 1% split of the Kaggle set holds about 0.14 bytes per event over both
+//! views, where listing the kept events of both took 4 (528 MB in every process that split
+//! 132M events). A larger split marks its parts' events a bit each where they are more
+//! than a 16th of a shard: 0.30-0.43 bytes per event over both views of any split from 3%
+//! (0.36 for `split(0.1)`, 47 MB at 132M events), where listing them took 4.
 
 use crate::format::pod::as_bytes;
 
@@ -11,16 +14,21 @@ use crate::format::pod::as_bytes;
 /// more the denser they are: a pulse budget asks each event of a window alone, in drawn
 /// order, and planned a window of 16 blocks at 21-22 ns an event listed, 24 listing the
 /// left-out 1%, 32 listing the left-out 10% (320k events with the real statistics). A
-/// validation split of 1-3% keeps its training part in about 0.1 byte an event; a larger
-/// split lists both parts, as before.
+/// validation split of 1-3% keeps its training part in about 0.1 byte an event.
 const LISTED_PER_LEFT_OUT: usize = 32;
 
-/// Every this many kept events, an all-but form notes how many left-out events come before:
-/// a kept event asked alone (as a pulse budget asks each event of a window in drawn order)
-/// is then found a few steps from its sample, where a binary search over a shard's
-/// left-out events took 38-46 ns an event to plan a window of 16 blocks against 21 listed
-/// (320k events with the real statistics, the 99% and 90% views of a split). 0.06 bytes a
-/// kept event.
+/// A shard's kept events are listed when they are at most a 16th of its events: 4 bytes a
+/// kept event, at most a quarter of a byte an event of the shard, where a bit per event
+/// (with its samples) holds about a fifth. Between, the kept events are marked a bit each
+/// (see [`Form::Marked`]).
+const EVENTS_PER_LISTED: usize = 16;
+
+/// Every this many kept events, an all-but form notes how many left-out events come before
+/// (a marked form samples as often or more, see [`sample_shift`]): a kept event asked alone
+/// (as a pulse budget asks each event of a window in drawn order) is then found a few steps
+/// from its sample, where a binary search over a shard's left-out events took 38-46 ns an
+/// event to plan a window of 16 blocks against 21 listed (320k events with the real
+/// statistics, the 99% and 90% views of a split). 0.06 bytes a kept event.
 const SAMPLED: usize = 64;
 
 /// The events of one shard that a view keeps, as ascending shard indexes.
@@ -45,26 +53,80 @@ enum Form {
         /// where the count for any kept event starts, a few steps short of it.
         samples: Vec<u32>,
     },
+    /// Every event of the shard a bit, set where kept. A kept event asked alone costs more
+    /// to find than in a list while the list stays in the CPU's caches (the 90% and 50%
+    /// views of 1M events: 20-30 ns an event against 5-14), and about the same once it
+    /// does not (of 8M events: 28-33 against 20-37); a run of them costs a step each (the
+    /// 10% of 8M: 3.5-4.3 ns an event against 1.6-2.4 listed).
+    Marked {
+        /// Bit `i % 64` of word `i / 64` for event `i`; bits past the shard's events clear.
+        marks: Vec<u64>,
+        /// The shard index of every `2^sample_shift`-th kept event: where counting bits for
+        /// any kept event starts, fewer than that many kept events short of it.
+        samples: Vec<u32>,
+        /// Log2 of the kept events from one sample to the next: about as many as a word
+        /// holds (see [`sample_shift`]), so that a kept event asked alone is found in the
+        /// word of its sample or the next.
+        sample_shift: u32,
+        /// How many are set.
+        kept: usize,
+    },
+}
+
+/// Which form a shard's kept events take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Listed,
+    AllBut,
+    Marked,
+}
+
+impl Kind {
+    /// The form for `kept` events of a shard of `shard_events`: the left-out ones listed
+    /// when they are at most a [`LISTED_PER_LEFT_OUT`]th of the kept ones, the kept ones
+    /// when they are at most a [`EVENTS_PER_LISTED`]th of the shard, else a bit each.
+    fn of(shard_events: u32, kept: usize) -> Kind {
+        let left_out = shard_events as usize - kept;
+        if left_out * LISTED_PER_LEFT_OUT <= kept {
+            Kind::AllBut
+        } else if kept * EVENTS_PER_LISTED <= shard_events as usize {
+            Kind::Listed
+        } else {
+            Kind::Marked
+        }
+    }
 }
 
 impl KeptEvents {
     /// Of a shard of `shard_events` events, those whose bit is set in `marks` (bit `i %
-    /// 64` of word `i / 64` for event `i`; bits past `shard_events` clear): listed, unless
-    /// they are at least [`LISTED_PER_LEFT_OUT`] times as many as the left-out ones, which
-    /// are listed then.
-    pub(crate) fn marked(shard_events: u32, marks: &[u64]) -> KeptEvents {
+    /// 64` of word `i / 64` for event `i`; bits past `shard_events` clear): the left-out
+    /// ones listed when the kept ones are at least [`LISTED_PER_LEFT_OUT`] times as many,
+    /// the kept ones listed when they are at most a [`EVENTS_PER_LISTED`]th of the shard,
+    /// else the marks kept.
+    pub(crate) fn marked(shard_events: u32, marks: Vec<u64>) -> KeptEvents {
         let kept: usize = marks.iter().map(|w| w.count_ones() as usize).sum();
-        let listed = (shard_events as usize - kept) * LISTED_PER_LEFT_OUT > kept;
-        KeptEvents::marked_in(shard_events, marks, kept, listed)
+        KeptEvents::marked_in(shard_events, marks, kept, Kind::of(shard_events, kept))
     }
 
-    /// As [`KeptEvents::marked`], of `kept` marked events, listed or not as `listed` says.
-    fn marked_in(shard_events: u32, marks: &[u64], kept: usize, listed: bool) -> KeptEvents {
+    /// As [`KeptEvents::marked`], of `kept` marked events, in the form `kind`.
+    fn marked_in(shard_events: u32, marks: Vec<u64>, kept: usize, kind: Kind) -> KeptEvents {
         debug_assert_eq!(marks.len(), (shard_events as usize).div_ceil(64));
-        let (count, flip) = match listed {
-            true => (kept, 0),
-            false => (shard_events as usize - kept, u64::MAX),
+        let (count, flip) = match kind {
+            Kind::Marked => {
+                let sample_shift = sample_shift(shard_events, kept);
+                let samples = sampled_marks(&marks, 1 << sample_shift);
+                let form = Form::Marked {
+                    marks,
+                    samples,
+                    sample_shift,
+                    kept,
+                };
+                return KeptEvents { shard_events, form };
+            }
+            Kind::Listed => (kept, 0),
+            Kind::AllBut => (shard_events as usize - kept, u64::MAX),
         };
+        let listed = kind == Kind::Listed;
         // The indexes of the set bits (listed) or of the clear ones (all but).
         let mut indexes = Vec::with_capacity(count);
         for (w, &word) in marks.iter().enumerate() {
@@ -103,6 +165,7 @@ impl KeptEvents {
         match &self.form {
             Form::Listed(kept) => kept.len(),
             Form::AllBut { kept_before, .. } => self.shard_events as usize - kept_before.len(),
+            Form::Marked { kept, .. } => *kept,
         }
     }
 
@@ -143,7 +206,7 @@ impl KeptEvents {
         hash.update(&(self.len() as u64).to_le_bytes());
         match &self.form {
             Form::Listed(kept) => hash.update(as_bytes(kept)),
-            Form::AllBut { .. } => {
+            Form::AllBut { .. } | Form::Marked { .. } => {
                 let mut chunk = Vec::with_capacity(CHUNK);
                 let mut kept = self.iter();
                 loop {
@@ -166,27 +229,46 @@ impl KeptEvents {
                 kept_before,
                 samples,
             } => kept_before.capacity() + samples.capacity(),
+            Form::Marked { marks, samples, .. } => marks.capacity() * 2 + samples.capacity(),
         };
         held * size_of::<u32>()
     }
 }
 
 /// A walk over a shard's kept events, from one of them on.
-struct Walk<'k> {
-    form: &'k Form,
-    /// Listed: the place of the next kept event in the list. All but: how many left-out
-    /// events come before `next`.
-    at: usize,
-    /// All but: the shard index the next kept event is at or after.
-    next: u32,
+enum Walk<'k> {
+    Listed {
+        kept: &'k [u32],
+        /// The place of the next kept event in the list.
+        at: usize,
+    },
+    AllBut {
+        kept_before: &'k [u32],
+        /// How many left-out events come before `next`.
+        at: usize,
+        /// The shard index the next kept event is at or after.
+        next: u32,
+    },
+    Marked {
+        marks: &'k [u64],
+        /// The word the next kept event is in or after.
+        word: usize,
+        /// That word's bits from the next kept event on.
+        bits: u64,
+    },
 }
 
 impl<'k> Walk<'k> {
     /// At the `first`-th kept event: for the all-but form, the left-out events with at
-    /// most `first` kept events before them come before it.
+    /// most `first` kept events before them come before it; for the marked form, its
+    /// sample's bit and the kept events' bits after it counted.
+    #[inline]
     fn from(form: &'k Form, first: u32) -> Walk<'k> {
-        let at = match form {
-            Form::Listed(_) => first as usize,
+        match form {
+            Form::Listed(kept) => Walk::Listed {
+                kept,
+                at: first as usize,
+            },
             Form::AllBut {
                 kept_before,
                 samples,
@@ -197,33 +279,172 @@ impl<'k> Walk<'k> {
                 while kept_before.get(at).is_some_and(|&k| k <= first) {
                     at += 1;
                 }
-                at
+                Walk::AllBut {
+                    kept_before,
+                    at,
+                    next: first + at as u32,
+                }
             }
-        };
-        Walk {
-            form,
-            at,
-            next: first + at as u32,
+            Form::Marked {
+                marks,
+                samples,
+                sample_shift,
+                kept,
+            } => Walk::marked_from(marks, samples, *sample_shift, *kept, first),
         }
+    }
+
+    /// At the `first`-th of the `kept` events set in `marks` (see [`Form::Marked`]): its
+    /// sample's bit, and the kept events' bits after it counted. Apart from
+    /// [`Walk::from`], which the other forms' few steps are inlined with.
+    fn marked_from(
+        marks: &'k [u64],
+        samples: &[u32],
+        sample_shift: u32,
+        kept: usize,
+        first: u32,
+    ) -> Walk<'k> {
+        if first as usize >= kept {
+            // Past the last kept event: no step is taken.
+            let word = marks.len();
+            return Walk::Marked {
+                marks,
+                word,
+                bits: 0,
+            };
+        }
+        let sample = samples[first as usize >> sample_shift] as usize;
+        let mut word = sample / 64;
+        let mut bits = marks[word] & (u64::MAX << (sample % 64));
+        let mut skip = first & ((1 << sample_shift) - 1);
+        // The set bits counted once a word, for both the skip and the search.
+        let mut sums = set_bit_sums(bits);
+        while skip >= (sums >> 56) as u32 {
+            skip -= (sums >> 56) as u32;
+            word += 1;
+            bits = marks[word];
+            sums = set_bit_sums(bits);
+        }
+        bits &= u64::MAX << nth_set_bit_summed(bits, sums, skip);
+        Walk::Marked { marks, word, bits }
     }
 
     /// The next kept event's shard index (there must be one).
     fn step(&mut self) -> u32 {
-        match self.form {
-            Form::Listed(kept) => {
-                self.at += 1;
-                kept[self.at - 1]
+        match self {
+            Walk::Listed { kept, at } => {
+                *at += 1;
+                kept[*at - 1]
             }
-            Form::AllBut { kept_before, .. } => {
+            Walk::AllBut {
+                kept_before,
+                at,
+                next,
+            } => {
                 // Over the left-out events here: the next has `next - at` kept before it.
-                while kept_before.get(self.at) == Some(&(self.next - self.at as u32)) {
-                    (self.next, self.at) = (self.next + 1, self.at + 1);
+                while kept_before.get(*at) == Some(&(*next - *at as u32)) {
+                    (*next, *at) = (*next + 1, *at + 1);
                 }
-                self.next += 1;
-                self.next - 1
+                *next += 1;
+                *next - 1
+            }
+            Walk::Marked { marks, word, bits } => {
+                while *bits == 0 {
+                    *word += 1;
+                    *bits = marks[*word];
+                }
+                let bit = bits.trailing_zeros();
+                *bits &= *bits - 1;
+                *word as u32 * 64 + bit
             }
         }
     }
+}
+
+/// The place of the `n`-th set bit of `word` (counted from 0, the lowest; `word` must have
+/// more than `n`).
+fn nth_set_bit(word: u64, n: u32) -> u32 {
+    nth_set_bit_summed(word, set_bit_sums(word), n)
+}
+
+/// Per byte `b` of the result, the set bits of bytes 0 to `b` of `word` (at most 64: no
+/// byte overflows), the top byte holding them all: the set bits counted per byte, then
+/// summed from the lowest byte up by one multiplication.
+fn set_bit_sums(word: u64) -> u64 {
+    let mut bytes = word - ((word >> 1) & 0x5555_5555_5555_5555);
+    bytes = (bytes & 0x3333_3333_3333_3333) + ((bytes >> 2) & 0x3333_3333_3333_3333);
+    bytes = (bytes + (bytes >> 4)) & 0x0f0f_0f0f_0f0f_0f0f;
+    bytes.wrapping_mul(BYTE_ONES)
+}
+
+/// [`nth_set_bit`] of `word` given its [`set_bit_sums`], without a branch: the byte holding
+/// the bit found by comparing all eight sums with `n` at once, then the bit in that byte
+/// looked up.
+fn nth_set_bit_summed(word: u64, sums: u64, n: u32) -> u32 {
+    debug_assert!(n < word.count_ones());
+    const HIGH_BITS: u64 = 0x8080_8080_8080_8080;
+    // Byte `b`'s high bit stays set where its sum is at most `n` (`0x80 + n - sum` never
+    // borrows from the next byte, both being at most 64): the bytes wholly before the bit.
+    let at_most_n = (((n as u64 * BYTE_ONES) | HIGH_BITS) - sums) & HIGH_BITS;
+    let byte = ((at_most_n >> 7).wrapping_mul(BYTE_ONES) >> 56) as u32;
+    // The set bits before that byte: the sum of the byte below it (0 below byte 0).
+    let before = ((sums << 8) >> (8 * byte)) as u32 & 0xff;
+    let in_byte = (word >> (8 * byte)) as u8;
+    8 * byte + NTH_SET_BIT_OF_BYTE[in_byte as usize][(n - before) as usize & 7] as u32
+}
+
+/// A one in each byte.
+const BYTE_ONES: u64 = 0x0101_0101_0101_0101;
+
+/// For each byte, the place of its `k`-th set bit, for `k` below its set bits (8 where it
+/// has no `k`-th).
+static NTH_SET_BIT_OF_BYTE: [[u8; 8]; 256] = {
+    let mut table = [[8u8; 8]; 256];
+    let mut byte = 0;
+    while byte < 256 {
+        let (mut bit, mut k) = (0, 0);
+        while bit < 8 {
+            if byte >> bit & 1 == 1 {
+                table[byte][k] = bit as u8;
+                k += 1;
+            }
+            bit += 1;
+        }
+        byte += 1;
+    }
+    table
+};
+
+/// Log2 of the kept events from one sample of a marked form to the next: about as many as
+/// a word of the marks holds on average (the kept events' share of 64, rounded up to a
+/// power of two), at most [`SAMPLED`]. A kept event asked alone is found a word or two from
+/// its sample, where a sample every 64 kept events left up to 16 words to count at the
+/// sparsest marked shard; the samples hold about 4 bytes a word, 1/16 byte an event.
+fn sample_shift(shard_events: u32, kept: usize) -> u32 {
+    let per_word = (kept * 64).div_ceil((shard_events as usize).max(1));
+    per_word
+        .clamp(1, SAMPLED)
+        .next_power_of_two()
+        .trailing_zeros()
+}
+
+/// The shard index of every `every`-th event set in `marks` (`every` a power of two).
+fn sampled_marks(marks: &[u64], every: usize) -> Vec<u32> {
+    let kept: usize = marks.iter().map(|w| w.count_ones() as usize).sum();
+    let mut samples = Vec::with_capacity(kept.div_ceil(every));
+    // How many kept events come before the word.
+    let mut before = 0usize;
+    for (w, &word) in marks.iter().enumerate() {
+        let count = word.count_ones() as usize;
+        // The next sampled kept event, if it is in this word.
+        let mut next = before.next_multiple_of(every);
+        while next < before + count {
+            samples.push(w as u32 * 64 + nth_set_bit(word, (next - before) as u32));
+            next += every;
+        }
+        before += count;
+    }
+    samples
 }
 
 /// Indexes hashed at once when a left-out list is expanded for a digest.
@@ -249,7 +470,7 @@ mod tests {
 
     /// `kept` of a shard of `n` events, in the form chosen for it.
     fn of(n: u32, kept: &[u32]) -> KeptEvents {
-        KeptEvents::marked(n, &marks(n, kept))
+        KeptEvents::marked(n, marks(n, kept))
     }
 
     /// Subsets of `n` events past one word: none, all, all but the first, last or middle
@@ -291,16 +512,52 @@ mod tests {
         );
     }
 
+    /// Every form, `kept` of a shard of `n` events in each.
+    fn in_every_form(n: u32, kept: &[u32]) -> [KeptEvents; 3] {
+        [Kind::Listed, Kind::AllBut, Kind::Marked].map(|kind| {
+            let events = KeptEvents::marked_in(n, marks(n, kept), kept.len(), kind);
+            assert_eq!(kind_of(&events), kind);
+            events
+        })
+    }
+
+    /// The form `events` took.
+    fn kind_of(events: &KeptEvents) -> Kind {
+        match events.form {
+            Form::Listed(_) => Kind::Listed,
+            Form::AllBut { .. } => Kind::AllBut,
+            Form::Marked { .. } => Kind::Marked,
+        }
+    }
+
     #[test]
-    fn both_forms_give_the_kept_events_in_order_and_the_same_digest() {
+    fn every_form_gives_the_kept_events_in_order_and_the_same_digest() {
         for n in (0..=9).chain([63, 64, 65, 200]) {
             let few = (n > 9).then(|| sparse_and_dense(n)).into_iter().flatten();
             for kept in subsets(n.min(9)).filter(|_| n <= 9).chain(few) {
-                for listed in [true, false] {
-                    let events = KeptEvents::marked_in(n, &marks(n, &kept), kept.len(), listed);
-                    assert_eq!(matches!(events.form, Form::Listed(_)), listed);
+                for events in in_every_form(n, &kept) {
                     check(&events, &kept, 0..=kept.len() as u32 + 1, usize::MAX);
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn a_marked_shard_samples_about_a_words_worth_of_kept_events() {
+        // (kept events in 1,024, kept events between samples).
+        for (kept, every) in [(64, 4), (65, 8), (100, 8), (512, 32), (900, 64), (1000, 64)] {
+            assert_eq!(1 << sample_shift(1024, kept), every, "{kept}");
+        }
+    }
+
+    #[test]
+    fn the_nth_set_bit_of_a_word_is_where_counting_set_bits_finds_it() {
+        let mut rng = crate::rng::Rng::new(7);
+        let words = [1, 1 << 63, u64::MAX, 0x8000_0001_0000_0001];
+        for word in words.into_iter().chain((0..2000).map(|_| rng.next_u64())) {
+            let places: Vec<u32> = (0..64).filter(|b| word >> b & 1 == 1).collect();
+            for (n, &place) in places.iter().enumerate() {
+                assert_eq!(nth_set_bit(word, n as u32), place, "{word:#x} {n}");
             }
         }
     }
@@ -317,13 +574,19 @@ mod tests {
         ) {
             let mut rng = crate::rng::Rng::new(seed);
             let kept: Vec<u32> = (0..n).filter(|_| rng.below(100) < percent_kept as u64).collect();
-            for listed in [true, false] {
-                let events = KeptEvents::marked_in(n, &marks(n, &kept), kept.len(), listed);
+            for events in in_every_form(n, &kept) {
                 check(&events, &kept, starts.iter().copied(), 300);
             }
             let chosen = of(n, &kept);
-            let left_out = (n as usize - kept.len()) * LISTED_PER_LEFT_OUT;
-            proptest::prop_assert_eq!(matches!(chosen.form, Form::Listed(_)), left_out > kept.len());
+            let left_out = n as usize - kept.len();
+            let expected = if left_out * LISTED_PER_LEFT_OUT <= kept.len() {
+                Kind::AllBut
+            } else if kept.len() * EVENTS_PER_LISTED <= n as usize {
+                Kind::Listed
+            } else {
+                Kind::Marked
+            };
+            proptest::prop_assert_eq!(kind_of(&chosen), expected);
         }
     }
 
@@ -345,5 +608,27 @@ mod tests {
             [0, 6, 7, 63, 64, 65, 98_999, 99_000].into_iter(),
             5000,
         );
+    }
+
+    #[test]
+    fn a_shard_kept_in_part_holds_a_bit_an_event_and_its_samples() {
+        let n = 100_000u32;
+        for (every, kept_of_every) in [(2, 1), (10, 1), (10, 9), (16, 2)] {
+            let kept: Vec<u32> = (0..n).filter(|i| i % every < kept_of_every).collect();
+            let events = of(n, &kept);
+            assert_eq!(kind_of(&events), Kind::Marked, "{kept_of_every} in {every}");
+            // A bit an event, and about a sample a word: 0.125 + 0.0625 bytes an event at
+            // most, where listing the kept ones took 4 each.
+            let bound = n as usize / 8 + n as usize / 16 + 8;
+            assert!(events.held_bytes() <= bound, "{}", events.held_bytes());
+            check(
+                &events,
+                &kept,
+                [0, 1, 63, 64, 65, 4095, 4096]
+                    .into_iter()
+                    .chain([kept.len() as u32 - 1]),
+                5000,
+            );
+        }
     }
 }

@@ -253,7 +253,7 @@ impl View {
                 };
             })?;
             for ((part, marks), counts) in parts.iter_mut().zip(marks).zip(counts) {
-                part.kept.push(KeptEvents::marked(shard_events, &marks));
+                part.kept.push(KeptEvents::marked(shard_events, marks));
                 part.counts.push(counts);
             }
         }
