@@ -114,7 +114,7 @@ impl KeptEvents {
         let (count, flip) = match kind {
             Kind::Marked => {
                 let sample_shift = sample_shift(shard_events, kept);
-                let samples = sampled_marks(&marks, 1 << sample_shift);
+                let samples = sampled_marks(&marks, kept, 1 << sample_shift);
                 let form = Form::Marked {
                     marks,
                     samples,
@@ -428,9 +428,9 @@ fn sample_shift(shard_events: u32, kept: usize) -> u32 {
         .trailing_zeros()
 }
 
-/// The shard index of every `every`-th event set in `marks` (`every` a power of two).
-fn sampled_marks(marks: &[u64], every: usize) -> Vec<u32> {
-    let kept: usize = marks.iter().map(|w| w.count_ones() as usize).sum();
+/// The shard index of every `every`-th of the `kept` events set in `marks` (`every` a power
+/// of two).
+fn sampled_marks(marks: &[u64], kept: usize, every: usize) -> Vec<u32> {
     let mut samples = Vec::with_capacity(kept.div_ceil(every));
     // How many kept events come before the word.
     let mut before = 0usize;
