@@ -111,42 +111,14 @@ impl KeptEvents {
     /// As [`KeptEvents::marked`], of `kept` marked events, in the form `kind`.
     fn marked_in(shard_events: u32, marks: Vec<u64>, kept: usize, kind: Kind) -> KeptEvents {
         debug_assert_eq!(marks.len(), (shard_events as usize).div_ceil(64));
-        let (count, flip) = match kind {
-            Kind::Marked => {
-                let sample_shift = sample_shift(shard_events, kept);
-                let samples = sampled_marks(&marks, kept, 1 << sample_shift);
-                let form = Form::Marked {
-                    marks,
-                    samples,
-                    sample_shift,
-                    kept,
-                };
-                return KeptEvents { shard_events, form };
-            }
-            Kind::Listed => (kept, 0),
-            Kind::AllBut => (shard_events as usize - kept, u64::MAX),
-        };
-        let listed = kind == Kind::Listed;
-        // The indexes of the set bits (listed) or of the clear ones (all but).
-        let mut indexes = Vec::with_capacity(count);
-        for (w, &word) in marks.iter().enumerate() {
-            let mut bits = word ^ flip;
-            let past_the_end = (w + 1) * 64 > shard_events as usize;
-            if !listed && past_the_end {
-                bits &= u64::MAX >> ((w + 1) * 64 - shard_events as usize);
-            }
-            while bits != 0 {
-                indexes.push(w as u32 * 64 + bits.trailing_zeros());
-                bits &= bits - 1;
-            }
-        }
-        let form = match listed {
-            true => Form::Listed(indexes),
-            false => {
-                for (rank, index) in indexes.iter_mut().enumerate() {
+        let form = match kind {
+            Kind::Listed => Form::Listed(indexes_of(&marks, shard_events, kept, true)),
+            Kind::AllBut => {
+                let left_out = shard_events as usize - kept;
+                let mut kept_before = indexes_of(&marks, shard_events, left_out, false);
+                for (rank, index) in kept_before.iter_mut().enumerate() {
                     *index -= rank as u32;
                 }
-                let kept_before = indexes;
                 let samples = (0..kept)
                     .step_by(SAMPLED)
                     .map(|i| kept_before.partition_point(|&k| k as usize <= i) as u32)
@@ -154,6 +126,16 @@ impl KeptEvents {
                 Form::AllBut {
                     kept_before,
                     samples,
+                }
+            }
+            Kind::Marked => {
+                let sample_shift = sample_shift(shard_events, kept);
+                let samples = sampled_marks(&marks, kept, 1 << sample_shift);
+                Form::Marked {
+                    marks,
+                    samples,
+                    sample_shift,
+                    kept,
                 }
             }
         };
@@ -359,6 +341,25 @@ impl<'k> Walk<'k> {
             }
         }
     }
+}
+
+/// The indexes of the `count` events of a shard of `shard_events` whose bit in `marks` is
+/// `set` (or clear), ascending.
+fn indexes_of(marks: &[u64], shard_events: u32, count: usize, set: bool) -> Vec<u32> {
+    let flip = if set { 0 } else { u64::MAX };
+    let mut indexes = Vec::with_capacity(count);
+    for (w, &word) in marks.iter().enumerate() {
+        let mut bits = word ^ flip;
+        let past_the_end = (w + 1) * 64 > shard_events as usize;
+        if !set && past_the_end {
+            bits &= u64::MAX >> ((w + 1) * 64 - shard_events as usize);
+        }
+        while bits != 0 {
+            indexes.push(w as u32 * 64 + bits.trailing_zeros());
+            bits &= bits - 1;
+        }
+    }
+    indexes
 }
 
 /// The place of the `n`-th set bit of `word` (counted from 0, the lowest; `word` must have
