@@ -13,9 +13,6 @@ struct GlobalBatches<'a> {
     /// Whether the windows' events are announced ahead (not for a counting pass, nor at
     /// window 1).
     read_ahead: bool,
-    /// Whether the batches are only counted: their events are not listed (see
-    /// [`GlobalBatches::next_batch`]).
-    counting: bool,
 }
 
 impl<'a> GlobalBatches<'a> {
@@ -34,18 +31,19 @@ impl<'a> GlobalBatches<'a> {
             order: config.batch_order,
             next_index: 0,
             read_ahead,
-            counting: false,
         }
     }
 
     /// The batches of `epoch`, only to be counted: the same batches, cut where a loader's
     /// are, but none of their events listed or put in order: 20-22 ns an event at window
     /// 16 under a pulse budget, where planning them takes 26-29 (`cargo bench --bench
-    /// plan`).
+    /// plan`). Under a token budget no window's order is drawn either
+    /// ([`EventStream::only_counted`]).
     fn counting(sizes: &'a dyn EventSizes, config: &SamplerConfig, epoch: u64) -> Self {
+        let batches = GlobalBatches::new(sizes, config, epoch, false);
         GlobalBatches {
-            counting: true,
-            ..GlobalBatches::new(sizes, config, epoch, false)
+            events: batches.events.only_counted(),
+            ..batches
         }
     }
 
@@ -66,6 +64,7 @@ impl<'a> GlobalBatches<'a> {
             events: std::mem::take(events),
         };
         let (mut held, mut batch_pulses, mut pieces) = (0, 0, 0);
+        let counting = self.events.counted();
         // Taken window by window: each window's piece is put in order on its own.
         let complete = loop {
             if self.read_ahead {
@@ -105,7 +104,7 @@ impl<'a> GlobalBatches<'a> {
                 // The window was cut into batches when it opened: a batch never spans two.
                 Batching::Tokens { .. } => (window.until_batch_end(), true),
             };
-            if self.counting {
+            if counting {
                 window.skip(n);
             } else {
                 window.take(n, self.order, &mut plan.events, scratch);

@@ -34,6 +34,8 @@ pub(super) struct EventStream {
     regrouping: Regrouping,
     /// Whether each window's pulses are read when it opens (see [`EventStream::window`]).
     reads_pulses: bool,
+    /// Whether its batches are only counted (see [`EventStream::only_counted`]).
+    counted: bool,
     next_window: usize,
     /// Events in the windows before the current one: the current one's first global
     /// position.
@@ -216,24 +218,6 @@ pub(super) fn radix_sort<'s>(
     bound: usize,
     scratch: &'s mut RadixScratch,
 ) -> &'s [u32] {
-    scratch.keys.clear();
-    scratch.keys.extend_from_slice(keys);
-    radix_sort_loaded(bound, scratch)
-}
-
-/// `keys` (each below `bound`), ascending: [`radix_sort`] sorting the vector it is given,
-/// with one more of its length for the passes (not two, as a copy of borrowed keys takes).
-pub(super) fn radix_sort_owned(keys: Vec<u32>, bound: usize) -> Vec<u32> {
-    let mut scratch = RadixScratch {
-        keys,
-        ..RadixScratch::default()
-    };
-    radix_sort_loaded(bound, &mut scratch);
-    scratch.keys
-}
-
-/// Sorts `scratch.keys` (each below `bound`) in place, as [`radix_sort`] describes.
-fn radix_sort_loaded(bound: usize, scratch: &mut RadixScratch) -> &[u32] {
     let bits = usize::BITS - bound.saturating_sub(1).leading_zeros();
     let passes = bits.div_ceil(RADIX_BITS).max(1);
     let width = bits.div_ceil(passes);
@@ -242,6 +226,8 @@ fn radix_sort_loaded(bound: usize, scratch: &mut RadixScratch) -> &[u32] {
         swap: to,
         counts,
     } = scratch;
+    from.clear();
+    from.extend_from_slice(keys);
     to.clear();
     to.resize(from.len(), 0);
     for pass in 0..passes {
@@ -295,6 +281,7 @@ impl EventStream {
             epoch,
             regrouping: Regrouping::of(config),
             reads_pulses: matches!(config.batching, Batching::Pulses { .. }),
+            counted: false,
             next_window: 0,
             window_start: 0,
             window: Window {
@@ -307,6 +294,22 @@ impl EventStream {
             },
             announced: 0,
         }
+    }
+
+    /// The stream of a pass that only counts its batches: its windows cut into as many
+    /// batches as they are otherwise, but where the count does not depend on the order
+    /// events are drawn in (a token budget's), none is drawn
+    /// ([`TokenCut::count`](super::regroup::TokenCut::count)).
+    pub(super) fn only_counted(self) -> EventStream {
+        EventStream {
+            counted: true,
+            ..self
+        }
+    }
+
+    /// Whether its batches are only counted ([`EventStream::only_counted`]).
+    pub(super) fn counted(&self) -> bool {
+        self.counted
     }
 
     /// The epoch's rotation of the stored order (its tests' view of where blocks start).
@@ -372,7 +375,10 @@ impl EventStream {
             }
             let stream = (self.epoch << 32) ^ self.next_window as u64;
             let mut rng = Rng::stream(self.seed ^ STREAM_WINDOW, stream);
-            if !self.shuffle {
+            // Each window draws from streams of its own: one not drawn leaves the next
+            // windows' orders as they are.
+            let counted_unordered = self.regrouping.token_cut().filter(|_| self.counted);
+            if !self.shuffle || counted_unordered.is_some() {
                 w.drawn.extend(0..w.events.len() as u32);
             } else if self.run_events > 1 {
                 rng.shuffle(&mut runs);
@@ -386,7 +392,10 @@ impl EventStream {
                 .shuffle
                 .then(|| Rng::stream(self.seed ^ STREAM_LENGTH_GROUPS, stream));
             let start = self.window_start;
-            self.regrouping.apply(w, start, sizes, batch_order.as_mut());
+            match counted_unordered {
+                Some(tokens) => tokens.count(w, sizes),
+                None => self.regrouping.apply(w, start, sizes, batch_order.as_mut()),
+            }
             w.drawn_pulses.pulses.clear();
             // Whether a window lists its events is the same for every window of the epoch.
             if self.reads_pulses && w.events.listed() {
@@ -476,7 +485,7 @@ mod tests {
     }
 
     #[test]
-    fn radix_sort_sorts_keys_of_every_width_borrowed_or_owned() {
+    fn radix_sort_sorts_keys_of_every_width() {
         let mut scratch = RadixScratch::default();
         let mut rng = crate::rng::Rng::new(7);
         // One pass (up to 8 bits), two, three and four; bounds just past a power of two
@@ -500,8 +509,6 @@ mod tests {
                 expected.sort_unstable();
                 let sorted = radix_sort(&keys, bound, &mut scratch);
                 assert_eq!(sorted, &expected[..], "bound {bound}, {n} keys");
-                let owned = radix_sort_owned(keys, bound);
-                assert_eq!(owned, expected, "bound {bound}, {n} keys, owned");
             }
         }
     }

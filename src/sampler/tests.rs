@@ -22,6 +22,26 @@ impl EventSizes for Sizes {
     }
 }
 
+/// [`Sizes`] with one event in five of 70,000 to 270,000 pulses: longer than the 2^16
+/// lengths a window's events are counted by.
+struct LongSizes(Vec<usize>);
+
+impl EventSizes for LongSizes {
+    fn shard_events(&self) -> Vec<usize> {
+        self.0.clone()
+    }
+    fn pulses(&self, e: EventRef) -> usize {
+        let short = Sizes(Vec::new()).pulses(e);
+        match e.index % 5 {
+            0 => 70_000 + short * 2_000,
+            _ => short,
+        }
+    }
+    fn doms(&self, e: EventRef) -> usize {
+        Sizes(Vec::new()).doms(e)
+    }
+}
+
 /// `e`'s length as `grouping` counts it, capped (its pulses when off).
 fn grouped_length(sizes: &Sizes, grouping: LengthGrouping, e: EventRef) -> usize {
     match grouping.length_and_cap() {
@@ -466,6 +486,26 @@ proptest! {
             let config = SamplerConfig { seed, block_events: block, window_blocks: window, run_events: 1, batching, batch_order, shuffle: true, group_by_length, drop_last, rank, world };
             let yielded = all(&sizes, &config, epoch).len() as u64;
             prop_assert_eq!(rank_batch_count(&sizes, &config, epoch, 0), yielded, "rank {} of {}", rank, world);
+        }
+    }
+
+    /// A token budget's count, which reads no drawn order, is its epoch's batches: events
+    /// in runs or not, and lengths past what a window's events are counted by (sorted
+    /// instead) among short ones.
+    #[test]
+    fn a_token_budgets_count_is_what_the_epoch_yields(
+        shards in proptest::collection::vec(0usize..300, 1..5),
+        seed in any::<u64>(), block in 1usize..40, window in 1usize..6, run in 1usize..5,
+        max_tokens in 1usize..400_000, max_events in proptest::option::of(1usize..30),
+        multiple in proptest::option::of(1usize..20), cap in proptest::option::of(1usize..300_000),
+        world in 1usize..4, drop_last: bool, shuffle: bool,
+    ) {
+        let sizes = LongSizes(shards);
+        let batching = Batching::Tokens { max_tokens, max_events, pad_to_multiple_of: multiple };
+        for rank in 0..world {
+            let config = SamplerConfig { seed, block_events: block, window_blocks: window, run_events: run, batching, shuffle, group_by_length: LengthGrouping::Pulses { cap }, drop_last, rank, world, ..SamplerConfig::default() };
+            let yielded = EpochBatches::new(&sizes, &config, SamplerState::start(1)).count() as u64;
+            prop_assert_eq!(rank_batch_count(&sizes, &config, 1, 0), yielded, "rank {} of {}", rank, world);
         }
     }
 
