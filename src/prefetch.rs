@@ -196,6 +196,16 @@ pub fn prefetch_into<T: Pod>(values: &[T], level: PrefetchLevel) {
     });
 }
 
+/// Hints the CPU to bring `item` (every line it touches) into every cache down to L1:
+/// for items of any type, whose bytes are not read.
+#[inline]
+pub fn prefetch_item<T>(item: &T) {
+    let start = item as *const T as usize;
+    visit_lines(start, start + std::mem::size_of::<T>().max(1), |line| {
+        prefetch_line(line, PrefetchLevel::L1)
+    });
+}
+
 /// Calls `visit` with the address of every 64-byte line that `start..end` touches (none
 /// when it is empty).
 #[inline(always)]

@@ -135,38 +135,34 @@ fn group_by_length(
 ) {
     let n = whole.batch_events;
     let range = whole.first..whole.first + whole.count * n;
-    let lengths = drawn_lengths(window, range.clone(), lengths, sizes);
-    let grouped = &mut window.drawn[range];
-    let by_length = stable_order_by(&lengths);
+    let lengths = window_lengths(window, lengths, sizes);
+    let (before, rest) = window.drawn.split_at_mut(range.start);
+    let (grouped, after) = rest.split_at_mut(range.len());
+    let (by_length, _) = sort_by_length(grouped, [&before[..], &after[..]], &lengths);
     let mut classes: Vec<usize> = (0..whole.count).collect();
     if let Some(rng) = batch_order {
         rng.shuffle(&mut classes);
     }
-    let drawn = grouped.to_vec();
     for (batch, &class) in grouped.chunks_exact_mut(n).zip(&classes) {
-        for (slot, &position) in batch.iter_mut().zip(&by_length[class * n..(class + 1) * n]) {
-            *slot = drawn[position as usize];
-        }
+        batch.copy_from_slice(&by_length[class * n..(class + 1) * n]);
     }
 }
 
-/// The capped lengths of the events at drawn positions `range` of `window`, in drawn order
-/// (as `u32`: a shard's offsets are 32-bit, and a window over a whole dataset holds one per
-/// event).
-fn drawn_lengths(
+/// The capped lengths of `window`'s events, in window order (as `u32`: a shard's offsets
+/// are 32-bit, and a window over a whole dataset holds one per event). Asked in the
+/// window's order, which is stored order, their offsets are read sequentially, where asked
+/// in drawn order they were read at random (25 ns an event).
+fn window_lengths(
     window: &Window,
-    range: std::ops::Range<usize>,
     (length, cap): CappedLength,
     sizes: &dyn EventSizes,
 ) -> Vec<u32> {
-    // Asked in the window's order, which is stored order: its offsets are read
-    // sequentially, where asked in drawn order they were read at random (25 ns an event).
-    let event_lengths = window.events.lengths(sizes, length);
+    let mut lengths = window.events.lengths(sizes, length);
     let cap = cap.min(u32::MAX as usize) as u32;
-    window.drawn[range]
-        .iter()
-        .map(|&i| event_lengths[i as usize].min(cap))
-        .collect()
+    for length in &mut lengths {
+        *length = (*length).min(cap);
+    }
+    lengths
 }
 
 /// A window cut into batches by a token budget: all of its drawn order sorted by
@@ -184,22 +180,17 @@ impl TokenCut {
     /// `batch_order` shuffles them into (shortest first without one), and their ends
     /// recorded in [`Window::batch_ends`].
     fn cut(self, window: &mut Window, sizes: &dyn EventSizes, batch_order: Option<&mut Rng>) {
-        let count = window.drawn.len();
-        let lengths_drawn = drawn_lengths(window, 0..count, self.lengths, sizes);
-        let sorted = stable_order_by(&lengths_drawn);
-        let mut batches = token_batches(count, self.budget, self.lengths.1, |k| {
-            lengths_drawn[sorted[k] as usize] as usize
+        let lengths = window_lengths(window, self.lengths, sizes);
+        let (by_length, sorted) = sort_by_length(&window.drawn, [], &lengths);
+        let mut batches = token_batches(by_length.len(), self.budget, self.lengths.1, |k| {
+            sorted.nth(k)
         });
         if let Some(rng) = batch_order {
             rng.shuffle(&mut batches);
         }
-        let drawn = window.drawn.clone();
         window.drawn.clear();
         for batch in batches {
-            let events = sorted[batch]
-                .iter()
-                .map(|&position| drawn[position as usize]);
-            window.drawn.extend(events);
+            window.drawn.extend_from_slice(&by_length[batch]);
             window.batch_ends.push(window.drawn.len() as u32);
         }
     }
@@ -211,16 +202,10 @@ impl TokenCut {
     /// `window`'s order (drawn or not) left as it is, and the batches in the order they
     /// are cut.
     pub(super) fn count(self, window: &mut Window, sizes: &dyn EventSizes) {
-        let count = window.drawn.len();
-        let mut lengths = drawn_lengths(window, 0..count, self.lengths, sizes);
-        let (budget, cap) = (self.budget, self.lengths.1);
-        let batches = match length_starts(&lengths) {
-            Some(starts) => token_batches(count, budget, cap, |k| nth_shortest(&starts, k)),
-            None => {
-                lengths.sort_unstable();
-                token_batches(count, budget, cap, |k| lengths[k] as usize)
-            }
-        };
+        let sorted = SortedLengths::of(window_lengths(window, self.lengths, sizes));
+        let batches = token_batches(window.drawn.len(), self.budget, self.lengths.1, |k| {
+            sorted.nth(k)
+        });
         window
             .batch_ends
             .extend(batches.iter().map(|batch| batch.end as u32));
@@ -267,52 +252,124 @@ fn token_batches(
     batches
 }
 
-/// The positions of `lengths`, ordered by length, ties by position: a stable counting
-/// sort (one pass counting each length, one placing each position) where the lengths span
-/// at most [`COUNTED_LENGTHS`] or the events' count, else a comparison sort (long events
-/// uncapped).
-fn stable_order_by(lengths: &[u32]) -> Vec<u32> {
-    let Some(mut starts) = length_starts(lengths) else {
-        let mut positions: Vec<u32> = (0..lengths.len() as u32).collect();
-        positions.sort_by_key(|&p| lengths[p as usize]);
-        return positions;
+/// `entries` (indexes of a window's events: its drawn order, or a part of it whose other
+/// parts are `left_out`) ordered by their events' `lengths` (the window's, in window
+/// order), ties in the order given; and their lengths in that order. A counting sort, each
+/// entry put in the next place of its length (stable by construction, its length read
+/// once, [`PLACE_AHEAD`] entries after its prefetch), where the lengths are few enough to
+/// count ([`length_counts`]); else a comparison sort (long events, uncapped).
+fn sort_by_length<const PARTS: usize>(
+    entries: &[u32],
+    left_out: [&[u32]; PARTS],
+    lengths: &[u32],
+) -> (Vec<u32>, SortedLengths) {
+    let counted = length_counts(lengths).map(|mut counts| {
+        for &entry in left_out.iter().copied().flatten() {
+            counts[lengths[entry as usize] as usize] -= 1;
+        }
+        into_starts(counts)
+    });
+    let Some(starts) = counted else {
+        let mut sorted = entries.to_vec();
+        sorted.sort_by_key(|&entry| lengths[entry as usize]);
+        let listed = sorted
+            .iter()
+            .map(|&entry| lengths[entry as usize])
+            .collect();
+        return (sorted, SortedLengths::Listed(listed));
     };
-    let mut positions = vec![0; lengths.len()];
-    for (position, &length) in lengths.iter().enumerate() {
-        let slot = &mut starts[length as usize];
-        positions[*slot as usize] = position as u32;
+    let mut next = starts.clone();
+    let mut sorted = vec![0; entries.len()];
+    for (i, &entry) in entries.iter().enumerate() {
+        if let Some(&ahead) = entries.get(i + PLACE_AHEAD) {
+            crate::prefetch::prefetch(&lengths[ahead as usize..ahead as usize + 1]);
+        }
+        let slot = &mut next[lengths[entry as usize] as usize];
+        sorted[*slot as usize] = entry;
         *slot += 1;
     }
-    positions
+    (sorted, SortedLengths::Counted(starts))
 }
 
-/// Lengths up to this many are always counted, whatever the events' count (256 KiB of
+/// How far ahead of the entry it places [`sort_by_length`] prefetches an entry's length:
+/// over a whole-dataset window of 32M events the entries' lengths are read at random from
+/// 128 MB, and a token budget's first batch took 1.56-1.85 s without it, 1.30-1.39 with
+/// it (synthetic sizes, 2-core Zen 4; docs/results.md).
+const PLACE_AHEAD: usize = 32;
+
+/// Lengths in ascending order: counted (per length from 0 to the longest, how many are
+/// shorter), or listed where they are too long to count.
+enum SortedLengths {
+    Counted(Vec<u32>),
+    Listed(Vec<u32>),
+}
+
+impl SortedLengths {
+    /// `lengths` in ascending order.
+    fn of(mut lengths: Vec<u32>) -> SortedLengths {
+        match length_starts(&lengths) {
+            Some(starts) => SortedLengths::Counted(starts),
+            None => {
+                lengths.sort_unstable();
+                SortedLengths::Listed(lengths)
+            }
+        }
+    }
+
+    /// The `k`th shortest length: listed, or the greatest length whose events start at or
+    /// before `k`.
+    fn nth(&self, k: usize) -> usize {
+        match self {
+            SortedLengths::Counted(starts) => {
+                starts.partition_point(|&start| start as usize <= k) - 1
+            }
+            SortedLengths::Listed(lengths) => lengths[k] as usize,
+        }
+    }
+}
+
+/// Lengths up to this many are always counted, whatever the events' count (4 KiB of
 /// counts).
-const COUNTED_LENGTHS: usize = 1 << 16;
+const COUNTED_LENGTHS: usize = 1 << 10;
+
+/// Lengths past this many are never counted (4 MiB of counts).
+const COUNTED_LENGTHS_MOST: usize = 1 << 20;
+
+/// Lengths up to this many times the events' count are counted (between
+/// [`COUNTED_LENGTHS`] and [`COUNTED_LENGTHS_MOST`]): counting costs about a step a length
+/// and one an event, where comparing costs tens an event.
+const COUNTED_LENGTHS_PER_EVENT: usize = 8;
 
 /// Per length from 0 to the longest of `lengths`, how many are shorter: where its events
-/// start when sorted by length. `None` when the longest is past both [`COUNTED_LENGTHS`]
-/// and the count of `lengths` (the counts would outweigh the events).
+/// start when sorted by length ([`length_counts`]).
 fn length_starts(lengths: &[u32]) -> Option<Vec<u32>> {
-    let longest = lengths.iter().copied().max().unwrap_or(0) as usize;
-    if longest > COUNTED_LENGTHS.max(lengths.len()) {
-        return None;
-    }
-    let mut starts = vec![0u32; longest + 1];
-    for &length in lengths {
-        starts[length as usize] += 1;
-    }
-    let mut sum = 0;
-    for start in &mut starts {
-        (*start, sum) = (sum, sum + *start);
-    }
-    Some(starts)
+    length_counts(lengths).map(into_starts)
 }
 
-/// The length of the `k`th shortest event, from where each length's events start when
-/// sorted ([`length_starts`]): the greatest length whose events start at or before `k`.
-fn nth_shortest(starts: &[u32], k: usize) -> usize {
-    starts.partition_point(|&start| start as usize <= k) - 1
+/// Per length from 0 to the longest of `lengths`, how many have it. `None` when the
+/// longest is past what is counted among so many lengths ([`COUNTED_LENGTHS_PER_EVENT`]):
+/// the counts would outweigh the events.
+fn length_counts(lengths: &[u32]) -> Option<Vec<u32>> {
+    let longest = lengths.iter().copied().max().unwrap_or(0) as usize;
+    let counted = (lengths.len().saturating_mul(COUNTED_LENGTHS_PER_EVENT))
+        .clamp(COUNTED_LENGTHS, COUNTED_LENGTHS_MOST);
+    if longest > counted {
+        return None;
+    }
+    let mut counts = vec![0u32; longest + 1];
+    for &length in lengths {
+        counts[length as usize] += 1;
+    }
+    Some(counts)
+}
+
+/// `counts` turned into where each length's events start: the counts before it.
+fn into_starts(mut counts: Vec<u32>) -> Vec<u32> {
+    let mut sum = 0;
+    for count in &mut counts {
+        (*count, sum) = (sum, sum + *count);
+    }
+    counts
 }
 
 #[cfg(test)]
@@ -320,45 +377,64 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    /// Lengths short enough to be counted, or some past [`COUNTED_LENGTHS`].
+    /// Lengths short enough to be counted, or some past what so few are counted by.
     fn lengths() -> impl Strategy<Value = Vec<u32>> {
         prop_oneof![
-            proptest::collection::vec(0u32..300, 0..400),
-            proptest::collection::vec(0u32..3_000_000, 0..50),
+            proptest::collection::vec(0u32..300, 1..400),
+            proptest::collection::vec(0u32..3_000_000, 1..50),
         ]
     }
 
     proptest! {
-        /// Both ways of sorting (counted, or compared for long events) give the stable
-        /// order, and the `k`th shortest read from the counts is the sorted lengths' `k`th.
+        /// Entries, the whole of a drawn order or a part of it, come out stably sorted by
+        /// length whether counted or compared, and the `k`th shortest length read back is
+        /// the sorted lengths' `k`th.
         #[test]
-        fn lengths_are_ordered_stably_and_read_back_in_order(lengths in lengths()) {
-            let mut expected: Vec<u32> = (0..lengths.len() as u32).collect();
-            expected.sort_by_key(|&p| lengths[p as usize]);
-            prop_assert_eq!(stable_order_by(&lengths), expected);
+        fn entries_are_sorted_stably_by_length_and_their_lengths_read_back_in_order(
+            lengths in lengths(), seed in any::<u64>(), cuts in (any::<usize>(), any::<usize>()),
+        ) {
+            let mut drawn: Vec<u32> = (0..lengths.len() as u32).collect();
+            crate::rng::Rng::new(seed).shuffle(&mut drawn);
+            let (a, b) = (cuts.0 % (drawn.len() + 1), cuts.1 % (drawn.len() + 1));
+            let (first, end) = (a.min(b), a.max(b));
+            let part = &drawn[first..end];
+            let mut expected = part.to_vec();
+            expected.sort_by_key(|&entry| lengths[entry as usize]);
+            let (sorted, sorted_lengths) =
+                sort_by_length(part, [&drawn[..first], &drawn[end..]], &lengths);
+            prop_assert_eq!(&sorted, &expected);
             let longest = lengths.iter().copied().max().unwrap_or(0) as usize;
-            let starts = length_starts(&lengths);
-            prop_assert_eq!(starts.is_some(), longest <= COUNTED_LENGTHS.max(lengths.len()));
-            if let Some(starts) = starts {
-                let mut sorted = lengths.clone();
-                sorted.sort_unstable();
-                for (k, &length) in sorted.iter().enumerate() {
-                    prop_assert_eq!(nth_shortest(&starts, k), length as usize, "k {}", k);
-                }
+            let counted = longest <= (lengths.len() * 8).max(COUNTED_LENGTHS);
+            prop_assert_eq!(matches!(sorted_lengths, SortedLengths::Counted(_)), counted);
+            for (k, &entry) in expected.iter().enumerate() {
+                prop_assert_eq!(sorted_lengths.nth(k), lengths[entry as usize] as usize, "k {}", k);
+            }
+            let whole = SortedLengths::of(lengths.clone());
+            let mut ascending = lengths.clone();
+            ascending.sort_unstable();
+            for (k, &length) in ascending.iter().enumerate() {
+                prop_assert_eq!(whole.nth(k), length as usize, "k {}", k);
             }
         }
     }
 
-    /// Lengths past [`COUNTED_LENGTHS`] are counted where the events outnumber them, and
-    /// compared where they do not.
+    /// Lengths are counted up to eight times the events' count, between 2^10 and 2^20,
+    /// and compared past that.
     #[test]
-    fn long_lengths_are_counted_only_among_as_many_events() {
-        let long = COUNTED_LENGTHS as u32 + 10;
-        assert!(length_starts(&[long, 3]).is_none());
-        let many: Vec<u32> = (0..=long).rev().collect();
-        let starts = length_starts(&many).expect("as many events as lengths");
-        assert_eq!(starts.len(), long as usize + 1);
-        assert_eq!(nth_shortest(&starts, 0), 0);
-        assert_eq!(nth_shortest(&starts, long as usize), long as usize);
+    fn lengths_are_counted_up_to_eight_times_the_events_within_bounds() {
+        let few = COUNTED_LENGTHS as u32;
+        assert!(length_counts(&[few, 3]).is_some());
+        assert!(length_counts(&[few + 1, 3]).is_none());
+        let many: Vec<u32> = (0..2000).collect();
+        let mut longer = many.clone();
+        longer[7] = 16_000;
+        assert!(length_counts(&longer).is_some(), "8 times 2000");
+        longer[7] = 16_001;
+        assert!(length_counts(&longer).is_none());
+        let mut most = vec![0u32; COUNTED_LENGTHS_MOST];
+        most[0] = COUNTED_LENGTHS_MOST as u32 + 1;
+        assert!(length_counts(&most).is_none(), "never past 2^20");
+        let starts = length_starts(&[3, 1, 3, 0]).unwrap();
+        assert_eq!(starts, [0, 1, 2, 2]);
     }
 }

@@ -22,8 +22,9 @@ impl EventSizes for Sizes {
     }
 }
 
-/// [`Sizes`] with one event in five of 70,000 to 270,000 pulses: longer than the 2^16
-/// lengths a window's events are counted by.
+/// [`Sizes`] with one event in five of 70,000 to 270,000 pulses: longer than the lengths
+/// a window of fewer than 8,750 events counts (eight times its events), so sorted by
+/// comparing them.
 struct LongSizes(Vec<usize>);
 
 impl EventSizes for LongSizes {
