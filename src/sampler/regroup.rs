@@ -202,7 +202,7 @@ impl TokenCut {
     /// `window`'s order (drawn or not) left as it is, and the batches in the order they
     /// are cut.
     pub(super) fn count(self, window: &mut Window, sizes: &dyn EventSizes) {
-        let sorted = SortedLengths::of(window_lengths(window, self.lengths, sizes));
+        let sorted = SortedLengths::of(&window_lengths(window, self.lengths, sizes));
         let batches = token_batches(window.drawn.len(), self.budget, self.lengths.1, |k| {
             sorted.nth(k)
         });
@@ -256,39 +256,42 @@ fn token_batches(
 /// parts are `left_out`) ordered by their events' `lengths` (the window's, in window
 /// order), ties in the order given; and their lengths in that order. A counting sort, each
 /// entry put in the next place of its length (stable by construction, its length read
-/// once, [`PLACE_AHEAD`] entries after its prefetch), where the lengths are few enough to
-/// count ([`length_counts`]); else a comparison sort (long events, uncapped).
+/// once, [`PLACE_AHEAD`] entries after its prefetch); lengths past what so many are
+/// counted by ([`counted_lengths`]) are placed together last and sorted there by
+/// comparison (stably: long events, uncapped, a few a window).
 fn sort_by_length<const PARTS: usize>(
     entries: &[u32],
     left_out: [&[u32]; PARTS],
     lengths: &[u32],
 ) -> (Vec<u32>, SortedLengths) {
-    let counted = length_counts(lengths).map(|mut counts| {
-        for &entry in left_out.iter().copied().flatten() {
-            counts[lengths[entry as usize] as usize] -= 1;
-        }
-        into_starts(counts)
-    });
-    let Some(starts) = counted else {
-        let mut sorted = entries.to_vec();
-        sorted.sort_by_key(|&entry| lengths[entry as usize]);
-        let listed = sorted
-            .iter()
-            .map(|&entry| lengths[entry as usize])
-            .collect();
-        return (sorted, SortedLengths::Listed(listed));
-    };
+    let long = counted_lengths(lengths);
+    let place = |entry: u32| (lengths[entry as usize] as usize).min(long);
+    let mut counts = vec![0u32; long + 1];
+    for &length in lengths {
+        counts[(length as usize).min(long)] += 1;
+    }
+    for &entry in left_out.iter().copied().flatten() {
+        counts[place(entry)] -= 1;
+    }
+    let starts = into_starts(counts);
     let mut next = starts.clone();
     let mut sorted = vec![0; entries.len()];
     for (i, &entry) in entries.iter().enumerate() {
         if let Some(&ahead) = entries.get(i + PLACE_AHEAD) {
             crate::prefetch::prefetch(&lengths[ahead as usize..ahead as usize + 1]);
         }
-        let slot = &mut next[lengths[entry as usize] as usize];
+        let slot = &mut next[place(entry)];
         sorted[*slot as usize] = entry;
         *slot += 1;
     }
-    (sorted, SortedLengths::Counted(starts))
+    let longest = &mut sorted[starts[long] as usize..];
+    longest.sort_by_key(|&entry| lengths[entry as usize]);
+    let tail = longest.iter().map(|&entry| lengths[entry as usize]);
+    let sorted_lengths = SortedLengths {
+        tail: tail.collect(),
+        starts,
+    };
+    (sorted, sorted_lengths)
 }
 
 /// How far ahead of the entry it places [`sort_by_length`] prefetches an entry's length:
@@ -297,33 +300,42 @@ fn sort_by_length<const PARTS: usize>(
 /// it (synthetic sizes, 2-core Zen 4; docs/results.md).
 const PLACE_AHEAD: usize = 32;
 
-/// Lengths in ascending order: counted (per length from 0 to the longest, how many are
-/// shorter), or listed where they are too long to count.
-enum SortedLengths {
-    Counted(Vec<u32>),
-    Listed(Vec<u32>),
+/// Lengths in ascending order: those below a bound counted (per length, how many are
+/// shorter: where its events start), the others listed after them.
+struct SortedLengths {
+    /// Per length from 0 to the bound, how many are shorter (the bound's: all that are
+    /// counted).
+    starts: Vec<u32>,
+    /// The lengths from the bound on, ascending.
+    tail: Vec<u32>,
 }
 
 impl SortedLengths {
     /// `lengths` in ascending order.
-    fn of(mut lengths: Vec<u32>) -> SortedLengths {
-        match length_starts(&lengths) {
-            Some(starts) => SortedLengths::Counted(starts),
-            None => {
-                lengths.sort_unstable();
-                SortedLengths::Listed(lengths)
+    fn of(lengths: &[u32]) -> SortedLengths {
+        let long = counted_lengths(lengths);
+        let mut counts = vec![0u32; long + 1];
+        let mut tail = Vec::new();
+        for &length in lengths {
+            counts[(length as usize).min(long)] += 1;
+            if length as usize >= long {
+                tail.push(length);
             }
+        }
+        tail.sort_unstable();
+        SortedLengths {
+            starts: into_starts(counts),
+            tail,
         }
     }
 
-    /// The `k`th shortest length: listed, or the greatest length whose events start at or
-    /// before `k`.
+    /// The `k`th shortest length: the greatest counted length whose events start at or
+    /// before `k`, or one of the tail.
     fn nth(&self, k: usize) -> usize {
-        match self {
-            SortedLengths::Counted(starts) => {
-                starts.partition_point(|&start| start as usize <= k) - 1
-            }
-            SortedLengths::Listed(lengths) => lengths[k] as usize,
+        let counted = *self.starts.last().unwrap_or(&0) as usize;
+        match k.checked_sub(counted) {
+            Some(in_tail) => self.tail[in_tail] as usize,
+            None => self.starts.partition_point(|&start| start as usize <= k) - 1,
         }
     }
 }
@@ -340,27 +352,14 @@ const COUNTED_LENGTHS_MOST: usize = 1 << 20;
 /// and one an event, where comparing costs tens an event.
 const COUNTED_LENGTHS_PER_EVENT: usize = 8;
 
-/// Per length from 0 to the longest of `lengths`, how many are shorter: where its events
-/// start when sorted by length ([`length_counts`]).
-fn length_starts(lengths: &[u32]) -> Option<Vec<u32>> {
-    length_counts(lengths).map(into_starts)
-}
-
-/// Per length from 0 to the longest of `lengths`, how many have it. `None` when the
-/// longest is past what is counted among so many lengths ([`COUNTED_LENGTHS_PER_EVENT`]):
-/// the counts would outweigh the events.
-fn length_counts(lengths: &[u32]) -> Option<Vec<u32>> {
+/// The lengths below which `lengths` are counted one by one: up to the longest, at most
+/// [`COUNTED_LENGTHS_PER_EVENT`] times their count; the longer ones are counted together,
+/// as this one.
+fn counted_lengths(lengths: &[u32]) -> usize {
     let longest = lengths.iter().copied().max().unwrap_or(0) as usize;
-    let counted = (lengths.len().saturating_mul(COUNTED_LENGTHS_PER_EVENT))
+    let most = (lengths.len().saturating_mul(COUNTED_LENGTHS_PER_EVENT))
         .clamp(COUNTED_LENGTHS, COUNTED_LENGTHS_MOST);
-    if longest > counted {
-        return None;
-    }
-    let mut counts = vec![0u32; longest + 1];
-    for &length in lengths {
-        counts[length as usize] += 1;
-    }
-    Some(counts)
+    (longest + 1).min(most)
 }
 
 /// `counts` turned into where each length's events start: the counts before it.
@@ -377,18 +376,20 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    /// Lengths short enough to be counted, or some past what so few are counted by.
+    /// Lengths short enough to be counted, some past what so few are counted by, or
+    /// mostly short with a few long.
     fn lengths() -> impl Strategy<Value = Vec<u32>> {
         prop_oneof![
             proptest::collection::vec(0u32..300, 1..400),
             proptest::collection::vec(0u32..3_000_000, 1..50),
+            proptest::collection::vec(prop_oneof![9 => 0u32..40, 1 => 2_000u32..200_000], 1..600),
         ]
     }
 
     proptest! {
         /// Entries, the whole of a drawn order or a part of it, come out stably sorted by
-        /// length whether counted or compared, and the `k`th shortest length read back is
-        /// the sorted lengths' `k`th.
+        /// length, counted or (the longest) compared, and the `k`th shortest length read
+        /// back is the sorted lengths' `k`th.
         #[test]
         fn entries_are_sorted_stably_by_length_and_their_lengths_read_back_in_order(
             lengths in lengths(), seed in any::<u64>(), cuts in (any::<usize>(), any::<usize>()),
@@ -403,38 +404,44 @@ mod tests {
             let (sorted, sorted_lengths) =
                 sort_by_length(part, [&drawn[..first], &drawn[end..]], &lengths);
             prop_assert_eq!(&sorted, &expected);
-            let longest = lengths.iter().copied().max().unwrap_or(0) as usize;
-            let counted = longest <= (lengths.len() * 8).max(COUNTED_LENGTHS);
-            prop_assert_eq!(matches!(sorted_lengths, SortedLengths::Counted(_)), counted);
             for (k, &entry) in expected.iter().enumerate() {
                 prop_assert_eq!(sorted_lengths.nth(k), lengths[entry as usize] as usize, "k {}", k);
             }
-            let whole = SortedLengths::of(lengths.clone());
+            let whole = SortedLengths::of(&lengths);
             let mut ascending = lengths.clone();
             ascending.sort_unstable();
             for (k, &length) in ascending.iter().enumerate() {
                 prop_assert_eq!(whole.nth(k), length as usize, "k {}", k);
             }
+            let long = counted_lengths(&lengths);
+            prop_assert_eq!(whole.tail.len(), lengths.iter().filter(|&&l| l as usize >= long).count());
         }
     }
 
-    /// Lengths are counted up to eight times the events' count, between 2^10 and 2^20,
-    /// and compared past that.
+    /// Lengths are counted one by one up to the longest, or eight times the events'
+    /// count, between 2^10 and 2^20; the longer ones together.
     #[test]
     fn lengths_are_counted_up_to_eight_times_the_events_within_bounds() {
-        let few = COUNTED_LENGTHS as u32;
-        assert!(length_counts(&[few, 3]).is_some());
-        assert!(length_counts(&[few + 1, 3]).is_none());
-        let many: Vec<u32> = (0..2000).collect();
-        let mut longer = many.clone();
-        longer[7] = 16_000;
-        assert!(length_counts(&longer).is_some(), "8 times 2000");
-        longer[7] = 16_001;
-        assert!(length_counts(&longer).is_none());
+        assert_eq!(counted_lengths(&[3, 1]), 4, "up to the longest");
+        assert_eq!(counted_lengths(&[5_000, 1]), COUNTED_LENGTHS);
+        let mut many: Vec<u32> = (0..2000).collect();
+        many[7] = 100_000;
+        assert_eq!(counted_lengths(&many), 16_000, "8 times 2000");
         let mut most = vec![0u32; COUNTED_LENGTHS_MOST];
-        most[0] = COUNTED_LENGTHS_MOST as u32 + 1;
-        assert!(length_counts(&most).is_none(), "never past 2^20");
-        let starts = length_starts(&[3, 1, 3, 0]).unwrap();
-        assert_eq!(starts, [0, 1, 2, 2]);
+        most[0] = u32::MAX;
+        assert_eq!(
+            counted_lengths(&most),
+            COUNTED_LENGTHS_MOST,
+            "never past 2^20"
+        );
+        let sorted = SortedLengths::of(&[3, 1, 3, 0, 9_000]);
+        assert_eq!(sorted.starts.len(), COUNTED_LENGTHS + 1);
+        assert_eq!(sorted.starts[..5], [0, 1, 2, 2, 4]);
+        assert_eq!(
+            sorted.starts[COUNTED_LENGTHS], 4,
+            "all but the longest counted"
+        );
+        assert_eq!(sorted.tail, [9_000]);
+        assert_eq!(sorted.nth(4), 9_000);
     }
 }
