@@ -264,12 +264,8 @@ fn sort_by_length<const PARTS: usize>(
     left_out: [&[u32]; PARTS],
     lengths: &[u32],
 ) -> (Vec<u32>, SortedLengths) {
-    let long = counted_lengths(lengths);
+    let (mut counts, long) = length_counts(lengths);
     let place = |entry: u32| (lengths[entry as usize] as usize).min(long);
-    let mut counts = vec![0u32; long + 1];
-    for &length in lengths {
-        counts[(length as usize).min(long)] += 1;
-    }
     for &entry in left_out.iter().copied().flatten() {
         counts[place(entry)] -= 1;
     }
@@ -313,15 +309,12 @@ struct SortedLengths {
 impl SortedLengths {
     /// `lengths` in ascending order.
     fn of(lengths: &[u32]) -> SortedLengths {
-        let long = counted_lengths(lengths);
-        let mut counts = vec![0u32; long + 1];
-        let mut tail = Vec::new();
-        for &length in lengths {
-            counts[(length as usize).min(long)] += 1;
-            if length as usize >= long {
-                tail.push(length);
-            }
-        }
+        let (counts, long) = length_counts(lengths);
+        let mut tail: Vec<u32> = lengths
+            .iter()
+            .copied()
+            .filter(|&length| length as usize >= long)
+            .collect();
         tail.sort_unstable();
         SortedLengths {
             starts: into_starts(counts),
@@ -360,6 +353,17 @@ fn counted_lengths(lengths: &[u32]) -> usize {
     let most = (lengths.len().saturating_mul(COUNTED_LENGTHS_PER_EVENT))
         .clamp(COUNTED_LENGTHS, COUNTED_LENGTHS_MOST);
     (longest + 1).min(most)
+}
+
+/// Per length from 0 to the bound [`counted_lengths`] sets for `lengths`, how many have it
+/// (the bound's place counting every length from it on); and the bound.
+fn length_counts(lengths: &[u32]) -> (Vec<u32>, usize) {
+    let long = counted_lengths(lengths);
+    let mut counts = vec![0u32; long + 1];
+    for &length in lengths {
+        counts[(length as usize).min(long)] += 1;
+    }
+    (counts, long)
 }
 
 /// `counts` turned into where each length's events start: the counts before it.
