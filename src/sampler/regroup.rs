@@ -157,12 +157,8 @@ fn window_lengths(
     (length, cap): CappedLength,
     sizes: &dyn EventSizes,
 ) -> Vec<u32> {
-    let mut lengths = window.events.lengths(sizes, length);
     let cap = cap.min(u32::MAX as usize) as u32;
-    for length in &mut lengths {
-        *length = (*length).min(cap);
-    }
-    lengths
+    window.events.lengths(sizes, length, cap)
 }
 
 /// A window cut into batches by a token budget: all of its drawn order sorted by

@@ -400,7 +400,8 @@ impl EventStream {
             // Whether a window lists its events is the same for every window of the epoch.
             if self.reads_pulses && w.events.listed() {
                 let pulses = w.pulses.get_or_insert_with(Vec::new);
-                w.events.lengths_into(sizes, EventLength::Pulses, pulses);
+                w.events
+                    .lengths_into(sizes, EventLength::Pulses, u32::MAX, pulses);
             }
             self.next_window += 1;
         }

@@ -102,12 +102,17 @@ impl WindowEvents {
         self.places.is_some()
     }
 
-    /// Each event's `length` from `sizes`, in window order, as `u32` (a shard's offsets are
-    /// 32-bit): asked a run of blocks at a time, in stored order, where the offsets are
-    /// read sequentially.
-    pub(super) fn lengths(&self, sizes: &dyn EventSizes, length: EventLength) -> Vec<u32> {
+    /// Each event's `length` from `sizes`, in window order, at most `cap` (as `u32`: a
+    /// shard's offsets are 32-bit): asked a run of blocks at a time, in stored order,
+    /// where the offsets are read sequentially.
+    pub(super) fn lengths(
+        &self,
+        sizes: &dyn EventSizes,
+        length: EventLength,
+        cap: u32,
+    ) -> Vec<u32> {
         let mut lengths = Vec::with_capacity(self.len);
-        self.lengths_into(sizes, length, &mut lengths);
+        self.lengths_into(sizes, length, cap, &mut lengths);
         lengths
     }
 
@@ -116,6 +121,7 @@ impl WindowEvents {
         &self,
         sizes: &dyn EventSizes,
         length: EventLength,
+        cap: u32,
         lengths: &mut Vec<u32>,
     ) {
         lengths.clear();
@@ -127,7 +133,7 @@ impl WindowEvents {
             places.extend((start as u32..end as u32).map(|i| self.get(i)));
             counts.clear();
             sizes.lengths_into(&places, length, &mut counts);
-            lengths.extend(counts.iter().map(|&n| n.min(u32::MAX as usize) as u32));
+            lengths.extend(counts.iter().map(|&n| n.min(cap as usize) as u32));
         }
     }
 }
@@ -209,7 +215,13 @@ mod tests {
             .iter()
             .map(|&e| sizes.pulses(e) as u32)
             .collect();
-        assert_eq!(window.lengths(&sizes, EventLength::Pulses), expected);
+        assert_eq!(
+            window.lengths(&sizes, EventLength::Pulses, u32::MAX),
+            expected
+        );
+        let capped: Vec<u32> = expected.iter().map(|&n| n.min(2_000)).collect();
+        assert!(capped != expected, "the cap takes some");
+        assert_eq!(window.lengths(&sizes, EventLength::Pulses, 2_000), capped);
         let whole = (0..70_003 / 7 + 1).map(|b| (b * 7, 7.min(70_003 - b * 7)));
         let mut window = WindowEvents::new(stored.clone(), 7, 70_003 + LISTED_EVENTS);
         assert!(
@@ -224,6 +236,9 @@ mod tests {
             .iter()
             .map(|&e| e.index)
             .collect();
-        assert_eq!(window.lengths(&sizes, EventLength::Doms), expected);
+        assert_eq!(
+            window.lengths(&sizes, EventLength::Doms, u32::MAX),
+            expected
+        );
     }
 }
